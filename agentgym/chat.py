@@ -1,0 +1,76 @@
+"""Turning messages into token ids, once, the way the generation manager appends them.
+
+* The prompt is the chat template of the reset messages with the generation prompt.
+* ``inline`` observations (Search-R1, ReTool) are the message text, tokenized alone and
+  appended to the assistant's running text.
+* ``chat`` observations are new messages rendered through the chat template: we render a
+  fixed base conversation with and without the new messages and tokenize the suffix.
+  Before it, "filler" closes the assistant turn with whatever the template writes after
+  assistant content (``<|im_end|>\\n`` for ChatML) that the model did not itself sample.
+
+Tokens the model generated are never decoded and re-encoded: the token stream is built by
+appending, so the trainer sees exactly the ids the engine sampled.
+"""
+
+from __future__ import annotations
+
+_PROBE_USER = "\x00agentgym-probe-user\x00"
+_PROBE_ASSISTANT = "\x00agentgym-probe-assistant\x00"
+
+
+class ChatTokens:
+    """Chat-template arithmetic for one tokenizer."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tok = tokenizer
+        self._base = [{"role": "user", "content": _PROBE_USER},
+                      {"role": "assistant", "content": _PROBE_ASSISTANT}]
+        base_text = self._render(self._base)
+        at = base_text.rfind(_PROBE_ASSISTANT)
+        if at < 0:
+            raise ValueError("the tokenizer's chat template drops assistant content; "
+                             "chat-format observations need a template that keeps it")
+        self._base_text = base_text
+        #: Text the template writes after assistant content, e.g. "<|im_end|>\n".
+        self.assistant_close = base_text[at + len(_PROBE_ASSISTANT):]
+
+    def _render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
+        return self.tok.apply_chat_template(messages, tokenize=False,
+                                            add_generation_prompt=add_generation_prompt)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tok.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=False)
+
+    def prompt_ids(self, messages: list[dict]) -> list[int]:
+        """Ids of the conversation so far plus the assistant generation prompt."""
+        return self.encode(self._render(messages, add_generation_prompt=True))
+
+    def observation_ids(self, messages: list[dict], fmt: str) -> list[int]:
+        """Ids of an observation, appended after the assistant's sampled tokens."""
+        if fmt == "inline":
+            return self.encode("".join(_text(m["content"]) for m in messages))
+        if fmt == "chat":
+            full = self._render(self._base + list(messages), add_generation_prompt=True)
+            if not full.startswith(self._base_text):
+                raise ValueError("chat template re-renders earlier turns when messages are "
+                                 "added; cannot append observations incrementally")
+            return self.encode(full[len(self._base_text):])
+        raise ValueError(f"observation_format {fmt!r} is not 'inline' or 'chat'")
+
+    def close_ids(self, sampled_eos: bool) -> list[int]:
+        """Filler that closes an assistant turn: the template's closing text minus the
+        EOS the model sampled itself (if it stopped at a stop string, all of it)."""
+        eos = self.tok.eos_token or ""
+        close = self.assistant_close
+        if sampled_eos and eos and close.startswith(eos):
+            close = close[len(eos):]
+        return self.encode(close)
+
+
+def _text(content) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(p.get("text", "") for p in content if p.get("type") == "text")

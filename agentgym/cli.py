@@ -1,0 +1,205 @@
+"""The ``agentgym`` command line. It owns printing, progress bars and log levels.
+
+    agentgym train env=search [model=tiny trainer.total_steps=2 run_dir=runs/x]
+    agentgym rollout env=search model=tiny n=4 limit=8 out=traj.jsonl
+    agentgym eval env=search model=smollm2-135m data=nq limit=50
+    agentgym check-env [ENV_ID ...]
+
+Every command takes ``key=value`` overrides of :class:`agentgym.config.Config`
+(``agentgym config`` prints the resolved config and every key).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+
+from agentgym.config import Config, all_keys, build_config, parse_overrides, to_dict
+
+log = logging.getLogger("agentgym")
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.WARNING),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _config(args: list[str], command_defaults: dict | None = None) -> Config:
+    cfg = build_config(parse_overrides(args), command_defaults)
+    _setup_logging(cfg.log_level)
+    return cfg
+
+
+def _run_rollouts(cfg: Config, desc: str):
+    from tqdm import tqdm
+
+    from agentgym.data import load_rows
+    from agentgym.runtime import build_manager
+
+    rows = load_rows(cfg.env, cfg.data, cfg.limit)
+    manager, engine, tokenizer = build_manager(cfg)
+    total = len(rows) * cfg.rollout.n
+    t0 = time.perf_counter()
+    try:
+        with tqdm(total=total, desc=desc, unit="traj", file=sys.stderr) as bar:
+            trajs = asyncio.run(manager.run(rows, on_done=lambda t: bar.update(1)))
+    finally:
+        manager.close()
+        engine.close()
+    return trajs, tokenizer, time.perf_counter() - t0
+
+
+def cmd_rollout(args: list[str]) -> int:
+    from agentgym.data import write_jsonl
+    from agentgym.manager import summarize
+
+    cfg = _config(args)
+    trajs, tok, elapsed = _run_rollouts(cfg, "rollout")
+    out = Path(cfg.out or "trajectories.jsonl")
+
+    def record(t):
+        d = t.to_dict()
+        d["text"] = tok.decode(t.token_ids[t.prompt_length:], skip_special_tokens=False)
+        return d
+
+    write_jsonl(out, (record(t) for t in trajs))
+    s = summarize(trajs)
+    gen = sum(t.num_sampled for t in trajs)
+    print(f"wrote {len(trajs)} trajectories to {out} in {elapsed:.1f}s "
+          f"({len(trajs) / elapsed:.2f} traj/s, {gen / elapsed:.0f} generated tok/s)")
+    print(f"reward {s['reward']:.3f}  em {s['em']:.3f}  turns {s['turns']:.2f}  "
+          f"tool calls {s['tool_calls']:.2f}  tool failures {s['tool_failures']:.2f}  "
+          f"response length {s['response_length']:.0f}")
+    return 0
+
+
+def _ci95(p: float, n: int) -> float:
+    return 1.96 * math.sqrt(max(p * (1 - p), 1e-12) / n) if n else float("nan")
+
+
+def cmd_eval(args: list[str]) -> int:
+    from agentgym.manager import summarize
+
+    cfg = _config(args, {"rollout.temperature": 0.0, "data": "nq", "rollout.n": 1})
+    trajs, _, elapsed = _run_rollouts(cfg, "eval")
+    s = summarize(trajs)
+    n = len(trajs)
+    result = {"env": cfg.env, "model": cfg.model.path or cfg.model.name, "data": cfg.data,
+              "n": n, "em": s["em"], "em_ci95": _ci95(s["em"], n), "f1": s["f1"],
+              "format_valid": s["format_valid"], "answered": s["answered"],
+              "mean_turns": s["turns"], "mean_tool_calls": s["tool_calls"],
+              "tool_failures": s["tool_failures"], "response_length": s["response_length"],
+              "seconds": elapsed, "temperature": cfg.rollout.temperature}
+    print(f"{cfg.env} / {result['model']} / {cfg.data}: {n} questions in {elapsed:.0f}s")
+    print(f"  EM {s['em']:.3f} ± {result['em_ci95']:.3f} (95% CI)   F1 {s['f1']:.3f}   "
+          f"format-valid {s['format_valid']:.3f}   answered {s['answered']:.3f}   "
+          f"turns {s['turns']:.2f}   searches {s['tool_calls']:.2f}")
+    if cfg.out:
+        Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg.out).write_text(json.dumps(result, indent=2) + "\n")
+        print(f"  wrote {cfg.out}")
+    return 0
+
+
+def cmd_check_env(args: list[str]) -> int:
+    import warnings
+
+    import gymnasium
+    from gymnasium.utils.env_checker import check_env as gym_check_env
+
+    import envs
+
+    _setup_logging("WARNING")
+    ids = args or envs.env_ids()
+    failed = 0
+    for env_id in ids:
+        try:
+            envs.check_env(envs.make_env(env_id))
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                gym_check_env(gymnasium.make(env_id).unwrapped, skip_render_check=True)
+            extra = f" ({len(caught)} gymnasium warnings)" if caught else ""
+            print(f"ok    {env_id}{extra}")
+        except Exception as e:  # noqa: BLE001 - report every env, then fail
+            failed += 1
+            print(f"FAIL  {env_id}: {type(e).__name__}: {e}")
+    return 1 if failed else 0
+
+
+class _BarHooks:
+    """Progress bars and one summary line per training step."""
+
+    def __init__(self) -> None:
+        self.bar = None
+
+    def phase(self, name: str, total: int) -> None:
+        from tqdm import tqdm
+        if self.bar is not None:
+            self.bar.close()
+        self.bar = tqdm(total=total, desc=f"{name:8s}", unit="it", leave=False, file=sys.stderr)
+
+    def advance(self, k: int = 1) -> None:
+        if self.bar is not None:
+            self.bar.update(k)
+
+    def step_end(self, step: int, m: dict) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        if "rollout/reward" not in m:
+            print(f"step {step:4d} | eval EM {m.get('eval/em', float('nan')):.3f} "
+                  f"(n={m.get('eval/count', 0):.0f}) format-valid "
+                  f"{m.get('eval/format_valid', float('nan')):.3f}", flush=True)
+            return
+        print(f"step {step:4d} | reward {m['rollout/reward']:.3f} em {m['rollout/em']:.3f} "
+              f"len {m['rollout/response_length']:.0f} turns {m['rollout/turns']:.2f} "
+              f"kl {m.get('train/kl', 0.0):.4f} drift {m['rollout/drift_mean']:.1e} | "
+              f"gen {m['time/generate_s']:.1f}s env {m['time/env_s']:.2f}s "
+              f"rollout {m['time/rollout_s']:.1f}s train {m['time/train_s']:.1f}s", flush=True)
+
+
+def cmd_train(args: list[str]) -> int:
+    from trainers.grpo import train
+
+    cfg = _config(args)
+    if cfg.algo.name != "grpo":
+        raise ValueError(f"algo={cfg.algo.name!r} is not available yet; valid: grpo")
+    run_dir = train(cfg, _BarHooks())
+    print(f"run directory: {run_dir} (metrics.jsonl, reward_curve.png, tensorboard/, "
+          f"checkpoints/)")
+    return 0
+
+
+def cmd_config(args: list[str]) -> int:
+    cfg = _config(args)
+    print(json.dumps(to_dict(cfg), indent=2))
+    print("keys: " + " ".join(all_keys(cfg)), file=sys.stderr)
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "rollout": cmd_rollout, "eval": cmd_eval, "check-env": cmd_check_env,
+            "config": cmd_config}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="agentgym", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=sorted(COMMANDS))
+    parser.add_argument("overrides", nargs="*", help="key=value config overrides")
+    ns = parser.parse_args(argv)
+    try:
+        return COMMANDS[ns.command](ns.overrides)
+    except (KeyError, ValueError, FileNotFoundError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"agentgym {ns.command}: error: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,237 @@
+"""Typed configuration: dataclasses are the single source of defaults.
+
+The command line takes dotted ``key=value`` overrides (``rollout.temperature=0.7``).
+Values are parsed as YAML scalars/lists and checked against the field's type. An unknown
+key fails with the valid keys and a "did you mean". Shorthands: a plain value for a
+section that has a ``name`` sets that name (``model=tiny`` is ``model.name=tiny``,
+``engine=hf`` is ``engine.name=hf``), and ``n=4`` is ``rollout.n=4``.
+
+Precedence, lowest first: dataclass defaults, the environment's preset
+(:data:`ENV_PRESETS`), the command's own defaults (e.g. greedy decoding for ``eval``),
+then the user's overrides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from agentgym.registry import did_you_mean
+
+
+@dataclass
+class ModelConfig:
+    name: str = "smollm2-135m"  # tiny | smollm2-135m | a local HF folder
+    path: str = ""  # a local HF folder; overrides name when set
+    dtype: str = "float32"  # float32 | bfloat16
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"model.dtype={self.dtype!r}; valid: float32, bfloat16")
+
+
+@dataclass
+class EngineConfig:
+    name: str = "hf"  # hf | sglang
+    max_batch_size: int = 32
+    batch_wait_s: float = 0.005
+    urls: list[str] = field(default_factory=list)  # servers, for HTTP engines
+
+
+@dataclass
+class RetrieverConfig:
+    url: str = ""  # Search-R1 /retrieve endpoint; empty starts a local BM25 server
+    topk: int = 3
+    timeout: float = 5.0
+
+
+@dataclass
+class RolloutConfig:
+    n: int = 1  # samples per prompt (GRPO group size)
+    max_turns: int = 4  # env actions per episode
+    max_prompt_tokens: int = 1024
+    max_response_tokens: int = 1024  # generated + observation tokens after the prompt
+    max_tokens_per_turn: int = 256
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0
+    max_concurrency: int = 64  # trajectories in flight
+    env_workers: int = 8  # threads for env.reset/step (tool calls)
+
+    def __post_init__(self) -> None:
+        for name in ("n", "max_turns", "max_prompt_tokens", "max_response_tokens",
+                     "max_tokens_per_turn", "max_concurrency", "env_workers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass
+class AlgoConfig:
+    name: str = "grpo"  # the recipe: grpo (ppo and variants come with their issue)
+    advantage: str = "grpo"  # registered advantage estimator (trainers.algos.ADVANTAGES)
+    norm_adv_by_std: bool = True  # GRPO divides by the group std; False = Dr. GRPO centering
+    policy_loss: str = "ppo_clip"  # registered policy loss (trainers.algos.POLICY_LOSSES)
+    clip_low: float = 0.2
+    clip_high: float = 0.2  # > clip_low is DAPO's clip-higher
+    loss_agg_mode: str = "token-mean"
+    kl_coef: float = 0.0  # 0 disables the reference model
+    kl_estimator: str = "k3"  # k1 | k2 | k3 | abs
+    kl_mode: str = "loss"  # loss (GRPO) | reward (PPO-style penalty)
+    entropy_coef: float = 0.0
+
+    def __post_init__(self) -> None:
+        from agentgym.registry import did_you_mean as dym
+        checks = {"loss_agg_mode": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                                    "seq-mean-token-sum-norm"),
+                  "kl_estimator": ("k1", "k2", "k3", "abs"), "kl_mode": ("loss", "reward")}
+        for key, valid in checks.items():
+            value = getattr(self, key)
+            if value not in valid:
+                raise ValueError(f"algo.{key}={value!r}{dym(value, valid)}; "
+                                 f"valid: {', '.join(valid)}")
+
+
+@dataclass
+class TrainerConfig:
+    total_steps: int = 20
+    prompts_per_step: int = 8  # rows per step; each sampled rollout.n times
+    ppo_epochs: int = 1  # passes over each step's rollouts
+    mini_batches: int = 1  # optimizer steps per epoch
+    micro_batch_tokens: int = 8192  # padded tokens per forward/backward (grad accumulation)
+    lr: float = 1e-6
+    warmup_steps: int = 0
+    lr_schedule: str = "constant"  # constant | cosine
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    save_every: int = 10  # steps between checkpoints (the last step is always saved)
+    eval_every: int = 0  # steps between evals on data.eval (0 = only before and after)
+    eval_limit: int = 50
+    eval_data: str = "nq"
+    seed: int = 0
+    resume: str = "auto"  # auto (latest checkpoint in run_dir) | never | a checkpoint path
+    backend: str = "single"
+
+
+@dataclass
+class Config:
+    env: str = "search"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    data: str = "train"  # dataset name of the env (train | nq | …) or a .jsonl path
+    limit: int = 0  # rows to use; 0 = all
+    out: str = ""  # output file (rollout: trajectories JSONL; eval: results JSON)
+    run_dir: str = ""  # train: default runs/<env>-<model>-<time>
+    log_level: str = "WARNING"
+
+
+#: Per-environment overrides applied before the user's.
+ENV_PRESETS: dict[str, dict[str, Any]] = {
+    "search": {"rollout.max_turns": 4, "rollout.max_tokens_per_turn": 256,
+               "rollout.max_response_tokens": 1024},
+}
+ALIASES = {"n": "rollout.n", "seed": "trainer.seed", "backend": "trainer.backend"}
+
+
+def _field_names(obj: Any) -> list[str]:
+    return [f.name for f in dataclasses.fields(obj)]
+
+
+def all_keys(obj: Any, prefix: str = "") -> list[str]:
+    """Every dotted key of a config, e.g. ``rollout.temperature``."""
+    keys = []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        keys.append(prefix + f.name)
+        if dataclasses.is_dataclass(value):
+            keys.extend(all_keys(value, prefix + f.name + "."))
+    return keys
+
+
+def _coerce(key: str, raw: Any, hint: Any) -> Any:
+    """Check/convert a parsed value to the annotated type; error names key and value."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return _coerce(key, raw, [a for a in typing.get_args(hint) if a is not type(None)][0])
+    if origin is list:
+        items = raw if isinstance(raw, list) else [raw]
+        (item_t,) = typing.get_args(hint) or (str,)
+        return [_coerce(key, x, item_t) for x in items]
+    if hint is bool:
+        if isinstance(raw, bool):
+            return raw
+    elif hint is int:
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            return raw
+    elif hint is float:
+        if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+            return float(raw)
+    elif hint is str:
+        return "" if raw is None else str(raw)
+    else:
+        return raw
+    raise ValueError(f"{key}={raw!r} is not a valid {hint.__name__}")
+
+
+def set_key(cfg: Any, key: str, value: Any) -> None:
+    """Set a dotted key on a config tree (value already parsed from YAML)."""
+    key = ALIASES.get(key, key)
+    node, parts = cfg, key.split(".")
+    for i, part in enumerate(parts):
+        names = _field_names(node)
+        if part not in names:
+            where = ".".join(parts[:i]) or "config"
+            valid = all_keys(cfg)
+            raise KeyError(f"unknown config key {key!r}{did_you_mean(key, valid)}; "
+                           f"{where} has: {', '.join(names)}")
+        if i == len(parts) - 1:
+            current = getattr(node, part)
+            if dataclasses.is_dataclass(current):
+                if "name" not in _field_names(current) or isinstance(value, dict):
+                    raise ValueError(f"{key} is a section; set its keys, e.g. "
+                                     f"{key}.{_field_names(current)[0]}=…")
+                node, part = current, "name"
+            hints = typing.get_type_hints(type(node))
+            setattr(node, part, _coerce(key, value, hints[part]))
+            if hasattr(node, "__post_init__"):
+                node.__post_init__()  # re-validate the section
+        else:
+            node = getattr(node, part)
+
+
+def parse_overrides(args: list[str]) -> dict[str, Any]:
+    """``["a.b=1", "c=[x, y]"]`` → ``{"a.b": 1, "c": ["x", "y"]}`` (YAML-parsed values)."""
+    out: dict[str, Any] = {}
+    for arg in args:
+        key, sep, raw = arg.partition("=")
+        if not sep or not key:
+            raise ValueError(f"expected key=value, got {arg!r}")
+        try:
+            out[key.strip()] = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            out[key.strip()] = raw
+    return out
+
+
+def build_config(overrides: dict[str, Any], command_defaults: dict[str, Any] | None = None,
+                 cls: type = Config) -> Any:
+    """Defaults → env preset → command defaults → user overrides."""
+    cfg = cls()
+    env = overrides.get("env", cfg.env)
+    layers = [ENV_PRESETS.get(str(env), {}), command_defaults or {}, overrides]
+    for layer in layers:
+        for k, v in layer.items():
+            set_key(cfg, k, v)
+    return cfg
+
+
+def to_dict(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)

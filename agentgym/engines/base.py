@@ -1,0 +1,50 @@
+"""The rollout-engine interface: token-in/token-out, async.
+
+An engine takes prompt token ids and returns the ids it sampled with their logprobs;
+it never decodes and re-encodes. Engines are registered by name (``engine=hf``); GPU-only
+engines (``sglang``) are lazy entry points so CPU machines never import them.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+from agentgym.registry import Registry
+from agentgym.types import GenerateOutput, SamplingParams
+
+ENGINES: Registry = Registry("rollout engine")
+
+
+class Engine(abc.ABC):
+    """Async token-in/token-out generation.
+
+    Concurrent ``generate`` calls from many trajectories may be batched together by
+    the engine; each call still gets exactly its own sampled ids back.
+    """
+
+    #: Version of the weights currently served; stamped on every trajectory.
+    policy_version: int = 0
+
+    @abc.abstractmethod
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
+                       images: list[Any] | None = None) -> GenerateOutput:
+        """Sample a continuation of ``prompt_ids``."""
+
+    @abc.abstractmethod
+    def update_weights(self, state_dict: dict, version: int) -> None:
+        """Load new policy weights and set ``policy_version`` (call while paused)."""
+
+    @abc.abstractmethod
+    async def pause(self) -> None:
+        """Finish in-flight batches and hold new ones (before a weight update)."""
+
+    @abc.abstractmethod
+    def resume(self) -> None:
+        """Release requests held by :meth:`pause`."""
+
+    def close(self) -> None:
+        """Release resources (threads, servers). Idempotent."""
+
+
+ENGINES.register("hf", "agentgym.engines.hf:HFEngine")

@@ -1,0 +1,278 @@
+"""In-process transformers engine (CPU or GPU): batches concurrent requests.
+
+Requests from many trajectories queue up; a worker thread takes whatever is waiting
+(up to ``max_batch_size``), left-pads it into one batch and runs a KV-cached decode loop.
+Each row leaves the batch (and its caller resumes) the moment it hits EOS, a stop string
+or its own ``max_new_tokens``; the cache shrinks with it. Requests that arrive meanwhile
+form the next batch.
+
+Logprobs are ``log_softmax(logits / temperature)`` of the sampled token (temperature 1 for
+greedy), before top-p/top-k, computed in fp32 from the raw logits: exactly what a trainer
+recomputes with a forward pass over the finished trajectory (position ids are
+``cumsum(attention_mask) - 1``, so left padding does not move positions).
+
+Each request with ``sampling.seed`` gets its own ``torch.Generator``, so its sample does
+not depend on which other requests shared its batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from agentgym.engines.base import Engine
+from agentgym.types import GenerateOutput, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+#: Tokens decoded at the end of a row to look for stop strings (each token is >= 1 char).
+_STOP_WINDOW = 32
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    generator: torch.Generator | None = None
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+    def finish(self, reason: str, stop_reason: str | None) -> None:
+        out = GenerateOutput(self.ids, self.logprobs, reason, stop_reason)  # type: ignore[arg-type]
+        self.loop.call_soon_threadsafe(_set_result, self.future, out)
+
+    def fail(self, exc: BaseException) -> None:
+        self.loop.call_soon_threadsafe(_set_exception, self.future, exc)
+
+
+def _set_result(fut: asyncio.Future, value: Any) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
+
+
+class HFEngine(Engine):
+    """Token-in/token-out engine over a ``transformers`` causal LM.
+
+    Args:
+        model: a causal LM (its dtype and device are used as they are).
+        tokenizer: used for the pad/EOS ids and to find stop strings.
+        max_batch_size: most requests decoded together.
+        batch_wait_s: after the first request arrives, how long to wait for more.
+        seed: seed of the generator used by requests without their own seed.
+    """
+
+    def __init__(self, model, tokenizer, max_batch_size: int = 32, batch_wait_s: float = 0.005,
+                 seed: int = 0) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.device = next(model.parameters()).device
+        self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_s
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
+            else tokenizer.eos_token_id
+        self.eos_ids = _eos_ids(model, tokenizer)
+        self.policy_version = 0
+        self._generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._queue: list[_Request] = []
+        self._cv = threading.Condition()
+        self._paused = False
+        self._busy = False
+        self._closed = False
+        self.stats = {"batches": 0, "requests": 0, "generated_tokens": 0, "decode_steps": 0}
+        self._thread = threading.Thread(target=self._worker, name="hf-engine", daemon=True)
+        self._thread.start()
+
+    # -- public API ---------------------------------------------------------------------
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
+                       images: list[Any] | None = None) -> GenerateOutput:
+        if images:
+            raise ValueError("the hf engine serves text-only models here; got images "
+                             "(use a vision-language model and engine)")
+        if not prompt_ids:
+            raise ValueError("prompt_ids is empty: a request needs at least one token")
+        loop = asyncio.get_running_loop()
+        gen = None
+        if sampling.seed is not None:
+            gen = torch.Generator(device=self.device).manual_seed(sampling.seed)
+        req = _Request(list(prompt_ids), sampling, loop.create_future(), loop, gen)
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("engine is closed")
+            self._queue.append(req)
+            self._cv.notify_all()
+        return await req.future
+
+    def update_weights(self, state_dict: dict, version: int) -> None:
+        with self._cv:
+            if self._busy:
+                raise RuntimeError("update_weights() while a batch is running; pause() first")
+            self.model.load_state_dict(state_dict, strict=True)
+            self.policy_version = version
+
+    async def pause(self) -> None:
+        with self._cv:
+            self._paused = True
+        await asyncio.to_thread(self._wait_idle)
+
+    def resume(self) -> None:
+        with self._cv:
+            self._paused = False
+            self._cv.notify_all()
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            pending, self._queue = self._queue, []
+            self._cv.notify_all()
+        for r in pending:
+            r.fail(RuntimeError("engine closed"))
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=30)
+
+    # -- worker -------------------------------------------------------------------------
+    def _wait_idle(self) -> None:
+        with self._cv:
+            self._cv.wait_for(lambda: not self._busy)
+
+    def _take_batch(self) -> list[_Request] | None:
+        with self._cv:
+            self._cv.wait_for(lambda: self._closed or (self._queue and not self._paused))
+            if self._closed:
+                return None
+            deadline = time.monotonic() + self.batch_wait_s  # let concurrent callers join
+            while len(self._queue) < self.max_batch_size and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cv.wait(timeout=left)
+            batch = self._queue[:self.max_batch_size]
+            self._queue = self._queue[self.max_batch_size:]
+            self._busy = True
+            return batch
+
+    def _worker(self) -> None:
+        while True:
+            batch = self._take_batch()
+            if batch is None:
+                return
+            try:
+                with torch.inference_mode():
+                    self._run_batch(batch)
+            except BaseException as e:  # noqa: BLE001 - surface every failure to the caller
+                logger.exception("generation batch of %d failed", len(batch))
+                for r in batch:
+                    r.fail(e)
+            finally:
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify_all()
+
+    def _run_batch(self, reqs: list[_Request]) -> None:
+        t0 = time.perf_counter()
+        self.stats["batches"] += 1
+        self.stats["requests"] += len(reqs)
+        width = max(len(r.prompt_ids) for r in reqs)
+        ids = torch.full((len(reqs), width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((len(reqs), width), dtype=torch.long)
+        for i, r in enumerate(reqs):
+            ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
+            attn[i, width - len(r.prompt_ids):] = 1
+        ids, attn = ids.to(self.device), attn.to(self.device)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
+        cache, logits = out.past_key_values, out.logits[:, -1, :].float()
+        last_pos = pos[:, -1]
+        active = list(reqs)
+        while active:
+            self.stats["decode_steps"] += 1
+            tokens, logps = self._sample(logits, active)
+            keep = []
+            for j, r in enumerate(active):
+                r.ids.append(int(tokens[j]))
+                r.logprobs.append(float(logps[j]))
+                done = self._finished(r)
+                if done is None:
+                    keep.append(j)
+                else:
+                    self.stats["generated_tokens"] += len(r.ids)
+                    r.finish(*done)
+            if not keep:
+                break
+            if len(keep) < len(active):
+                index = torch.tensor(keep, device=self.device)
+                cache.batch_select_indices(index)
+                attn, last_pos, tokens = attn[index], last_pos[index], tokens[index]
+                active = [active[j] for j in keep]
+            attn = torch.cat([attn, attn.new_ones((len(active), 1))], dim=1)
+            last_pos = last_pos + 1
+            out = self.model(input_ids=tokens[:, None], attention_mask=attn,
+                             position_ids=last_pos[:, None], past_key_values=cache, use_cache=True)
+            cache, logits = out.past_key_values, out.logits[:, -1, :].float()
+        logger.debug("batch of %d done in %.3fs", len(reqs), time.perf_counter() - t0)
+
+    def _sample(self, logits: torch.Tensor, reqs: list[_Request]):
+        """Sample one token per row; return (tokens (B,), logprobs (B,))."""
+        temps = torch.tensor([r.sampling.temperature or 1.0 for r in reqs],
+                             device=logits.device)[:, None]
+        logp = torch.log_softmax(logits / temps, dim=-1)
+        tokens = torch.empty(len(reqs), dtype=torch.long, device=logits.device)
+        for j, r in enumerate(reqs):
+            s = r.sampling
+            if s.temperature == 0:
+                tokens[j] = logp[j].argmax()
+                continue
+            probs = _truncate(logp[j].exp(), s.top_p, s.top_k)
+            tokens[j] = torch.multinomial(probs, 1, generator=r.generator or self._generator)[0]
+        return tokens, logp.gather(1, tokens[:, None])[:, 0]
+
+    def _finished(self, r: _Request) -> tuple[str, str | None] | None:
+        last = r.ids[-1]
+        if last in self.eos_ids:
+            return "stop", self.tokenizer.convert_ids_to_tokens(last)
+        if r.sampling.stop:
+            tail = self.tokenizer.decode(r.ids[-_STOP_WINDOW:], skip_special_tokens=False)
+            for s in r.sampling.stop:
+                if s in tail:
+                    return "stop", s
+        if len(r.ids) >= r.sampling.max_new_tokens:
+            return "length", None
+        return None
+
+
+def _truncate(probs: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
+    """Zero out tokens outside top-k / the top-p nucleus (probs of one row)."""
+    if top_k and top_k < probs.numel():
+        kth = torch.topk(probs, top_k).values[-1]
+        probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
+    if top_p < 1.0:
+        sorted_p, order = torch.sort(probs, descending=True)
+        cum = sorted_p.cumsum(0)
+        drop = cum - sorted_p > top_p  # keep the smallest prefix whose mass reaches top_p
+        sorted_p[drop] = 0
+        probs = torch.zeros_like(probs).scatter(0, order, sorted_p)
+    return probs
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(gen_eos, int):
+        ids.add(gen_eos)
+    elif gen_eos:
+        ids.update(int(i) for i in gen_eos)
+    return ids

@@ -1,0 +1,178 @@
+"""Multi-turn generation manager: one asyncio task per trajectory, no lockstep.
+
+Each trajectory loops: generate (the engine batches concurrent requests) → ``env.step``
+in a thread pool (a slow tool never blocks the event loop or other trajectories) →
+append the observation tokens once, with mask 0 → … until the env terminates or
+truncates, or the token budget runs out (then ``truncated``).
+
+Masking rule, applied here and nowhere else: sampled ids go in as ``generated``
+segments (mask 1, with the engine's logprobs); prompt, observation and filler ids go in
+with mask 0 (see :class:`agentgym.types.Trajectory`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import hashlib
+import itertools
+import logging
+import time
+from typing import Any, Callable
+
+from agentgym.chat import ChatTokens
+from agentgym.config import RolloutConfig
+from agentgym.engines.base import Engine
+from agentgym.types import SamplingParams, Trajectory
+
+logger = logging.getLogger(__name__)
+
+
+def trajectory_seed(base: int, uid: str, sample_index: int) -> int:
+    """A stable per-trajectory seed, independent of scheduling order."""
+    h = hashlib.sha256(f"{base}/{uid}/{sample_index}".encode()).digest()
+    return int.from_bytes(h[:4], "little")
+
+
+def row_uid(row: dict, index: int) -> str:
+    extra = row.get("extra_info") or {}
+    return str(extra.get("id") or extra.get("index", index))
+
+
+class GenerationManager:
+    """Runs rollouts of an env against an engine.
+
+    Args:
+        engine: a token-in/token-out :class:`~agentgym.engines.base.Engine`.
+        tokenizer: the policy's tokenizer (chat template, observation tokens).
+        env_factory: returns a fresh environment; one per trajectory.
+        cfg: budgets, sampling and concurrency.
+        seed: base seed; each trajectory's sampling seed derives from it.
+    """
+
+    def __init__(self, engine: Engine, tokenizer, env_factory: Callable[[], Any],
+                 cfg: RolloutConfig, seed: int = 0) -> None:
+        self.engine = engine
+        self.chat = ChatTokens(tokenizer)
+        self.env_factory = env_factory
+        self.cfg = cfg
+        self.seed = seed
+        self._pool = concurrent.futures.ThreadPoolExecutor(cfg.env_workers,
+                                                           thread_name_prefix="env")
+
+    async def _in_pool(self, fn, *args, **kwargs):
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
+
+    async def rollout(self, row: dict, uid: str = "0", sample_index: int = 0) -> Trajectory:
+        """Play one episode of ``row``; return its trajectory."""
+        cfg = self.cfg
+        seed = trajectory_seed(self.seed, uid, sample_index)
+        traj = Trajectory(uid=uid, sample_index=sample_index,
+                          data_source=str(row.get("data_source", "")))
+        m = {"turns": 0, "generate_s": 0.0, "env_s": 0.0, "length_stops": 0}
+        env = await self._in_pool(self.env_factory)
+        try:
+            t0 = time.perf_counter()
+            obs, info = await self._in_pool(env.reset, seed=seed, options={"row": row})
+            m["env_s"] += time.perf_counter() - t0
+            fmt = env.observation_format
+            prompt = self.chat.prompt_ids(obs)
+            if len(prompt) > cfg.max_prompt_tokens:
+                raise ValueError(f"prompt of row {uid!r} has {len(prompt)} tokens, more than "
+                                 f"rollout.max_prompt_tokens={cfg.max_prompt_tokens}")
+            traj.append("prompt", prompt, turn=0)
+            traj.policy_version = self.engine.policy_version
+            for turn in itertools.count():
+                budget = cfg.max_response_tokens - traj.response_length
+                if budget <= 0:
+                    traj.truncated, info = True, {**info, "end": "token_budget"}
+                    break
+                sampling = SamplingParams(
+                    max_new_tokens=min(cfg.max_tokens_per_turn, budget),
+                    temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                    stop=env.stop_strings, seed=(seed + 7919 * turn) % 2**31)
+                t0 = time.perf_counter()
+                out = await self.engine.generate(traj.token_ids, sampling)
+                m["generate_s"] += time.perf_counter() - t0
+                if self.engine.policy_version != traj.policy_version:
+                    raise RuntimeError("policy weights changed inside a trajectory; "
+                                       "pause() the engine between rollouts")
+                traj.append("generated", out.ids, turn, out.logprobs)
+                m["turns"] += 1
+                m["length_stops"] += out.finish_reason == "length"
+                text = self.chat.decode(out.ids)
+                t0 = time.perf_counter()
+                obs, reward, terminated, truncated, info = await self._in_pool(env.step, text)
+                m["env_s"] += time.perf_counter() - t0
+                traj.step_rewards.append(reward)
+                if terminated or truncated:
+                    traj.terminated, traj.truncated = terminated, truncated
+                    break
+                sampled_eos = bool(out.ids) and out.ids[-1] == self.chat.tok.eos_token_id
+                filler = self.chat.close_ids(sampled_eos) if fmt == "chat" else []
+                obs_ids = self.chat.observation_ids(obs, fmt)
+                if traj.response_length + len(filler) + len(obs_ids) >= cfg.max_response_tokens:
+                    traj.truncated, info = True, {**info, "end": "token_budget"}
+                    break
+                traj.append("filler", filler, turn)
+                traj.append("observation", obs_ids, turn)
+        finally:
+            await self._in_pool(env.close)
+        traj.reward = float(sum(traj.step_rewards))
+        traj.info = {k: v for k, v in info.items() if _jsonable(v)}
+        traj.metrics = {
+            **{k: float(v) for k, v in m.items()},
+            "tool_calls": float(info.get("tool_calls", 0)),
+            "tool_failures": float(info.get("tool_failures", 0)),
+            "malformed_actions": float(info.get("malformed_actions", 0)),
+            "response_length": float(traj.response_length),
+            "generated_tokens": float(traj.num_sampled),
+            "observation_tokens": float(sum(len(s) for s in traj.segments
+                                            if s.kind in ("observation", "filler"))),
+        }
+        traj.check()
+        return traj
+
+    async def run(self, rows: list[dict], n: int | None = None,
+                  on_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
+        """Roll out ``n`` samples of every row concurrently (at most ``max_concurrency``
+        in flight); results keep the order ``(row, sample)``."""
+        n = n or self.cfg.n
+        gate = asyncio.Semaphore(self.cfg.max_concurrency)
+
+        async def one(i: int, row: dict, k: int) -> Trajectory:
+            async with gate:
+                traj = await self.rollout(row, row_uid(row, i), k)
+            if on_done is not None:
+                on_done(traj)
+            return traj
+
+        tasks = [one(i, row, k) for i, row in enumerate(rows) for k in range(n)]
+        return list(await asyncio.gather(*tasks))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+def _jsonable(v: Any) -> bool:
+    return isinstance(v, (str, int, float, bool, type(None))) or (
+        isinstance(v, list) and all(isinstance(x, (str, int, float)) for x in v))
+
+
+def summarize(trajs: list[Trajectory]) -> dict[str, float]:
+    """Mean metrics over trajectories (reward, em, f1, turns, lengths, tool counters)."""
+    if not trajs:
+        return {}
+    out: dict[str, float] = {"count": float(len(trajs))}
+    out["reward"] = sum(t.reward for t in trajs) / len(trajs)
+    for key in ("em", "f1"):
+        out[key] = sum(float(t.info.get(key, 0.0)) for t in trajs) / len(trajs)
+    out["answered"] = sum(t.terminated for t in trajs) / len(trajs)
+    out["format_valid"] = sum(t.terminated and t.metrics["malformed_actions"] == 0
+                              for t in trajs) / len(trajs)
+    out["truncated"] = sum(t.truncated for t in trajs) / len(trajs)
+    for key in trajs[0].metrics:
+        out[key] = sum(t.metrics[key] for t in trajs) / len(trajs)
+    return out

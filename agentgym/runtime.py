@@ -1,0 +1,63 @@
+"""Wiring a config into live objects: policy model, engine, env factory, manager."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any, Callable
+
+from agentgym.config import Config
+from agentgym.engines.base import ENGINES, Engine
+from agentgym.manager import GenerationManager
+
+logger = logging.getLogger(__name__)
+
+
+def load_policy(cfg: Config):
+    """Resolve ``model.path``/``model.name`` to an HF folder; load model and tokenizer."""
+    from agentgym.models import load_model, load_tokenizer, resolve_model
+    path = resolve_model(cfg.model.path or cfg.model.name)
+    logger.info("loading policy from %s (%s)", path, cfg.model.dtype)
+    return load_model(path, dtype=cfg.model.dtype), load_tokenizer(path), path
+
+
+def build_engine(cfg: Config, model, tokenizer) -> Engine:
+    cls = ENGINES.get(cfg.engine.name)
+    if cfg.engine.name == "hf":
+        return cls(model, tokenizer, max_batch_size=cfg.engine.max_batch_size,
+                   batch_wait_s=cfg.engine.batch_wait_s, seed=cfg.trainer.seed)
+    return cls(urls=cfg.engine.urls, tokenizer=tokenizer)
+
+
+def _search_kwargs(cfg: Config) -> dict[str, Any]:
+    url = cfg.retriever.url
+    if not url:
+        from agentgym.paths import data_dir
+        from tools.local_retriever import ensure_local_retriever
+        url = ensure_local_retriever(data_dir() / "corpus" / "wiki_passages.jsonl.gz")
+        logger.info("started local BM25 retriever at %s", url)
+    return {"retriever_url": url, "topk": cfg.retriever.topk, "timeout": cfg.retriever.timeout}
+
+
+#: Config → constructor kwargs for envs that need more than ``max_turns``.
+ENV_KWARGS: dict[str, Callable[[Config], dict[str, Any]]] = {"search": _search_kwargs}
+
+
+def env_factory(cfg: Config) -> Callable[[], Any]:
+    """A zero-argument factory of fresh envs for ``cfg.env`` (resolves tools once)."""
+    import envs
+    env_id = envs.resolve_env_id(cfg.env)
+    short = {v: k for k, v in envs.short_names().items()}.get(env_id, cfg.env)
+    kwargs = {"max_turns": cfg.rollout.max_turns}
+    if short in ENV_KWARGS:
+        kwargs.update(ENV_KWARGS[short](cfg))
+    return functools.partial(envs.make_env, env_id, **kwargs)
+
+
+def build_manager(cfg: Config, model=None, tokenizer=None):
+    """Everything a rollout needs; returns ``(manager, engine, tokenizer)``."""
+    if model is None or tokenizer is None:
+        model, tokenizer, _ = load_policy(cfg)
+    engine = build_engine(cfg, model, tokenizer)
+    manager = GenerationManager(engine, tokenizer, env_factory(cfg), cfg.rollout, seed=cfg.trainer.seed)
+    return manager, engine, tokenizer

@@ -1,0 +1,196 @@
+"""Rollout throughput: per-trajectory async manager vs a lockstep baseline.
+
+Both modes use the same engine, model, prompts, seeds and tool-latency draws. Every env
+step makes a real retrieval call (local BM25 server on loopback) after a simulated tool
+latency drawn from a log-normal distribution (long-tailed: a few calls are much slower).
+
+* ``async``: AgentGym's GenerationManager — each trajectory is its own task; the engine
+  batches whatever requests are waiting.
+* ``lockstep``: the same manager with two barriers around generation, so every turn
+  all live trajectories generate together, the batch completes, then all tool calls run
+  and the next turn waits for the slowest one (how Search-R1's manager advances).
+
+    python bench/rollout_throughput.py                      # tiny model, writes docs/BENCHMARKS.md
+    python bench/rollout_throughput.py --model smollm2-135m --prompts 8 --n 4
+
+Figures are trajectories/s and generated tokens/s; the ratio async/lockstep is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from agentgym.config import RolloutConfig  # noqa: E402
+from agentgym.data import load_rows  # noqa: E402
+from agentgym.engines.hf import HFEngine  # noqa: E402
+from agentgym.manager import GenerationManager  # noqa: E402
+from agentgym.models import load_model, load_tokenizer, resolve_model  # noqa: E402
+from agentgym.paths import data_dir  # noqa: E402
+from envs.base import AgentEnv  # noqa: E402
+from tools.local_retriever import LocalRetriever  # noqa: E402
+from tools.retriever import RetrieverClient, format_docs  # noqa: E402
+
+from bench.report import write_section  # noqa: E402
+
+
+class ToolLatencyEnv(AgentEnv):
+    """Each step: sleep a log-normal tool latency, then a real retrieval with the action."""
+
+    observation_format = "inline"
+    stop_strings = ("</search>",)
+
+    def __init__(self, client: RetrieverClient, median_s: float, sigma: float, max_turns: int):
+        super().__init__(max_turns=max_turns)
+        self.client, self.median_s, self.sigma = client, median_s, sigma
+
+    def _reset(self, row):
+        return [dict(m) for m in row["prompt"]], {}
+
+    def _step(self, action, last_turn):
+        time.sleep(self.median_s * float(np.exp(self.sigma * self.np_random.standard_normal())))
+        docs = self.client.retrieve([action[:200] or "empty"])[0]
+        self.count("tool_calls")
+        return [{"role": "tool", "content": f"\n<information>{format_docs(docs)}</information>\n"}
+                ], 0.0, False, {}
+
+
+class _Barrier:
+    """Reusable async barrier whose party count shrinks as trajectories finish."""
+
+    def __init__(self, parties: int):
+        self.parties, self.count, self.generation = parties, 0, 0
+        self.cond = asyncio.Condition()
+
+    async def wait(self):
+        async with self.cond:
+            gen = self.generation
+            self.count += 1
+            if self.count >= self.parties:
+                self._release()
+            else:
+                await self.cond.wait_for(lambda: self.generation != gen)
+
+    async def leave(self):
+        async with self.cond:
+            self.parties -= 1
+            if self.count and self.count >= self.parties:
+                self._release()
+
+    def _release(self):
+        self.count, self.generation = 0, self.generation + 1
+        self.cond.notify_all()
+
+
+class LockstepEngine:
+    """Wraps an engine so all live trajectories generate turn by turn together."""
+
+    def __init__(self, inner, parties: int):
+        self.inner, self.policy_version = inner, inner.policy_version
+        self.before, self.after = _Barrier(parties), _Barrier(parties)
+
+    async def generate(self, prompt_ids, sampling, images=None):
+        await self.before.wait()
+        out = await self.inner.generate(prompt_ids, sampling)
+        await self.after.wait()  # the batch returns only when all its rows are done
+        return out
+
+    async def leave(self):
+        await self.before.leave()
+        await self.after.leave()
+
+
+def run_mode(mode, model, tok, url, rows, args) -> dict:
+    engine = HFEngine(model, tok, max_batch_size=len(rows) * args.n, batch_wait_s=0.02,
+                      seed=args.seed)
+    total = len(rows) * args.n
+    cfg = RolloutConfig(n=args.n, max_turns=args.turns, max_tokens_per_turn=args.tokens,
+                        max_response_tokens=4096, temperature=1.0, max_concurrency=total,
+                        env_workers=total, max_prompt_tokens=4096)
+    client = RetrieverClient(url, topk=2, timeout=30)
+    front = LockstepEngine(engine, total) if mode == "lockstep" else engine
+    mgr = GenerationManager(front, tok, lambda: ToolLatencyEnv(client, args.latency_median,
+                                                               args.latency_sigma, args.turns),
+                            cfg, seed=args.seed)
+
+    def done(_traj):
+        if mode == "lockstep":
+            asyncio.get_running_loop().create_task(front.leave())
+
+    t0 = time.perf_counter()
+    trajs = asyncio.run(mgr.run(rows, on_done=done))
+    elapsed = time.perf_counter() - t0
+    mgr.close()
+    engine.close()
+    client.close()
+    gen = sum(t.num_sampled for t in trajs)
+    return {"mode": mode, "seconds": elapsed, "traj_per_s": len(trajs) / elapsed,
+            "tok_per_s": gen / elapsed, "generated": gen, "batches": engine.stats["batches"],
+            "mean_batch": engine.stats["requests"] / max(engine.stats["batches"], 1),
+            "env_s": float(np.mean([t.metrics["env_s"] for t in trajs]))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--n", type=int, default=4)
+    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=48, help="max new tokens per turn")
+    ap.add_argument("--latency-median", type=float, default=0.15)
+    ap.add_argument("--latency-sigma", type=float, default=1.0)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-write", action="store_true", help="print only")
+    args = ap.parse_args()
+
+    path = resolve_model(args.model)
+    model, tok = load_model(path), load_tokenizer(path)
+    rows = load_rows("search", "train", args.prompts)
+    results = []
+    with LocalRetriever(data_dir() / "corpus" / "wiki_passages.jsonl.gz") as retr:
+        run_mode("async", model, tok, retr.url, rows[:2], args)  # warm-up
+        for _ in range(args.repeats):
+            for mode in ("lockstep", "async"):
+                r = run_mode(mode, model, tok, retr.url, rows, args)
+                results.append(r)
+                print(f"{mode:9s} {r['seconds']:6.2f}s  {r['traj_per_s']:6.2f} traj/s  "
+                      f"{r['tok_per_s']:7.0f} tok/s  batches {r['batches']:3d} "
+                      f"(mean size {r['mean_batch']:.1f})", flush=True)
+
+    def med(mode, key):
+        return float(np.median([r[key] for r in results if r["mode"] == mode]))
+
+    ratio = med("async", "traj_per_s") / med("lockstep", "traj_per_s")
+    print(f"async / lockstep trajectories/s: {ratio:.2f}x")
+    cmd = "python bench/rollout_throughput.py " + " ".join(sys.argv[1:])
+    lines = [
+        f"Machine: {platform.machine()}, {__import__('os').cpu_count()} CPUs, "
+        f"torch threads {__import__('torch').get_num_threads()}. Command: `{cmd.strip()}`.",
+        f"Model `{args.model}`, {args.prompts} prompts x n={args.n} = {args.prompts * args.n} "
+        f"trajectories, {args.turns} turns of up to {args.tokens} sampled tokens, temperature 1. "
+        f"Each env step: log-normal tool latency (median {args.latency_median}s, "
+        f"sigma {args.latency_sigma}) then a real BM25 retrieval on loopback. "
+        f"Median of {args.repeats} runs per mode.", "",
+        "| mode | trajectories/s | generated tokens/s | engine batches | mean batch size |",
+        "|---|---|---|---|---|",
+    ]
+    for mode in ("lockstep", "async"):
+        lines.append(f"| {mode} | {med(mode, 'traj_per_s'):.2f} | {med(mode, 'tok_per_s'):.0f} | "
+                     f"{med(mode, 'batches'):.0f} | {med(mode, 'mean_batch'):.1f} |")
+    lines += ["", f"**async / lockstep: {ratio:.2f}x trajectories/s.**"]
+    if not args.no_write:
+        write_section(f"Rollout throughput ({args.model})", "\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

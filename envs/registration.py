@@ -1,0 +1,65 @@
+"""Environment registry: AgentGym ids, short names, and registration with gymnasium.
+
+``register_env("agentgym/Search-v0", "envs.search:SearchEnv", short="search")`` records a
+lazy entry point (the module is imported only on ``make_env``) and registers the same id
+with gymnasium, so ``gymnasium.make("agentgym/Search-v0")`` works after ``import envs``.
+Ids carry a version: bump it whenever reward, parsing or prompt changes could move results.
+"""
+
+from __future__ import annotations
+
+import re
+
+import gymnasium
+
+from agentgym.registry import Registry, did_you_mean
+
+ENVS: Registry = Registry("environment")
+_SHORT: dict[str, str] = {}
+_ID = re.compile(r"^[\w.-]+/[\w.-]+-v\d+$")
+
+
+def register_env(env_id: str, entry_point: str, short: str | None = None, **kwargs) -> None:
+    """Register ``env_id`` (``namespace/Name-vN``) with AgentGym and gymnasium.
+
+    Args:
+        env_id: versioned id, e.g. ``agentgym/Search-v0``.
+        entry_point: lazy ``"package.module:Class"``.
+        short: optional short name for the CLI (``env=search``).
+        kwargs: default constructor arguments.
+    """
+    if not _ID.match(env_id):
+        raise ValueError(f"environment id {env_id!r} must look like 'namespace/Name-vN'")
+    if short is not None and short in _SHORT:
+        raise ValueError(f"short name {short!r} already names {_SHORT[short]!r}")
+    ENVS.register(env_id, entry_point, short=short, kwargs=dict(kwargs))
+    if short is not None:
+        _SHORT[short] = env_id
+    if env_id not in gymnasium.registry:
+        gymnasium.register(id=env_id, entry_point=entry_point, kwargs=dict(kwargs))
+
+
+def resolve_env_id(name: str) -> str:
+    """Map a short name (``search``) or full id to the registered full id."""
+    if name in ENVS:
+        return name
+    if name in _SHORT:
+        return _SHORT[name]
+    choices = sorted(_SHORT) + ENVS.names()
+    raise KeyError(f"unknown environment {name!r}{did_you_mean(name, choices)}; "
+                   f"valid: {', '.join(choices)}")
+
+
+def make_env(name: str, **kwargs):
+    """Instantiate a registered env (short name or full id) with overrides ``kwargs``."""
+    env_id = resolve_env_id(name)
+    cls = ENVS.get(env_id)
+    return cls(**{**ENVS.extras(env_id)["kwargs"], **kwargs})
+
+
+def env_ids() -> list[str]:
+    return ENVS.names()
+
+
+def short_names() -> dict[str, str]:
+    return dict(_SHORT)

@@ -1,0 +1,41 @@
+"""Answer-matching rewards for QA (SQuAD normalization, as Search-R1 uses)."""
+
+from __future__ import annotations
+
+import collections
+import re
+import string
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = set(string.punctuation)
+
+
+def normalize_answer(s: str) -> str:
+    """Lowercase, drop punctuation and articles, collapse whitespace (SQuAD v1.1)."""
+    s = s.lower()
+    s = "".join(ch for ch in s if ch not in _PUNCT)
+    s = _ARTICLES.sub(" ", s)
+    return " ".join(s.split())
+
+
+def exact_match(prediction: str, golds: list[str] | str) -> float:
+    """1.0 if the normalized prediction equals any normalized gold answer, else 0.0."""
+    golds = [golds] if isinstance(golds, str) else golds
+    p = normalize_answer(prediction)
+    return float(any(p == normalize_answer(g) for g in golds))
+
+
+def f1_score(prediction: str, golds: list[str] | str) -> float:
+    """Best token-level F1 between the prediction and any gold answer."""
+    golds = [golds] if isinstance(golds, str) else golds
+    p_tokens = normalize_answer(prediction).split()
+    best = 0.0
+    for g in golds:
+        g_tokens = normalize_answer(g).split()
+        common = collections.Counter(p_tokens) & collections.Counter(g_tokens)
+        same = sum(common.values())
+        if same == 0:
+            continue
+        precision, recall = same / len(p_tokens), same / len(g_tokens)
+        best = max(best, 2 * precision * recall / (precision + recall))
+    return best

@@ -1,0 +1,138 @@
+"""Search-augmented QA (Search-R1 protocol), ``agentgym/Search-v0``.
+
+The model reasons in ``<think>``, queries with ``<search>q</search>``, receives
+``<information>Doc 1(Title: t) text …</information>`` appended inline, and ends with
+``<answer>a</answer>``. Reward: normalized exact match against the row's
+``reward_model.ground_truth.target``; F1 is reported as a metric. With
+``format_reward > 0`` a well-formed but wrong answer earns that much (an episode with any
+malformed action earns none). A search on the last allowed turn ends the episode as
+truncated; a retriever failure becomes an ``<information>`` observation saying so.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from envs.base import AgentEnv
+from envs.rewards import exact_match, f1_score
+from envs.search_prompt import make_prompt
+
+logger = logging.getLogger(__name__)
+
+_ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
+INVALID_ACTION = ("\nMy previous action is invalid. If I want to search, I should put the query "
+                  "between <search> and </search>. If I want to give the final answer, I should "
+                  "put the answer between <answer> and </answer>. Let me try again.\n")
+
+#: Used by ``reset()`` without a dataset row (contract checks, smoke tests).
+BUILTIN_QUESTIONS = [
+    ("who wrote the declaration of independence", ["Thomas Jefferson"]),
+    ("what is the capital of australia", ["Canberra"]),
+    ("who painted the mona lisa", ["Leonardo da Vinci"]),
+    ("how many planets are in the solar system", ["eight", "8"]),
+]
+
+
+def search_row(question: str, answers: list[str], source: str = "builtin") -> dict:
+    """A verl-format dataset row for the search env."""
+    return {"data_source": source, "prompt": [{"role": "user", "content": make_prompt(question)}],
+            "ability": "fact-reasoning",
+            "reward_model": {"style": "rule", "ground_truth": {"target": list(answers)}},
+            "extra_info": {"question": question}, "env": "search"}
+
+
+def parse_action(text: str) -> tuple[str | None, str]:
+    """The first ``<search>``/``<answer>`` block: ``("search"|"answer"|None, content)``."""
+    m = _ACTION.search(text)
+    return (m.group(1), m.group(2).strip()) if m else (None, "")
+
+
+class SearchEnv(AgentEnv):
+    """Search-R1 environment.
+
+    Args:
+        retriever_url: Search-R1-compatible ``/retrieve`` endpoint. None starts a local
+            BM25 server over the shipped corpus on first use.
+        topk: passages per search.
+        max_turns: actions per episode (searches plus the answer).
+        format_reward: reward for a well-formed but wrong answer (0 disables).
+        timeout: seconds per retrieval request.
+        retriever: an object with ``retrieve(list[str]) -> list[list[dict]]``; overrides
+            ``retriever_url`` (used by tests to inject faults).
+    """
+
+    observation_format = "inline"
+    stop_strings = ("</search>", "</answer>")
+
+    def __init__(self, retriever_url: str | None = None, topk: int = 3, max_turns: int = 4,
+                 format_reward: float = 0.0, timeout: float = 5.0, retriever=None) -> None:
+        super().__init__(max_turns=max_turns)
+        if topk < 1:
+            raise ValueError(f"topk must be >= 1, got {topk}")
+        self.topk, self.timeout, self.format_reward = topk, timeout, format_reward
+        self._url = retriever_url
+        self._retriever = retriever
+        self._owns_retriever = retriever is None
+        self._targets: list[str] = []
+        self._well_formed = True
+
+    def _client(self):
+        if self._retriever is None:
+            from tools.retriever import RetrieverClient
+            url = self._url
+            if url is None:
+                from tools.local_retriever import ensure_local_retriever
+                from agentgym.paths import data_dir
+                url = ensure_local_retriever(data_dir() / "corpus" / "wiki_passages.jsonl.gz")
+            self._retriever = RetrieverClient(url, topk=self.topk, timeout=self.timeout)
+        return self._retriever
+
+    def _reset(self, row):
+        if row is None:
+            q, a = BUILTIN_QUESTIONS[int(self.np_random.integers(len(BUILTIN_QUESTIONS)))]
+            row = search_row(q, a)
+        target = row["reward_model"]["ground_truth"]
+        if isinstance(target, dict):
+            target = target["target"]
+        self._targets = [target] if isinstance(target, str) else list(target)
+        self._well_formed = True
+        return [dict(m) for m in row["prompt"]], {"ground_truth": self._targets}
+
+    def _step(self, action, last_turn):
+        kind, content = parse_action(action)
+        if kind == "answer":
+            em = exact_match(content, self._targets)
+            reward = em if em or not self._well_formed else self.format_reward
+            return [], reward, True, {"em": em, "f1": f1_score(content, self._targets),
+                                      "answer": content}
+        if kind == "search" and content:
+            self.count("tool_calls")
+            if last_turn:  # no turn left to use the result
+                return [], 0.0, False, {"em": 0.0, "f1": 0.0}
+            return [self._tool_message(self._search(content))], 0.0, False, {}
+        self._well_formed = False
+        self.count("malformed_actions")
+        return [{"role": "tool", "content": INVALID_ACTION}], 0.0, False, {}
+
+    def _search(self, query: str) -> str:
+        from tools.errors import ToolError
+        from tools.retriever import format_docs
+        try:
+            docs = self._client().retrieve([query])[0]
+        except ToolError as e:
+            self.count("tool_failures")
+            logger.warning("search failed (%s): %s", type(e).__name__, e)
+            return f"Search failed ({type(e).__name__}): {e}. Try again or answer.\n"
+        return format_docs(docs)
+
+    @staticmethod
+    def _tool_message(text: str) -> dict:
+        return {"role": "tool", "content": f"\n\n<information>{text}</information>\n\n"}
+
+    def close(self) -> None:
+        if self._owns_retriever and self._retriever is not None:
+            self._retriever.close()
+            self._retriever = None
+        super().close()
+

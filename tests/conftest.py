@@ -1,0 +1,41 @@
+"""Shared fixtures: a fresh cache per session, the tiny model, a real local retriever."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_path():
+    from agentgym.models import resolve_model
+    return resolve_model("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_path):
+    from agentgym.models import load_tokenizer
+    return load_tokenizer(tiny_path)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_path):
+    from agentgym.models import load_model
+    return load_model(tiny_path)
+
+
+@pytest.fixture(scope="session")
+def retriever_url():
+    from agentgym.paths import data_dir
+    from tools.local_retriever import LocalRetriever
+    with LocalRetriever(data_dir() / "corpus" / "wiki_passages.jsonl.gz") as r:
+        yield r.url

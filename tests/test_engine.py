@@ -1,0 +1,114 @@
+"""HF engine: batching, stop handling, seeds, and logprobs equal to a trainer forward pass."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from agentgym.engines.hf import HFEngine
+from agentgym.types import SamplingParams
+
+PROMPTS = ["<search> capital of france", "hello there, how are you today?",
+           "Question: who wrote hamlet?\n", "a"]
+
+
+def trainer_logprobs(model, ids: list[int], prompt_len: int, temperature: float) -> list[float]:
+    """What a trainer computes: one unpadded forward pass over the finished sequence."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0].float()
+    logp = torch.log_softmax(logits[:-1] / temperature, dim=-1)
+    targets = torch.tensor(ids[1:])
+    return logp.gather(1, targets[:, None])[:, 0][prompt_len - 1:].tolist()
+
+
+def generate_all(engine, prompts, sampling):
+    async def go():
+        return await asyncio.gather(*(engine.generate(p, sampling) for p in prompts))
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_match_trainer_forward(tiny_model, tiny_tokenizer, temperature):
+    engine = HFEngine(tiny_model, tiny_tokenizer, batch_wait_s=0.05)
+    prompts = [tiny_tokenizer.encode(p) for p in PROMPTS]
+    outs = generate_all(engine, prompts, SamplingParams(max_new_tokens=24,
+                                                        temperature=temperature, seed=1))
+    engine.close()
+    assert engine.stats["batches"] == 1  # the concurrent requests shared one batch
+    worst = 0.0
+    for p, out in zip(prompts, outs):
+        assert len(out.ids) == len(out.logprobs) > 0
+        ref = trainer_logprobs(tiny_model, p + out.ids, len(p), temperature)
+        worst = max(worst, max(abs(a - b) for a, b in zip(out.logprobs, ref)))
+    assert worst < 1e-4, worst
+
+
+def test_greedy_matches_transformers_generate(tiny_model, tiny_tokenizer):
+    engine = HFEngine(tiny_model, tiny_tokenizer)
+    prompt = tiny_tokenizer.encode("The capital of France is")
+    out = generate_all(engine, [prompt, tiny_tokenizer.encode("x y z")],
+                       SamplingParams(max_new_tokens=16, temperature=0))[0]
+    engine.close()
+    ref = tiny_model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt),
+                              dtype=torch.long), max_new_tokens=len(out.ids), do_sample=False,
+                              eos_token_id=tiny_tokenizer.eos_token_id,
+                              pad_token_id=tiny_tokenizer.pad_token_id)[0, len(prompt):]
+    assert out.ids == ref.tolist()[:len(out.ids)]
+
+
+def test_seeded_sample_independent_of_batch_companions(tiny_model, tiny_tokenizer):
+    engine = HFEngine(tiny_model, tiny_tokenizer, batch_wait_s=0.05)
+    prompt = tiny_tokenizer.encode("same prompt")
+    sp = SamplingParams(max_new_tokens=12, temperature=1.0, seed=42)
+    alone = generate_all(engine, [prompt], sp)[0]
+    others = [tiny_tokenizer.encode(p) for p in PROMPTS]
+    crowded = generate_all(engine, others + [prompt], sp)[-1]
+    engine.close()
+    assert alone.ids == crowded.ids
+    assert max(abs(a - b) for a, b in zip(alone.logprobs, crowded.logprobs)) < 1e-4
+
+
+def test_stop_strings_and_length(tiny_model, tiny_tokenizer):
+    engine = HFEngine(tiny_model, tiny_tokenizer)
+    prompt = tiny_tokenizer.encode("go")
+    # A stop string made of a frequent single char: sampling must stop right after it.
+    outs = generate_all(engine, [prompt] * 4, SamplingParams(max_new_tokens=64, temperature=1.0,
+                                                             stop=("e",)))
+    length = generate_all(engine, [prompt], SamplingParams(max_new_tokens=5, temperature=1.0,
+                                                           stop=("\x00never",)))[0]
+    engine.close()
+    for out in outs:
+        text = tiny_tokenizer.decode(out.ids, skip_special_tokens=False)
+        if out.finish_reason == "stop" and out.stop_reason == "e":
+            assert "e" in tiny_tokenizer.decode(out.ids[-1:]) or "e" in text[-8:]
+            assert "e" not in tiny_tokenizer.decode(out.ids[:-1])
+        else:
+            assert out.finish_reason == "length" or out.ids[-1] == tiny_tokenizer.eos_token_id
+    assert length.finish_reason in ("length", "stop") and len(length.ids) <= 5
+
+
+def test_update_weights_requires_pause_and_bumps_version(tiny_model, tiny_tokenizer):
+    engine = HFEngine(tiny_model, tiny_tokenizer)
+    state = {k: v.clone() for k, v in tiny_model.state_dict().items()}
+
+    async def go():
+        await engine.pause()
+        engine.update_weights(state, version=3)
+        engine.resume()
+        return await engine.generate([1, 2, 3], SamplingParams(max_new_tokens=2))
+    out = asyncio.run(go())
+    engine.close()
+    assert engine.policy_version == 3 and len(out.ids) >= 1
+
+
+def test_bad_requests_fail_clearly(tiny_model, tiny_tokenizer):
+    engine = HFEngine(tiny_model, tiny_tokenizer)
+    with pytest.raises(ValueError, match="empty"):
+        asyncio.run(engine.generate([], SamplingParams()))
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0)
+    engine.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        asyncio.run(engine.generate([1], SamplingParams()))

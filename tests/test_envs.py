@@ -1,0 +1,172 @@
+"""Environment contract: every registered env passes both checkers; broken envs fail ours."""
+
+from __future__ import annotations
+
+import random
+import warnings
+
+import gymnasium
+import pytest
+from gymnasium.utils.env_checker import check_env as gym_check_env
+
+import envs
+from envs import EnvContractError, check_env, make_env
+from envs.base import AgentEnv, MessagesSpace, TextSpace
+from envs.registration import register_env, resolve_env_id
+
+
+@pytest.mark.parametrize("env_id", envs.env_ids())
+def test_registered_env_passes_contract(env_id):
+    check_env(make_env(env_id))
+
+
+@pytest.mark.parametrize("env_id", envs.env_ids())
+def test_registered_env_passes_gymnasium_checker(env_id):
+    env = gymnasium.make(env_id)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gym_check_env(env.unwrapped, skip_render_check=True)
+    # Our spaces accept real text, so gymnasium must not flag observations as outside them.
+    assert not [w for w in caught if "not within the observation space" in str(w.message)]
+    env.close()
+
+
+def test_gymnasium_make_with_wrappers_steps():
+    env = gymnasium.make("agentgym/Search-v0")  # PassiveEnvChecker + OrderEnforcing
+    obs, info = env.reset(seed=3)
+    assert obs[0]["role"] == "user" and "Question:" in obs[0]["content"]
+    obs, reward, terminated, truncated, info = env.step("<answer> nobody </answer>")
+    assert terminated and not truncated and reward == 0.0 and obs == []
+    env.close()
+
+
+def test_short_names_and_did_you_mean():
+    assert resolve_env_id("search") == "agentgym/Search-v0"
+    with pytest.raises(KeyError, match="did you mean 'search'"):
+        resolve_env_id("serch")
+
+
+def test_duplicate_and_malformed_registration_rejected():
+    with pytest.raises(ValueError, match="already registered"):
+        register_env("agentgym/Search-v0", "envs.search:SearchEnv")
+    with pytest.raises(ValueError, match="namespace/Name-vN"):
+        register_env("agentgym/NoVersion", "envs.search:SearchEnv")
+
+
+# --- deliberately broken environments ------------------------------------------------
+class GoodToy(gymnasium.Env):
+    """A minimal correct text env: answer 'yes' within 3 turns."""
+
+    observation_format = "inline"
+    stop_strings = ("</answer>",)
+
+    def __init__(self):
+        self.action_space, self.observation_space = TextSpace(), MessagesSpace()
+        self._t, self._done = 0, True
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self._t, self._done = 0, False
+        return [{"role": "user", "content": f"say yes #{self.np_random.integers(100)}"}], {}
+
+    def step(self, action):
+        if self._done:
+            raise RuntimeError("episode ended")
+        self._t += 1
+        terminated = "yes" in action
+        truncated = not terminated and self._t >= 3
+        self._done = terminated or truncated
+        obs = [] if self._done else [{"role": "tool", "content": "try again"}]
+        return obs, float(terminated), terminated, truncated, {}
+
+
+class NanReward(GoodToy):
+    def step(self, action):
+        obs, r, te, tr, info = super().step(action)
+        return obs, float("nan"), te, tr, info
+
+
+class IntFlags(GoodToy):
+    def step(self, action):
+        obs, r, te, tr, info = super().step(action)
+        return obs, r, int(te), tr, info
+
+
+class StepAfterEndAllowed(GoodToy):
+    def step(self, action):
+        self._done = False
+        return super().step(action)
+
+
+class UnseededReset(GoodToy):
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self._t, self._done = 0, False
+        return [{"role": "user", "content": f"say yes #{random.random()}"}], {}
+
+
+class StringObservation(GoodToy):
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self._t, self._done = 0, False
+        return "say yes", {}
+
+
+class BadRole(GoodToy):
+    def step(self, action):
+        obs, r, te, tr, info = super().step(action)
+        return [{"role": "robot", "content": "x"}] if obs else obs, r, te, tr, info
+
+
+class NeverEnds(GoodToy):
+    def step(self, action):
+        return [{"role": "tool", "content": "more"}], 0.0, False, False, {}
+
+
+class CloseTwiceFails(GoodToy):
+    closed = False
+
+    def close(self):
+        if self.closed:
+            raise RuntimeError("already closed")
+        self.closed = True
+
+
+class NoFormat(GoodToy):
+    observation_format = "markdown"
+
+
+def test_good_toy_passes():
+    check_env(GoodToy())
+
+
+@pytest.mark.parametrize("cls, message", [
+    (NanReward, "finite"), (IntFlags, "terminated"), (StepAfterEndAllowed, "did not raise"),
+    (UnseededReset, "differ"), (StringObservation, "observation of type str"),
+    (BadRole, "malformed message"), (NeverEnds, "did not end"),
+    (CloseTwiceFails, "second close"), (NoFormat, "observation_format"),
+])
+def test_checker_catches_broken_env(cls, message):
+    with pytest.raises(EnvContractError, match=message):
+        check_env(cls())
+
+
+def test_base_class_guards():
+    class Minimal(AgentEnv):
+        def _reset(self, row):
+            return [{"role": "user", "content": "hi"}], {}
+
+        def _step(self, action, last_turn):
+            return [{"role": "tool", "content": "ok"}], 0.0, False, {}
+
+    env = Minimal(max_turns=2)
+    with pytest.raises(RuntimeError, match="before reset"):
+        env.step("x")
+    env.reset(seed=0)
+    assert env.step("a")[3] is False
+    obs, _, terminated, truncated, info = env.step("b")
+    assert truncated and not terminated and obs == [] and info["turn"] == 2
+    with pytest.raises(RuntimeError, match="after the episode ended"):
+        env.step("c")
+    with pytest.raises(ValueError, match="max_turns"):
+        Minimal(max_turns=0)

@@ -1,0 +1,192 @@
+"""State masking and multi-turn assembly, with scripted model output and real envs."""
+
+from __future__ import annotations
+
+import asyncio
+
+import gymnasium
+import pytest
+from fakes import DeadRetrieverFault, ScriptedEngine, TimeoutRetrieverFault
+
+from agentgym.chat import ChatTokens
+from agentgym.config import RolloutConfig
+from agentgym.manager import GenerationManager, summarize
+from envs.base import MessagesSpace, TextSpace
+from envs.search import INVALID_ACTION, SearchEnv, search_row
+
+ROW = search_row("what is the capital of australia", ["Canberra"], source="test")
+
+
+def run(engine, tok, env_factory, **cfg):
+    mgr = GenerationManager(engine, tok, env_factory, RolloutConfig(**cfg))
+    try:
+        return asyncio.run(mgr.rollout(ROW, uid="q0"))
+    finally:
+        mgr.close()
+
+
+def assert_mask_exact(traj, engine, tok):
+    """Mask is 1 exactly on the engine's tokens, and they decode to what it produced."""
+    traj.check()
+    produced = [i for ids in engine.produced for i in ids]
+    assert traj.sampled_ids() == produced
+    for seg in traj.segments:
+        sampled = seg.kind == "generated"
+        assert all(m == int(sampled) for m in traj.loss_mask[seg.start:seg.end])
+    gen_segs = [s for s in traj.segments if s.kind == "generated"]
+    assert [traj.token_ids[s.start:s.end] for s in gen_segs] == engine.produced
+    assert [traj.logprobs[s.start:s.end] for s in gen_segs] == \
+        [[-0.25 * (k + 1) for k in range(len(ids))] for ids in engine.produced]
+    text = tok.decode(traj.sampled_ids(), skip_special_tokens=False)
+    assert text == "".join(tok.decode(ids, skip_special_tokens=False) for ids in engine.produced)
+
+
+def test_search_turns_mask_and_reward(tiny_tokenizer, retriever_url):
+    tok = tiny_tokenizer
+    engine = ScriptedEngine(tok, [
+        "<think>I need the capital.</think><search> capital of Australia </search>",
+        "<think>It says Canberra.</think><answer> Canberra </answer>",
+    ])
+    traj = run(engine, tok, lambda: SearchEnv(retriever_url=retriever_url))
+    assert_mask_exact(traj, engine, tok)
+    kinds = [s.kind for s in traj.segments]
+    assert kinds == ["prompt", "generated", "observation", "generated"]
+    obs = traj.segments[2]
+    obs_text = tok.decode(traj.token_ids[obs.start:obs.end])
+    assert obs_text.startswith("\n\n<information>Doc 1(Title:") and \
+        obs_text.endswith("</information>\n\n")
+    # The second request's prompt is exactly the running token stream.
+    assert engine.prompts[1] == traj.token_ids[:traj.segments[3].start]
+    assert traj.terminated and not traj.truncated and traj.reward == 1.0
+    assert traj.metrics["tool_calls"] == 1 and traj.metrics["turns"] == 2
+
+
+def test_malformed_and_unclosed_tags_become_observations(tiny_tokenizer, retriever_url):
+    tok = tiny_tokenizer
+    engine = ScriptedEngine(tok, [
+        "I will just talk without any tags.",
+        "<search> unclosed search",
+        "<answer>Sydney</answer>",
+    ])
+    traj = run(engine, tok, lambda: SearchEnv(retriever_url=retriever_url))
+    assert_mask_exact(traj, engine, tok)
+    obs_texts = [tok.decode(traj.token_ids[s.start:s.end]) for s in traj.segments
+                 if s.kind == "observation"]
+    assert obs_texts == [INVALID_ACTION, INVALID_ACTION]
+    assert traj.metrics["malformed_actions"] == 2
+    assert traj.terminated and traj.reward == 0.0 and traj.info["em"] == 0.0
+
+
+def test_sampled_eos_is_masked_in_and_kept(tiny_tokenizer, retriever_url):
+    tok = tiny_tokenizer
+    engine = ScriptedEngine(tok, ["no tags here + eos", "<answer>Canberra</answer> + eos"])
+    traj = run(engine, tok, lambda: SearchEnv(retriever_url=retriever_url))
+    assert_mask_exact(traj, engine, tok)
+    eos_positions = [i for i, t in enumerate(traj.token_ids) if t == tok.eos_token_id
+                     and i >= traj.prompt_length]
+    assert eos_positions and all(traj.loss_mask[i] == 1 for i in eos_positions)
+    # Prompt EOS tokens (chat template ends of turns) stay masked out.
+    assert all(traj.loss_mask[i] == 0 for i in range(traj.prompt_length))
+    assert traj.reward == 1.0
+
+
+def test_tool_call_at_the_token_budget_truncates(tiny_tokenizer, retriever_url):
+    tok = tiny_tokenizer
+    long_call = "<search> " + "very " * 200 + "long query </search>"
+    engine = ScriptedEngine(tok, ["<search> Canberra </search>", long_call])
+    traj = run(engine, tok, lambda: SearchEnv(retriever_url=retriever_url),
+               max_response_tokens=400, max_tokens_per_turn=256)
+    assert_mask_exact(traj, engine, tok)
+    assert traj.truncated and not traj.terminated
+    assert traj.response_length <= 400
+    # The second turn was cut by the remaining budget, not the per-turn cap.
+    second = [s for s in traj.segments if s.kind == "generated"][1]
+    assert len(second) == 400 - traj.segments[2].end + traj.prompt_length
+    assert traj.info.get("end") == "token_budget"
+
+
+def test_max_turns_truncates(tiny_tokenizer, retriever_url):
+    tok = tiny_tokenizer
+    engine = ScriptedEngine(tok, ["<search> a </search>", "<search> b </search>"])
+    traj = run(engine, tok, lambda: SearchEnv(retriever_url=retriever_url, max_turns=2))
+    assert_mask_exact(traj, engine, tok)
+    assert traj.truncated and not traj.terminated and traj.metrics["turns"] == 2
+
+
+@pytest.mark.parametrize("fault, name", [(DeadRetrieverFault, "ToolUnavailable"),
+                                         (TimeoutRetrieverFault, "ToolTimeout")])
+def test_tool_failures_become_observations(tiny_tokenizer, fault, name):
+    tok = tiny_tokenizer
+    engine = ScriptedEngine(tok, ["<search> x </search>", "<answer>Canberra</answer>"])
+    traj = run(engine, tok, lambda: SearchEnv(retriever=fault()))
+    assert_mask_exact(traj, engine, tok)
+    obs = [tok.decode(traj.token_ids[s.start:s.end]) for s in traj.segments
+           if s.kind == "observation"]
+    assert len(obs) == 1 and f"Search failed ({name})" in obs[0]
+    assert traj.metrics["tool_failures"] == 1 and traj.reward == 1.0
+
+
+def test_dead_retriever_url_is_an_observation(tiny_tokenizer):
+    tok = tiny_tokenizer
+    engine = ScriptedEngine(tok, ["<search> x </search>", "<answer>Canberra</answer>"])
+    traj = run(engine, tok, lambda: SearchEnv(retriever_url="http://127.0.0.1:9", timeout=0.5))
+    assert traj.metrics["tool_failures"] == 1 and traj.terminated
+
+
+class ChatToy(gymnasium.Env):
+    """A chat-format env: the observation is a new user message, answer 'yes' to end."""
+
+    observation_format = "chat"
+    stop_strings = ("</try>",)
+
+    def __init__(self):
+        self.action_space, self.observation_space = TextSpace(), MessagesSpace()
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return [{"role": "system", "content": "be brief"},
+                {"role": "user", "content": "say yes"}], {}
+
+    def step(self, action):
+        done = "yes" in action
+        obs = [] if done else [{"role": "user", "content": "no, say yes"}]
+        return obs, float(done), done, False, {}
+
+
+def test_chat_format_filler_closes_turns(tiny_tokenizer):
+    tok = tiny_tokenizer
+    chat = ChatTokens(tok)
+    assert chat.assistant_close == tok.eos_token + "\n"
+    # Turn 1 stops at a stop string (template closing appended as filler, mask 0);
+    # turn 2 samples EOS itself (only the newline is filler).
+    engine = ScriptedEngine(tok, ["<try>no</try>", "maybe + eos", "yes + eos"])
+    traj = run(engine, tok, ChatToy)
+    assert_mask_exact(traj, engine, tok)
+    kinds = [s.kind for s in traj.segments]
+    assert kinds == ["prompt", "generated", "filler", "observation",
+                     "generated", "filler", "observation", "generated"]
+    fillers = [tok.decode(traj.token_ids[s.start:s.end]) for s in traj.segments
+               if s.kind == "filler"]
+    assert fillers == [tok.eos_token + "\n", "\n"]
+    # The whole stream equals the chat template of the full conversation.
+    full = tok.apply_chat_template(
+        [{"role": "system", "content": "be brief"}, {"role": "user", "content": "say yes"},
+         {"role": "assistant", "content": "<try>no</try>"},
+         {"role": "user", "content": "no, say yes"}, {"role": "assistant", "content": "maybe"},
+         {"role": "user", "content": "no, say yes"}], tokenize=False,
+        add_generation_prompt=True) + "yes" + tok.eos_token
+    assert tok.decode(traj.token_ids, skip_special_tokens=False) == full
+
+
+def test_many_trajectories_progress_independently(tiny_tokenizer, retriever_url):
+    tok = tiny_tokenizer
+    script = ["<answer>Canberra</answer>"] * 6
+    engine = ScriptedEngine(tok, script, delay_s=0.01)
+    mgr = GenerationManager(engine, tok, lambda: SearchEnv(retriever_url=retriever_url),
+                            RolloutConfig(n=3))
+    trajs = asyncio.run(mgr.run([ROW, {**ROW, "extra_info": {"index": 7}}]))
+    mgr.close()
+    assert [t.sample_index for t in trajs] == [0, 1, 2, 0, 1, 2]
+    assert len({t.uid for t in trajs}) == 2
+    s = summarize(trajs)
+    assert s["reward"] == 1.0 and s["format_valid"] == 1.0 and s["count"] == 6

@@ -1,0 +1,124 @@
+"""Single-process backend: plain torch, one device. The laptop default."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from pathlib import Path
+
+import torch
+
+from trainers.backends.base import LossFn, sequence_logprobs
+from trainers.batch import Batch, micro_batches
+
+logger = logging.getLogger(__name__)
+
+
+def lr_lambda(warmup_steps: int, total_steps: int, schedule: str):
+    """Linear warmup, then ``constant`` or ``cosine`` decay (to 10% of the peak)."""
+    if schedule not in ("constant", "cosine"):
+        raise ValueError(f"lr schedule {schedule!r}; valid: constant, cosine")
+
+    def f(step: int) -> float:
+        if warmup_steps and step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if schedule == "constant":
+            return 1.0
+        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return f
+
+
+class SingleBackend:
+    """Trains ``model`` in this process.
+
+    Args:
+        model: the policy (a transformers causal LM), trained in place.
+        lr, weight_decay, betas: AdamW settings.
+        warmup_steps, total_steps, schedule: the learning-rate schedule.
+        max_grad_norm: gradient clipping (0 disables).
+        micro_batch_tokens: padded-token budget of one forward/backward.
+    """
+
+    def __init__(self, model, lr: float = 1e-6, weight_decay: float = 0.0,
+                 betas: tuple[float, float] = (0.9, 0.999), warmup_steps: int = 0,
+                 total_steps: int = 1, schedule: str = "constant", max_grad_norm: float = 1.0,
+                 micro_batch_tokens: int = 8192) -> None:
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.max_grad_norm = max_grad_norm
+        self.micro_batch_tokens = micro_batch_tokens
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas,
+                                           weight_decay=weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(warmup_steps, total_steps, schedule))
+
+    def split(self, batch: Batch) -> list[Batch]:
+        lengths = batch.attention_mask.sum(-1).tolist()
+        return [batch.select(ix) for ix in micro_batches(lengths, self.micro_batch_tokens)]
+
+    @torch.no_grad()
+    def logprobs(self, batch: Batch, temperature: float, with_entropy: bool = False):
+        self.model.eval()
+        lps, ents = [], []
+        width = batch.input_ids.shape[1]
+        for mb in self.split(batch):
+            lp, ent = sequence_logprobs(self.model, mb.input_ids.to(self.device),
+                                        mb.attention_mask.to(self.device), temperature,
+                                        with_entropy)
+            pad = width - lp.shape[1]
+            lps.append(torch.nn.functional.pad(lp.cpu(), (0, pad)))
+            if with_entropy:
+                ents.append(torch.nn.functional.pad(ent.cpu(), (0, pad)))
+        return torch.cat(lps), (torch.cat(ents) if with_entropy else None)
+
+    def train_step(self, batches: list[Batch], loss_fn: LossFn) -> dict[str, float]:
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        totals: dict[str, float] = {}
+        loss_sum = 0.0
+        for mb in batches:
+            loss, metrics = loss_fn(self.model, mb)
+            loss.backward()
+            loss_sum += float(loss.detach())
+            for k, v in metrics.items():
+                totals[k] = totals.get(k, 0.0) + v / len(batches)
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            params, self.max_grad_norm if self.max_grad_norm > 0 else float("inf"))
+        self.optimizer.step()
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        return {**totals, "loss": loss_sum, "grad_norm": float(grad_norm), "lr": lr}
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+
+    def save(self, path: str | os.PathLike, tokenizer=None) -> None:
+        """HF weights (loadable with ``from_pretrained``) plus ``trainer_state.pt``."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(path, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(path)
+        torch.save({"optimizer": self.optimizer.state_dict(),
+                    "scheduler": self.scheduler.state_dict()}, path / "trainer_state.pt")
+
+    def load(self, path: str | os.PathLike) -> None:
+        from safetensors.torch import load_file
+        path = Path(path)
+        files = sorted(path.glob("*.safetensors"))
+        state = {}
+        for f in files:
+            state.update(load_file(f))
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        real_missing = [k for k in missing if not k.endswith("lm_head.weight")]
+        if real_missing or unexpected:
+            raise ValueError(f"checkpoint {path} does not match the model: missing "
+                             f"{real_missing[:5]}, unexpected {unexpected[:5]}")
+        if getattr(self.model.config, "tie_word_embeddings", False):
+            self.model.tie_weights()
+        st = torch.load(path / "trainer_state.pt", weights_only=False)
+        self.optimizer.load_state_dict(st["optimizer"])
+        self.scheduler.load_state_dict(st["scheduler"])

@@ -1,0 +1,74 @@
+"""Trajectories → padded tensors, and token-budgeted micro-batches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from agentgym.types import Trajectory
+
+
+@dataclass
+class Batch:
+    """Right-padded tensors of ``B`` trajectories of up to ``T`` tokens.
+
+    ``input_ids``, ``attention_mask``, ``loss_mask`` (sampled tokens only) and
+    ``rollout_logp`` (the engine's logprobs, 0 where mask is 0) are ``(B, T)``;
+    ``rewards`` is ``(B,)``. ``extra`` holds tensors the recipe adds (old/ref logprobs,
+    advantages), all ``(B, T)`` or ``(B,)``.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    rollout_logp: torch.Tensor
+    rewards: torch.Tensor
+    uids: list[str]
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def select(self, index: list[int]) -> "Batch":
+        """Rows ``index``, trimmed to their longest sequence."""
+        idx = torch.tensor(index)
+        width = int(self.attention_mask[idx].sum(-1).max())
+        cut = lambda t: t[idx, :width] if t.dim() == 2 else t[idx]  # noqa: E731
+        return Batch(cut(self.input_ids), cut(self.attention_mask), cut(self.loss_mask),
+                     cut(self.rollout_logp), cut(self.rewards), [self.uids[i] for i in index],
+                     {k: cut(v) for k, v in self.extra.items()})
+
+
+def collate(trajs: list[Trajectory], pad_id: int) -> Batch:
+    width = max(len(t.token_ids) for t in trajs)
+    B = len(trajs)
+    ids = torch.full((B, width), pad_id, dtype=torch.long)
+    attn = torch.zeros((B, width), dtype=torch.long)
+    mask = torch.zeros((B, width), dtype=torch.float32)
+    logp = torch.zeros((B, width), dtype=torch.float32)
+    for i, t in enumerate(trajs):
+        n = len(t.token_ids)
+        ids[i, :n] = torch.tensor(t.token_ids)
+        attn[i, :n] = 1
+        mask[i, :n] = torch.tensor(t.loss_mask, dtype=torch.float32)
+        logp[i, :n] = torch.tensor(t.logprobs, dtype=torch.float32)
+    rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
+    return Batch(ids, attn, mask, logp, rewards, [t.uid for t in trajs])
+
+
+def micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Split row indices, in order, so each group's padded size ``rows * longest`` stays
+    within ``max_tokens`` (a single longer row gets a group of its own)."""
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    longest = 0
+    for i, n in enumerate(lengths):
+        if cur and (len(cur) + 1) * max(longest, n) > max_tokens:
+            groups.append(cur)
+            cur, longest = [], 0
+        cur.append(i)
+        longest = max(longest, n)
+    if cur:
+        groups.append(cur)
+    return groups

@@ -1,0 +1,261 @@
+"""GRPO for multi-turn tool-using agents, top to bottom.
+
+    agentgym train env=search                                   # smollm2-135m, shipped data
+    agentgym train env=search model=tiny trainer.total_steps=2  # seconds, for a smoke test
+    agentgym train env=search run_dir=runs/a trainer.resume=auto  # continue a killed run
+
+Each step:
+  1. roll out ``trainer.prompts_per_step`` prompts ``rollout.n`` times each (the
+     GenerationManager; engine logprobs and the policy version land on every trajectory);
+  2. recompute old logprobs with the trainer (and reference logprobs when ``algo.kl_coef``
+     > 0); report the engine/trainer logprob drift on sampled tokens;
+  3. group-normalized advantages per prompt;
+  4. ``trainer.ppo_epochs`` x ``trainer.mini_batches`` optimizer steps of the clipped
+     surrogate, micro-batched under ``trainer.micro_batch_tokens`` with gradient
+     accumulation, aggregated by ``algo.loss_agg_mode`` over the whole mini-batch;
+  5. sync the new weights into the rollout engine (policy version + 1);
+  6. log metrics (JSONL, TensorBoard, reward PNG) and save HF checkpoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import json
+import logging
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from agentgym.config import Config, to_dict
+from agentgym.data import load_rows
+from agentgym.engines.hf import HFEngine
+from agentgym.manager import GenerationManager, summarize
+from agentgym.metrics import MetricsLogger
+from agentgym.models import load_model, load_tokenizer, resolve_model
+from agentgym.runtime import env_factory
+from trainers.algos import (ADVANTAGES, POLICY_LOSSES, aggregate, broadcast_to_tokens,
+                            kl_estimate, masked_mean)
+from trainers.backends.base import sequence_logprobs
+from trainers.backends.single import SingleBackend
+from trainers.batch import Batch, collate
+
+logger = logging.getLogger(__name__)
+
+
+class Hooks:
+    """Progress callbacks; the CLI draws bars and prints from them (library code logs)."""
+
+    def phase(self, name: str, total: int) -> None: ...
+    def advance(self, k: int = 1) -> None: ...
+    def step_end(self, step: int, metrics: dict) -> None: ...
+
+
+def resolve_run_dir(cfg: Config) -> Path:
+    if cfg.run_dir:
+        return Path(cfg.run_dir)
+    model = Path(cfg.model.path or cfg.model.name).name
+    return Path("runs") / f"{cfg.env}-{model}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    steps = [(int(p.name.split("_")[1]), p) for p in (run_dir / "checkpoints").glob("step_*")
+             if (p / "state.json").exists()]
+    return max(steps)[1] if steps else None
+
+
+def make_loss_fn(cfg: Config, temperature: float, num_tokens: float, num_seqs: int,
+                 norm_len: int):
+    """The micro-batch loss; totals are the mini-batch's so accumulation is exact."""
+    algo = cfg.algo
+    policy_loss = POLICY_LOSSES.get(algo.policy_loss)
+    agg = dict(mode=algo.loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
+               norm_len=norm_len)
+
+    def loss_fn(model, mb: Batch):
+        dev = next(model.parameters()).device
+        ids, attn, mask = (mb.input_ids.to(dev), mb.attention_mask.to(dev),
+                           mb.loss_mask.to(dev))
+        logp, entropy = sequence_logprobs(model, ids, attn, temperature,
+                                          with_entropy=algo.entropy_coef > 0)
+        pg, metrics = policy_loss(logp, mb.extra["old_logp"].to(dev), mb.extra["adv"].to(dev),
+                                  mask, clip_low=algo.clip_low, clip_high=algo.clip_high)
+        loss = aggregate(pg, mask, **agg)
+        metrics["pg_loss"] = float(loss.detach())
+        if algo.kl_coef > 0 and algo.kl_mode == "loss":
+            kl = aggregate(kl_estimate(logp, mb.extra["ref_logp"].to(dev), algo.kl_estimator),
+                           mask, **agg)
+            loss = loss + algo.kl_coef * kl
+            metrics["kl_loss"] = float(kl.detach())
+        if entropy is not None:
+            loss = loss - algo.entropy_coef * aggregate(entropy, mask, **agg)
+        return loss, metrics
+    return loss_fn
+
+
+def update_policy(cfg: Config, backend: SingleBackend, batch: Batch, temperature: float,
+                  hooks: Hooks) -> dict[str, float]:
+    """``ppo_epochs`` x ``mini_batches`` optimizer steps over this step's batch."""
+    gen = torch.Generator().manual_seed(cfg.trainer.seed)
+    results: list[dict] = []
+    n_mini = max(1, min(cfg.trainer.mini_batches, len(batch)))
+    norm_len = cfg.rollout.max_response_tokens
+    hooks.phase("update", cfg.trainer.ppo_epochs * n_mini)
+    for _ in range(cfg.trainer.ppo_epochs):
+        order = torch.randperm(len(batch), generator=gen).tolist()
+        for k in range(n_mini):
+            mini = batch.select(sorted(order[k::n_mini]))
+            loss_fn = make_loss_fn(cfg, temperature, float(mini.loss_mask.sum().clamp(min=1)),
+                                   len(mini), norm_len)
+            results.append(backend.train_step(backend.split(mini), loss_fn))
+            hooks.advance()
+    return {f"train/{k}": sum(r[k] for r in results) / len(results) for k in results[0]}
+
+
+async def _rollouts(manager: GenerationManager, rows: list[dict], n: int, hooks: Hooks):
+    hooks.phase("rollout", len(rows) * n)
+    return await manager.run(rows, n=n, on_done=lambda _t: hooks.advance())
+
+
+def evaluate(cfg: Config, engine, tokenizer, rows: list[dict], hooks: Hooks) -> dict:
+    """Greedy single-sample accuracy on ``rows`` (the same env, budgets and tools)."""
+    ecfg = copy.deepcopy(cfg)
+    ecfg.rollout = dataclasses.replace(cfg.rollout, temperature=0.0, n=1)
+    manager = GenerationManager(engine, tokenizer, env_factory(ecfg), ecfg.rollout,
+                                seed=cfg.trainer.seed)
+    try:
+        trajs = asyncio.run(_rollouts(manager, rows, 1, hooks))
+    finally:
+        manager.close()
+    s = summarize(trajs)
+    return {"eval/em": s["em"], "eval/f1": s["f1"], "eval/format_valid": s["format_valid"],
+            "eval/count": s["count"]}
+
+
+def train(cfg: Config, hooks: Hooks | None = None) -> Path:
+    """Run GRPO as configured; return the run directory."""
+    hooks = hooks or Hooks()
+    t = cfg.trainer
+    run_dir = resolve_run_dir(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
+    logger.info("run dir %s; config %s", run_dir, json.dumps(to_dict(cfg)))
+    if t.backend != "single":
+        raise ValueError(f"trainer.backend={t.backend!r} is not available yet; valid: single")
+    if cfg.algo.advantage not in ADVANTAGES:
+        ADVANTAGES.get(cfg.algo.advantage)  # raises with "did you mean"
+    random.seed(t.seed)
+    torch.manual_seed(t.seed)
+
+    # Policy (trained), a separate engine copy (synced each step), optional reference.
+    path = resolve_model(cfg.model.path or cfg.model.name)
+    tokenizer = load_tokenizer(path)
+    backend = SingleBackend(load_model(path, dtype=cfg.model.dtype), lr=t.lr,
+                            weight_decay=t.weight_decay, warmup_steps=t.warmup_steps,
+                            total_steps=t.total_steps, schedule=t.lr_schedule,
+                            max_grad_norm=t.max_grad_norm, micro_batch_tokens=t.micro_batch_tokens)
+    engine = HFEngine(load_model(path, dtype=cfg.model.dtype), tokenizer,
+                      max_batch_size=cfg.engine.max_batch_size,
+                      batch_wait_s=cfg.engine.batch_wait_s, seed=t.seed)
+    ref = None
+    if cfg.algo.kl_coef > 0:
+        ref = SingleBackend(load_model(path, dtype=cfg.model.dtype), micro_batch_tokens=t.micro_batch_tokens)
+
+    start = 0
+    ckpt = latest_checkpoint(run_dir) if t.resume == "auto" else (
+        None if t.resume == "never" else Path(t.resume))
+    if ckpt is not None:
+        backend.load(ckpt)
+        start = json.loads((ckpt / "state.json").read_text())["step"]
+        engine.update_weights(backend.state_dict(), version=start)
+        logger.info("resumed from %s at step %d", ckpt, start)
+
+    rows = load_rows(cfg.env, cfg.data, cfg.limit)
+    random.Random(t.seed).shuffle(rows)
+    eval_rows = load_rows(cfg.env, t.eval_data, t.eval_limit) if t.eval_limit else []
+    metrics_log = MetricsLogger(run_dir)
+    manager = GenerationManager(engine, tokenizer, env_factory(cfg), cfg.rollout, seed=t.seed)
+    temperature = cfg.rollout.temperature or 1.0
+    try:
+        if eval_rows and start == 0:
+            metrics_log.log(0, evaluate(cfg, engine, tokenizer, eval_rows, hooks))
+        for step in range(start, t.total_steps):
+            t0 = time.perf_counter()
+            # 1. rollouts
+            lo = step * t.prompts_per_step
+            step_rows = [rows[(lo + i) % len(rows)] for i in range(t.prompts_per_step)]
+            manager.seed = t.seed * 1_000_003 + step
+            trajs = asyncio.run(_rollouts(manager, step_rows, cfg.rollout.n, hooks))
+            t1 = time.perf_counter()
+            # 2. old / reference logprobs, drift between engine and trainer
+            batch = collate(trajs, tokenizer.pad_token_id)
+            old_logp, entropy = backend.logprobs(batch, temperature, with_entropy=True)
+            mask = batch.loss_mask
+            drift = (old_logp - batch.rollout_logp).abs() * mask
+            m = {"rollout/drift_mean": float(drift.sum() / mask.sum().clamp(min=1)),
+                 "rollout/drift_max": float(drift.max()),
+                 "train/entropy": float(masked_mean(entropy, mask))}
+            batch.extra["old_logp"] = old_logp
+            rewards = batch.rewards.clone()
+            if ref is not None:
+                ref_logp, _ = ref.logprobs(batch, temperature)
+                batch.extra["ref_logp"] = ref_logp
+                kl_tok = kl_estimate(old_logp, ref_logp, cfg.algo.kl_estimator) * mask
+                m["train/kl"] = float(kl_tok.sum() / mask.sum().clamp(min=1))
+                if cfg.algo.kl_mode == "reward":
+                    rewards = rewards - cfg.algo.kl_coef * kl_tok.sum(-1)
+            # 3. advantages
+            adv = ADVANTAGES.get(cfg.algo.advantage)(rewards, batch.uids,
+                                                     norm_by_std=cfg.algo.norm_adv_by_std)
+            batch.extra["adv"] = broadcast_to_tokens(adv, mask)
+            # 4. policy update
+            m.update(update_policy(cfg, backend, batch, temperature, hooks))
+            t2 = time.perf_counter()
+            # 5. weight sync
+            engine.update_weights(backend.state_dict(), version=step + 1)
+            t3 = time.perf_counter()
+            # 6. metrics and checkpoints
+            s = summarize(trajs)
+            m.update({f"rollout/{k}": v for k, v in s.items()})
+            m.update({"rollout/adv_abs": float(adv.abs().mean()),
+                      "rollout/policy_version": float(trajs[0].policy_version),
+                      "time/rollout_s": t1 - t0, "time/train_s": t2 - t1, "time/sync_s": t3 - t2,
+                      "time/generate_s": s["generate_s"], "time/env_s": s["env_s"],
+                      "time/step_s": time.perf_counter() - t0})
+            done = step + 1
+            if eval_rows and t.eval_every and done % t.eval_every == 0 and done < t.total_steps:
+                m.update(evaluate(cfg, engine, tokenizer, eval_rows, hooks))
+            if done % t.save_every == 0 or done == t.total_steps:
+                save_checkpoint(run_dir, done, backend, tokenizer)
+            metrics_log.log(done, m)
+            hooks.step_end(done, m)
+        if eval_rows and start < t.total_steps:
+            final = evaluate(cfg, engine, tokenizer, eval_rows, hooks)
+            metrics_log.log(t.total_steps, final)
+            hooks.step_end(t.total_steps, final)
+    finally:
+        manager.close()
+        engine.close()
+        metrics_log.close()
+    return run_dir
+
+
+def save_checkpoint(run_dir: Path, step: int, backend: SingleBackend, tokenizer) -> Path:
+    """``run_dir/checkpoints/step_N``: HF weights + tokenizer + optimizer + ``state.json``.
+
+    Written to a temporary folder and renamed, so a kill mid-save leaves no half
+    checkpoint for ``trainer.resume=auto`` to pick up.
+    """
+    final = run_dir / "checkpoints" / f"step_{step}"
+    tmp = final.with_name(final.name + ".tmp")
+    backend.save(tmp, tokenizer=tokenizer)
+    (tmp / "state.json").write_text(json.dumps({"step": step}) + "\n")
+    if final.exists():
+        import shutil
+        shutil.rmtree(final)
+    tmp.rename(final)
+    logger.info("saved checkpoint %s", final)
+    return final
