@@ -31,7 +31,10 @@ def _setup_logging(level: str) -> None:
 
 
 def _config(args: list[str], command_defaults: dict | None = None) -> Config:
+    import envs
+
     cfg = build_config(parse_overrides(args), command_defaults)
+    envs.resolve_env_id(cfg.env)  # fail fast, with "did you mean", before loading models
     _setup_logging(cfg.log_level)
     return cfg
 
@@ -196,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[ns.command](ns.overrides)
     except (KeyError, ValueError, FileNotFoundError) as e:
+        log.debug("command failed", exc_info=True)
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"agentgym {ns.command}: error: {msg}", file=sys.stderr)
         return 2

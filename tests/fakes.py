@@ -12,7 +12,7 @@ from tools.errors import ToolTimeout, ToolUnavailable
 class ScriptedEngine(Engine):
     """Plays canned model turns: each ``generate`` returns the next script entry's ids.
 
-    A script entry is text (tokenized here, ``+ eos`` appends the EOS id as if sampled)
+    A script entry is text (tokenized here; a trailing ``" + eos"`` appends the EOS id as if sampled)
     or a list of ids. Output is cut at ``max_new_tokens`` (finish_reason "length"),
     like a real engine. Every returned id gets logprob ``-0.25 * (k + 1)`` so tests can
     tell positions apart. ``produced`` records exactly what was returned.
@@ -29,8 +29,8 @@ class ScriptedEngine(Engine):
         self.prompts.append(list(prompt_ids))
         entry = self.script.pop(0)
         if isinstance(entry, str):
-            eos = entry.endswith("+ eos")
-            text = entry[: -len("+ eos")] if eos else entry
+            eos = entry.endswith(" + eos")
+            text = entry[: -len(" + eos")] if eos else entry
             ids = self.tok.encode(text, add_special_tokens=False) + \
                 ([self.tok.eos_token_id] if eos else [])
         else:

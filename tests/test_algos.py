@@ -99,7 +99,7 @@ def _grads(model, batch, cfg, splits):
     for idx in splits:
         loss, _ = loss_fn(model, batch.select(idx))
         loss.backward()
-        total += float(loss)
+        total += float(loss.detach())
     return total, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 

@@ -92,17 +92,21 @@ def test_sampled_eos_is_masked_in_and_kept(tiny_tokenizer, retriever_url):
 
 def test_tool_call_at_the_token_budget_truncates(tiny_tokenizer, retriever_url):
     tok = tiny_tokenizer
+    first = "<search> Canberra </search>"
+    probe = ScriptedEngine(tok, [first, "<answer>x</answer>"])
+    used = run(probe, tok, lambda: SearchEnv(retriever_url=retriever_url)).segments[2].end
+    budget = used - len(probe.prompts[0]) + 60  # turn 1 + its observation + 60 tokens
     long_call = "<search> " + "very " * 200 + "long query </search>"
-    engine = ScriptedEngine(tok, ["<search> Canberra </search>", long_call])
+    engine = ScriptedEngine(tok, [first, long_call])
     traj = run(engine, tok, lambda: SearchEnv(retriever_url=retriever_url),
-               max_response_tokens=400, max_tokens_per_turn=256)
+               max_response_tokens=budget, max_tokens_per_turn=256)
     assert_mask_exact(traj, engine, tok)
     assert traj.truncated and not traj.terminated
-    assert traj.response_length <= 400
-    # The second turn was cut by the remaining budget, not the per-turn cap.
+    # The unclosed call was cut by the remaining budget (60), not the per-turn cap (256);
+    # the env saw it as malformed, and its observation no longer fit.
     second = [s for s in traj.segments if s.kind == "generated"][1]
-    assert len(second) == 400 - traj.segments[2].end + traj.prompt_length
-    assert traj.info.get("end") == "token_budget"
+    assert len(second) == 60 and traj.response_length == budget
+    assert traj.info.get("end") == "token_budget" and traj.metrics["malformed_actions"] == 1
 
 
 def test_max_turns_truncates(tiny_tokenizer, retriever_url):

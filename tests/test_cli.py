@@ -1,0 +1,50 @@
+"""The agentgym CLI: rollout, eval, check-env, config errors (real model, real retriever)."""
+
+from __future__ import annotations
+
+import json
+
+from agentgym.cli import main
+
+
+def test_rollout_writes_trajectories(tmp_path, retriever_url, capsys):
+    out = tmp_path / "traj.jsonl"
+    rc = main(["rollout", "env=search", "model=tiny", "n=2", "limit=2", f"out={out}",
+               f"retriever.url={retriever_url}", "rollout.max_tokens_per_turn=32"])
+    assert rc == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 4
+    for r in rows:
+        assert len(r["token_ids"]) == len(r["loss_mask"]) == len(r["logprobs"])
+        assert isinstance(r["text"], str) and isinstance(r["reward"], float)
+        assert r["terminated"] or r["truncated"]
+    assert "traj/s" in capsys.readouterr().out
+
+
+def test_eval_prints_em_and_format_validity(tmp_path, retriever_url, capsys):
+    out = tmp_path / "eval.json"
+    rc = main(["eval", "env=search", "model=tiny", "data=nq", "limit=3", f"out={out}",
+               f"retriever.url={retriever_url}", "rollout.max_tokens_per_turn=16"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "EM" in printed and "format-valid" in printed
+    result = json.loads(out.read_text())
+    assert result["n"] == 3 and 0.0 <= result["em"] <= 1.0 and result["temperature"] == 0.0
+
+
+def test_check_env_passes_every_registered_env(capsys):
+    assert main(["check-env"]) == 0
+    assert "ok    agentgym/Search-v0" in capsys.readouterr().out
+
+
+def test_unknown_key_fails_with_did_you_mean(capsys):
+    assert main(["rollout", "env=search", "rollout.temperatur=0.5"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown config key 'rollout.temperatur'" in err and "rollout.temperature" in err
+
+
+def test_unknown_env_and_dataset_fail_clearly(capsys):
+    assert main(["eval", "env=serch", "model=tiny"]) == 2
+    assert "did you mean 'search'" in capsys.readouterr().err
+    assert main(["eval", "env=search", "model=tiny", "data=nqq"]) == 2
+    assert "did you mean 'nq'" in capsys.readouterr().err

@@ -1,0 +1,69 @@
+"""Training end to end: the CLI on the search env, and a learning test on a toy env."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from transformers import AutoModelForCausalLM
+
+import envs
+from agentgym.cli import main
+from agentgym.config import build_config
+from agentgym.data import write_jsonl
+from toy_envs import letter_rows
+from trainers.grpo import train
+
+if "agentgym-test/Letter-v0" not in envs.env_ids():
+    envs.register_env("agentgym-test/Letter-v0", "toy_envs:LetterEnv")
+
+
+def test_cli_train_two_steps_leaves_checkpoint_metrics_and_png(tmp_path, retriever_url, capsys):
+    run = tmp_path / "run"
+    rc = main(["train", "env=search", "model=tiny", "trainer.total_steps=2",
+               "trainer.prompts_per_step=2", "n=2", "rollout.max_tokens_per_turn=24",
+               "rollout.max_response_tokens=256", "trainer.eval_limit=2",
+               f"retriever.url={retriever_url}", f"run_dir={run}"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "step    1 | reward" in out and "step    2 | reward" in out
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "rollout/reward" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert steps[1]["rollout/policy_version"] == 1.0  # step 2 sampled the synced weights
+    assert steps[0]["rollout/drift_max"] < 1e-3
+    assert (run / "reward_curve.png").stat().st_size > 1000
+    assert list((run / "tensorboard").iterdir())
+    assert json.loads((run / "config.json").read_text())["trainer"]["total_steps"] == 2
+    ckpt = run / "checkpoints" / "step_2"
+    model = AutoModelForCausalLM.from_pretrained(ckpt)
+    assert model(input_ids=torch.tensor([[1, 2, 3]])).logits.shape[-1] >= 1
+
+
+def test_resume_continues_from_last_checkpoint(tmp_path):
+    data = tmp_path / "toy.jsonl"
+    write_jsonl(data, letter_rows(8))
+    base = {"env": "agentgym-test/Letter-v0", "model": "tiny", "data": str(data),
+            "trainer.prompts_per_step": 2, "rollout.n": 2, "rollout.max_tokens_per_turn": 4,
+            "trainer.eval_limit": 0, "trainer.save_every": 1, "run_dir": str(tmp_path / "r")}
+    train(build_config({**base, "trainer.total_steps": 1}))
+    train(build_config({**base, "trainer.total_steps": 3}))
+    rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert rows[1]["rollout/policy_version"] == 1.0 and rows[2]["rollout/policy_version"] == 2.0
+
+
+def test_grpo_learns_toy_env(tmp_path):
+    data = tmp_path / "toy.jsonl"
+    write_jsonl(data, letter_rows(64))
+    cfg = build_config({"env": "agentgym-test/Letter-v0", "model": "tiny", "data": str(data),
+                        "trainer.total_steps": 30, "trainer.prompts_per_step": 4,
+                        "rollout.n": 8, "rollout.max_tokens_per_turn": 8,
+                        "trainer.lr": 1e-2, "trainer.eval_limit": 0, "trainer.save_every": 100,
+                        "trainer.seed": 0, "run_dir": str(tmp_path / "run")})
+    run = train(cfg)
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    rewards = [r["rollout/reward"] for r in rows if "rollout/reward" in r]
+    start, end = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    # Measured: about 0.11 at the start (random init), about 0.5 after 20 steps.
+    assert end > start + 0.25 and end > 2 * start, (start, end)

@@ -1,0 +1,35 @@
+"""Toy environments shipped with the tests (learning tests need a fast, learnable reward)."""
+
+from __future__ import annotations
+
+from envs.base import AgentEnv
+
+
+class LetterEnv(AgentEnv):
+    """One turn: the reward is the fraction of the reply's characters that are 'e'.
+
+    A random-init model scores near the letter's background frequency; a policy that
+    learns to emit 'e'-heavy tokens scores far higher, so GRPO's progress is visible in
+    a few steps.
+    """
+
+    observation_format = "inline"
+    stop_strings = ("\n\n",)
+
+    def __init__(self, max_turns: int = 1) -> None:
+        super().__init__(max_turns=max_turns)
+
+    def _reset(self, row):
+        prompt = row["prompt"] if row else [{"role": "user", "content": "Write something."}]
+        return [dict(m) for m in prompt], {}
+
+    def _step(self, action, last_turn):
+        text = action.replace("<|im_end|>", "")
+        reward = text.count("e") / max(1, len(text))
+        return [], reward, True, {"em": float(reward > 0.5)}
+
+
+def letter_rows(n: int) -> list[dict]:
+    return [{"data_source": "toy", "prompt": [{"role": "user", "content": f"Write text #{i}."}],
+             "ability": "toy", "reward_model": {"style": "rule", "ground_truth": "e"},
+             "extra_info": {"index": i}, "env": "agentgym-test/Letter-v0"} for i in range(n)]
