@@ -41,6 +41,12 @@ class EngineConfig:
     max_batch_size: int = 32
     batch_wait_s: float = 0.005
     urls: list[str] = field(default_factory=list)  # servers, for HTTP engines
+    dtype: str = ""  # weights of the rollout copy; "" = model.dtype (bfloat16: faster, drifts)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("", "float32", "bfloat16"):
+            raise ValueError(f"engine.dtype={self.dtype!r}; valid: float32, bfloat16 "
+                             "(or empty for model.dtype)")
 
 
 @dataclass

@@ -17,8 +17,9 @@ def load_policy(cfg: Config):
     """Resolve ``model.path``/``model.name`` to an HF folder; load model and tokenizer."""
     from agentgym.models import load_model, load_tokenizer, resolve_model
     path = resolve_model(cfg.model.path or cfg.model.name)
-    logger.info("loading policy from %s (%s)", path, cfg.model.dtype)
-    return load_model(path, dtype=cfg.model.dtype), load_tokenizer(path), path
+    dtype = cfg.engine.dtype or cfg.model.dtype  # rollout-only commands serve the engine's
+    logger.info("loading policy from %s (%s)", path, dtype)
+    return load_model(path, dtype=dtype), load_tokenizer(path), path
 
 
 def build_engine(cfg: Config, model, tokenizer) -> Engine:

@@ -157,7 +157,7 @@ def train(cfg: Config, hooks: Hooks | None = None) -> Path:
                             weight_decay=t.weight_decay, warmup_steps=t.warmup_steps,
                             total_steps=t.total_steps, schedule=t.lr_schedule,
                             max_grad_norm=t.max_grad_norm, micro_batch_tokens=t.micro_batch_tokens)
-    engine = HFEngine(load_model(path, dtype=cfg.model.dtype), tokenizer,
+    engine = HFEngine(load_model(path, dtype=cfg.engine.dtype or cfg.model.dtype), tokenizer,
                       max_batch_size=cfg.engine.max_batch_size,
                       batch_wait_s=cfg.engine.batch_wait_s, seed=t.seed)
     ref = None

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from agentgym.engines.base import Engine
 from agentgym.types import GenerateOutput, SamplingParams
@@ -192,7 +194,9 @@ class HFEngine(Engine):
             attn[i, width - len(r.prompt_ids):] = 1
         ids, attn = ids.to(self.device), attn.to(self.device)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
+        cache = _buffered_cache(self.model, width + max(r.sampling.max_new_tokens for r in reqs))
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos,
+                         past_key_values=cache, use_cache=True)
         cache, logits = out.past_key_values, out.logits[:, -1, :].float()
         last_pos = pos[:, -1]
         active = list(reqs)
@@ -250,6 +254,52 @@ class HFEngine(Engine):
         if len(r.ids) >= r.sampling.max_new_tokens:
             return "length", None
         return None
+
+
+class _BufferLayer(DynamicLayer):
+    """A KV-cache layer that writes into a pre-allocated buffer.
+
+    transformers' DynamicLayer concatenates the whole cache at every decode step, which
+    on CPU costs more than the attention itself for batches of long prompts; this layer
+    writes only the new positions and returns views of the filled part.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity, self.length = capacity, 0
+        self._k: torch.Tensor | None = None
+        self._v: torch.Tensor | None = None
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        if self._k is None or end > self._k.shape[-2]:
+            cap = max(end, self.capacity, 2 * (0 if self._k is None else self._k.shape[-2]))
+            k = key_states.new_empty((*key_states.shape[:2], cap, key_states.shape[-1]))
+            v = value_states.new_empty((*value_states.shape[:2], cap, value_states.shape[-1]))
+            if self._k is not None:
+                k[:, :, :self.length] = self._k[:, :, :self.length]
+                v[:, :, :self.length] = self._v[:, :, :self.length]
+            self._k, self._v = k, v
+        self._k[:, :, self.length:end] = key_states
+        self._v[:, :, self.length:end] = value_states
+        self.length = end
+        self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self._k is not None:
+            self._k, self._v = self._k[indices], self._v[indices]
+            self.keys, self.values = self._k[:, :, :self.length], self._v[:, :, :self.length]
+
+
+def _buffered_cache(model, capacity: int) -> DynamicCache:
+    """A DynamicCache whose full-attention layers are :class:`_BufferLayer`s."""
+    cache = DynamicCache(config=model.config)
+    cache.layers = [_BufferLayer(capacity) if type(layer) is DynamicLayer else layer
+                    for layer in cache.layers]
+    return cache
 
 
 def _truncate(probs: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
