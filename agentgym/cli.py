@@ -33,8 +33,12 @@ def _setup_logging(level: str) -> None:
 def _config(args: list[str], command_defaults: dict | None = None) -> Config:
     import envs
 
-    cfg = build_config(parse_overrides(args), command_defaults)
-    envs.resolve_env_id(cfg.env)  # fail fast, with "did you mean", before loading models
+    overrides = parse_overrides(args)
+    if "env" in overrides:  # one canonical name: the short one when the env has it
+        env_id = envs.resolve_env_id(str(overrides["env"]))  # fails fast with "did you mean"
+        overrides["env"] = {v: k for k, v in envs.short_names().items()}.get(env_id, env_id)
+    cfg = build_config(overrides, command_defaults)
+    envs.resolve_env_id(cfg.env)
     _setup_logging(cfg.log_level)
     return cfg
 

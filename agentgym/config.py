@@ -118,9 +118,27 @@ class TrainerConfig:
     eval_every: int = 0  # steps between evals on data.eval (0 = only before and after)
     eval_limit: int = 50
     eval_data: str = "nq"
+    mixed_precision: str = ""  # "" (fp32) | bf16 (autocast; fp32 master weights)
     seed: int = 0
     resume: str = "auto"  # auto (latest checkpoint in run_dir) | never | a checkpoint path
     backend: str = "single"
+
+    def __post_init__(self) -> None:
+        for name in ("total_steps", "prompts_per_step", "ppo_epochs", "mini_batches",
+                     "micro_batch_tokens", "save_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"trainer.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("warmup_steps", "eval_every", "eval_limit"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"trainer.{name} must be >= 0, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ValueError(f"trainer.lr must be > 0, got {self.lr}")
+        choices = {"lr_schedule": ("constant", "cosine"), "mixed_precision": ("", "bf16"),
+                   "backend": ("single",)}
+        for name, valid in choices.items():
+            if getattr(self, name) not in valid:
+                raise ValueError(f"trainer.{name}={getattr(self, name)!r}; valid: "
+                                 f"{', '.join(repr(v) for v in valid)}")
 
 
 @dataclass
@@ -141,8 +159,7 @@ class Config:
 
 #: Per-environment overrides applied before the user's.
 ENV_PRESETS: dict[str, dict[str, Any]] = {
-    "search": {"rollout.max_turns": 4, "rollout.max_tokens_per_turn": 256,
-               "rollout.max_response_tokens": 1024},
+    "search": {},  # Search-R1's budgets are the dataclass defaults
 }
 ALIASES = {"n": "rollout.n", "seed": "trainer.seed", "backend": "trainer.backend"}
 

@@ -23,14 +23,21 @@ class MetricsLogger:
     """
 
     def __init__(self, run_dir: str | Path,
-                 curve_keys: tuple[str, ...] = ("rollout/reward", "eval/em")) -> None:
+                 curve_keys: tuple[str, ...] = ("rollout/reward", "eval/em"),
+                 resume_step: int = 0) -> None:
         from torch.utils.tensorboard import SummaryWriter
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
         self.png = self.run_dir / "reward_curve.png"
         self.curve_keys = curve_keys
-        self.tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+        # A resumed run drops what was logged after its checkpoint (it is logged again);
+        # a fresh run in an old directory starts an empty history.
+        kept = [r for r in self.history() if resume_step and r["step"] <= resume_step]
+        with open(self.path, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in kept)
+        self.tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"),
+                                purge_step=resume_step + 1 if resume_step else None)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         clean = {k: float(v) for k, v in metrics.items()

@@ -23,11 +23,8 @@ def load_policy(cfg: Config):
 
 
 def build_engine(cfg: Config, model, tokenizer) -> Engine:
-    cls = ENGINES.get(cfg.engine.name)
-    if cfg.engine.name == "hf":
-        return cls(model, tokenizer, max_batch_size=cfg.engine.max_batch_size,
-                   batch_wait_s=cfg.engine.batch_wait_s, seed=cfg.trainer.seed)
-    return cls(urls=cfg.engine.urls, tokenizer=tokenizer)
+    """The registered engine ``engine.name``, built from the config by its own class."""
+    return ENGINES.get(cfg.engine.name).from_config(cfg, model, tokenizer)
 
 
 def _search_kwargs(cfg: Config) -> dict[str, Any]:

@@ -1,4 +1,7 @@
-"""Shared fixtures: a fresh cache per session, the tiny model, a real local retriever."""
+"""Shared fixtures: the tiny model, a real local retriever, the toy env registration.
+
+Models and the BM25 index are built into the normal cache (``$AGENTGYM_CACHE`` or
+``~/.cache/agentgym``); on a clean machine the first run builds them (seconds)."""
 
 from __future__ import annotations
 
@@ -13,6 +16,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import envs  # noqa: E402
+
+if "agentgym-test/Letter-v0" not in envs.env_ids():
+    envs.register_env("agentgym-test/Letter-v0", "toy_envs:LetterEnv")
 
 
 @pytest.fixture(scope="session")

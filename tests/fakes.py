@@ -41,6 +41,10 @@ class ScriptedEngine(Engine):
         self.produced.append(ids)
         return GenerateOutput(ids, [-0.25 * (k + 1) for k in range(len(ids))], reason)
 
+    @classmethod
+    def from_config(cls, cfg, model, tokenizer):
+        raise NotImplementedError("scripted engines are built by tests")
+
     def update_weights(self, state_dict, version):
         self.policy_version = version
 

@@ -100,7 +100,9 @@ def _grads(model, batch, cfg, splits):
         loss, _ = loss_fn(model, batch.select(idx))
         loss.backward()
         total += float(loss.detach())
-    return total, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)  # the model is shared with other tests
+    return total, grads
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])

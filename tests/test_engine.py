@@ -70,37 +70,48 @@ def test_seeded_sample_independent_of_batch_companions(tiny_model, tiny_tokenize
     assert max(abs(a - b) for a, b in zip(alone.logprobs, crowded.logprobs)) < 1e-4
 
 
-def test_stop_strings_and_length(tiny_model, tiny_tokenizer):
+def test_stop_strings_cut_exactly_and_length(tiny_model, tiny_tokenizer):
     engine = HFEngine(tiny_model, tiny_tokenizer)
-    prompt = tiny_tokenizer.encode("go")
-    # A stop string made of a frequent single char: sampling must stop right after it.
-    outs = generate_all(engine, [prompt] * 4, SamplingParams(max_new_tokens=64, temperature=1.0,
-                                                             stop=("e",)))
-    length = generate_all(engine, [prompt], SamplingParams(max_new_tokens=5, temperature=1.0,
-                                                           stop=("\x00never",)))[0]
+    tok = tiny_tokenizer
+    prompt = tok.encode("go")
+    seeded = SamplingParams(max_new_tokens=20, temperature=1.0, seed=5, stop=("\x00never",))
+    free = generate_all(engine, [prompt], seeded)[0]
+    assert free.finish_reason == "length" and len(free.ids) == 20  # exactly the budget
+    # Pick a stop string that first completes at token k of the seeded continuation.
+    k = next(i for i in range(3, 20) if tok.decode(free.ids[i:i + 1]).strip()
+             and tok.decode(free.ids[i:i + 1]) not in tok.decode(free.ids[:i]))
+    stop = tok.decode(free.ids[k:k + 1])
+    cut = generate_all(engine, [prompt], SamplingParams(max_new_tokens=20, temperature=1.0,
+                                                        seed=5, stop=(stop,)))[0]
     engine.close()
-    for out in outs:
-        text = tiny_tokenizer.decode(out.ids, skip_special_tokens=False)
-        if out.finish_reason == "stop" and out.stop_reason == "e":
-            assert "e" in tiny_tokenizer.decode(out.ids[-1:]) or "e" in text[-8:]
-            assert "e" not in tiny_tokenizer.decode(out.ids[:-1])
-        else:
-            assert out.finish_reason == "length" or out.ids[-1] == tiny_tokenizer.eos_token_id
-    assert length.finish_reason in ("length", "stop") and len(length.ids) <= 5
+    assert cut.finish_reason == "stop" and cut.stop_reason == stop
+    assert cut.ids == free.ids[:k + 1]  # stopped on the token that completed the string
+    assert cut.logprobs == pytest.approx(free.logprobs[:k + 1], abs=1e-5)
 
 
-def test_update_weights_requires_pause_and_bumps_version(tiny_model, tiny_tokenizer):
-    engine = HFEngine(tiny_model, tiny_tokenizer)
-    state = {k: v.clone() for k, v in tiny_model.state_dict().items()}
+def test_update_weights_changes_outputs_and_needs_an_idle_engine(tiny_model, tiny_tokenizer):
+    import copy
+    model = copy.deepcopy(tiny_model)
+    engine = HFEngine(model, tiny_tokenizer, batch_wait_s=0.2)
+    prompt = tiny_tokenizer.encode("weights")
+    sp = SamplingParams(max_new_tokens=4, temperature=0)
+    before = generate_all(engine, [prompt], sp)[0]
+    perturbed = {k: v + 0.05 * torch.randn_like(v) for k, v in model.state_dict().items()}
 
-    async def go():
+    async def busy_then_swap():
+        pending = asyncio.ensure_future(engine.generate(prompt, sp))
+        await asyncio.sleep(0.05)  # the worker is now forming a batch (busy)
+        with pytest.raises(RuntimeError, match="pause"):
+            engine.update_weights(perturbed, version=1)
+        await pending
         await engine.pause()
-        engine.update_weights(state, version=3)
+        engine.update_weights(perturbed, version=1)
         engine.resume()
-        return await engine.generate([1, 2, 3], SamplingParams(max_new_tokens=2))
-    out = asyncio.run(go())
+        return await engine.generate(prompt, sp)
+    after = asyncio.run(busy_then_swap())
     engine.close()
-    assert engine.policy_version == 3 and len(out.ids) >= 1
+    assert engine.policy_version == 1
+    assert after.logprobs != pytest.approx(before.logprobs, abs=1e-4)
 
 
 def test_bad_requests_fail_clearly(tiny_model, tiny_tokenizer):

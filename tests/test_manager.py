@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import gymnasium
 import pytest
@@ -194,3 +196,32 @@ def test_many_trajectories_progress_independently(tiny_tokenizer, retriever_url)
     assert len({t.uid for t in trajs}) == 2
     s = summarize(trajs)
     assert s["reward"] == 1.0 and s["format_valid"] == 1.0 and s["count"] == 6
+
+
+class SlowToolEnv(ChatToy):
+    """Each step blocks its thread (a slow tool); records how many steps overlap."""
+
+    observation_format = "inline"
+    lock, active, peak, loop_thread_steps = threading.Lock(), 0, 0, 0
+
+    def step(self, action):
+        cls = SlowToolEnv
+        if threading.current_thread() is threading.main_thread():
+            cls.loop_thread_steps += 1
+        with cls.lock:
+            cls.active += 1
+            cls.peak = max(cls.peak, cls.active)
+        time.sleep(0.2)
+        with cls.lock:
+            cls.active -= 1
+        return [], 1.0, True, False, {}
+
+
+def test_env_steps_run_off_the_event_loop_and_overlap(tiny_tokenizer):
+    engine = ScriptedEngine(tiny_tokenizer, ["yes"] * 4)
+    mgr = GenerationManager(engine, tiny_tokenizer, SlowToolEnv, RolloutConfig(n=4))
+    trajs = asyncio.run(mgr.run([ROW]))
+    mgr.close()
+    assert len(trajs) == 4 and all(t.reward == 1.0 for t in trajs)
+    assert SlowToolEnv.loop_thread_steps == 0  # never on the event loop's thread
+    assert SlowToolEnv.peak >= 2  # blocking steps of different trajectories overlapped

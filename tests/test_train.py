@@ -7,15 +7,12 @@ import json
 import torch
 from transformers import AutoModelForCausalLM
 
-import envs
 from agentgym.cli import main
 from agentgym.config import build_config
 from agentgym.data import write_jsonl
 from toy_envs import letter_rows
 from trainers.grpo import train
 
-if "agentgym-test/Letter-v0" not in envs.env_ids():
-    envs.register_env("agentgym-test/Letter-v0", "toy_envs:LetterEnv")
 
 
 def test_cli_train_two_steps_leaves_checkpoint_metrics_and_png(tmp_path, retriever_url, capsys):
@@ -40,17 +37,33 @@ def test_cli_train_two_steps_leaves_checkpoint_metrics_and_png(tmp_path, retriev
     assert model(input_ids=torch.tensor([[1, 2, 3]])).logits.shape[-1] >= 1
 
 
-def test_resume_continues_from_last_checkpoint(tmp_path):
+def _weights(path):
+    from safetensors.torch import load_file
+    return load_file(str(path / "model.safetensors"))
+
+
+def test_resume_matches_an_uninterrupted_run(tmp_path):
     data = tmp_path / "toy.jsonl"
     write_jsonl(data, letter_rows(8))
     base = {"env": "agentgym-test/Letter-v0", "model": "tiny", "data": str(data),
             "trainer.prompts_per_step": 2, "rollout.n": 2, "rollout.max_tokens_per_turn": 4,
-            "trainer.eval_limit": 0, "trainer.save_every": 1, "run_dir": str(tmp_path / "r")}
-    train(build_config({**base, "trainer.total_steps": 1}))
-    train(build_config({**base, "trainer.total_steps": 3}))
-    rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+            "trainer.eval_limit": 0, "trainer.save_every": 1, "trainer.lr": 1e-3}
+    straight = train(build_config({**base, "trainer.total_steps": 3,
+                                   "run_dir": str(tmp_path / "a")}))
+    resumed_dir = tmp_path / "b"
+    train(build_config({**base, "trainer.total_steps": 1, "run_dir": str(resumed_dir)}))
+    # A killed save leaves a .tmp folder behind; resume must ignore it.
+    (resumed_dir / "checkpoints" / "step_7.tmp").mkdir()
+    train(build_config({**base, "trainer.total_steps": 3, "run_dir": str(resumed_dir)}))
+    rows = [json.loads(x) for x in (resumed_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert rows[1]["rollout/policy_version"] == 1.0 and rows[2]["rollout/policy_version"] == 2.0
+    a, b = _weights(straight / "checkpoints" / "step_3"), _weights(resumed_dir / "checkpoints" / "step_3")
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=1e-6), k
+    first = _weights(straight / "checkpoints" / "step_1")
+    assert any(not torch.equal(first[k], a[k]) for k in a)  # training moved the weights
 
 
 def test_grpo_learns_toy_env(tmp_path):

@@ -25,6 +25,8 @@ import dataclasses
 import json
 import logging
 import random
+import re
+import shutil
 import time
 from pathlib import Path
 
@@ -32,14 +34,13 @@ import torch
 
 from agentgym.config import Config, to_dict
 from agentgym.data import load_rows
-from agentgym.engines.hf import HFEngine
 from agentgym.manager import GenerationManager, summarize
 from agentgym.metrics import MetricsLogger
 from agentgym.models import load_model, load_tokenizer, resolve_model
-from agentgym.runtime import env_factory
+from agentgym.runtime import build_engine, env_factory
 from trainers.algos import (ADVANTAGES, POLICY_LOSSES, aggregate, broadcast_to_tokens,
                             kl_estimate, masked_mean)
-from trainers.backends.base import sequence_logprobs
+from trainers.backends.base import batched_logprobs, sequence_logprobs
 from trainers.backends.single import SingleBackend
 from trainers.batch import Batch, collate
 
@@ -61,15 +62,26 @@ def resolve_run_dir(cfg: Config) -> Path:
     return Path("runs") / f"{cfg.env}-{model}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    steps = [(int(p.name.split("_")[1]), p) for p in (run_dir / "checkpoints").glob("step_*")
-             if (p / "state.json").exists()]
-    return max(steps)[1] if steps else None
+    """The newest complete ``checkpoints/step_N`` (``.tmp`` leftovers are ignored)."""
+    found = []
+    for p in (run_dir / "checkpoints").glob("step_*"):
+        m = _STEP_DIR.match(p.name)
+        if m and (p / "state.json").exists():
+            found.append((int(m.group(1)), p))
+    return max(found)[1] if found else None
 
 
 def make_loss_fn(cfg: Config, temperature: float, num_tokens: float, num_seqs: int,
                  norm_len: int):
-    """The micro-batch loss; totals are the mini-batch's so accumulation is exact."""
+    """The micro-batch loss; totals are the mini-batch's so accumulation is exact.
+
+    Metrics are returned as additive contributions (token-weighted shares for means), so
+    summing them over micro-batches gives the mini-batch value whatever the split.
+    """
     algo = cfg.algo
     policy_loss = POLICY_LOSSES.get(algo.policy_loss)
     agg = dict(mode=algo.loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
@@ -79,11 +91,13 @@ def make_loss_fn(cfg: Config, temperature: float, num_tokens: float, num_seqs: i
         dev = next(model.parameters()).device
         ids, attn, mask = (mb.input_ids.to(dev), mb.attention_mask.to(dev),
                            mb.loss_mask.to(dev))
+        share = float(mask.sum()) / num_tokens
         logp, entropy = sequence_logprobs(model, ids, attn, temperature,
                                           with_entropy=algo.entropy_coef > 0)
-        pg, metrics = policy_loss(logp, mb.extra["old_logp"].to(dev), mb.extra["adv"].to(dev),
-                                  mask, clip_low=algo.clip_low, clip_high=algo.clip_high)
+        pg, stats = policy_loss(logp, mb.extra["old_logp"].to(dev), mb.extra["adv"].to(dev),
+                                mask, clip_low=algo.clip_low, clip_high=algo.clip_high)
         loss = aggregate(pg, mask, **agg)
+        metrics = {k: v * share for k, v in stats.items()}
         metrics["pg_loss"] = float(loss.detach())
         if algo.kl_coef > 0 and algo.kl_mode == "loss":
             kl = aggregate(kl_estimate(logp, mb.extra["ref_logp"].to(dev), algo.kl_estimator),
@@ -97,19 +111,18 @@ def make_loss_fn(cfg: Config, temperature: float, num_tokens: float, num_seqs: i
 
 
 def update_policy(cfg: Config, backend: SingleBackend, batch: Batch, temperature: float,
-                  hooks: Hooks) -> dict[str, float]:
+                  step: int, hooks: Hooks) -> dict[str, float]:
     """``ppo_epochs`` x ``mini_batches`` optimizer steps over this step's batch."""
-    gen = torch.Generator().manual_seed(cfg.trainer.seed)
+    gen = torch.Generator().manual_seed(cfg.trainer.seed * 1_000_003 + step)
     results: list[dict] = []
     n_mini = max(1, min(cfg.trainer.mini_batches, len(batch)))
-    norm_len = cfg.rollout.max_response_tokens
     hooks.phase("update", cfg.trainer.ppo_epochs * n_mini)
     for _ in range(cfg.trainer.ppo_epochs):
         order = torch.randperm(len(batch), generator=gen).tolist()
         for k in range(n_mini):
             mini = batch.select(sorted(order[k::n_mini]))
             loss_fn = make_loss_fn(cfg, temperature, float(mini.loss_mask.sum().clamp(min=1)),
-                                   len(mini), norm_len)
+                                   len(mini), cfg.rollout.max_response_tokens)
             results.append(backend.train_step(backend.split(mini), loss_fn))
             hooks.advance()
     return {f"train/{k}": sum(r[k] for r in results) / len(results) for k in results[0]}
@@ -135,6 +148,48 @@ def evaluate(cfg: Config, engine, tokenizer, rows: list[dict], hooks: Hooks) -> 
             "eval/count": s["count"]}
 
 
+def sync_weights(engine, backend: SingleBackend, version: int) -> None:
+    """Trainer → engine: the full state dict, with generation paused around the swap."""
+    async def swap():
+        await engine.pause()
+        try:
+            engine.update_weights(backend.state_dict(), version)
+        finally:
+            engine.resume()
+    asyncio.run(swap())
+
+
+def setup(cfg: Config, run_dir: Path):
+    """Load policy (trained), rollout engine (its own copy) and optional frozen reference;
+    resume from the latest checkpoint if asked. Returns ``(tokenizer, backend, engine,
+    ref_model, start_step)``."""
+    t = cfg.trainer
+    POLICY_LOSSES.get(cfg.algo.policy_loss)  # unknown names fail before any model loads
+    ADVANTAGES.get(cfg.algo.advantage)
+    path = resolve_model(cfg.model.path or cfg.model.name)
+    tokenizer = load_tokenizer(path)
+    k = t.ppo_epochs * t.mini_batches  # optimizer steps per training step
+    backend = SingleBackend(load_model(path, dtype=cfg.model.dtype), lr=t.lr,
+                            weight_decay=t.weight_decay, warmup_steps=t.warmup_steps * k,
+                            total_steps=t.total_steps * k, schedule=t.lr_schedule,
+                            max_grad_norm=t.max_grad_norm, micro_batch_tokens=t.micro_batch_tokens,
+                            mixed_precision=t.mixed_precision)
+    engine = build_engine(cfg, load_model(path, dtype=cfg.engine.dtype or cfg.model.dtype),
+                          tokenizer)
+    ref = load_model(path, dtype=cfg.model.dtype).eval() if cfg.algo.kl_coef > 0 else None
+    if ref is not None:
+        ref.requires_grad_(False)
+    start = 0
+    ckpt = latest_checkpoint(run_dir) if t.resume == "auto" else (
+        None if t.resume == "never" else Path(t.resume))
+    if ckpt is not None:
+        backend.load(ckpt)
+        start = json.loads((ckpt / "state.json").read_text())["step"]
+        sync_weights(engine, backend, start)
+        logger.info("resumed from %s at step %d", ckpt, start)
+    return tokenizer, backend, engine, ref, start
+
+
 def train(cfg: Config, hooks: Hooks | None = None) -> Path:
     """Run GRPO as configured; return the run directory."""
     hooks = hooks or Hooks()
@@ -143,40 +198,13 @@ def train(cfg: Config, hooks: Hooks | None = None) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
     logger.info("run dir %s; config %s", run_dir, json.dumps(to_dict(cfg)))
-    if t.backend != "single":
-        raise ValueError(f"trainer.backend={t.backend!r} is not available yet; valid: single")
-    if cfg.algo.advantage not in ADVANTAGES:
-        ADVANTAGES.get(cfg.algo.advantage)  # raises with "did you mean"
     random.seed(t.seed)
     torch.manual_seed(t.seed)
-
-    # Policy (trained), a separate engine copy (synced each step), optional reference.
-    path = resolve_model(cfg.model.path or cfg.model.name)
-    tokenizer = load_tokenizer(path)
-    backend = SingleBackend(load_model(path, dtype=cfg.model.dtype), lr=t.lr,
-                            weight_decay=t.weight_decay, warmup_steps=t.warmup_steps,
-                            total_steps=t.total_steps, schedule=t.lr_schedule,
-                            max_grad_norm=t.max_grad_norm, micro_batch_tokens=t.micro_batch_tokens)
-    engine = HFEngine(load_model(path, dtype=cfg.engine.dtype or cfg.model.dtype), tokenizer,
-                      max_batch_size=cfg.engine.max_batch_size,
-                      batch_wait_s=cfg.engine.batch_wait_s, seed=t.seed)
-    ref = None
-    if cfg.algo.kl_coef > 0:
-        ref = SingleBackend(load_model(path, dtype=cfg.model.dtype), micro_batch_tokens=t.micro_batch_tokens)
-
-    start = 0
-    ckpt = latest_checkpoint(run_dir) if t.resume == "auto" else (
-        None if t.resume == "never" else Path(t.resume))
-    if ckpt is not None:
-        backend.load(ckpt)
-        start = json.loads((ckpt / "state.json").read_text())["step"]
-        engine.update_weights(backend.state_dict(), version=start)
-        logger.info("resumed from %s at step %d", ckpt, start)
-
     rows = load_rows(cfg.env, cfg.data, cfg.limit)
     random.Random(t.seed).shuffle(rows)
     eval_rows = load_rows(cfg.env, t.eval_data, t.eval_limit) if t.eval_limit else []
-    metrics_log = MetricsLogger(run_dir)
+    tokenizer, backend, engine, ref, start = setup(cfg, run_dir)
+    metrics_log = MetricsLogger(run_dir, resume_step=start)
     manager = GenerationManager(engine, tokenizer, env_factory(cfg), cfg.rollout, seed=t.seed)
     temperature = cfg.rollout.temperature or 1.0
     try:
@@ -201,7 +229,7 @@ def train(cfg: Config, hooks: Hooks | None = None) -> Path:
             batch.extra["old_logp"] = old_logp
             rewards = batch.rewards.clone()
             if ref is not None:
-                ref_logp, _ = ref.logprobs(batch, temperature)
+                ref_logp, _ = batched_logprobs(ref, batch, temperature, t.micro_batch_tokens)
                 batch.extra["ref_logp"] = ref_logp
                 kl_tok = kl_estimate(old_logp, ref_logp, cfg.algo.kl_estimator) * mask
                 m["train/kl"] = float(kl_tok.sum() / mask.sum().clamp(min=1))
@@ -212,10 +240,10 @@ def train(cfg: Config, hooks: Hooks | None = None) -> Path:
                                                      norm_by_std=cfg.algo.norm_adv_by_std)
             batch.extra["adv"] = broadcast_to_tokens(adv, mask)
             # 4. policy update
-            m.update(update_policy(cfg, backend, batch, temperature, hooks))
+            m.update(update_policy(cfg, backend, batch, temperature, step, hooks))
             t2 = time.perf_counter()
             # 5. weight sync
-            engine.update_weights(backend.state_dict(), version=step + 1)
+            sync_weights(engine, backend, step + 1)
             t3 = time.perf_counter()
             # 6. metrics and checkpoints
             s = summarize(trajs)
@@ -228,9 +256,9 @@ def train(cfg: Config, hooks: Hooks | None = None) -> Path:
             done = step + 1
             if eval_rows and t.eval_every and done % t.eval_every == 0 and done < t.total_steps:
                 m.update(evaluate(cfg, engine, tokenizer, eval_rows, hooks))
+            metrics_log.log(done, m)
             if done % t.save_every == 0 or done == t.total_steps:
                 save_checkpoint(run_dir, done, backend, tokenizer)
-            metrics_log.log(done, m)
             hooks.step_end(done, m)
         if eval_rows and start < t.total_steps:
             final = evaluate(cfg, engine, tokenizer, eval_rows, hooks)
@@ -246,16 +274,22 @@ def train(cfg: Config, hooks: Hooks | None = None) -> Path:
 def save_checkpoint(run_dir: Path, step: int, backend: SingleBackend, tokenizer) -> Path:
     """``run_dir/checkpoints/step_N``: HF weights + tokenizer + optimizer + ``state.json``.
 
-    Written to a temporary folder and renamed, so a kill mid-save leaves no half
-    checkpoint for ``trainer.resume=auto`` to pick up.
+    Written to ``step_N.tmp`` and renamed into place, so a kill mid-save leaves nothing
+    that ``trainer.resume=auto`` would pick up (it only reads ``step_<digits>`` folders).
     """
     final = run_dir / "checkpoints" / f"step_{step}"
     tmp = final.with_name(final.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)  # a leftover of a killed save
     backend.save(tmp, tokenizer=tokenizer)
     (tmp / "state.json").write_text(json.dumps({"step": step}) + "\n")
-    if final.exists():
-        import shutil
-        shutil.rmtree(final)
-    tmp.rename(final)
+    if final.exists():  # re-saving a step (after a resume): move the old one aside first
+        old = final.with_name(final.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old)
+    else:
+        tmp.rename(final)
     logger.info("saved checkpoint %s", final)
     return final

@@ -26,6 +26,12 @@ class Engine(abc.ABC):
     #: Version of the weights currently served; stamped on every trajectory.
     policy_version: int = 0
 
+    @classmethod
+    @abc.abstractmethod
+    def from_config(cls, cfg, model, tokenizer) -> "Engine":
+        """Build from the run config (``cfg.engine`` section); ``model`` may be unused by
+        engines that serve weights elsewhere."""
+
     @abc.abstractmethod
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
                        images: list[Any] | None = None) -> GenerateOutput:

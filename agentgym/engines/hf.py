@@ -47,12 +47,23 @@ class _Request:
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
 
+    @property
+    def abandoned(self) -> bool:
+        """The caller is gone (cancelled, or its event loop closed): stop decoding it."""
+        return self.future.done() or self.loop.is_closed()
+
     def finish(self, reason: str, stop_reason: str | None) -> None:
         out = GenerateOutput(self.ids, self.logprobs, reason, stop_reason)  # type: ignore[arg-type]
-        self.loop.call_soon_threadsafe(_set_result, self.future, out)
+        self._deliver(_set_result, out)
 
     def fail(self, exc: BaseException) -> None:
-        self.loop.call_soon_threadsafe(_set_exception, self.future, exc)
+        self._deliver(_set_exception, exc)
+
+    def _deliver(self, fn, value) -> None:
+        try:
+            self.loop.call_soon_threadsafe(fn, self.future, value)
+        except RuntimeError:  # the caller's loop closed meanwhile; nobody is waiting
+            pass
 
 
 def _set_result(fut: asyncio.Future, value: Any) -> None:
@@ -96,6 +107,11 @@ class HFEngine(Engine):
         self.stats = {"batches": 0, "requests": 0, "generated_tokens": 0, "decode_steps": 0}
         self._thread = threading.Thread(target=self._worker, name="hf-engine", daemon=True)
         self._thread.start()
+
+    @classmethod
+    def from_config(cls, cfg, model, tokenizer) -> "HFEngine":
+        return cls(model, tokenizer, max_batch_size=cfg.engine.max_batch_size,
+                   batch_wait_s=cfg.engine.batch_wait_s, seed=cfg.trainer.seed)
 
     # -- public API ---------------------------------------------------------------------
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
@@ -151,18 +167,23 @@ class HFEngine(Engine):
 
     def _take_batch(self) -> list[_Request] | None:
         with self._cv:
-            self._cv.wait_for(lambda: self._closed or (self._queue and not self._paused))
-            if self._closed:
-                return None
-            deadline = time.monotonic() + self.batch_wait_s  # let concurrent callers join
-            while len(self._queue) < self.max_batch_size and not self._closed:
-                left = deadline - time.monotonic()
-                if left <= 0:
+            while True:
+                self._cv.wait_for(lambda: self._closed or (self._queue and not self._paused))
+                if self._closed:
+                    return None
+                self._busy = True  # pause() now waits for this batch
+                deadline = time.monotonic() + self.batch_wait_s  # let concurrent callers join
+                while len(self._queue) < self.max_batch_size and not self._closed:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cv.wait(timeout=left)
+                if not self._paused:
                     break
-                self._cv.wait(timeout=left)
-            batch = self._queue[:self.max_batch_size]
+                self._busy = False  # paused while forming: hold the requests
+                self._cv.notify_all()
+            batch = [r for r in self._queue[:self.max_batch_size] if not r.abandoned]
             self._queue = self._queue[self.max_batch_size:]
-            self._busy = True
             return batch
 
     def _worker(self) -> None:
@@ -170,6 +191,11 @@ class HFEngine(Engine):
             batch = self._take_batch()
             if batch is None:
                 return
+            if not batch:
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify_all()
+                continue
             try:
                 with torch.inference_mode():
                     self._run_batch(batch)
@@ -196,7 +222,7 @@ class HFEngine(Engine):
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         cache = _buffered_cache(self.model, width + max(r.sampling.max_new_tokens for r in reqs))
         out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos,
-                         past_key_values=cache, use_cache=True)
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
         cache, logits = out.past_key_values, out.logits[:, -1, :].float()
         last_pos = pos[:, -1]
         active = list(reqs)
@@ -207,7 +233,7 @@ class HFEngine(Engine):
             for j, r in enumerate(active):
                 r.ids.append(int(tokens[j]))
                 r.logprobs.append(float(logps[j]))
-                done = self._finished(r)
+                done = ("stop", None) if r.abandoned else self._finished(r)
                 if done is None:
                     keep.append(j)
                 else:

@@ -42,15 +42,40 @@ def sequence_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     """Per-token logprobs aligned with ``input_ids`` (``[:, 0]`` is 0), shape ``(B, T)``.
 
     Right-padded input; logits are divided by ``temperature`` (as the rollout engine's
-    logprobs are), in fp32.
+    logprobs are), in fp32. The entropy (when asked) is differentiable if grad is on.
     """
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
     logits = logits[:, :-1].float() / (temperature or 1.0)
-    logp_all = torch.log_softmax(logits, dim=-1)
+    lse = torch.logsumexp(logits, dim=-1)  # avoids a second (B, T, V) log_softmax copy
     logp = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
-    logp[:, 1:] = logp_all.gather(-1, input_ids[:, 1:, None])[..., 0]
+    logp[:, 1:] = logits.gather(-1, input_ids[:, 1:, None])[..., 0] - lse
     entropy = None
-    if with_entropy:  # differentiable when grad is enabled (entropy bonus)
+    if with_entropy:
+        probs = torch.softmax(logits, dim=-1)
         entropy = torch.zeros_like(logp)
-        entropy[:, 1:] = -(logp_all.exp() * logp_all).sum(-1)
+        entropy[:, 1:] = lse - (probs * logits).sum(-1)
     return logp, entropy
+
+
+@torch.no_grad()
+def batched_logprobs(model, batch: Batch, temperature: float, micro_batch_tokens: int,
+                     with_entropy: bool = False):
+    """:func:`sequence_logprobs` over a whole batch in token-budgeted micro-batches."""
+    from trainers.batch import micro_batches
+
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    width = batch.input_ids.shape[1]
+    lps, ents = [], []
+    lengths = batch.attention_mask.sum(-1).tolist()
+    for idx in micro_batches(lengths, micro_batch_tokens):
+        mb = batch.select(idx)
+        lp, ent = sequence_logprobs(model, mb.input_ids.to(device),
+                                    mb.attention_mask.to(device), temperature, with_entropy)
+        pad = width - lp.shape[1]
+        lps.append(torch.nn.functional.pad(lp.cpu(), (0, pad)))
+        if with_entropy:
+            ents.append(torch.nn.functional.pad(ent.cpu(), (0, pad)))
+    model.train(was_training)
+    return torch.cat(lps), (torch.cat(ents) if with_entropy else None)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from trainers.backends.base import LossFn, sequence_logprobs
+from trainers.backends.base import LossFn, batched_logprobs
 from trainers.batch import Batch, micro_batches
 
 logger = logging.getLogger(__name__)
@@ -44,8 +44,11 @@ class SingleBackend:
     def __init__(self, model, lr: float = 1e-6, weight_decay: float = 0.0,
                  betas: tuple[float, float] = (0.9, 0.999), warmup_steps: int = 0,
                  total_steps: int = 1, schedule: str = "constant", max_grad_norm: float = 1.0,
-                 micro_batch_tokens: int = 8192) -> None:
+                 micro_batch_tokens: int = 8192, mixed_precision: str = "") -> None:
+        if mixed_precision not in ("", "bf16"):
+            raise ValueError(f"mixed_precision={mixed_precision!r}; valid: '' (off), bf16")
         self.model = model
+        self.mixed_precision = mixed_precision
         self.device = next(model.parameters()).device
         self.max_grad_norm = max_grad_norm
         self.micro_batch_tokens = micro_batch_tokens
@@ -58,32 +61,28 @@ class SingleBackend:
         lengths = batch.attention_mask.sum(-1).tolist()
         return [batch.select(ix) for ix in micro_batches(lengths, self.micro_batch_tokens)]
 
-    @torch.no_grad()
+    def _autocast(self):
+        """bf16 compute over fp32 master weights when ``mixed_precision='bf16'``."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16,
+                              enabled=self.mixed_precision == "bf16")
+
     def logprobs(self, batch: Batch, temperature: float, with_entropy: bool = False):
-        self.model.eval()
-        lps, ents = [], []
-        width = batch.input_ids.shape[1]
-        for mb in self.split(batch):
-            lp, ent = sequence_logprobs(self.model, mb.input_ids.to(self.device),
-                                        mb.attention_mask.to(self.device), temperature,
-                                        with_entropy)
-            pad = width - lp.shape[1]
-            lps.append(torch.nn.functional.pad(lp.cpu(), (0, pad)))
-            if with_entropy:
-                ents.append(torch.nn.functional.pad(ent.cpu(), (0, pad)))
-        return torch.cat(lps), (torch.cat(ents) if with_entropy else None)
+        with self._autocast():
+            return batched_logprobs(self.model, batch, temperature, self.micro_batch_tokens,
+                                    with_entropy)
 
     def train_step(self, batches: list[Batch], loss_fn: LossFn) -> dict[str, float]:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         totals: dict[str, float] = {}
         loss_sum = 0.0
-        for mb in batches:
-            loss, metrics = loss_fn(self.model, mb)
+        for mb in batches:  # metrics are additive contributions to the mini-batch value
+            with self._autocast():
+                loss, metrics = loss_fn(self.model, mb)
             loss.backward()
             loss_sum += float(loss.detach())
             for k, v in metrics.items():
-                totals[k] = totals.get(k, 0.0) + v / len(batches)
+                totals[k] = totals.get(k, 0.0) + v
         params = [p for p in self.model.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.clip_grad_norm_(
             params, self.max_grad_norm if self.max_grad_norm > 0 else float("inf"))
