@@ -57,6 +57,11 @@ class RetrieverConfig:
 
 
 @dataclass
+class SearchConfig:
+    format_reward: float = 0.0  # reward for a well-formed but wrong answer (env=search)
+
+
+@dataclass
 class RolloutConfig:
     n: int = 1  # samples per prompt (GRPO group size)
     max_turns: int = 4  # env actions per episode
@@ -147,6 +152,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

@@ -34,7 +34,8 @@ def _search_kwargs(cfg: Config) -> dict[str, Any]:
         from tools.local_retriever import ensure_local_retriever
         url = ensure_local_retriever(data_dir() / "corpus" / "wiki_passages.jsonl.gz")
         logger.info("started local BM25 retriever at %s", url)
-    return {"retriever_url": url, "topk": cfg.retriever.topk, "timeout": cfg.retriever.timeout}
+    return {"retriever_url": url, "topk": cfg.retriever.topk, "timeout": cfg.retriever.timeout,
+            "format_reward": cfg.search.format_reward}
 
 
 #: Config → constructor kwargs for envs that need more than ``max_turns``.

@@ -170,3 +170,17 @@ def test_base_class_guards():
         env.step("c")
     with pytest.raises(ValueError, match="max_turns"):
         Minimal(max_turns=0)
+
+
+def test_search_format_reward_only_for_well_formed_episodes():
+    from envs.search import SearchEnv, search_row
+    row = search_row("what is the capital of australia", ["Canberra"])
+    env = SearchEnv(format_reward=0.1)
+    env.reset(seed=0, options={"row": row})
+    assert env.step("<answer> Sydney </answer>")[1] == 0.1
+    env.reset(seed=0, options={"row": row})
+    env.step("no tags")
+    assert env.step("<answer> Sydney </answer>")[1] == 0.0
+    env.reset(seed=0, options={"row": row})
+    _, reward, terminated, _, info = env.step("<answer> the Canberra </answer>")
+    assert reward == 1.0 and terminated and info["em"] == 1.0 and info["f1"] == 1.0
