@@ -86,8 +86,14 @@ def cmd_rollout(args: list[str]) -> int:
     return 0
 
 
-def _ci95(p: float, n: int) -> float:
-    return 1.96 * math.sqrt(max(p * (1 - p), 1e-12) / n) if n else float("nan")
+def wilson_ci95(p: float, n: int) -> tuple[float, float]:
+    """95% Wilson score interval of a proportion (sensible at 0 and 1, unlike p ± 1.96·se)."""
+    if n == 0:
+        return float("nan"), float("nan")
+    z = 1.96
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def cmd_eval(args: list[str]) -> int:
@@ -98,13 +104,14 @@ def cmd_eval(args: list[str]) -> int:
     s = summarize(trajs)
     n = len(trajs)
     result = {"env": cfg.env, "model": cfg.model.path or cfg.model.name, "data": cfg.data,
-              "n": n, "em": s["em"], "em_ci95": _ci95(s["em"], n), "f1": s["f1"],
+              "n": n, "em": s["em"], "em_ci95": wilson_ci95(s["em"], n), "f1": s["f1"],
               "format_valid": s["format_valid"], "answered": s["answered"],
               "mean_turns": s["turns"], "mean_tool_calls": s["tool_calls"],
               "tool_failures": s["tool_failures"], "response_length": s["response_length"],
               "seconds": elapsed, "temperature": cfg.rollout.temperature}
     print(f"{cfg.env} / {result['model']} / {cfg.data}: {n} questions in {elapsed:.0f}s")
-    print(f"  EM {s['em']:.3f} ± {result['em_ci95']:.3f} (95% CI)   F1 {s['f1']:.3f}   "
+    lo, hi = result["em_ci95"]
+    print(f"  EM {s['em']:.3f} [{lo:.3f}, {hi:.3f}] (95% CI)   F1 {s['f1']:.3f}   "
           f"format-valid {s['format_valid']:.3f}   answered {s['answered']:.3f}   "
           f"turns {s['turns']:.2f}   searches {s['tool_calls']:.2f}")
     if cfg.out:

@@ -30,6 +30,8 @@ def test_eval_prints_em_and_format_validity(tmp_path, retriever_url, capsys):
     assert "EM" in printed and "format-valid" in printed
     result = json.loads(out.read_text())
     assert result["n"] == 3 and 0.0 <= result["em"] <= 1.0 and result["temperature"] == 0.0
+    lo, hi = result["em_ci95"]
+    assert 0.0 <= lo <= result["em"] <= hi <= 1.0
 
 
 def test_check_env_passes_every_registered_env(capsys):
@@ -48,3 +50,11 @@ def test_unknown_env_and_dataset_fail_clearly(capsys):
     assert "did you mean 'search'" in capsys.readouterr().err
     assert main(["eval", "env=search", "model=tiny", "data=nqq"]) == 2
     assert "did you mean 'nq'" in capsys.readouterr().err
+
+
+def test_wilson_interval():
+    from agentgym.cli import wilson_ci95
+    lo, hi = wilson_ci95(0.0, 200)
+    assert lo == 0.0 and 0.018 < hi < 0.020
+    lo, hi = wilson_ci95(0.5, 100)
+    assert abs(lo - 0.404) < 0.002 and abs(hi - 0.596) < 0.002
