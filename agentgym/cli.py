@@ -181,7 +181,7 @@ class _BarHooks:
 def cmd_train(args: list[str]) -> int:
     from trainers.grpo import train
 
-    cfg = _config(args)
+    cfg = _config(args, {"rollout.n": 5})  # GRPO needs groups; Search-R1 samples 5
     if cfg.algo.name != "grpo":
         raise ValueError(f"algo={cfg.algo.name!r} is not available yet; valid: grpo")
     run_dir = train(cfg, _BarHooks())

@@ -201,7 +201,12 @@ def _coerce(key: str, raw: Any, hint: Any) -> Any:
         if isinstance(raw, int) and not isinstance(raw, bool):
             return raw
     elif hint is float:
-        if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        if isinstance(raw, str):  # YAML 1.1 reads "1e-5" (no dot) as a string
+            try:
+                return float(raw)
+            except ValueError:
+                pass
+        elif isinstance(raw, (int, float)) and not isinstance(raw, bool):
             return float(raw)
     elif hint is str:
         return "" if raw is None else str(raw)

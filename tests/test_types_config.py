@@ -56,7 +56,9 @@ def test_registry_duplicates_and_did_you_mean():
 
 def test_config_overrides_and_shorthands():
     cfg = build_config(parse_overrides(["model=tiny", "n=4", "rollout.temperature=0.5",
-                                        "engine.urls=[http://a, http://b]", "limit=8"]))
+                                        "engine.urls=[http://a, http://b]", "limit=8",
+                                        "trainer.lr=1e-5"]))
+    assert cfg.trainer.lr == 1e-5
     assert cfg.model.name == "tiny" and cfg.rollout.n == 4 and cfg.limit == 8
     assert cfg.rollout.temperature == 0.5 and cfg.engine.urls == ["http://a", "http://b"]
 
