@@ -33,7 +33,7 @@ demo: $(STAMP)
 		n=4 trainer.eval_limit=0 engine.dtype=bfloat16 trainer.mixed_precision=bf16 \
 		rollout.max_tokens_per_turn=128 run_dir=$(DEMO_DIR)
 	$(BIN)/agentgym eval env=search model=$(DEMO_DIR)/checkpoints/step_$(DEMO_STEPS) data=nq \
-		limit=20 engine.dtype=bfloat16
+		limit=10 engine.dtype=bfloat16 rollout.max_tokens_per_turn=128
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
