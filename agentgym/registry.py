@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from typing import Any, Callable, Generic, Iterator, TypeVar
+from typing import Any, Generic, Iterator, TypeVar
 
 T = TypeVar("T")
 
@@ -83,5 +83,3 @@ class Registry(Generic[T]):
     def __len__(self) -> int:
         return len(self._entries)
 
-
-Factory = Callable[..., Any]
