@@ -35,8 +35,8 @@ def _config(args: list[str], command_defaults: dict | None = None) -> Config:
 
     overrides = parse_overrides(args)
     if "env" in overrides:  # one canonical name: the short one when the env has it
-        env_id = envs.resolve_env_id(str(overrides["env"]))  # fails fast with "did you mean"
-        overrides["env"] = {v: k for k, v in envs.short_names().items()}.get(env_id, env_id)
+        # fails fast with "did you mean", before any model loads
+        overrides["env"] = envs.short_name(envs.resolve_env_id(str(overrides["env"])))
     cfg = build_config(overrides, command_defaults)
     envs.resolve_env_id(cfg.env)
     _setup_logging(cfg.log_level)

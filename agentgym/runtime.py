@@ -46,7 +46,7 @@ def env_factory(cfg: Config) -> Callable[[], Any]:
     """A zero-argument factory of fresh envs for ``cfg.env`` (resolves tools once)."""
     import envs
     env_id = envs.resolve_env_id(cfg.env)
-    short = {v: k for k, v in envs.short_names().items()}.get(env_id, cfg.env)
+    short = envs.short_name(env_id)
     kwargs = {"max_turns": cfg.rollout.max_turns}
     if short in ENV_KWARGS:
         kwargs.update(ENV_KWARGS[short](cfg))

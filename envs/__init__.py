@@ -3,9 +3,10 @@ and with gymnasium: ``import envs; gymnasium.make("agentgym/Search-v0")``."""
 
 from envs.base import AgentEnv, MessagesSpace, TextSpace
 from envs.checker import EnvContractError, check_env
-from envs.registration import env_ids, make_env, register_env, resolve_env_id, short_names
+from envs.registration import (env_ids, make_env, register_env, resolve_env_id, short_name,
+                                short_names)
 
 register_env("agentgym/Search-v0", "envs.search:SearchEnv", short="search")
 
 __all__ = ["AgentEnv", "MessagesSpace", "TextSpace", "EnvContractError", "check_env",
-           "env_ids", "make_env", "register_env", "resolve_env_id", "short_names"]
+           "env_ids", "make_env", "register_env", "resolve_env_id", "short_name", "short_names"]

@@ -61,5 +61,10 @@ def env_ids() -> list[str]:
     return ENVS.names()
 
 
+def short_name(env_id: str) -> str:
+    """The short name of a registered id (``search``), or the id itself if it has none."""
+    return {v: k for k, v in _SHORT.items()}.get(env_id, env_id)
+
+
 def short_names() -> dict[str, str]:
     return dict(_SHORT)

@@ -31,15 +31,11 @@ from pathlib import Path
 
 import httpx
 
+from agentgym.paths import cache_dir  # import-light: no torch
+
 logger = logging.getLogger(__name__)
 
 _REPO_ROOT = Path(__file__).resolve().parents[1]  # so the child finds retriever_server
-
-
-def cache_dir() -> Path:
-    """``$AGENTGYM_CACHE`` or ``~/.cache/agentgym``."""
-    env = os.environ.get("AGENTGYM_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "agentgym"
 
 
 def default_index_dir(corpus: Path) -> Path:
