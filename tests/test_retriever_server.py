@@ -43,7 +43,11 @@ def post(url: str, body, **kw) -> httpx.Response:
 def test_health(server):
     r = httpx.get(server.url + "/health")
     assert r.status_code == 200
-    assert r.json() == {"status": "ok", "documents": N_SMALL, "method": "bm25"}
+    body = r.json()
+    assert {k: body[k] for k in ("status", "documents", "method")} == {
+        "status": "ok", "documents": N_SMALL, "method": "bm25"}
+    assert body["limits"] == {"max_queries": 256, "max_topk": 50, "max_query_chars": 2048,
+                              "max_body_bytes": 1 << 20}
 
 
 def test_retrieve_shape_and_exact_title_ranks_first(server):
@@ -91,12 +95,16 @@ def test_request_id_is_echoed(server):
     ({"queries": ["ok", "   "]}, "queries[1]"),
     ({"queries": "uranus"}, "queries"),
     ({"queries": ["uranus"], "topk": 0}, "topk"),
-    ({"queries": ["uranus"], "topk": 1000}, "topk"),
+    ({"queries": ["uranus"], "topk": 1000}, "less than or equal to 50"),
     ({"queries": ["uranus"], "topk": "three"}, "topk"),
     ({"queries": ["uranus"], "top_k": 5}, "top_k"),
     ({"queries": ["x" * 2049]}, "queries[0]"),
-    ({"queries": ["uranus"] * 257}, "queries"),
-    ({"topk": 3}, "queries"),
+    ({"queries": ["uranus"] * 257}, "at most 256 items"),
+    ({"topk": 3}, "exactly one of them"),
+    ({"queries": ["a"], "query": "b"}, "exactly one of them"),
+    ({"query": ""}, "query"),
+    ({"query": 3}, "query"),
+    ({"query": "x" * 2049}, "at most 2048 characters"),
     ([1, 2], "JSON object"),
     (b"not json", "not valid JSON"),
     (b"", "JSON object"),
@@ -105,6 +113,33 @@ def test_bad_input_is_4xx_naming_the_field(server, body, field):
     r = post(server.url, body)
     assert 400 <= r.status_code < 500, r.text
     assert field in r.json()["message"]
+
+
+def test_single_query_shape_answers_as_a_batch_of_one(server):
+    single = post(server.url, {"query": "steam locomotive", "topk": 2})
+    batch = post(server.url, {"queries": ["steam locomotive"], "topk": 2})
+    assert single.status_code == 200
+    assert single.json() == batch.json() and len(single.json()["result"][0]) == 2
+
+
+def test_huge_body_is_413_naming_the_limit(server):
+    body = json.dumps({"queries": ["x" * 2000] * 600}).encode()  # ~1.2 MB
+    r = post(server.url, body)
+    assert r.status_code == 413 and "limit of 1048576 bytes" in r.json()["message"]
+
+    def chunks():  # no Content-Length: the limit applies while the body streams in
+        for _ in range(40):
+            yield b"x" * 65536
+    r = httpx.post(server.url + "/retrieve", content=chunks(),
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "1048576 bytes" in r.json()["message"]
+
+
+def test_wrong_method_and_path_are_4xx_with_a_message(server):
+    r = httpx.get(server.url + "/retrieve")
+    assert r.status_code == 405 and "GET is not allowed" in r.json()["message"]
+    r = httpx.post(server.url + "/search", json={"queries": ["x"]})
+    assert r.status_code == 404 and "POST /retrieve" in r.json()["message"]
 
 
 def test_non_json_content_type_is_4xx(server):

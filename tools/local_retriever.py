@@ -65,23 +65,35 @@ class LocalRetriever:
     """A ``retriever_server`` subprocess on 127.0.0.1.
 
     Args:
-        corpus: passages file (JSONL or JSONL.gz with ``id`` and ``contents``).
+        corpus: passages file (JSONL or JSONL.gz with ``id`` and ``contents``), indexed
+            with BM25 if ``index_dir`` holds no index. May be None when ``index_dir`` holds
+            a saved index (BM25 or dense, from ``agentgym index build``).
         index_dir: saved-index directory (loaded if present, else built and saved there);
             None uses the on-disk cache (:func:`default_index_dir`).
         startup_timeout: seconds to wait for ``/health`` before giving up.
+        extra_args: more ``python -m retriever_server`` flags (e.g. ``["--no-batching"]``).
 
     Attributes:
         url: ``http://127.0.0.1:PORT`` once started, else None.
         log_path: the server's combined stdout/stderr.
     """
 
-    def __init__(self, corpus: Path | str, index_dir: Path | str | None = None,
-                 startup_timeout: float = 120.0) -> None:
-        self.corpus = Path(corpus).resolve()
-        if not self.corpus.is_file():
+    def __init__(self, corpus: Path | str | None = None, index_dir: Path | str | None = None,
+                 startup_timeout: float = 120.0, extra_args: list[str] | tuple = ()) -> None:
+        self.corpus = Path(corpus).resolve() if corpus is not None else None
+        self.index_dir = Path(index_dir) if index_dir is not None else None
+        if self.corpus is None and self.index_dir is None:
+            raise ValueError("LocalRetriever needs a corpus file, a saved index directory, "
+                             "or both")
+        if self.corpus is not None and not self.corpus.is_file():
             raise FileNotFoundError(f"retrieval corpus {self.corpus} does not exist; build the "
                                     f"shipped one with `python scripts/build_search_data.py`")
-        self.index_dir = Path(index_dir) if index_dir is not None else None
+        if self.corpus is None and not (self.index_dir / "meta.json").is_file() \
+                and not (self.index_dir / "docs.jsonl").is_file():
+            raise FileNotFoundError(f"{self.index_dir} holds no saved index; build one with "
+                                    f"`agentgym index build --corpus FILE --method bm25|dense "
+                                    f"--out {self.index_dir}`")
+        self.extra_args = list(extra_args)
         self.startup_timeout = startup_timeout
         self.url: str | None = None
         self.log_path = Path(tempfile.mkdtemp(prefix="agentgym-retriever-")) / "server.log"
@@ -106,8 +118,10 @@ class LocalRetriever:
             return self.url
         index_dir = self.index_dir or default_index_dir(self.corpus)
         port = _free_port()
-        cmd = [sys.executable, "-m", "retriever_server", "--corpus", str(self.corpus),
-               "--index", str(index_dir), "--port", str(port), "--log-level", "info"]
+        cmd = [sys.executable, "-m", "retriever_server", "--index", str(index_dir),
+               "--port", str(port), "--log-level", "info", *self.extra_args]
+        if self.corpus is not None:
+            cmd += ["--corpus", str(self.corpus)]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO_ROOT), env.get("PYTHONPATH"))
                                             if p)
@@ -177,20 +191,22 @@ class LocalRetriever:
         self.stop()
 
 
-_servers: dict[Path, LocalRetriever] = {}
+_servers: dict[tuple, LocalRetriever] = {}
 _servers_lock = threading.Lock()
 
 
-def ensure_local_retriever(corpus: Path | str) -> str:
-    """URL of this process's local server for ``corpus``, starting it on first use.
+def ensure_local_retriever(corpus: Path | str | None = None,
+                           index_dir: Path | str | None = None) -> str:
+    """URL of this process's local server for ``corpus`` and/or a saved ``index_dir``,
+    starting it on first use (arguments as for :class:`LocalRetriever`).
 
-    One server per corpus path per process, restarted if it died; stopped at exit.
+    One server per (corpus, index) per process, restarted if it died; stopped at exit.
     """
-    key = Path(corpus).resolve()
+    key = tuple(Path(p).resolve() if p is not None else None for p in (corpus, index_dir))
     with _servers_lock:
         server = _servers.get(key)
         if server is None:
-            server = _servers[key] = LocalRetriever(key)
+            server = _servers[key] = LocalRetriever(*key)
         return server.start()
 
 
