@@ -14,7 +14,8 @@ Examples::
 
 It binds 127.0.0.1 unless ``--host`` says otherwise: the API has no authentication, so
 exposing it on other interfaces must be a deliberate choice. SIGTERM or Ctrl-C stops it
-cleanly: requests in flight finish, queued ones get a 503, and the process exits 0.
+cleanly: it stops accepting connections, requests in flight finish (up to 10 s), queued
+ones get a 503, then uvicorn re-raises the signal so the exit status says why it ended.
 """
 
 from __future__ import annotations
