@@ -10,7 +10,18 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test bench clean
+.PHONY: install sysdeps demo test bench clean
+
+# bubblewrap isolates the code sandbox (tools/sandbox.py). Installed from Debian when we are
+# root (CI, containers); otherwise the sandbox falls back to `unshare`, with a logged warning.
+sysdeps:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null || \
+	      echo "warning: could not install bubblewrap; the code sandbox will use unshare"; \
+	  else \
+	    echo "warning: bubblewrap (bwrap) not found; install it (apt-get install bubblewrap) for the code sandbox's full isolation"; \
+	  fi; }
 
 $(STAMP): pyproject.toml requirements/cpu.txt requirements/constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -20,14 +31,14 @@ $(STAMP): pyproject.toml requirements/cpu.txt requirements/constraints.txt
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e .
 	touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) sysdeps
 
 # The main job, kept to minutes on a 2-core CPU: a short GRPO run of smollm2-135m on the
 # search env (local BM25 retriever, shipped data; bf16 rollout copy and bf16 autocast for
 # speed), then a greedy eval of its last checkpoint on held-out NQ questions.
 DEMO_DIR := runs/demo
 DEMO_STEPS := 2
-demo: $(STAMP)
+demo: $(STAMP) sysdeps
 	rm -rf $(DEMO_DIR)
 	$(BIN)/agentgym train env=search trainer.total_steps=$(DEMO_STEPS) trainer.prompts_per_step=4 \
 		n=4 trainer.eval_limit=0 engine.dtype=bfloat16 trainer.mixed_precision=bf16 \
@@ -35,7 +46,7 @@ demo: $(STAMP)
 	$(BIN)/agentgym eval env=search model=$(DEMO_DIR)/checkpoints/step_$(DEMO_STEPS) data=nq \
 		limit=10 engine.dtype=bfloat16 rollout.max_tokens_per_turn=128
 
-test: $(STAMP)
+test: $(STAMP) sysdeps
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)

@@ -9,7 +9,8 @@ for a body that is not JSON or breaks the schema or a limit, 413 for a body over
 ``max_body_bytes``. 503 means the server is shutting down; a 500 means a server bug.
 
 Concurrent requests are searched together (:class:`~retriever_server.batcher.QueryBatcher`,
-``batching=True``, the default). ``batching=False`` searches each request on its own in
+``batching=True``; ``python -m retriever_server`` turns it on for dense indexes).
+``batching=False`` searches each request on its own in
 a thread pool, the way Search-R1's server does; ``bench/retriever_bench.py`` compares the
 two. Either way the event loop never blocks on a search, so ``/health`` stays responsive.
 An ``X-Request-ID`` header sent by the client is logged and echoed back.
@@ -89,8 +90,31 @@ class _BodyLimit:
         await self.app(scope, counting_receive, send)
 
 
+def _install_error_handlers(app: FastAPI) -> None:
+    """Every error answer is ``{"message", "detail"}`` with a readable message."""
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        message = "; ".join(_describe(e) for e in errors) or "invalid request"
+        logger.info("rejected %s %s [%s]: %s", request.method, request.url.path,
+                    request.headers.get(REQUEST_ID_HEADER, "-"), message)
+        # Keep FastAPI's usual "detail" list (machine-readable) next to a readable message.
+        detail = [{k: e[k] for k in ("loc", "msg", "type") if k in e} for e in errors]
+        return _error(422, message, detail)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = str(exc.detail)
+        if exc.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path}"
+        elif exc.status_code == 404:
+            message = f"no such endpoint {request.url.path}; there are POST /retrieve, GET /health"
+        return _error(exc.status_code, message, exc.detail)
+
+
 def create_app(index: SearchIndex, limits: Limits = Limits(), batching: bool = True,
-               max_batch_queries: int = 256, max_wait_s: float = 0.002) -> FastAPI:
+               max_batch_queries: int = 256, max_wait_s: float = 0.0) -> FastAPI:
     """Build the app over a loaded index.
 
     Args:
@@ -126,24 +150,7 @@ def create_app(index: SearchIndex, limits: Limits = Limits(), batching: bool = T
             response.headers[REQUEST_ID_HEADER] = rid
         return response
 
-    @app.exception_handler(RequestValidationError)
-    async def _bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        message = "; ".join(_describe(e) for e in errors) or "invalid request"
-        logger.info("rejected %s %s [%s]: %s", request.method, request.url.path,
-                    request.headers.get(REQUEST_ID_HEADER, "-"), message)
-        # Keep FastAPI's usual "detail" list (machine-readable) next to a readable message.
-        detail = [{k: e[k] for k in ("loc", "msg", "type") if k in e} for e in errors]
-        return _error(422, message, detail)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        message = str(exc.detail)
-        if exc.status_code == 405:
-            message = f"{request.method} is not allowed on {request.url.path}"
-        elif exc.status_code == 404:
-            message = f"no such endpoint {request.url.path}; there are POST /retrieve, GET /health"
-        return _error(exc.status_code, message, exc.detail)
+    _install_error_handlers(app)
 
     @app.get("/health")
     async def health() -> dict:

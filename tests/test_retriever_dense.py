@@ -151,7 +151,7 @@ def test_concurrent_requests_are_batched_and_answered_correctly(dense_server):
 
 def test_server_limits_are_configurable_and_stated(dense_dir):
     with LocalRetriever(index_dir=dense_dir, extra_args=["--max-queries", "2", "--max-topk",
-                                                         "4", "--no-batching"]) as r:
+                                                         "4", "--batching", "off"]) as r:
         too_many = httpx.post(r.url + "/retrieve", json={"queries": ["a", "b", "c"]})
         assert too_many.status_code == 422 and "at most 2 items" in too_many.json()["message"]
         too_deep = httpx.post(r.url + "/retrieve", json={"queries": ["a"], "topk": 5})

@@ -34,7 +34,9 @@ def server(tmp_path_factory):
     path = tmp_path_factory.mktemp("corpus") / "small.jsonl"
     with gzip.open(CORPUS, "rt", encoding="utf-8") as src:
         path.write_text("".join(itertools.islice(src, 2000)), encoding="utf-8")
-    with LocalRetriever(path, index_dir=tmp_path_factory.mktemp("idx") / "bm25") as r:
+    # batching on (auto leaves it off for BM25): the load test exercises the batcher
+    with LocalRetriever(path, index_dir=tmp_path_factory.mktemp("idx") / "bm25",
+                        extra_args=["--batching", "on"]) as r:
         yield r
 
 

@@ -71,7 +71,7 @@ class LocalRetriever:
         index_dir: saved-index directory (loaded if present, else built and saved there);
             None uses the on-disk cache (:func:`default_index_dir`).
         startup_timeout: seconds to wait for ``/health`` before giving up.
-        extra_args: more ``python -m retriever_server`` flags (e.g. ``["--no-batching"]``).
+        extra_args: more ``python -m retriever_server`` flags (e.g. ``["--batching", "off"]``).
 
     Attributes:
         url: ``http://127.0.0.1:PORT`` once started, else None.
