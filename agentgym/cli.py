@@ -99,7 +99,9 @@ def wilson_ci95(p: float, n: int) -> tuple[float, float]:
 def cmd_eval(args: list[str]) -> int:
     from agentgym.manager import summarize
 
-    cfg = _config(args, {"rollout.temperature": 0.0, "data": "nq", "rollout.n": 1})
+    cfg = _config(args, {"rollout.temperature": 0.0, "rollout.n": 1})
+    if "data" not in parse_overrides(args):  # the env's held-out set (nq, gsm8k, …)
+        cfg.data = cfg.trainer.eval_data
     trajs, _, elapsed = _run_rollouts(cfg, "eval")
     s = summarize(trajs)
     n = len(trajs)
@@ -113,7 +115,7 @@ def cmd_eval(args: list[str]) -> int:
     lo, hi = result["em_ci95"]
     print(f"  EM {s['em']:.3f} [{lo:.3f}, {hi:.3f}] (95% CI)   F1 {s['f1']:.3f}   "
           f"format-valid {s['format_valid']:.3f}   answered {s['answered']:.3f}   "
-          f"turns {s['turns']:.2f}   searches {s['tool_calls']:.2f}")
+          f"turns {s['turns']:.2f}   tool calls {s['tool_calls']:.2f}")
     if cfg.out:
         Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.out).write_text(json.dumps(result, indent=2) + "\n")
@@ -263,11 +265,51 @@ def cmd_serve_retriever(args: list[str]) -> int:
     return 0
 
 
+def cmd_sandbox(args: list[str]) -> int:
+    """``agentgym sandbox exec [--file F.py | -] [--session ID] [sandbox.KEY=VALUE ...]``.
+
+    Runs the code (from the file, or stdin) in the configured code sandbox and prints its
+    ``ExecResult`` as JSON. Exit status: 0 when the sandbox ran the code (whatever the
+    code's own status; see ``exit_code`` in the JSON), 1 when the sandbox itself failed,
+    2 for a usage or config error.
+    """
+    p = argparse.ArgumentParser(prog="agentgym sandbox",
+                                description="Run Python code in the code sandbox; print the "
+                                            "result as JSON.")
+    p.add_argument("action", choices=["exec"])
+    p.add_argument("--file", default="-", help="code file; '-' or absent: read stdin")
+    p.add_argument("--session", default=None, help="run as a cell of this session (notebook)")
+    p.add_argument("overrides", nargs="*", metavar="sandbox.KEY=VALUE")
+    try:
+        ns = p.parse_intermixed_args(args)
+    except SystemExit as e:  # usage error (2) or --help (0); main() must not exit
+        return int(e.code or 0)
+    overrides = [o for o in ns.overrides if o != "-"]  # a bare '-' means stdin
+    outside = [o for o in overrides if not o.startswith("sandbox.")]
+    if outside:
+        raise ValueError(f"only sandbox.* overrides are accepted, got {' '.join(outside)} "
+                         f"(keys: agentgym config)")
+    cfg = build_config(parse_overrides(overrides))
+    _setup_logging(cfg.log_level)
+    code = sys.stdin.read() if ns.file == "-" else Path(ns.file).read_text()
+
+    from tools.sandbox import make_sandbox
+
+    sandbox = make_sandbox(cfg.sandbox)
+    try:
+        result = sandbox.run_sync(code, session=ns.session)
+    finally:
+        sandbox.close()
+    print(json.dumps(result.to_dict(), indent=2))
+    return 1 if result.error else 0
+
+
 #: ``key=value`` commands (take config overrides).
 COMMANDS = {"train": cmd_train, "rollout": cmd_rollout, "eval": cmd_eval, "check-env": cmd_check_env,
             "config": cmd_config}
 #: Commands with their own ``--flag`` arguments (each parses its raw argv).
-FLAG_COMMANDS: dict = {"index": cmd_index, "serve-retriever": cmd_serve_retriever}
+FLAG_COMMANDS: dict = {"index": cmd_index, "serve-retriever": cmd_serve_retriever,
+                       "sandbox": cmd_sandbox}
 
 
 def main(argv: list[str] | None = None) -> int:

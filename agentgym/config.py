@@ -201,6 +201,11 @@ class Config:
 #: Per-environment overrides applied before the user's.
 ENV_PRESETS: dict[str, dict[str, Any]] = {
     "search": {},  # Search-R1's budgets are the dataclass defaults
+    # ReTool allows many code cells (verl's recipe: 16 turns, 16k tokens). On CPU: 4
+    # actions (up to 3 cells, then the answer) fit the 1024-token response budget when
+    # cells print short results, as GSM8K's do; the manager truncates when they don't.
+    # GPU users raise rollout.max_turns and rollout.max_response_tokens together.
+    "code": {"rollout.max_turns": 4, "trainer.eval_data": "gsm8k"},
 }
 ALIASES = {"n": "rollout.n", "seed": "trainer.seed", "backend": "trainer.backend"}
 

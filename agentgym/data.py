@@ -6,6 +6,7 @@ A row: ``data_source``, ``prompt`` (chat messages), ``ability``,
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -15,12 +16,16 @@ from agentgym.registry import did_you_mean
 #: env -> dataset name -> file under data/.
 DATASETS: dict[str, dict[str, str]] = {
     "search": {"train": "search/train.jsonl", "nq": "search/nq_eval.jsonl"},
+    "code": {"train": "math/gsm8k_train.jsonl.gz", "gsm8k": "math/gsm8k_test.jsonl",
+             "math500": "math/math500.jsonl", "aime24": "math/aime24.jsonl"},
 }
 REQUIRED = ("data_source", "prompt", "reward_model", "env")
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
+    """Rows of a ``.jsonl`` file, or of a gzipped ``.jsonl.gz`` one."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
@@ -48,7 +53,7 @@ def validate_row(row: dict, where: str) -> None:
 
 def dataset_path(env: str, name: str) -> Path:
     """Resolve a dataset name of ``env`` (or a path to a .jsonl file)."""
-    if name.endswith(".jsonl") or "/" in name:
+    if name.endswith((".jsonl", ".jsonl.gz")) or "/" in name:
         path = Path(name)
         if not path.exists():
             raise FileNotFoundError(f"dataset file {name!r} does not exist")
@@ -56,7 +61,7 @@ def dataset_path(env: str, name: str) -> Path:
     names = DATASETS.get(env, {})
     if name not in names:
         raise KeyError(f"unknown dataset {name!r} for env {env!r}{did_you_mean(name, list(names))}"
-                       f"; valid: {', '.join(names) or '(none)'} or a path to a .jsonl file")
+                       f"; valid: {', '.join(names) or '(none)'} or a path to a .jsonl(.gz) file")
     return data_dir() / names[name]
 
 

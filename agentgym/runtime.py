@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
+import dataclasses
 import functools
+import json
 import logging
 from typing import Any, Callable
 
@@ -41,8 +44,25 @@ def _search_kwargs(cfg: Config) -> dict[str, Any]:
             "format_reward": cfg.search.format_reward}
 
 
+_SANDBOXES: dict[str, Any] = {}  # sandbox config (JSON) -> the sandbox built for it
+
+
+def _code_kwargs(cfg: Config) -> dict[str, Any]:
+    # One sandbox per process and sandbox config, shared by every env of every factory
+    # (a trainer builds a factory per eval), with its own concurrency bound; closed at exit.
+    from tools.sandbox import make_sandbox
+    key = json.dumps(dataclasses.asdict(cfg.sandbox), sort_keys=True)
+    if key not in _SANDBOXES:
+        _SANDBOXES[key] = make_sandbox(cfg.sandbox)
+        atexit.register(_SANDBOXES[key].close)
+        logger.info("started %s sandbox (%s)", cfg.sandbox.backend, _SANDBOXES[key].backend)
+    return {"sandbox": _SANDBOXES[key], "obs_bytes": cfg.code.obs_bytes,
+            "stateful": cfg.sandbox.stateful}
+
+
 #: Config → constructor kwargs for envs that need more than ``max_turns``.
-ENV_KWARGS: dict[str, Callable[[Config], dict[str, Any]]] = {"search": _search_kwargs}
+ENV_KWARGS: dict[str, Callable[[Config], dict[str, Any]]] = {"search": _search_kwargs,
+                                                             "code": _code_kwargs}
 
 
 def env_factory(cfg: Config) -> Callable[[], Any]:

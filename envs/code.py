@@ -1,0 +1,197 @@
+"""Math with a code interpreter (ReTool protocol), ``agentgym/Code-v0``.
+
+The model reasons in text and writes python as ``<code>```python …```</code>``
+(generation stops at ``</code>``); the env runs it in a sandbox and appends
+``\\n<interpreter>\\n{output}\\n</interpreter>\\n\\n`` inline, as in ReTool's data. The
+episode ends at the first action with a non-empty ``\\boxed{…}`` outside code (ReTool asks
+for ``<answer>\\n\\boxed{…}\\n</answer>``; generation also stops at ``</answer>``). Reward:
+1.0 if the boxed answer is equivalent to ``reward_model.ground_truth``
+(:func:`envs.math_reward.is_equivalent`), else 0.0; ``info["em"]`` is that correctness.
+
+The interpreter output is stdout then stderr, cut to ``obs_bytes`` UTF-8 bytes (head and
+tail kept, a marker in between), followed by a short notice for a timeout, the memory
+limit or a sandbox failure (each counts in ``tool_failures``; code that merely raises
+counts in ``code_errors``). As in a notebook, the sandbox prints the repr of a bare final
+expression. Code on the last allowed turn is not run (its output could not be used). An
+action with neither code nor an answer, or with empty code, counts in
+``malformed_actions`` and gets a corrective observation.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+
+from envs.base import AgentEnv
+from envs.code_prompt import make_prompt
+from envs.math_reward import extract_boxed, is_equivalent
+
+logger = logging.getLogger(__name__)
+
+_CODE = re.compile(r"<code>(.*?)</code>", re.DOTALL)
+_NOT_PROSE = re.compile(r"<code>.*?(?:</code>|$)|```.*?```", re.DOTALL)
+_FENCE = re.compile(r"```[\w+-]*[ \t]*\n?(.*?)(?:```|$)", re.DOTALL)
+INVALID_ACTION = ("\nMy previous action is invalid. If I want to execute code, I should put "
+                  "the code between <code> and </code>. If I want to give the final answer, I "
+                  "should put \\boxed{answer} between <answer> and </answer>. "
+                  "Let me try again.\n")
+NO_CODE = "No Python code found between <code> and </code>."
+
+#: Used by ``reset()`` without a dataset row (contract checks, smoke tests).
+BUILTIN_PROBLEMS = [
+    ("Tom has 3 boxes with 12 apples in each box. He eats 5 apples. How many apples are "
+     "left?", "31"),
+    ("A train travels 60 km per hour for 2.5 hours. How many kilometres does it travel?",
+     "150"),
+    ("A shirt costs $20 and is on sale for 15% off. What is the sale price in dollars?", "17"),
+    ("What is the sum of the integers from 1 to 100?", "5050"),
+]
+
+
+def code_row(question: str, answer: str, source: str = "builtin",
+             extra_info: dict | None = None) -> dict:
+    """A verl-format dataset row for the code env."""
+    return {"data_source": source, "prompt": [{"role": "user", "content": make_prompt(question)}],
+            "ability": "math", "reward_model": {"style": "rule", "ground_truth": answer},
+            "extra_info": {"question": question, **(extra_info or {})}, "env": "code"}
+
+
+def parse_action(text: str) -> tuple[str | None, str]:
+    """``("answer", boxed)`` if a non-empty box is outside code, else ``("code", code)``
+    for the first ``<code>…</code>`` (fences stripped), else ``(None, "")``."""
+    boxed = extract_boxed(_NOT_PROSE.sub("", text))
+    if boxed:
+        return "answer", boxed
+    m = _CODE.search(text)
+    if m is None:
+        return None, ""
+    code = m.group(1)
+    fenced = _FENCE.search(code)
+    return "code", (fenced.group(1) if fenced else code).strip()
+
+
+def truncate_utf8(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` UTF-8 bytes: head and tail, a marker saying what was
+    cut between them; never splits a character."""
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text
+    room = limit - len(f"\n[... {len(data)} bytes truncated ...]\n".encode())
+    head = data[:room // 2].decode("utf-8", "ignore")
+    tail = data[len(data) - (room - room // 2):].decode("utf-8", "ignore")
+    cut = len(data) - len(head.encode()) - len(tail.encode())
+    return f"{head}\n[... {cut} bytes truncated ...]\n{tail}"
+
+
+class CodeEnv(AgentEnv):
+    """ReTool code-interpreter environment.
+
+    Args:
+        sandbox: a :class:`tools.sandbox.Sandbox` shared by many envs (never closed here).
+            None: a default ``LocalSandbox`` is created on first use and closed with the env.
+        obs_bytes: interpreter output shown to the model, in UTF-8 bytes (>= 64).
+        stateful: each episode runs its cells in one sandbox session (variables persist
+            from cell to cell); the session is closed when the episode ends.
+        max_turns: actions per episode (code cells plus the answer).
+    """
+
+    observation_format = "inline"
+    stop_strings = ("</code>", "</answer>")
+
+    def __init__(self, sandbox=None, obs_bytes: int = 1024, stateful: bool = False,
+                 max_turns: int = 4) -> None:
+        super().__init__(max_turns=max_turns)
+        if obs_bytes < 64:
+            raise ValueError(f"obs_bytes must be >= 64 (room for the truncation marker), "
+                             f"got {obs_bytes}")
+        self.obs_bytes, self.stateful = obs_bytes, stateful
+        self._sandbox, self._owns_sandbox = sandbox, sandbox is None
+        self._golds: list[str] = []
+        self._uid, self._episodes, self._session = uuid.uuid4().hex[:12], 0, None
+
+    def _box(self):
+        if self._sandbox is None:
+            from tools.sandbox import LocalSandbox, Limits
+            self._sandbox = LocalSandbox(Limits())
+        return self._sandbox
+
+    def _reset(self, row):
+        self._end_session()
+        self.count("code_errors", 0)  # code that ran and exited non-zero (not a tool failure)
+        if row is None:
+            row = code_row(*self.pick_row(BUILTIN_PROBLEMS))
+        gold = row["reward_model"]["ground_truth"]
+        self._golds = [str(g) for g in gold] if isinstance(gold, list) else [str(gold)]
+        if self.stateful:
+            self._episodes += 1
+            self._session = f"code-{self._uid}-{self._episodes}"
+        return [dict(m) for m in row["prompt"]], {"ground_truth": self._golds}
+
+    def _step(self, action, last_turn):
+        kind, content = parse_action(action)
+        if kind == "answer":
+            self._end_session()
+            em = float(any(is_equivalent(content, g) for g in self._golds))
+            return [], em, True, {"em": em, "answer": content, "ground_truth": self._golds}
+        if last_turn:
+            self._end_session()
+        if kind == "code" and content:
+            self.count("tool_calls")
+            if last_turn:  # no turn left to use the output
+                return [], 0.0, False, {"em": 0.0, "ground_truth": self._golds}
+            return [self._interpreter(self._run(content))], 0.0, False, {}
+        self.count("malformed_actions")
+        info = {"em": 0.0, "ground_truth": self._golds} if last_turn else {}
+        if kind == "code":
+            return [self._interpreter(NO_CODE)], 0.0, False, info
+        return [{"role": "tool", "content": INVALID_ACTION}], 0.0, False, info
+
+    def _run(self, code: str) -> str:
+        try:
+            r = self._box().run_sync(code, session=self._session)
+        except Exception as e:  # noqa: BLE001 - any sandbox fault is an observation
+            self.count("tool_failures")
+            logger.warning("sandbox failed (%s): %s", type(e).__name__, e)
+            return f"Sandbox error ({type(e).__name__}): {str(e)[:200]}. The code did not run."
+        sep = "\n" if r.stdout and r.stderr and not r.stdout.endswith("\n") else ""
+        text = truncate_utf8(r.stdout + sep + r.stderr, self.obs_bytes).rstrip()
+        failed = bool(r.error or r.timed_out or r.memory_exceeded or r.exit_code in (-9, -24))
+        if r.error:
+            notes = [f"Sandbox error: {r.error[:200]}"]
+        elif r.timed_out or r.exit_code == -24:
+            notes = [f"Timeout: execution stopped after {r.duration_s:.1f}s (time limit)."]
+        elif r.memory_exceeded or r.exit_code == -9:  # the traceback may already say so
+            notes = [] if "MemoryError" in text else ["MemoryError: stopped at the memory limit."]
+        elif r.truncated:
+            notes = ["Output limit: the code printed too much and was stopped."]
+        elif r.exit_code != 0 and not r.stderr:
+            notes = [f"(exit code {r.exit_code})"]
+        else:
+            notes = []
+        if self.stateful and r.session_reset:
+            notes.append("The interpreter was restarted: earlier variables are gone.")
+        if failed:
+            self.count("tool_failures")
+        elif r.exit_code != 0:
+            self.count("code_errors")
+        return "\n".join([text, *notes] if text else notes)
+
+    @staticmethod
+    def _interpreter(text: str) -> dict:
+        return {"role": "tool", "content": f"\n<interpreter>\n{text}\n</interpreter>\n\n"}
+
+    def _end_session(self) -> None:
+        session, self._session = self._session, None
+        if session is not None and self._sandbox is not None:
+            try:
+                self._sandbox.close_session(session)
+            except Exception as e:  # noqa: BLE001 - cleanup must not fail an episode
+                logger.warning("closing sandbox session %s failed: %s", session, e)
+
+    def close(self) -> None:
+        self._end_session()
+        if self._owns_sandbox and self._sandbox is not None:
+            self._sandbox.close()
+            self._sandbox = None
+        super().close()

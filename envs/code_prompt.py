@@ -1,0 +1,46 @@
+"""ReTool's instruction prompt, verbatim.
+
+Source: ReTool (Feng et al., 2025, arXiv:2504.11536). This is the user template of its
+cold-start data (``JoeYing/ReTool-SFT``: verl's ``retool_sft_preprocess.py`` splits those
+prompts at ``*user question:*``), as carried by verl's ReTool scheduler
+(``ci_user_prompt_template_v3``), rendered with single braces around the example answer.
+The model writes code as ``<code>`` + a fenced python block + ``</code>``; the sandbox's
+output comes back as ``<interpreter>…</interpreter>``; the answer is ``\\boxed{…}``
+inside ``<answer>…</answer>``. Two trailing spaces (after "imports." and "format:") are in
+the original and kept.
+
+Changing this text changes what the policy is trained on: bump the code env's id version
+(``agentgym/Code-vN``) when you do.
+"""
+
+from __future__ import annotations
+
+TEMPLATE = (
+    "Solve the following problem step by step. You now have the ability to selectively "
+    "write executable Python code to enhance your reasoning process. The Python code will "
+    "be executed by an external sandbox, and the output (wrapped in "
+    "`<interpreter>output_str</interpreter>`) can be returned to aid your reasoning and "
+    "help you arrive at the final answer. The Python code should be complete scripts, "
+    "including necessary imports. \n"
+    "Each code snippet is wrapped with `<code>\n```python\ncode snippet\n```\n</code>`.\n"
+    "The last part of your response should be in the following format:\n"
+    "<answer>\n\\boxed{'The final answer goes here.'}\n</answer>\n"
+    "\n"
+    "*user question:*\n"
+    "{question}\n"
+    "\n"
+    "Remember to place the final answer in the last part using the format: \n"
+    "<answer>\n\\boxed{'The final answer goes here.'}\n</answer>"
+)
+
+
+def make_prompt(question: str) -> str:
+    """The user message for ``question`` (stripped; otherwise unchanged).
+
+    Raises:
+        ValueError: ``question`` is blank.
+    """
+    question = question.strip()
+    if not question:
+        raise ValueError("question is empty")
+    return TEMPLATE.replace("{question}", question)
