@@ -58,3 +58,13 @@ def test_wilson_interval():
     assert lo == 0.0 and 0.018 < hi < 0.020
     lo, hi = wilson_ci95(0.5, 100)
     assert abs(lo - 0.404) < 0.002 and abs(hi - 0.596) < 0.002
+
+
+def test_eval_defaults_to_the_envs_held_out_set(tmp_path, capsys):
+    out = tmp_path / "eval.json"
+    rc = main(["eval", "env=code", "model=tiny", "limit=1", f"out={out}",
+               "rollout.max_tokens_per_turn=8", "rollout.max_turns=1"])
+    assert rc == 0
+    result = json.loads(out.read_text())
+    assert result["data"] == "gsm8k" and result["n"] == 1
+    assert "code / " in capsys.readouterr().out
