@@ -59,9 +59,19 @@ ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp",
        "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 KILL_GRACE_S = 5.0  # after SIGKILL, how long to wait for the pipes to close
 SESSION_GRACE_S = 2.0  # beyond wall_s, before the host kills a cell the worker didn't stop
-_UNSHARE_SCRIPT = ('for d in /tmp /var/tmp /dev/shm /run/lock; do if [ -d "$d" ]; then '
-                   'mount -t tmpfs -o size="$0"m,mode=1777,nosuid,nodev agentgym "$d" || exit 1; '
-                   'fi; done; cd /tmp && exec "$@"')
+# unshare fallback: private tmpfs on the world-writable dirs. An interpreter installed under
+# one of them (e.g. a checkout in /tmp) is first bind-mounted aside into the private
+# /dev/shm and bound back after the tmpfs would have hidden it.
+# Arguments: size_mb, interpreter paths..., "--", command...
+_UNSHARE_SCRIPT = (
+    'size=$1; shift; keep=""; while [ "$1" != "--" ]; do keep="$keep $1"; shift; done; shift; '
+    'tmpfs() { mount -t tmpfs -o size="$size"m,mode=1777,nosuid,nodev agentgym "$1"; }; '
+    'tmpfs /dev/shm || exit 1; i=0; for k in $keep; do mkdir -p /dev/shm/.keep/$i && '
+    'mount --rbind "$k" /dev/shm/.keep/$i || exit 1; i=$((i+1)); done; '
+    'for d in /tmp /var/tmp /run/lock; do if [ -d "$d" ]; then tmpfs "$d" || exit 1; fi; done; '
+    'i=0; for k in $keep; do if [ ! -e "$k" ]; then mkdir -p "$k" && '
+    'mount --rbind /dev/shm/.keep/$i "$k" || exit 1; fi; i=$((i+1)); done; '
+    'cd /tmp && exec "$@"')
 
 _uid_lock = threading.Lock()
 _uids_in_use: set[int] = set()
@@ -229,7 +239,8 @@ class LocalSandbox(Sandbox):
             self._prefix = [setpriv, "--pdeathsig=KILL", "--", shutil.which("unshare"),
                             "--net", "--pid", "--mount", "--ipc", "--uts", "--fork",
                             "--kill-child", "--mount-proc", "--propagation", "private", "--",
-                            "/bin/sh", "-c", _UNSHARE_SCRIPT, str(limits.memory_mb)]
+                            "/bin/sh", "-c", _UNSHARE_SCRIPT, "sh", str(limits.memory_mb),
+                            *binds, "--"]
         self._limits_arg = ",".join(f"{k}={v}" for k, v in asdict(limits).items())
         self.max_sessions = max_sessions
         self._sessions: dict[str, _Session] = {}
