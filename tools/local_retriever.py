@@ -88,6 +88,8 @@ class LocalRetriever:
         if self.corpus is not None and not self.corpus.is_file():
             raise FileNotFoundError(f"retrieval corpus {self.corpus} does not exist; build the "
                                     f"shipped one with `python scripts/build_search_data.py`")
+        # retriever_server.index.is_index, restated: tools/ shares only the schema with the
+        # server package (DESIGN.md), so it does not import the server's index code.
         if self.corpus is None and not (self.index_dir / "meta.json").is_file() \
                 and not (self.index_dir / "docs.jsonl").is_file():
             raise FileNotFoundError(f"{self.index_dir} holds no saved index; build one with "
