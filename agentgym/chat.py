@@ -60,6 +60,23 @@ class ChatTokens:
             return self.encode(full[len(self._base_text):])
         raise ValueError(f"observation_format {fmt!r} is not 'inline' or 'chat'")
 
+    def action_ids(self, text: str, stop_strings: tuple[str, ...] = ()) -> list[int]:
+        """Ids of an assistant action written as text (a demonstration), as a policy would
+        sample them: the text, then EOS unless the text ends with one of the env's stop
+        strings (generation stops there without an EOS)."""
+        ids = self.encode(text)
+        if not (stop_strings and text.endswith(tuple(stop_strings))):
+            ids.append(self.tok.eos_token_id)
+        return ids
+
+    def after_action_ids(self, action_ids: list[int], observation: list[dict],
+                         fmt: str) -> tuple[list[int], list[int]]:
+        """``(filler, observation)`` ids that follow an assistant action: the one rule used
+        by rollouts and by SFT, so both build the same token stream and loss mask."""
+        sampled_eos = bool(action_ids) and action_ids[-1] == self.tok.eos_token_id
+        filler = self.close_ids(sampled_eos) if fmt == "chat" else []
+        return filler, self.observation_ids(observation, fmt)
+
     def close_ids(self, sampled_eos: bool) -> list[int]:
         """Filler that closes an assistant turn: the template's closing text minus the
         EOS the model sampled itself (if it stopped at a stop string, all of it)."""

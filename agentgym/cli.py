@@ -4,6 +4,9 @@
     agentgym rollout env=search model=tiny n=4 limit=8 out=traj.jsonl
     agentgym eval env=search model=smollm2-135m data=nq limit=50
     agentgym check-env [ENV_ID ...]
+    agentgym demos env=search out=demos.jsonl        # demonstrations played through the env
+    agentgym filter data=traj.jsonl out=kept.jsonl   # rejection sampling of rollouts
+    agentgym sft env=search data=demos.jsonl run_dir=runs/sft
 
 Every command takes ``key=value`` overrides of :class:`agentgym.config.Config`
 (``agentgym config`` prints the resolved config and every key).
@@ -192,6 +195,97 @@ def cmd_train(args: list[str]) -> int:
     return 0
 
 
+class _SFTHooks(_BarHooks):
+    """One bar over the SFT steps, its postfix the running loss; eval results printed."""
+
+    def phase(self, name: str, total: int) -> None:
+        from tqdm import tqdm
+        if self.bar is not None:
+            self.bar.close()
+        self.bar = tqdm(total=total, desc=name, unit="step", file=sys.stderr)
+
+    def step_end(self, step: int, m: dict) -> None:
+        if "train/loss" in m:
+            if self.bar is not None:
+                self.bar.set_postfix(loss=f"{m['train/loss']:.3f}",
+                                     pad=f"{m['train/pad_fraction']:.2f}")
+            return
+        super().step_end(step, m)
+
+
+def cmd_sft(args: list[str]) -> int:
+    from trainers.sft import sft
+
+    # SFT's usual step size (RL's default is 1e-6), warmup and cosine decay
+    cfg = _config(args, {"trainer.lr": 2e-5, "trainer.warmup_steps": 2,
+                         "trainer.lr_schedule": "cosine"})
+    if "data" not in parse_overrides(args):
+        raise ValueError("agentgym sft needs data=FILE.jsonl (demonstrations from agentgym "
+                         "demos, trajectories from agentgym rollout/filter, or conversations)")
+    hooks = _SFTHooks()
+    run_dir = sft(cfg, hooks)
+    if hooks.bar is not None:
+        hooks.bar.close()
+    print(f"run directory: {run_dir} (metrics.jsonl, loss_curve.png, tensorboard/, "
+          f"checkpoints/); continue with RL: agentgym train env={cfg.env} "
+          f"model={run_dir}/checkpoints/step_N")
+    return 0
+
+
+def cmd_demos(args: list[str]) -> int:
+    """``agentgym demos env=search|code [data=train limit=N out=FILE]``."""
+    from tqdm import tqdm
+
+    from agentgym.data import load_rows, write_jsonl
+    from agentgym.demo_builders import build_demos
+    from agentgym.demos import budget_violation, record_to_trajectory
+    from agentgym.chat import ChatTokens
+    from agentgym.models import load_tokenizer, resolve_model
+    from agentgym.runtime import env_factory
+
+    cfg = _config(args)
+    rows = load_rows(cfg.env, cfg.data, cfg.limit)
+    options = {"search": {"max_searches": cfg.sft.max_searches},
+               "code": {"max_cells": cfg.sft.max_cells}}.get(cfg.env, {})
+    t0 = time.perf_counter()
+    with tqdm(total=len(rows), desc=f"{cfg.env} demos", unit="row", file=sys.stderr) as bar:
+        demos = build_demos(cfg.env, rows, env_factory(cfg), workers=cfg.rollout.env_workers,
+                            on_done=lambda ok: bar.update(1), **options)
+    # keep what a rollout under these budgets could have produced, in this model's tokens
+    chat = ChatTokens(load_tokenizer(resolve_model(cfg.model.path or cfg.model.name)))
+    kept, over = [], 0
+    for d in demos:
+        if budget_violation(record_to_trajectory(d, chat, cfg.env), cfg.rollout) is None:
+            kept.append(d)
+        else:
+            over += 1
+    out = Path(cfg.out or f"demos_{cfg.env}.jsonl")
+    write_jsonl(out, kept)
+    print(f"wrote {len(kept)} demonstrations for {len(rows)} questions to {out} in "
+          f"{time.perf_counter() - t0:.0f}s ({len(rows) - len(demos)} without a correct "
+          f"demonstration, {over} over the rollout budgets of {cfg.model.name})")
+    return 0
+
+
+def cmd_filter(args: list[str]) -> int:
+    """``agentgym filter data=ROLLOUTS.jsonl out=KEPT.jsonl [sft.min_reward=1.0]``:
+    rejection sampling (the RFT loop: rollout → filter → sft)."""
+    from agentgym.data import dataset_path, read_jsonl, write_jsonl
+    from agentgym.demos import filter_trajectories
+
+    cfg = _config(args)
+    if "data" not in parse_overrides(args):
+        raise ValueError("agentgym filter needs data=FILE.jsonl (from agentgym rollout)")
+    records = read_jsonl(dataset_path(cfg.env, cfg.data))
+    kept = filter_trajectories(records, cfg.sft.min_reward, cfg.sft.max_per_prompt)
+    out = Path(cfg.out or "kept.jsonl")
+    write_jsonl(out, kept)
+    prompts = len({r.get("uid") for r in kept})
+    print(f"kept {len(kept)} of {len(records)} trajectories (reward >= {cfg.sft.min_reward}, "
+          f"ended with an answer) from {prompts} prompts -> {out}")
+    return 0
+
+
 def cmd_config(args: list[str]) -> int:
     cfg = _config(args)
     print(json.dumps(to_dict(cfg), indent=2))
@@ -306,7 +400,7 @@ def cmd_sandbox(args: list[str]) -> int:
 
 #: ``key=value`` commands (take config overrides).
 COMMANDS = {"train": cmd_train, "rollout": cmd_rollout, "eval": cmd_eval, "check-env": cmd_check_env,
-            "config": cmd_config}
+            "config": cmd_config, "sft": cmd_sft, "demos": cmd_demos, "filter": cmd_filter}
 #: Commands with their own ``--flag`` arguments (each parses its raw argv).
 FLAG_COMMANDS: dict = {"index": cmd_index, "serve-retriever": cmd_serve_retriever,
                        "sandbox": cmd_sandbox}

@@ -180,6 +180,30 @@ class TrainerConfig:
 
 
 @dataclass
+class SFTConfig:
+    """``agentgym sft`` (supervised cold start), ``agentgym demos`` and ``agentgym filter``."""
+
+    epochs: int = 2
+    batch_size: int = 8  # sequences per optimizer step (micro-batched by trainer.micro_batch_tokens)
+    max_steps: int = 0  # optimizer steps; 0 = epochs x ceil(records / batch_size)
+    max_length: int = 2048  # longer sequences are left out (counted and logged)
+    group_by_length: bool = True  # length-bucketed batches, so padding stays small
+    min_reward: float = 1.0  # filter: keep trajectories whose reward is at least this
+    max_per_prompt: int = 0  # filter: kept trajectories per prompt (0 = all)
+    max_searches: int = 2  # demos env=search: queries tried (the question, then a rewrite)
+    max_cells: int = 3  # demos env=code: code cells a GSM8K solution is split into
+    eval_limit: int = 0  # held-out episodes (trainer.eval_data) played greedily after SFT; 0 = none
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size", "max_length", "max_searches", "max_cells"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"sft.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_steps", "max_per_prompt", "eval_limit"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"sft.{name} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass
 class Config:
     env: str = "search"
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -191,7 +215,8 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    data: str = "train"  # dataset name of the env (train | nq | …) or a .jsonl path
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    data: str = "train"  # dataset name of the env (train | nq | …) or a .jsonl path (sft: records)
     limit: int = 0  # rows to use; 0 = all
     out: str = ""  # output file (rollout: trajectories JSONL; eval: results JSON)
     run_dir: str = ""  # train: default runs/<env>-<model>-<time>

@@ -110,9 +110,7 @@ class GenerationManager:
                 if terminated or truncated:
                     traj.terminated, traj.truncated = terminated, truncated
                     break
-                sampled_eos = bool(out.ids) and out.ids[-1] == self.chat.tok.eos_token_id
-                filler = self.chat.close_ids(sampled_eos) if fmt == "chat" else []
-                obs_ids = self.chat.observation_ids(obs, fmt)
+                filler, obs_ids = self.chat.after_action_ids(out.ids, obs, fmt)
                 if traj.response_length + len(filler) + len(obs_ids) >= cfg.max_response_tokens:
                     traj.truncated, info = True, {**info, "end": "token_budget"}
                     break

@@ -15,21 +15,25 @@ logger = logging.getLogger(__name__)
 
 
 class MetricsLogger:
-    """Writes ``metrics.jsonl``, TensorBoard events and ``reward_curve.png`` in ``run_dir``.
+    """Writes ``metrics.jsonl``, TensorBoard events and a curve PNG in ``run_dir``.
 
     Args:
         run_dir: the run directory.
-        curve_keys: metric keys drawn on the reward curve.
+        curve_keys: metric keys drawn on the curve.
+        png_name: the curve's file (``reward_curve.png`` for RL, ``loss_curve.png`` for SFT).
+        ylabel: the curve's y-axis label.
     """
 
     def __init__(self, run_dir: str | Path,
                  curve_keys: tuple[str, ...] = ("rollout/reward", "eval/em"),
-                 resume_step: int = 0) -> None:
+                 resume_step: int = 0, png_name: str = "reward_curve.png",
+                 ylabel: str = "reward / EM") -> None:
         from torch.utils.tensorboard import SummaryWriter
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
-        self.png = self.run_dir / "reward_curve.png"
+        self.png = self.run_dir / png_name
+        self.ylabel = ylabel
         self.curve_keys = curve_keys
         # A resumed run drops what was logged after its checkpoint (it is logged again);
         # a fresh run in an old directory starts an empty history.
@@ -69,7 +73,7 @@ class MetricsLogger:
                 xs, ys = zip(*pts)
                 ax.plot(xs, ys, marker="o", markersize=3, label=key)
         ax.set_xlabel("step")
-        ax.set_ylabel("reward / EM")
+        ax.set_ylabel(self.ylabel)
         ax.set_title(self.run_dir.name)
         ax.grid(alpha=0.3)
         if ax.lines:

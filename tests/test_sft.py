@@ -1,0 +1,307 @@
+"""Cold start: demonstration builders, SFT's loss mask vs RL's, replay, RFT, resume.
+
+Real components: the search env over a real local BM25 retriever, the code env over the
+real sandbox, the tiny model trained by the real SFT recipe. The scripted engine (a fake
+named so) only replays a demonstration's text as if the policy had sampled it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import gymnasium
+import pytest
+import torch
+from fakes import ScriptedEngine
+
+from agentgym.chat import ChatTokens
+from agentgym.cli import main as cli
+from agentgym.config import RolloutConfig, build_config
+from agentgym.data import load_rows, write_jsonl
+from agentgym.demo_builders import build_demos, find_answer, keyword_rewrite
+from agentgym.demos import (budget_violation, filter_trajectories, record_to_trajectory,
+                            replay_demo)
+from agentgym.manager import GenerationManager
+from envs.base import MessagesSpace, TextSpace
+from envs.code import CodeEnv
+from envs.search import SearchEnv, search_row
+from trainers.sft import epoch_batches, sft
+
+BIG = dict(max_response_tokens=8192, max_tokens_per_turn=4096, max_prompt_tokens=4096)
+
+
+def rollout(tok, factory, actions, row, **budgets):
+    """The RL path: the manager plays ``actions`` (scripted policy output) in real envs."""
+    engine = ScriptedEngine(tok, actions)
+    mgr = GenerationManager(engine, tok, factory, RolloutConfig(**{**BIG, **budgets}))
+    try:
+        return asyncio.run(mgr.rollout(row, uid="u0"))
+    finally:
+        mgr.close()
+
+
+def assert_same_episode(rl, sft_traj):
+    assert sft_traj.token_ids == rl.token_ids
+    assert sft_traj.loss_mask == rl.loss_mask
+    assert [(s.kind, s.start, s.end) for s in sft_traj.segments] == \
+        [(s.kind, s.start, s.end) for s in rl.segments]
+
+
+@pytest.fixture(scope="module")
+def search_demos(retriever_url):
+    rows = load_rows("search", "train", 120)
+    demos = build_demos("search", rows, lambda: SearchEnv(retriever_url=retriever_url))
+    assert len(demos) >= 3, "the builder found too few answerable questions"
+    return demos
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    from tools.sandbox import Limits, LocalSandbox
+    try:
+        box = LocalSandbox(Limits(cpu_s=2.0, wall_s=5.0), max_concurrency=2)
+    except ValueError as e:
+        pytest.skip(f"local sandbox unavailable: {e}")
+    yield box
+    box.close()
+
+
+# --- builders --------------------------------------------------------------------------
+def test_search_builder_protocol_and_replay(search_demos, retriever_url):
+    for demo in search_demos[:3]:
+        assert demo["reward"] == 1.0 and demo["env"] == "search"
+        assert demo["actions"][0].startswith("<think>")
+        assert demo["actions"][0].endswith("</search>")
+        assert demo["actions"][-1].endswith("</answer>")
+        info = "".join(m["content"] for m in demo["observations"][-1])
+        assert info.startswith("\n\n<information>Doc 1(Title: ")
+        golds = demo["row"]["reward_model"]["ground_truth"]["target"]
+        assert find_answer(info, golds) is not None  # the answer is really in the passages
+        env = SearchEnv(retriever_url=retriever_url)  # a fresh env replays it exactly
+        try:
+            again = replay_demo(demo, env)
+        finally:
+            env.close()
+        assert again["observations"] == demo["observations"]
+        assert again["prompt"] == demo["prompt"] and again["reward"] == 1.0
+
+
+def test_code_builder_runs_cells_in_the_sandbox_and_replays(sandbox):
+    rows = load_rows("code", "train", 6)
+    demos = build_demos("code", rows, lambda: CodeEnv(sandbox=sandbox), workers=2)
+    assert len(demos) >= 4
+    demo = demos[0]  # Natalia: 48/2 then 48+24
+    assert demo["row"]["extra_info"]["id"] == "gsm8k_train_0"
+    assert "print(48/2)" in demo["actions"][0] and "<code>\n```python\n" in demo["actions"][0]
+    outputs = ["".join(m["content"] for m in obs) for obs in demo["observations"]]
+    assert outputs == ["\n<interpreter>\n24.0\n</interpreter>\n\n",
+                       "\n<interpreter>\n72\n</interpreter>\n\n"]  # really computed
+    assert demo["actions"][-1].endswith("<answer>\n\\boxed{72}\n</answer>")
+    env = CodeEnv(sandbox=sandbox)
+    try:
+        again = replay_demo(demo, env)
+    finally:
+        env.close()
+    assert again["observations"] == demo["observations"] and again["reward"] == 1.0
+
+
+def test_keyword_rewrite_and_find_answer():
+    assert keyword_rewrite("who does brant daugherty play in pretty little liars") == \
+        "brant daugherty play pretty little liars"
+    info = ('Doc 1(Title: "Canberra") Canberra is the capital of Australia.\n'
+            'Doc 2(Title: "Sydney") Sydney is the largest city.\n')
+    assert find_answer(info, ["the Largest City"]) == (2, "Sydney", "the Largest City")
+    assert find_answer(info, ["Canb"]) is None  # whole words only
+    assert find_answer(info, ["Perth"]) is None
+
+
+# --- the SFT mask is the RL mask --------------------------------------------------------
+def test_search_demo_tokenizes_exactly_as_its_rollout(search_demos, tiny_tokenizer,
+                                                      retriever_url):
+    tok, chat = tiny_tokenizer, ChatTokens(tiny_tokenizer)
+    for demo in search_demos[:2]:
+        rl = rollout(tok, lambda: SearchEnv(retriever_url=retriever_url), demo["actions"],
+                     demo["row"])
+        assert rl.reward == 1.0 and rl.terminated
+        sft_traj = record_to_trajectory(demo, chat, "search")
+        assert_same_episode(rl, sft_traj)  # same observations from the env, same mask
+        assert sum(sft_traj.loss_mask) == sum(len(chat.encode(a)) for a in demo["actions"])
+
+
+def test_code_demo_tokenizes_exactly_as_its_rollout(sandbox, tiny_tokenizer):
+    tok, chat = tiny_tokenizer, ChatTokens(tiny_tokenizer)
+    (demo,) = build_demos("code", load_rows("code", "train", 1), lambda: CodeEnv(sandbox=sandbox))
+    rl = rollout(tok, lambda: CodeEnv(sandbox=sandbox), demo["actions"], demo["row"])
+    assert rl.reward == 1.0
+    assert_same_episode(rl, record_to_trajectory(demo, chat, "code"))
+
+
+class ChatToy(gymnasium.Env):
+    """A chat-format env: each observation is a new user message; 'yes' ends it."""
+
+    observation_format = "chat"
+    stop_strings = ()
+
+    def __init__(self):
+        self.action_space, self.observation_space = TextSpace(), MessagesSpace()
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return [{"role": "user", "content": "say yes"}], {}
+
+    def step(self, action):
+        done = "yes" in action
+        return ([] if done else [{"role": "user", "content": "no"}]), float(done), done, False, {}
+
+
+def test_conversation_tokenizes_exactly_as_a_chat_rollout(tiny_tokenizer):
+    tok = tiny_tokenizer
+    rl = rollout(tok, ChatToy, ["maybe + eos", "yes + eos"], {"prompt": []})
+    conv = {"messages": [{"role": "user", "content": "say yes"},
+                         {"role": "assistant", "content": "maybe"},
+                         {"role": "user", "content": "no"},
+                         {"role": "assistant", "content": "yes"}]}
+    sft_traj = record_to_trajectory(conv, ChatTokens(tok), "search")
+    assert_same_episode(rl, sft_traj)
+    filler = [s for s in sft_traj.segments if s.kind == "filler"]
+    assert [tok.decode(sft_traj.token_ids[s.start:s.end]) for s in filler] == ["\n"]
+    assert sft_traj.token_ids[-1] == tok.eos_token_id and sft_traj.loss_mask[-1] == 1
+
+
+# --- bad input --------------------------------------------------------------------------
+def test_bad_records_name_the_problem(tiny_tokenizer, search_demos):
+    chat = ChatTokens(tiny_tokenizer)
+    with pytest.raises(ValueError, match="none of demonstration, trajectory, conversation"):
+        record_to_trajectory({"text": "hello"}, chat, "search")
+    bad = dict(search_demos[0], observations=[])
+    with pytest.raises(ValueError, match="need 1 observations"):
+        record_to_trajectory(bad, chat, "search")
+    alien = {"token_ids": [1, 2, 10**7], "loss_mask": [0, 1, 1], "segments": [
+        ["prompt", 0, 1, 0], ["generated", 1, 3, 0]]}
+    with pytest.raises(ValueError, match="another model's tokenizer"):
+        record_to_trajectory(alien, chat, "search")
+
+
+def test_sft_cli_needs_data(capsys):
+    assert cli(["sft", "env=search", "model=tiny"]) == 2
+    assert "needs data=FILE.jsonl" in capsys.readouterr().err
+
+
+def test_budget_violation_names_the_budget(search_demos, tiny_tokenizer):
+    traj = record_to_trajectory(search_demos[0], ChatTokens(tiny_tokenizer), "search")
+    assert budget_violation(traj, RolloutConfig(**BIG)) is None
+    small = RolloutConfig(**{**BIG, "max_tokens_per_turn": 3})
+    assert "rollout.max_tokens_per_turn" in budget_violation(traj, small)
+    assert "rollout.max_turns" in budget_violation(traj, RolloutConfig(**{**BIG, "max_turns": 1}))
+
+
+# --- batching ---------------------------------------------------------------------------
+def test_epoch_batches_cover_every_record_and_group_lengths():
+    lengths = [(i * 37) % 500 + 10 for i in range(200)]
+    for grouped in (True, False):
+        batches = epoch_batches(lengths, 8, seed=3, epoch=1, group_by_length=grouped)
+        assert sorted(i for b in batches for i in b) == list(range(200))
+        assert batches == epoch_batches(lengths, 8, seed=3, epoch=1, group_by_length=grouped)
+
+    def padded(batches):
+        return sum(len(b) * max(lengths[i] for i in b) for b in batches)
+    grouped = epoch_batches(lengths, 8, 3, 1, True)
+    plain = epoch_batches(lengths, 8, 3, 1, False)
+    assert padded(grouped) < 0.8 * padded(plain)  # bucketing removes most padding
+    assert epoch_batches(lengths, 8, 3, 2, True) != grouped  # a new order every epoch
+
+
+# --- training ---------------------------------------------------------------------------
+def greedy_episodes(model, rows, retriever_url, max_tokens=96):
+    cfg = build_config({"env": "search", "model": str(model), "rollout.temperature": 0.0,
+                        "rollout.max_tokens_per_turn": max_tokens, "retriever.topk": 1,
+                        "retriever.url": retriever_url})
+    from agentgym.runtime import build_manager
+    mgr, engine, _ = build_manager(cfg)
+    try:
+        return asyncio.run(mgr.run(rows, n=1))
+    finally:
+        mgr.close()
+        engine.close()
+
+
+def test_sft_teaches_tiny_the_search_protocol(tmp_path, retriever_url):
+    torch.manual_seed(0)
+    rows = load_rows("search", "train", 200)
+    demos = build_demos("search", rows, lambda: SearchEnv(retriever_url=retriever_url, topk=1))
+    data = tmp_path / "demos.jsonl"
+    write_jsonl(data, demos[:4])
+    train_rows = [d["row"] for d in demos[:4]]
+    before = greedy_episodes("tiny", train_rows, retriever_url)
+    assert not any(t.terminated for t in before)  # random weights: no protocol at all
+    cfg = build_config({"env": "search", "model": "tiny", "data": str(data),
+                        "run_dir": str(tmp_path / "run"), "sft.max_steps": 80,
+                        "sft.batch_size": 4, "trainer.lr": 1e-2, "trainer.seed": 0})
+    run = sft(cfg)
+    losses = [json.loads(x)["train/loss"] for x in (run / "metrics.jsonl").read_text().splitlines()
+              if x.strip()]
+    assert losses[-1] < 0.1 * losses[0]
+    assert (run / "loss_curve.png").stat().st_size > 0
+    after = greedy_episodes(run / "checkpoints" / "step_80", train_rows, retriever_url)
+    for t in after:  # search, read the information, answer: no malformed action
+        assert t.terminated and t.metrics["malformed_actions"] == 0, t.info
+        assert t.metrics["tool_calls"] >= 1
+    assert sum(t.reward for t in after) >= 3
+
+
+def _conversations(n=6):
+    return [{"messages": [{"role": "user", "content": f"what is {i} plus {i}"},
+                          {"role": "assistant", "content": f"{i} plus {i} is {2 * i}"}]}
+            for i in range(n)]
+
+
+def test_sft_resume_matches_an_uninterrupted_run(tmp_path):
+    from safetensors.torch import load_file
+    data = tmp_path / "conv.jsonl"
+    write_jsonl(data, _conversations())
+    common = {"env": "search", "model": "tiny", "data": str(data), "sft.batch_size": 2,
+              "trainer.lr": 1e-3, "trainer.lr_schedule": "constant", "trainer.save_every": 2}
+    sft(build_config({**common, "run_dir": str(tmp_path / "a"), "sft.max_steps": 4}))
+    sft(build_config({**common, "run_dir": str(tmp_path / "b"), "sft.max_steps": 2}))
+    sft(build_config({**common, "run_dir": str(tmp_path / "b"), "sft.max_steps": 4}))
+    a = load_file(tmp_path / "a/checkpoints/step_4/model.safetensors")
+    b = load_file(tmp_path / "b/checkpoints/step_4/model.safetensors")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6)
+    steps = [json.loads(x)["step"] for x in (tmp_path / "b/metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]
+
+
+def test_rft_loop_rollout_filter_sft_then_rl(tmp_path, tiny_tokenizer, retriever_url):
+    """rollout → filter (reward >= 1) → sft → train from the SFT checkpoint."""
+    tok = tiny_tokenizer
+    row = search_row("what is the capital of australia", ["Canberra"], source="test")
+    factory = lambda: SearchEnv(retriever_url=retriever_url)  # noqa: E731
+    good = rollout(tok, factory, ["<search> capital of australia </search>",
+                                  "<answer> Canberra </answer>"], row)
+    bad = rollout(tok, factory, ["<answer> Sydney </answer>"], row)
+    unfinished = rollout(tok, factory, ["no tags"] * 4, row)
+    records = [t.to_dict() for t in (good, bad, unfinished)]
+    assert filter_trajectories(records, 1.0) == [records[0]]
+    assert len(filter_trajectories(records, 0.0)) == 2  # unfinished episodes never kept
+    assert len(filter_trajectories([records[0]] * 3, 1.0, max_per_prompt=2)) == 2
+    rollouts, kept = tmp_path / "rollouts.jsonl", tmp_path / "kept.jsonl"
+    write_jsonl(rollouts, records)
+    assert cli(["filter", "env=search", f"data={rollouts}", f"out={kept}"]) == 0
+    assert [json.loads(x)["reward"] for x in kept.read_text().split("\n") if x] == [1.0]
+    run = tmp_path / "sft"
+    assert cli(["sft", "env=search", f"data={kept}", "model=tiny", f"run_dir={run}",
+                "sft.max_steps=1", "sft.eval_limit=2", f"retriever.url={retriever_url}",
+                "rollout.max_tokens_per_turn=16"]) == 0
+    last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["eval/count"] == 2 and 0 <= last["eval/format_valid"] <= 1  # held-out eval ran
+    ckpt = run / "checkpoints" / "step_1"
+    assert (ckpt / "model.safetensors").exists() and (run / "loss_curve.png").exists()
+    rl = tmp_path / "rl"
+    assert cli(["train", "env=search", f"model={ckpt}", f"run_dir={rl}", f"retriever.url={retriever_url}",
+                "trainer.total_steps=1", "trainer.prompts_per_step=1", "n=2", "trainer.eval_limit=0",
+                "rollout.max_tokens_per_turn=16", "rollout.max_turns=2"]) == 0
+    config = json.loads((rl / "config.json").read_text())
+    assert config["model"]["name"] == str(ckpt)
+    assert (rl / "checkpoints" / "step_1" / "model.safetensors").exists()
