@@ -305,3 +305,21 @@ def test_rft_loop_rollout_filter_sft_then_rl(tmp_path, tiny_tokenizer, retriever
     config = json.loads((rl / "config.json").read_text())
     assert config["model"]["name"] == str(ckpt)
     assert (rl / "checkpoints" / "step_1" / "model.safetensors").exists()
+
+
+def test_demos_cli_writes_replayable_demonstrations(tmp_path, retriever_url, capsys):
+    out = tmp_path / "demos.jsonl"
+    assert cli(["demos", "env=search", "model=tiny", "limit=40", f"out={out}",
+                f"retriever.url={retriever_url}", "rollout.max_response_tokens=4096",
+                "rollout.max_tokens_per_turn=1024"]) == 0
+    printed = capsys.readouterr().out
+    demos = [json.loads(x) for x in out.read_text().splitlines()]
+    assert f"wrote {len(demos)} demonstrations for 40 questions" in printed
+    assert demos and all(d["type"] == "demonstration" and d["reward"] == 1.0 for d in demos)
+    assert len({d["uid"] for d in demos}) == len(demos)
+    # the budgets are enforced for the configured model's tokenizer
+    assert cli(["demos", "env=search", "model=tiny", "limit=40", f"out={out}",
+                f"retriever.url={retriever_url}", "rollout.max_tokens_per_turn=8"]) == 0
+    assert out.read_text() == "" and f"{len(demos)} over the rollout budgets" in \
+        capsys.readouterr().out
+    assert cli(["demos", "env=geometry"]) == 2  # unknown env: an error naming valid ones
