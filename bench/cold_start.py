@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shutil
 import subprocess
@@ -36,7 +37,7 @@ def stages(a) -> list[tuple[str, Path, list[str]]]:
     """``(name, output that marks it done, agentgym argv)`` in run order."""
     w = Path(a.work) / a.env
     demos, sft_dir, grpo_dir = w / "demos.jsonl", w / "sft", w / "grpo"
-    res = lambda tag: ROOT / "docs" / f"results_cold_{a.env}_{tag}.json"  # noqa: E731
+    res = lambda tag: Path("docs") / f"results_cold_{a.env}_{tag}.json"  # noqa: E731
     ev = ["eval", f"env={a.env}", f"data={HELD_OUT[a.env]}", f"limit={a.eval_limit}",
           "engine.dtype=bfloat16"]
     sft_ckpt = sft_dir / "checkpoints" / "final"
@@ -65,7 +66,7 @@ def stages(a) -> list[tuple[str, Path, list[str]]]:
 def run(a) -> None:
     agentgym = str(Path(sys.executable).with_name("agentgym"))
     for name, done, argv in stages(a):
-        if done.exists():
+        if (ROOT / done).exists():
             print(f"[{a.env}] {name}: done ({done})", flush=True)
             continue
         print(f"[{a.env}] {name}: agentgym {' '.join(argv)}", flush=True)
@@ -73,7 +74,7 @@ def run(a) -> None:
         if name == "sft":  # the last step's checkpoint, under a stable name
             ckpts = sorted((Path(a.work) / a.env / "sft" / "checkpoints").glob("step_*"),
                            key=lambda p: int(p.name.split("_")[1]))
-            shutil.copytree(ckpts[-1], done)
+            shutil.copytree(ckpts[-1], ROOT / done)
 
 
 def _metrics(run_dir: Path) -> list[dict]:
@@ -85,8 +86,12 @@ def report(a) -> None:
     w = Path(a.work) / a.env
     st = stages(a)
     results = {}
-    for label, tag in (("before (base model)", "before"), ("after SFT", "sft"),
-                       (f"after SFT + {a.grpo_steps} GRPO steps", "sft_grpo")):
+    points = [("before (base model)", "before"), ("after SFT", "sft")]
+    for p in sorted(Path("docs").glob(f"results_cold_{a.env}_sft_grpo[0-9]*.json")):
+        k = p.stem.rsplit("grpo", 1)[1]  # an earlier, shorter GRPO run kept for comparison
+        points.append((f"after SFT + {k} GRPO steps", f"sft_grpo{k}"))
+    points.append((f"after SFT + {a.grpo_steps} GRPO steps", "sft_grpo"))
+    for label, tag in points:
         p = ROOT / "docs" / f"results_cold_{a.env}_{tag}.json"
         if p.exists():
             results[label] = json.loads(p.read_text())
@@ -122,7 +127,7 @@ def report(a) -> None:
     if sft_m:
         secs = sum(r["time/step_s"] for r in sft_m)
         lines.append(f"SFT: {n_demos} demonstrations built, {a.sft_demos or n_demos} used, "
-                     f"{a.sft_epochs} epochs = {len(sft_m)} steps of {a.batch_size} sequences, "
+                     f"{a.sft_epochs} epoch{'s' if a.sft_epochs != 1 else ''} = {len(sft_m)} steps of {a.batch_size} sequences, "
                      f"lr {a.sft_lr} cosine, bf16 autocast; loss {sft_m[0]['train/loss']:.3f} → "
                      f"{sft_m[-1]['train/loss']:.3f}; {secs / 60:.1f} min of steps; mean padding "
                      f"{sum(r['train/pad_fraction'] for r in sft_m) / len(sft_m):.3f}.")
@@ -154,6 +159,7 @@ def main() -> None:
     ap.add_argument("--note", default="")
     ap.add_argument("--report-only", action="store_true")
     a = ap.parse_args()
+    os.chdir(ROOT)  # stage paths are relative to the repository root
     if not a.report_only:
         run(a)
     report(a)
