@@ -117,9 +117,9 @@ class RolloutConfig:
 @dataclass
 class AlgoConfig:
     name: str = "grpo"  # the recipe: grpo (ppo and variants come with their issue)
-    advantage: str = "grpo"  # registered advantage estimator (trainers.algos.ADVANTAGES)
+    advantage: str = "grpo"  # registered advantage estimator: grpo | rloo (trainers.algos.ADVANTAGES)
     norm_adv_by_std: bool = True  # GRPO divides by the group std; False = Dr. GRPO centering
-    policy_loss: str = "ppo_clip"  # registered policy loss (trainers.algos.POLICY_LOSSES)
+    policy_loss: str = "ppo_clip"  # registered policy loss: ppo_clip | gspo (trainers.algos.POLICY_LOSSES)
     clip_low: float = 0.2
     clip_high: float = 0.2  # > clip_low is DAPO's clip-higher
     loss_agg_mode: str = "token-mean"

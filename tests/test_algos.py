@@ -7,7 +7,8 @@ import torch
 
 from agentgym.config import Config, build_config
 from agentgym.types import Trajectory
-from trainers.algos import (aggregate, grpo_advantages, kl_estimate, ppo_clip_loss)
+from trainers.algos import (ADVANTAGES, POLICY_LOSSES, aggregate, grpo_advantages, gspo_loss,
+                            kl_estimate, ppo_clip_loss, rloo_advantages)
 from trainers.batch import collate, micro_batches
 from trainers.grpo import make_loss_fn
 
@@ -133,3 +134,75 @@ def test_algo_config_errors():
     with pytest.raises(ValueError, match="did you mean 'token-mean'"):
         build_config({"algo.loss_agg_mode": "token_mean"})
     assert isinstance(build_config({}), Config)
+
+
+def test_rloo_advantages_hand_computed():
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 5.0, 0.5, 1.5])
+    adv = rloo_advantages(r, ["a", "a", "a", "a", "b", "c", "c"])
+    # a: r_i minus the mean of the other three; b: alone, no baseline; c: pair
+    want = torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3, 0.0, -1.0, 1.0])
+    torch.testing.assert_close(adv, want)
+    ga = grpo_advantages(r[:4], ["a"] * 4, norm_by_std=False)  # n/(n-1) x Dr. GRPO
+    torch.testing.assert_close(adv[:4], 4 / 3 * ga)
+    assert ADVANTAGES.get("rloo") is rloo_advantages
+
+
+def test_gspo_loss_sequence_ratio_value_and_gradient():
+    mask = torch.tensor([[0.0, 1.0, 1.0, 0.0]])
+    old = torch.tensor([[0.0, -1.0, -2.0, 0.0]])
+    logp = (old + torch.tensor([[9.0, 0.2, -0.1, 7.0]])).requires_grad_()  # junk at mask 0
+    adv = torch.tensor([[0.0, 1.0, 1.0, 0.0]])
+    loss, m = gspo_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.2)
+    s = torch.exp(torch.tensor(0.05))  # mean of 0.2 and -0.1 over the two sampled tokens
+    torch.testing.assert_close(loss, torch.tensor([[0.0, -s, -s, 0.0]]))
+    loss.sum().backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.0, -s, -s, 0.0]]))
+    assert m["clipfrac"] == 0.0
+    # a tight clip (the paper's scale) clips this sequence: value 1+eps, no gradient
+    logp.grad = None
+    loss, m = gspo_loss(logp, old, adv, mask, clip_low=3e-4, clip_high=4e-4)
+    torch.testing.assert_close(loss[0, 1], torch.tensor(-(1 + 4e-4)))
+    loss.sum().backward()
+    assert float(logp.grad.abs().sum()) == 0.0 and m["clipfrac"] == 1.0
+    assert POLICY_LOSSES.get("gspo") is gspo_loss
+
+
+def test_gspo_ignores_masked_positions_and_other_sequences():
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    old = torch.zeros(2, 3)
+    adv = torch.tensor([[1.0, 1.0, 0.0], [-1.0, 0.0, 0.0]])
+    base = torch.tensor([[0.1, 0.3, 0.0], [-0.2, 0.0, 0.0]])
+    noisy = base + torch.tensor([[0.0, 0.0, 5.0], [0.0, -3.0, 4.0]]) * (1 - mask)
+    a, _ = gspo_loss(base, old, adv, mask, clip_low=0.2, clip_high=0.2)
+    b, _ = gspo_loss(noisy, old, adv, mask, clip_low=0.2, clip_high=0.2)
+    torch.testing.assert_close(a, b)
+    torch.testing.assert_close(a[0, :2], torch.tensor([-1.2, -1.2]))  # e^0.2 > 1.2: clipped
+    torch.testing.assert_close(a[1, 0], torch.exp(torch.tensor(-0.2)))
+
+
+def test_unknown_estimator_and_loss_list_valid_names():
+    with pytest.raises(KeyError, match="rloo"):
+        ADVANTAGES.get("rlooo")
+    with pytest.raises(KeyError, match="gspo"):
+        POLICY_LOSSES.get("gspoo")
+
+
+def test_rloo_and_gspo_run_in_the_recipe(tmp_path):
+    import json
+
+    from agentgym.data import write_jsonl
+    from toy_envs import letter_rows
+    from trainers.grpo import train
+    data = tmp_path / "toy.jsonl"
+    write_jsonl(data, letter_rows(8))
+    cfg = build_config({"env": "agentgym-test/Letter-v0", "model": "tiny", "data": str(data),
+                        "trainer.total_steps": 2, "trainer.prompts_per_step": 2, "rollout.n": 4,
+                        "rollout.max_tokens_per_turn": 8, "trainer.eval_limit": 0,
+                        "algo.advantage": "rloo", "algo.policy_loss": "gspo",
+                        "algo.loss_agg_mode": "seq-mean-token-mean", "algo.clip_low": 3e-4,
+                        "algo.clip_high": 4e-4, "run_dir": str(tmp_path / "run")})
+    run = train(cfg)
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(0.0 <= r["train/clipfrac"] <= 1.0 for r in rows)
+    assert (run / "checkpoints" / "step_2" / "model.safetensors").exists()

@@ -55,6 +55,32 @@ def grpo_advantages(rewards: torch.Tensor, group_ids: Sequence, norm_by_std: boo
     return adv
 
 
+@ADVANTAGES.register("rloo")
+def rloo_advantages(rewards: torch.Tensor, group_ids: Sequence, **_) -> torch.Tensor:
+    """REINFORCE leave-one-out: ``r_i - mean_{j != i, same group} r_j``.
+
+    Args:
+        rewards: ``(B,)`` scalar reward per trajectory.
+        group_ids: length ``B``; trajectories of the same prompt share an id.
+
+    Returns:
+        ``(B,)`` advantages; a group of one gets 0 (it has no baseline).
+        Equivalently ``n / (n - 1) * (r_i - mean_group)`` for a group of ``n``.
+    """
+    rewards = rewards.float()
+    groups: dict = defaultdict(list)
+    for i, g in enumerate(group_ids):
+        groups[g].append(i)
+    adv = torch.zeros_like(rewards)
+    for idx in groups.values():
+        n = len(idx)
+        if n == 1:
+            continue
+        r = rewards[idx]
+        adv[idx] = r - (r.sum() - r) / (n - 1)
+    return adv
+
+
 def broadcast_to_tokens(adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``(B,)`` → ``(B, T)``: the scalar advantage on every sampled token, 0 elsewhere."""
     return adv[:, None] * mask
@@ -125,6 +151,41 @@ def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
     with torch.no_grad():
         metrics = {"clipfrac": masked_mean((clipped > unclipped).float(), mask).item(),
                    "approx_kl": masked_mean(0.5 * log_ratio ** 2, mask).item()}
+    return loss, metrics
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
+              mask: torch.Tensor, clip_low: float = 3e-4, clip_high: float = 4e-4,
+              **_) -> tuple[torch.Tensor, dict]:
+    """GSPO (Zheng et al., 2025): the clipped surrogate on a *sequence-level* ratio.
+
+    ``s_i = exp(mean_{t in mask_i} (logp - old_logp))`` (length-normalized), used on every
+    sampled token of sequence ``i`` in the GSPO-token form ``sg[s_i] * pi_t / sg[pi_t]``:
+    the value is ``s_i`` and the gradient flows through each token's own logprob.
+
+    Args:
+        logp, old_logp, adv, mask: ``(B, T)``; ``adv`` is constant over a sequence's
+            sampled tokens for outcome rewards.
+        clip_low / clip_high: bounds on ``s_i`` (the paper uses 3e-4 / 4e-4: sequence
+            ratios stay much closer to 1 than token ratios). Use
+            ``algo.loss_agg_mode=seq-mean-token-mean``, as the paper does.
+
+    Returns:
+        ``(B, T)`` loss (to aggregate) and metrics: ``clipfrac`` (share of sampled tokens
+        whose sequence was clipped), ``approx_kl``.
+    """
+    mask = mask.to(logp.dtype)
+    diff = (logp - old_logp) * mask
+    seq_log_ratio = diff.sum(-1) / mask.sum(-1).clamp(min=1)  # (B,)
+    log_ratio = logp - logp.detach() + seq_log_ratio.detach()[:, None]
+    ratio = torch.exp(log_ratio.clamp(max=10.0))
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1 - clip_low, 1 + clip_high)
+    loss = torch.maximum(unclipped, clipped) * mask
+    with torch.no_grad():
+        metrics = {"clipfrac": masked_mean((clipped > unclipped).float(), mask).item(),
+                   "approx_kl": masked_mean(0.5 * diff ** 2, mask).item()}
     return loss, metrics
 
 
