@@ -27,6 +27,14 @@ KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
 
 
 # --- advantages ------------------------------------------------------------------------
+def group_indices(group_ids: Sequence) -> list[list[int]]:
+    """Row indices of each group, groups in order of first appearance."""
+    groups: dict = defaultdict(list)
+    for i, g in enumerate(group_ids):
+        groups[g].append(i)
+    return list(groups.values())
+
+
 @ADVANTAGES.register("grpo")
 def grpo_advantages(rewards: torch.Tensor, group_ids: Sequence, norm_by_std: bool = True,
                     eps: float = 1e-6) -> torch.Tensor:
@@ -42,11 +50,8 @@ def grpo_advantages(rewards: torch.Tensor, group_ids: Sequence, norm_by_std: boo
         ``(B,)`` advantages; a group of one, or with identical rewards, gets 0.
     """
     rewards = rewards.float()
-    groups: dict = defaultdict(list)
-    for i, g in enumerate(group_ids):
-        groups[g].append(i)
     adv = torch.zeros_like(rewards)
-    for idx in groups.values():
+    for idx in group_indices(group_ids):
         r = rewards[idx]
         if len(idx) == 1:
             continue
@@ -68,11 +73,8 @@ def rloo_advantages(rewards: torch.Tensor, group_ids: Sequence, **_) -> torch.Te
         Equivalently ``n / (n - 1) * (r_i - mean_group)`` for a group of ``n``.
     """
     rewards = rewards.float()
-    groups: dict = defaultdict(list)
-    for i, g in enumerate(group_ids):
-        groups[g].append(i)
     adv = torch.zeros_like(rewards)
-    for idx in groups.values():
+    for idx in group_indices(group_ids):
         n = len(idx)
         if n == 1:
             continue

@@ -179,27 +179,41 @@ def setup(cfg: Config, run_dir: Path):
     ref = load_model(path, dtype=cfg.model.dtype).eval() if cfg.algo.kl_coef > 0 else None
     if ref is not None:
         ref.requires_grad_(False)
-    start = 0
-    ckpt = latest_checkpoint(run_dir) if t.resume == "auto" else (
-        None if t.resume == "never" else Path(t.resume))
-    if ckpt is not None:
-        backend.load(ckpt)
-        start = json.loads((ckpt / "state.json").read_text())["step"]
+    start = resume(t.resume, run_dir, backend)
+    if start:
         sync_weights(engine, backend, start)
-        logger.info("resumed from %s at step %d", ckpt, start)
     return tokenizer, backend, engine, ref, start
+
+
+def start_run(cfg: Config) -> Path:
+    """Create the run directory, write the resolved config, seed ``random`` and torch."""
+    run_dir = resolve_run_dir(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
+    logger.info("run dir %s; config %s", run_dir, json.dumps(to_dict(cfg)))
+    random.seed(cfg.trainer.seed)
+    torch.manual_seed(cfg.trainer.seed)
+    return run_dir
+
+
+def resume(policy: str, run_dir: Path, backend: SingleBackend) -> int:
+    """Load the checkpoint ``trainer.resume`` names (auto: the latest in ``run_dir``;
+    never; or a path) into ``backend``; return its step (0 when none)."""
+    ckpt = latest_checkpoint(run_dir) if policy == "auto" else (
+        None if policy == "never" else Path(policy))
+    if ckpt is None:
+        return 0
+    backend.load(ckpt)
+    step = json.loads((ckpt / "state.json").read_text())["step"]
+    logger.info("resumed from %s at step %d", ckpt, step)
+    return step
 
 
 def train(cfg: Config, hooks: Hooks | None = None) -> Path:
     """Run GRPO as configured; return the run directory."""
     hooks = hooks or Hooks()
     t = cfg.trainer
-    run_dir = resolve_run_dir(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
-    logger.info("run dir %s; config %s", run_dir, json.dumps(to_dict(cfg)))
-    random.seed(t.seed)
-    torch.manual_seed(t.seed)
+    run_dir = start_run(cfg)
     rows = load_rows(cfg.env, cfg.data, cfg.limit)
     random.Random(t.seed).shuffle(rows)
     eval_rows = load_rows(cfg.env, t.eval_data, t.eval_limit) if t.eval_limit else []

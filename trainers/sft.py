@@ -20,17 +20,14 @@ little padding. ``train/pad_fraction`` reports the padding actually computed.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
 import time
 from pathlib import Path
 
-import torch
-
 from agentgym.chat import ChatTokens
-from agentgym.config import Config, to_dict
+from agentgym.config import Config
 from agentgym.data import dataset_path, read_jsonl
 from agentgym.demos import record_to_trajectory
 from agentgym.metrics import MetricsLogger
@@ -40,7 +37,7 @@ from trainers.algos import aggregate
 from trainers.backends.base import sequence_logprobs
 from trainers.backends.single import SingleBackend
 from trainers.batch import Batch, collate
-from trainers.grpo import Hooks, latest_checkpoint, resolve_run_dir, save_checkpoint
+from trainers.grpo import Hooks, resume, save_checkpoint, start_run
 
 logger = logging.getLogger(__name__)
 
@@ -133,11 +130,7 @@ def sft(cfg: Config, hooks: Hooks | None = None) -> Path:
     """Run SFT as configured; return the run directory."""
     hooks = hooks or Hooks()
     t = cfg.trainer
-    run_dir = resolve_run_dir(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
-    random.seed(t.seed)
-    torch.manual_seed(t.seed)
+    run_dir = start_run(cfg)
     path = resolve_model(cfg.model.path or cfg.model.name)
     tokenizer = load_tokenizer(path)
     trajs, dropped = load_sft_data(cfg, tokenizer)
@@ -151,13 +144,7 @@ def sft(cfg: Config, hooks: Hooks | None = None) -> Path:
                             total_steps=len(plan), schedule=t.lr_schedule,
                             max_grad_norm=t.max_grad_norm, micro_batch_tokens=t.micro_batch_tokens,
                             mixed_precision=t.mixed_precision)
-    start = 0
-    ckpt = latest_checkpoint(run_dir) if t.resume == "auto" else (
-        None if t.resume == "never" else Path(t.resume))
-    if ckpt is not None:
-        backend.load(ckpt)
-        start = json.loads((ckpt / "state.json").read_text())["step"]
-        logger.info("resumed from %s at step %d", ckpt, start)
+    start = resume(t.resume, run_dir, backend)
     metrics_log = MetricsLogger(run_dir, curve_keys=("train/loss",), resume_step=start,
                                 png_name="loss_curve.png", ylabel="NLL per assistant token")
     try:
