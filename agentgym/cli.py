@@ -176,19 +176,26 @@ class _BarHooks:
                   f"(n={m.get('eval/count', 0):.0f}) format-valid "
                   f"{m.get('eval/format_valid', float('nan')):.3f}", flush=True)
             return
+        extra = ""
+        if "critic/vf_loss" in m:
+            extra += f" vf {m['critic/vf_loss']:.3f} ev {m['critic/explained_var']:.2f}"
+        if "rollout/groups_kept" in m:
+            extra += (f" groups {m['rollout/groups_kept']:.0f} kept/"
+                      f"{m['rollout/groups_dropped']:.0f} dropped")
         print(f"step {step:4d} | reward {m['rollout/reward']:.3f} em {m['rollout/em']:.3f} "
               f"len {m['rollout/response_length']:.0f} turns {m['rollout/turns']:.2f} "
-              f"kl {m.get('train/kl', 0.0):.4f} drift {m['rollout/drift_mean']:.1e} | "
-              f"gen {m['time/generate_s']:.1f}s env {m['time/env_s']:.2f}s "
+              f"kl {m.get('train/kl', 0.0):.4f} drift {m.get('rollout/drift_mean', float('nan')):.1e}"
+              f"{extra} | gen {m['time/generate_s']:.1f}s env {m['time/env_s']:.2f}s "
               f"rollout {m['time/rollout_s']:.1f}s train {m['time/train_s']:.1f}s", flush=True)
 
 
 def cmd_train(args: list[str]) -> int:
-    from trainers.grpo import train
+    from trainers import train
+    from trainers.grpo import check_algo
 
-    cfg = _config(args, {"rollout.n": 5})  # GRPO needs groups; Search-R1 samples 5
-    if cfg.algo.name != "grpo":
-        raise ValueError(f"algo={cfg.algo.name!r} is not available yet; valid: grpo")
+    # Group-based estimators need n > 1; Search-R1 samples 5 (algo=ppo's preset sets 1).
+    cfg = _config(args, {"rollout.n": 5})
+    check_algo(cfg)  # unknown estimator / loss names fail before any model loads
     run_dir = train(cfg, _BarHooks())
     print(f"run directory: {run_dir} (metrics.jsonl, reward_curve.png, tensorboard/, "
           f"checkpoints/)")

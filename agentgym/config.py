@@ -8,7 +8,7 @@ section that has a ``name`` sets that name (``model=tiny`` is ``model.name=tiny`
 
 Precedence, lowest first: dataclass defaults, the environment's preset
 (:data:`ENV_PRESETS`), the command's own defaults (e.g. greedy decoding for ``eval``),
-then the user's overrides.
+the algorithm's preset (``algo=ppo``, :data:`ALGO_PRESETS`), then the user's overrides.
 """
 
 from __future__ import annotations
@@ -116,21 +116,33 @@ class RolloutConfig:
 
 @dataclass
 class AlgoConfig:
-    name: str = "grpo"  # the recipe: grpo (ppo and variants come with their issue)
-    advantage: str = "grpo"  # registered advantage estimator: grpo | rloo (trainers.algos.ADVANTAGES)
-    norm_adv_by_std: bool = True  # GRPO divides by the group std; False = Dr. GRPO centering
-    policy_loss: str = "ppo_clip"  # registered policy loss: ppo_clip | gspo (trainers.algos.POLICY_LOSSES)
+    """The algorithm. ``algo=NAME`` picks a preset (:data:`ALGO_PRESETS`) that sets the
+    keys below; any of them can still be overridden (``algo=grpo algo.advantage=rloo``).
+    The estimator decides the recipe: one that reads values (``gae``) trains a critic."""
+
+    name: str = "grpo"  # preset: grpo | dr_grpo | rloo | reinforce_plus_plus | … | ppo
+    advantage: str = "grpo"  # trainers.algos.ADVANTAGES: grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | gae
+    norm_adv_by_std: bool = True  # grpo: divide by the group std (False = Dr. GRPO); gae: whiten over the batch
+    gamma: float = 1.0  # discount per sampled token (gae, reinforce_plus_plus)
+    lam: float = 1.0  # GAE lambda
+    policy_loss: str = "ppo_clip"  # trainers.algos.POLICY_LOSSES: ppo_clip | dual_clip | gspo
     clip_low: float = 0.2
     clip_high: float = 0.2  # > clip_low is DAPO's clip-higher
+    dual_clip: float = 3.0  # policy_loss=dual_clip: bound on the loss of negative advantages
     loss_agg_mode: str = "token-mean"
     kl_coef: float = 0.0  # 0 disables the reference model
     kl_estimator: str = "k3"  # k1 | k2 | k3 | abs
-    kl_mode: str = "loss"  # loss (GRPO) | reward (PPO-style penalty)
+    kl_mode: str = "loss"  # loss (GRPO) | reward (a per-token penalty in the reward, PPO / REINFORCE++)
     entropy_coef: float = 0.0
+    dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal, sample more
+    max_sampling_rounds: int = 4  # dynamic sampling: rollout rounds per step at most
+    overlong_buffer: int = 0  # DAPO soft overlong punishment over the last N response tokens (0 = off)
+    overlong_penalty: float = 1.0  # its largest penalty, reached at rollout.max_response_tokens
 
     def __post_init__(self) -> None:
         from agentgym.registry import did_you_mean as dym
-        checks = {"loss_agg_mode": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+        checks = {"name": tuple(ALGO_PRESETS),
+                  "loss_agg_mode": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
                                     "seq-mean-token-sum-norm"),
                   "kl_estimator": ("k1", "k2", "k3", "abs"), "kl_mode": ("loss", "reward")}
         for key, valid in checks.items():
@@ -138,6 +150,37 @@ class AlgoConfig:
             if value not in valid:
                 raise ValueError(f"algo.{key}={value!r}{dym(value, valid)}; "
                                  f"valid: {', '.join(valid)}")
+        if not 0 < self.gamma <= 1:
+            raise ValueError(f"algo.gamma must be in (0, 1], got {self.gamma}")
+        if not 0 <= self.lam <= 1:
+            raise ValueError(f"algo.lam must be in [0, 1], got {self.lam}")
+        if self.dual_clip <= 1:
+            raise ValueError(f"algo.dual_clip must be > 1, got {self.dual_clip}")
+        if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
+            raise ValueError(f"algo.clip_low must be in [0, 1) and algo.clip_high >= 0, got "
+                             f"{self.clip_low}, {self.clip_high}")
+        if self.max_sampling_rounds < 1:
+            raise ValueError(f"algo.max_sampling_rounds must be >= 1, got {self.max_sampling_rounds}")
+        if self.overlong_buffer < 0 or self.overlong_penalty < 0:
+            raise ValueError(f"algo.overlong_buffer and algo.overlong_penalty must be >= 0, got "
+                             f"{self.overlong_buffer}, {self.overlong_penalty}")
+
+
+@dataclass
+class CriticConfig:
+    """The value model of ``algo=ppo`` (any estimator that reads values)."""
+
+    model: str = ""  # "" = initialized from the policy's model; or tiny | smollm2-135m | a local HF folder
+    lr: float = 1e-5
+    warmup_steps: int = 0  # training steps that update only the critic (the policy waits)
+    value_clip: float = 0.5  # PPO value clipping around the pre-update values (0 = off)
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"critic.lr must be > 0, got {self.lr}")
+        if self.warmup_steps < 0 or self.value_clip < 0:
+            raise ValueError(f"critic.warmup_steps and critic.value_clip must be >= 0, got "
+                             f"{self.warmup_steps}, {self.value_clip}")
 
 
 @dataclass
@@ -214,6 +257,7 @@ class Config:
     code: CodeConfig = field(default_factory=CodeConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     data: str = "train"  # dataset name of the env (train | nq | …) or a .jsonl path (sft: records)
@@ -231,6 +275,25 @@ ENV_PRESETS: dict[str, dict[str, Any]] = {
     # cells print short results, as GSM8K's do; the manager truncates when they don't.
     # GPU users raise rollout.max_turns and rollout.max_response_tokens together.
     "code": {"rollout.max_turns": 4, "trainer.eval_data": "gsm8k"},
+}
+#: ``algo=NAME``: the keys each algorithm sets, applied after the env preset and the
+#: command's defaults, before the user's overrides. Names follow verl's estimators.
+ALGO_PRESETS: dict[str, dict[str, Any]] = {
+    "grpo": {},
+    # Dr. GRPO (Liu et al. 2025): no std division, token sums over a constant length
+    "dr_grpo": {"algo.norm_adv_by_std": False, "algo.loss_agg_mode": "seq-mean-token-sum-norm"},
+    "rloo": {"algo.advantage": "rloo"},
+    # REINFORCE++: a KL penalty (when algo.kl_coef > 0) goes into the token rewards
+    "reinforce_plus_plus": {"algo.advantage": "reinforce_plus_plus", "algo.kl_mode": "reward"},
+    "reinforce_plus_plus_baseline": {"algo.advantage": "reinforce_plus_plus_baseline",
+                                     "algo.kl_mode": "reward"},
+    # DAPO (Yu et al. 2025): clip-higher, token-mean, dynamic sampling, overlong shaping
+    "dapo": {"algo.clip_high": 0.28, "algo.loss_agg_mode": "token-mean",
+             "algo.dynamic_sampling": True, "algo.overlong_buffer": 256},
+    "gspo": {"algo.policy_loss": "gspo", "algo.clip_low": 3e-4, "algo.clip_high": 4e-4,
+             "algo.loss_agg_mode": "seq-mean-token-mean"},
+    # PPO with a critic and GAE; one sample per prompt (no groups needed)
+    "ppo": {"algo.advantage": "gae", "rollout.n": 1},
 }
 ALIASES = {"n": "rollout.n", "seed": "trainer.seed", "backend": "trainer.backend"}
 
@@ -322,10 +385,15 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
 
 def build_config(overrides: dict[str, Any], command_defaults: dict[str, Any] | None = None,
                  cls: type = Config) -> Any:
-    """Defaults → env preset → command defaults → user overrides."""
+    """Defaults → env preset → command defaults → algorithm preset → user overrides."""
     cfg = cls()
     env = overrides.get("env", cfg.env)
-    layers = [ENV_PRESETS.get(str(env), {}), command_defaults or {}, overrides]
+    layers = [ENV_PRESETS.get(str(env), {}), command_defaults or {}]
+    algo = overrides.get("algo.name", overrides.get("algo"))
+    if hasattr(cfg, "algo") and isinstance(algo, str):
+        set_key(cfg, "algo.name", algo)  # fails with the valid names before the preset
+        layers.append(ALGO_PRESETS[algo])
+    layers.append(overrides)
     for layer in layers:
         for k, v in layer.items():
             set_key(cfg, k, v)

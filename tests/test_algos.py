@@ -1,34 +1,280 @@
-"""Pure RL functions and their invariances (accumulation, masked positions)."""
+"""The RL math (trainers/algos.py): hand-computed values for every estimator and loss,
+loop-versus-vectorized equivalence, mask invariance, GAE bootstrapping on truncated vs
+terminated episodes, and the micro-batching invariances of the policy loss."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 
-from agentgym.config import Config, build_config
+from agentgym.config import ALGO_PRESETS, Config, build_config
 from agentgym.types import Trajectory
-from trainers.algos import (ADVANTAGES, POLICY_LOSSES, aggregate, grpo_advantages, gspo_loss,
-                            kl_estimate, ppo_clip_loss, rloo_advantages)
+from trainers.algos import (ADVANTAGES, POLICY_LOSSES, aggregate, compute_advantages,
+                            compute_policy_loss, dual_clip_loss, gae_advantages,
+                            grpo_advantages, groups_with_signal, gspo_loss, kl_estimate,
+                            masked_whiten, needs_critic, overlong_penalty, ppo_clip_loss,
+                            reinforce_pp_advantages, reinforce_pp_baseline_advantages,
+                            rloo_advantages, value_loss)
 from trainers.batch import collate, micro_batches
 from trainers.grpo import make_loss_fn
 
-
-def test_grpo_advantages_loop_vs_vectorized():
-    torch.manual_seed(0)
-    rewards = torch.rand(12)
-    groups = [i // 4 for i in range(12)]
-    adv = grpo_advantages(rewards, groups)
-    for g in range(3):
-        r = rewards[g * 4:(g + 1) * 4]
-        expect = (r - r.mean()) / (r.std() + 1e-6)
-        assert torch.allclose(adv[g * 4:(g + 1) * 4], expect, atol=1e-6)
-    centered = grpo_advantages(rewards, groups, norm_by_std=False)
-    assert torch.allclose(centered[:4], rewards[:4] - rewards[:4].mean())
-    same = grpo_advantages(torch.ones(4), [0, 0, 0, 0])
-    assert torch.equal(same, torch.zeros(4))
-    assert grpo_advantages(torch.tensor([3.0]), ["solo"]).item() == 0.0
+ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gae")
 
 
+def _outcome(scores, T=4):
+    """``(B,)`` scores → (rewards, mask) with one sampled token per row, the last one."""
+    B = len(scores)
+    mask = torch.zeros(B, T)
+    mask[:, -1] = 1
+    rewards = torch.zeros(B, T)
+    rewards[:, -1] = torch.as_tensor(scores, dtype=torch.float32)
+    return rewards, mask
+
+
+# --- a multi-turn row, worked by hand ----------------------------------------------------
+# positions: 0 prompt | 1, 2 sampled (turn 0) | 3, 4 observation | 5 sampled (turn 1)
+MT_MASK = torch.tensor([[0.0, 1, 1, 0, 0, 1]])
+MT_REWARDS = torch.tensor([[0.0, 0, 0.5, 0, 0, 1.0]])  # turn rewards on each turn's last token
+MT_VALUES = torch.tensor([[9.0, 0.2, 0.4, 7.0, 7.0, 0.6]])  # 9 and 7: junk at mask 0
+
+
+def test_gae_hand_computed_multi_turn_terminated():
+    # gamma 0.9, lam 0.8 over the sampled positions 1, 2, 5 (observations skipped):
+    #   pos 5: delta = 1.0 + 0.9*0 - 0.6 = 0.4                      A = 0.4
+    #   pos 2: delta = 0.5 + 0.9*0.6 - 0.4 = 0.64                   A = 0.64 + 0.72*0.4 = 0.928
+    #   pos 1: delta = 0.0 + 0.9*0.4 - 0.2 = 0.16                   A = 0.16 + 0.72*0.928 = 0.82816
+    adv, ret = gae_advantages(MT_REWARDS, MT_MASK, values=MT_VALUES, gamma=0.9, lam=0.8,
+                              norm_by_std=False)
+    torch.testing.assert_close(adv, torch.tensor([[0.0, 0.82816, 0.928, 0, 0, 0.4]]))
+    torch.testing.assert_close(ret, torch.tensor([[0.0, 1.02816, 1.328, 0, 0, 1.0]]))
+
+
+def test_gae_bootstraps_truncated_but_not_terminated():
+    last = torch.tensor([2.0])
+    kw = dict(values=MT_VALUES, gamma=0.9, lam=0.8, norm_by_std=False)
+    term, _ = gae_advantages(MT_REWARDS, MT_MASK, last_values=last,
+                             truncated=torch.tensor([False]), **kw)
+    trunc, _ = gae_advantages(MT_REWARDS, MT_MASK, last_values=last,
+                              truncated=torch.tensor([True]), **kw)
+    # terminated: the value after the last token is 0, whatever last_values says
+    no_last, _ = gae_advantages(MT_REWARDS, MT_MASK, **kw)
+    torch.testing.assert_close(term, no_last)
+    other, _ = gae_advantages(MT_REWARDS, MT_MASK, last_values=torch.tensor([-50.0]),
+                              truncated=torch.tensor([False]), **kw)
+    torch.testing.assert_close(term, other)
+    # truncated: gamma * V_last enters the last delta and flows back by (gamma*lam)^k
+    boost = 0.9 * 2.0
+    want = term + torch.tensor([[0.0, 0.72 ** 2 * boost, 0.72 * boost, 0, 0, boost]])
+    torch.testing.assert_close(trunc, want)
+    with pytest.raises(ValueError, match="last_values"):
+        gae_advantages(MT_REWARDS, MT_MASK, values=MT_VALUES, truncated=torch.tensor([True]))
+
+
+def test_reinforce_pp_hand_computed():
+    # gamma 0.5 over sampled positions 1, 2, 5: G5 = 1, G2 = 0.5 + 0.5*1 = 1, G1 = 0.5*1
+    adv, ret = reinforce_pp_advantages(MT_REWARDS, MT_MASK, gamma=0.5)
+    torch.testing.assert_close(ret, torch.tensor([[0.0, 0.5, 1.0, 0, 0, 1.0]]))
+    # whitened over the 3 sampled tokens: mean 5/6, unbiased std sqrt(1/12)
+    s = math.sqrt(1 / 12)
+    torch.testing.assert_close(adv, torch.tensor([[0.0, -1 / 3 / s, 1 / 6 / s, 0, 0, 1 / 6 / s]]),
+                               atol=1e-5, rtol=1e-4)
+
+
+def test_grpo_and_dr_grpo_hand_computed():
+    rewards, mask = _outcome([1.0, 0.0, 0.0, 1.0, 3.0, 3.0, 7.0])
+    groups = ["a", "a", "a", "a", "b", "b", "c"]
+    adv, ret = grpo_advantages(rewards, mask, group_ids=groups)
+    std = math.sqrt(1 / 3)  # unbiased std of [1, 0, 0, 1]
+    want = torch.tensor([0.5, -0.5, -0.5, 0.5, 0.0, 0.0, 0.0]) / (std + 1e-6)
+    want[4:] = 0  # b: all equal; c: a group of one
+    torch.testing.assert_close(adv[:, -1], want)
+    torch.testing.assert_close(ret[:, -1], rewards[:, -1])
+    dr, _ = grpo_advantages(rewards, mask, group_ids=groups, norm_by_std=False)
+    torch.testing.assert_close(dr[:, -1], torch.tensor([0.5, -0.5, -0.5, 0.5, 0, 0, 0]))
+    assert float(adv[:, :-1].abs().sum()) == 0.0  # nothing off the mask
+    # equal rewards that are not exactly representable still give exactly 0
+    # (in float32 the mean of three 0.9s is not 0.9: std-normalizing the rounding error
+    # would give advantages of about +-0.06)
+    for scores in ([0.9] * 3, [0.1] * 7):
+        flat, _ = grpo_advantages(*_outcome(scores), group_ids=[0] * len(scores))
+        assert float(flat.abs().sum()) == 0.0
+        flat, _ = rloo_advantages(*_outcome(scores), group_ids=[0] * len(scores))
+        assert float(flat.abs().sum()) == 0.0
+
+
+def test_rloo_hand_computed():
+    rewards, mask = _outcome([1.0, 0.0, 0.0, 1.0, 5.0, 0.5, 1.5])
+    adv, _ = rloo_advantages(rewards, mask, group_ids=["a", "a", "a", "a", "b", "c", "c"])
+    # a: r_i minus the mean of the other three; b: alone, no baseline; c: a pair
+    torch.testing.assert_close(adv[:, -1], torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3, 0.0,
+                                                          -1.0, 1.0]))
+    dr, _ = grpo_advantages(rewards[:4], mask[:4], group_ids=["a"] * 4, norm_by_std=False)
+    torch.testing.assert_close(adv[:4], 4 / 3 * dr)  # n/(n-1) x Dr. GRPO
+
+
+def test_reinforce_pp_baseline_hand_computed():
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, 0.0], [0.0, 2.0, 0.0]])
+    mask = torch.tensor([[0.0, 1, 1], [1.0, 1, 1], [0.0, 1, 0]])
+    adv, ret = reinforce_pp_baseline_advantages(rewards, mask, group_ids=["a", "a", "b"])
+    # R - group mean: a: +0.5 (2 tokens), -0.5 (3 tokens); b: 0 (1 token)
+    x = torch.tensor([0.5, 0.5, -0.5, -0.5, -0.5, 0.0])
+    w = (x - x.mean()) / x.std()
+    torch.testing.assert_close(adv[mask > 0], w, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(ret, torch.tensor([[0.0, 1, 1], [0.0, 0, 0], [0.0, 2, 0]]))
+
+
+# --- loop references vs the vectorized estimators -----------------------------------------
+def _random_multi_turn(seed: int, B: int = 6, T: int = 24):
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.zeros(B, T)
+    rewards = torch.zeros(B, T)
+    for b in range(B):
+        pos = int(torch.randint(1, 4, (1,), generator=g))  # prompt
+        while pos < T - 1:
+            n = int(torch.randint(1, 5, (1,), generator=g))
+            mask[b, pos:pos + n] = 1  # a turn's sampled tokens ...
+            last = min(pos + n, T) - 1
+            rewards[b, last] = float(torch.randn(1, generator=g))  # ... its reward at its end
+            pos += n + int(torch.randint(0, 4, (1,), generator=g))  # then an observation
+    values = torch.randn(B, T, generator=g)
+    last_values = torch.randn(B, generator=g)
+    truncated = torch.rand(B, generator=g) < 0.5
+    groups = [b // 3 for b in range(B)]
+    return rewards, mask, values, last_values, truncated, groups
+
+
+def _gae_loop(rewards, mask, values, last_values, truncated, gamma, lam):
+    adv = torch.zeros_like(rewards)
+    for b in range(rewards.shape[0]):
+        steps = [t for t in range(rewards.shape[1]) if mask[b, t] > 0]
+        nxt = float(last_values[b]) if truncated[b] else 0.0
+        running = 0.0
+        for t in reversed(steps):
+            delta = float(rewards[b, t]) + gamma * nxt - float(values[b, t])
+            running = delta + gamma * lam * running
+            adv[b, t] = running
+            nxt = float(values[b, t])
+    return adv
+
+
+def _whiten_loop(x, mask):
+    vals = [float(v) for v, m in zip(x.flatten(), mask.flatten()) if m > 0]
+    mean = sum(vals) / len(vals)
+    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
+    return torch.where(mask > 0, (x - mean) / std, 0.0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_gae_and_reinforce_pp_loop_vs_vectorized(seed):
+    rewards, mask, values, last_values, truncated, groups = _random_multi_turn(seed)
+    gamma, lam = 0.95, 0.9
+    want = _gae_loop(rewards, mask, values, last_values, truncated, gamma, lam)
+    adv, ret = gae_advantages(rewards, mask, values=values, last_values=last_values,
+                              truncated=truncated, gamma=gamma, lam=lam, norm_by_std=False)
+    torch.testing.assert_close(adv, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ret, torch.where(mask > 0, want + values, 0.0), atol=1e-5,
+                               rtol=1e-5)
+    white, _ = gae_advantages(rewards, mask, values=values, last_values=last_values,
+                              truncated=truncated, gamma=gamma, lam=lam)
+    torch.testing.assert_close(white, _whiten_loop(want, mask), atol=1e-4, rtol=1e-4)
+    # REINFORCE++: returns are GAE with V = 0, lambda = 1, no bootstrap
+    g = _gae_loop(rewards, mask, torch.zeros_like(values), last_values,
+                  torch.zeros_like(truncated), gamma, 1.0)
+    adv, ret = reinforce_pp_advantages(rewards, mask, gamma=gamma)
+    torch.testing.assert_close(ret, g, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(adv, _whiten_loop(g, mask), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_group_estimators_loop_vs_vectorized(seed):
+    rewards, mask, *_ = _random_multi_turn(seed, B=12)
+    groups = [["x", "y", "z"][b % 3] for b in range(12)]
+    scores = [float((rewards[b] * mask[b]).sum()) for b in range(12)]
+    members = {g: [s for s, h in zip(scores, groups) if h == g] for g in set(groups)}
+    mean = {g: sum(v) / len(v) for g, v in members.items()}
+    std = {g: math.sqrt(sum((x - mean[g]) ** 2 for x in v) / (len(v) - 1))
+           for g, v in members.items()}
+    grpo, _ = grpo_advantages(rewards, mask, group_ids=groups)
+    rloo, _ = rloo_advantages(rewards, mask, group_ids=groups)
+    base, _ = reinforce_pp_baseline_advantages(rewards, mask, group_ids=groups)
+    raw = torch.zeros_like(rewards)
+    for b, (s, g) in enumerate(zip(scores, groups)):
+        n = len(members[g])
+        for t in range(rewards.shape[1]):
+            if mask[b, t] > 0:
+                assert float(grpo[b, t]) == pytest.approx((s - mean[g]) / (std[g] + 1e-6),
+                                                          abs=1e-5)
+                assert float(rloo[b, t]) == pytest.approx(s - (sum(members[g]) - s) / (n - 1),
+                                                          abs=1e-5)
+                raw[b, t] = s - mean[g]
+    torch.testing.assert_close(base, _whiten_loop(raw, mask), atol=1e-4, rtol=1e-4)
+
+
+# --- mask invariance -----------------------------------------------------------------------
+@pytest.mark.parametrize("name", ESTIMATORS)
+def test_estimators_ignore_everything_at_mask_zero(name):
+    rewards, mask, values, last_values, truncated, groups = _random_multi_turn(5)
+    kw = dict(group_ids=groups, last_values=last_values, truncated=truncated, gamma=0.97,
+              lam=0.9)
+    a, r = compute_advantages(name, rewards, mask, values=values, **kw)
+    off = 1 - mask
+    noisy_values = values + 1e3 * torch.randn(values.shape) * off
+    noisy_rewards = rewards + 1e3 * torch.randn(rewards.shape) * off
+    b, s = compute_advantages(name, noisy_rewards, mask, values=noisy_values, **kw)
+    torch.testing.assert_close(a, b)
+    torch.testing.assert_close(r, s)
+    assert float((a * off).abs().sum()) == 0.0 and float((r * off).abs().sum()) == 0.0
+
+
+@pytest.mark.parametrize("name", ["ppo_clip", "dual_clip", "gspo"])
+def test_policy_losses_ignore_everything_at_mask_zero(name):
+    _, mask, *_ = _random_multi_turn(3)
+    g = torch.Generator().manual_seed(0)
+    old = -torch.rand(mask.shape, generator=g)
+    adv = torch.randn(mask.shape[0], 1, generator=g) * mask
+    base = old + 0.3 * torch.randn(mask.shape, generator=g)
+    params = dict(clip_low=0.2, clip_high=0.28, dual_clip=3.0)
+    off = 1 - mask
+
+    def run(logp0, old_, adv_):
+        logp = logp0.clone().requires_grad_()
+        loss, _ = compute_policy_loss(name, logp, old_, adv_, mask, **params)
+        total = aggregate(loss, mask, "token-mean")
+        total.backward()
+        return float(total.detach()), logp.grad
+
+    l1, g1 = run(base, old, adv)
+    l2, g2 = run(base + 50 * torch.randn(mask.shape) * off, old + 9 * off, adv - 7 * off)
+    assert l1 == pytest.approx(l2, rel=1e-6)
+    torch.testing.assert_close(g1, g2)
+    assert float((g1 * off).abs().sum()) == 0.0
+
+
+def test_value_loss_hand_computed_and_mask_invariant():
+    mask = torch.tensor([[0.0, 1, 1, 1]])
+    ret = torch.tensor([[0.0, 1.0, 1.0, 0.0]])
+    old = torch.tensor([[0.0, 0.0, 0.9, 0.0]])
+    v = torch.tensor([[5.0, 2.0, 1.2, -0.1]])
+    loss, m = value_loss(v, old, ret, mask, clip=0.5)
+    # pos 1: unclipped (2-1)^2 = 1, clipped (0.5-1)^2 = 0.25 -> 0.5*1
+    # pos 2: unclipped 0.04, clipped 0.9+0.3=1.2 -> 0.04 -> 0.02; pos 3: 0.01 both -> 0.005
+    torch.testing.assert_close(loss, torch.tensor([[0.0, 0.5, 0.02, 0.005]]))
+    assert m["vf_clipfrac"] == 0.0
+    # a large move with the clipped error larger: pos 1 goes 0 -> -2 (clipped -0.5)
+    loss, m = value_loss(torch.tensor([[0.0, -2.0, 1.0, 0.0]]), old, ret, mask, clip=0.5)
+    assert float(loss[0, 1]) == pytest.approx(0.5 * 9.0) and m["vf_clipfrac"] == 0.0
+    loss, m = value_loss(torch.tensor([[0.0, 2.0, 1.0, 0.0]]), old, ret, mask, clip=0.5)
+    assert float(loss[0, 1]) == pytest.approx(0.5 * 1.0)
+    noisy, _ = value_loss(v + 100 * (1 - mask), old - 3 * (1 - mask), ret + 7 * (1 - mask),
+                          mask, clip=0.5)
+    torch.testing.assert_close(noisy, value_loss(v, old, ret, mask, clip=0.5)[0])
+    unclipped, _ = value_loss(v, old, ret, mask, clip=None)
+    torch.testing.assert_close(unclipped, torch.tensor([[0.0, 0.5, 0.02, 0.005]]))
+
+
+# --- policy losses, by hand -------------------------------------------------------------------
 def test_ppo_clip_loss_values():
     mask = torch.ones(1, 3)
     adv = torch.tensor([[1.0, -1.0, 1.0]])
@@ -40,11 +286,60 @@ def test_ppo_clip_loss_values():
     loss, m = ppo_clip_loss(logp, old, adv, mask)
     assert loss[0, 0].item() == pytest.approx(-1.2)
     assert loss[0, 1].item() == pytest.approx(torch.e)
-    assert loss[0, 2].item() == pytest.approx(-torch.exp(torch.tensor(-1.0)).item())
-    dual, _ = ppo_clip_loss(logp, old, adv, mask, dual_clip=2.0)
-    assert dual[0, 1].item() == pytest.approx(2.0)
+    assert loss[0, 2].item() == pytest.approx(-math.exp(-1.0))
+    dual, m = dual_clip_loss(logp, old, adv, mask, dual_clip=2.0)
+    assert dual[0, 1].item() == pytest.approx(2.0)  # e > 2: bounded at -2 * A
+    assert dual[0, 0].item() == pytest.approx(-1.2) and m["dual_clipfrac"] == pytest.approx(1 / 3)
+    dual3, _ = dual_clip_loss(logp, old, adv, mask)  # default c = 3 > e: not bounded
+    assert dual3[0, 1].item() == pytest.approx(torch.e)
+    with pytest.raises(ValueError, match="dual_clip must be > 1"):
+        dual_clip_loss(logp, old, adv, mask, dual_clip=1.0)
 
 
+def test_clip_higher_is_asymmetric():
+    mask = torch.ones(1, 2)
+    old = torch.zeros(1, 2)
+    logp = torch.log(torch.tensor([[1.25, 0.75]]))
+    adv = torch.tensor([[1.0, -1.0]])
+    sym, m = ppo_clip_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.2)
+    torch.testing.assert_close(sym, torch.tensor([[-1.2, 0.8]]))  # both clipped
+    assert m["clipfrac"] == 1.0
+    higher, m = ppo_clip_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28)
+    # DAPO's clip-higher: the positive-advantage token may rise to 1.28, the low side stays
+    torch.testing.assert_close(higher, torch.tensor([[-1.25, 0.8]]))
+    assert m["clipfrac"] == 0.5
+
+
+def test_gspo_loss_sequence_ratio_value_and_gradient():
+    mask = torch.tensor([[0.0, 1.0, 1.0, 0.0]])
+    old = torch.tensor([[0.0, -1.0, -2.0, 0.0]])
+    logp = (old + torch.tensor([[9.0, 0.2, -0.1, 7.0]])).requires_grad_()  # junk at mask 0
+    adv = torch.tensor([[0.0, 1.0, 1.0, 0.0]])
+    loss, m = gspo_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.2)
+    s = torch.exp(torch.tensor(0.05))  # mean of 0.2 and -0.1 over the two sampled tokens
+    torch.testing.assert_close(loss, torch.tensor([[0.0, -s, -s, 0.0]]))
+    loss.sum().backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.0, -s, -s, 0.0]]))
+    assert m["clipfrac"] == 0.0
+    # a tight clip (the paper's scale) clips this sequence: value 1+eps, no gradient
+    logp.grad = None
+    loss, m = gspo_loss(logp, old, adv, mask, clip_low=3e-4, clip_high=4e-4)
+    torch.testing.assert_close(loss[0, 1], torch.tensor(-(1 + 4e-4)))
+    loss.sum().backward()
+    assert float(logp.grad.abs().sum()) == 0.0 and m["clipfrac"] == 1.0
+
+
+def test_gspo_ignores_other_sequences():
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    old = torch.zeros(2, 3)
+    adv = torch.tensor([[1.0, 1.0, 0.0], [-1.0, 0.0, 0.0]])
+    a, _ = gspo_loss(torch.tensor([[0.1, 0.3, 0.0], [-0.2, 0.0, 0.0]]), old, adv, mask,
+                     clip_low=0.2, clip_high=0.2)
+    torch.testing.assert_close(a[0, :2], torch.tensor([-1.2, -1.2]))  # e^0.2 > 1.2: clipped
+    torch.testing.assert_close(a[1, 0], torch.exp(torch.tensor(-0.2)))
+
+
+# --- aggregation, KL, whitening ---------------------------------------------------------------
 def test_aggregation_modes():
     v = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
@@ -53,6 +348,11 @@ def test_aggregation_modes():
     assert aggregate(v, mask, "seq-mean-token-mean").item() == pytest.approx((2 + 4) / 2)
     assert aggregate(v, mask, "seq-mean-token-sum-norm", norm_len=5).item() == \
         pytest.approx((6 / 5 + 4 / 5) / 2)
+    # a NaN or inf at a masked position cannot leak into any mode
+    bad = v.clone()
+    bad[1, 1], bad[1, 2] = float("nan"), float("inf")
+    for mode in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"):
+        assert aggregate(bad, mask, mode).item() == aggregate(v, mask, mode).item()
     with pytest.raises(ValueError, match="valid"):
         aggregate(v, mask, "mean")
 
@@ -61,16 +361,104 @@ def test_kl_estimators():
     logp = torch.tensor([-1.0, -2.0])
     ref = torch.tensor([-1.5, -2.0])
     assert torch.allclose(kl_estimate(logp, ref, "k1"), torch.tensor([0.5, 0.0]))
+    assert torch.allclose(kl_estimate(logp, ref, "k2"), torch.tensor([0.125, 0.0]))
     k3 = kl_estimate(logp, ref, "k3")
-    assert k3[1] == 0 and k3[0] == pytest.approx(float(torch.exp(torch.tensor(-0.5)) + 0.5 - 1))
+    assert k3[1] == 0 and k3[0] == pytest.approx(math.exp(-0.5) + 0.5 - 1)
     assert (kl_estimate(torch.randn(50), torch.randn(50), "k3") >= 0).all()
+    # k1 and k3 are unbiased: their means over samples from pi approach KL(pi || ref)
+    g = torch.Generator().manual_seed(0)
+    p, q = torch.tensor([0.7, 0.2, 0.1]), torch.tensor([0.4, 0.4, 0.2])
+    x = torch.multinomial(p, 200_000, replacement=True, generator=g)
+    true_kl = float((p * (p / q).log()).sum())
+    for kind in ("k1", "k3"):
+        est = float(kl_estimate(p[x].log(), q[x].log(), kind).mean())
+        assert est == pytest.approx(true_kl, abs=0.01), kind
+    with pytest.raises(ValueError, match="k1, k2, k3"):
+        kl_estimate(logp, ref, "k4")
 
 
+def test_masked_whiten_uses_only_masked_entries():
+    x = torch.tensor([[1.0, 2.0, 100.0], [3.0, -50.0, 4.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 1.0]])
+    w = masked_whiten(x, mask)
+    vals = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    torch.testing.assert_close(w[mask > 0], (vals - 2.5) / vals.std(), atol=1e-5, rtol=1e-5)
+    assert float(w[mask == 0].abs().sum()) == 0.0
+
+
+# --- DAPO pieces ---------------------------------------------------------------------------
+def test_groups_with_signal():
+    keep = groups_with_signal([1, 1, 0, 1, 0.5, 0.5, 2], ["a", "a", "a", "a", "b", "b", "c"])
+    assert keep == [True, True, True, True, False, False, False]
+
+
+def test_overlong_penalty_hand_computed():
+    lengths = torch.tensor([10, 80, 90, 95, 100])
+    pen = overlong_penalty(lengths, max_len=100, buffer=20)
+    torch.testing.assert_close(pen, torch.tensor([0.0, 0.0, -0.5, -0.75, -1.0]))
+    torch.testing.assert_close(overlong_penalty(lengths, 100, 20, factor=0.5), pen / 2)
+    with pytest.raises(ValueError, match="overlong buffer"):
+        overlong_penalty(lengths, 100, 0)
+
+
+# --- registries and config ---------------------------------------------------------------
+def test_registries_hold_the_named_algorithms():
+    assert set(ESTIMATORS) <= set(ADVANTAGES.names())
+    assert {"ppo_clip", "dual_clip", "gspo"} <= set(POLICY_LOSSES.names())
+    assert needs_critic("gae") and not needs_critic("grpo")
+    with pytest.raises(KeyError, match="rloo"):
+        ADVANTAGES.get("rlooo")
+    with pytest.raises(KeyError, match="gspo"):
+        POLICY_LOSSES.get("gspoo")
+    with pytest.raises(ValueError, match="'gae' needs values"):
+        compute_advantages("gae", *_outcome([1.0]), group_ids=[0])
+
+
+def test_algo_presets_and_errors():
+    ppo = build_config({"algo": "ppo"})
+    assert ppo.algo.advantage == "gae" and ppo.rollout.n == 1
+    # the preset sits under the user's overrides
+    assert build_config({"algo": "ppo", "rollout.n": 4}).rollout.n == 4
+    dapo = build_config({"algo": "dapo"})
+    assert dapo.algo.clip_high == 0.28 and dapo.algo.dynamic_sampling
+    assert build_config({"algo.name": "dr_grpo"}).algo.norm_adv_by_std is False
+    for name, preset in ALGO_PRESETS.items():
+        cfg = build_config({"algo": name})
+        ADVANTAGES.get(cfg.algo.advantage)  # every preset names registered entries
+        POLICY_LOSSES.get(cfg.algo.policy_loss)
+        for key, value in preset.items():
+            section, attr = key.split(".")
+            assert getattr(getattr(cfg, section), attr) == value, (name, key)
+    with pytest.raises(ValueError, match="did you mean 'ppo'"):
+        build_config({"algo": "ppp"})
+    with pytest.raises(ValueError, match="did you mean 'token-mean'"):
+        build_config({"algo.loss_agg_mode": "token_mean"})
+    with pytest.raises(ValueError, match="algo.gamma"):
+        build_config({"algo.gamma": 1.5})
+    assert isinstance(build_config({}), Config)
+
+
+# --- the policy loss inside the recipe: accumulation and masked positions -------------------
 def test_micro_batches_respect_budget():
     groups = micro_batches([10, 20, 30, 5, 100, 5], max_tokens=60)
     assert sum(groups, []) == list(range(6))
     for g in groups:
         assert len(g) == 1 or len(g) * max([10, 20, 30, 5, 100, 5][i] for i in g) <= 60
+
+
+def test_collate_puts_each_turn_reward_on_its_last_sampled_token():
+    t = Trajectory(uid="u", step_rewards=[0.25, 1.0], reward=1.25, truncated=True)
+    t.append("prompt", [5, 6, 7], 0)
+    t.append("generated", [8, 9], 0, logprobs=[-1.0, -1.0])
+    t.append("filler", [10], 0)
+    t.append("observation", [11, 12], 0)
+    t.append("generated", [13, 14, 15], 1, logprobs=[-1.0] * 3)
+    b = collate([t, Trajectory(uid="v", reward=2.0, token_ids=[1, 2], loss_mask=[0, 1],
+                               logprobs=[0.0, -0.5])], pad_id=0)
+    torch.testing.assert_close(b.token_rewards[0], torch.tensor(
+        [0, 0, 0, 0, 0.25, 0, 0, 0, 0, 0, 1.0]))
+    assert float(b.token_rewards[1, 1]) == 2.0  # no per-turn rewards: the last sampled token
+    assert b.truncated.tolist() == [True, False]
 
 
 def _toy_batch(tokenizer, seed=0):
@@ -117,8 +505,10 @@ def test_grad_accumulation_1x8_equals_8x1(tiny_model, tiny_tokenizer, mode):
         assert torch.allclose(g1[name], g8[name], atol=1e-6, rtol=1e-4), name
 
 
-def test_values_at_masked_positions_do_not_matter(tiny_model, tiny_tokenizer):
-    cfg = build_config({"algo.kl_coef": 0.1, "algo.entropy_coef": 0.01})
+@pytest.mark.parametrize("policy_loss", ["ppo_clip", "dual_clip", "gspo"])
+def test_values_at_masked_positions_do_not_matter(tiny_model, tiny_tokenizer, policy_loss):
+    cfg = build_config({"algo.kl_coef": 0.1, "algo.entropy_coef": 0.01,
+                        "algo.policy_loss": policy_loss})
     batch = _toy_batch(tiny_tokenizer)
     loss_a, g_a = _grads(tiny_model, batch, cfg, [list(range(8))])
     off = 1 - batch.loss_mask
@@ -128,81 +518,3 @@ def test_values_at_masked_positions_do_not_matter(tiny_model, tiny_tokenizer):
     assert loss_a == pytest.approx(loss_b, rel=1e-6)
     for name in g_a:
         assert torch.allclose(g_a[name], g_b[name], atol=1e-7), name
-
-
-def test_algo_config_errors():
-    with pytest.raises(ValueError, match="did you mean 'token-mean'"):
-        build_config({"algo.loss_agg_mode": "token_mean"})
-    assert isinstance(build_config({}), Config)
-
-
-def test_rloo_advantages_hand_computed():
-    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 5.0, 0.5, 1.5])
-    adv = rloo_advantages(r, ["a", "a", "a", "a", "b", "c", "c"])
-    # a: r_i minus the mean of the other three; b: alone, no baseline; c: pair
-    want = torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3, 0.0, -1.0, 1.0])
-    torch.testing.assert_close(adv, want)
-    ga = grpo_advantages(r[:4], ["a"] * 4, norm_by_std=False)  # n/(n-1) x Dr. GRPO
-    torch.testing.assert_close(adv[:4], 4 / 3 * ga)
-    assert ADVANTAGES.get("rloo") is rloo_advantages
-
-
-def test_gspo_loss_sequence_ratio_value_and_gradient():
-    mask = torch.tensor([[0.0, 1.0, 1.0, 0.0]])
-    old = torch.tensor([[0.0, -1.0, -2.0, 0.0]])
-    logp = (old + torch.tensor([[9.0, 0.2, -0.1, 7.0]])).requires_grad_()  # junk at mask 0
-    adv = torch.tensor([[0.0, 1.0, 1.0, 0.0]])
-    loss, m = gspo_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.2)
-    s = torch.exp(torch.tensor(0.05))  # mean of 0.2 and -0.1 over the two sampled tokens
-    torch.testing.assert_close(loss, torch.tensor([[0.0, -s, -s, 0.0]]))
-    loss.sum().backward()
-    torch.testing.assert_close(logp.grad, torch.tensor([[0.0, -s, -s, 0.0]]))
-    assert m["clipfrac"] == 0.0
-    # a tight clip (the paper's scale) clips this sequence: value 1+eps, no gradient
-    logp.grad = None
-    loss, m = gspo_loss(logp, old, adv, mask, clip_low=3e-4, clip_high=4e-4)
-    torch.testing.assert_close(loss[0, 1], torch.tensor(-(1 + 4e-4)))
-    loss.sum().backward()
-    assert float(logp.grad.abs().sum()) == 0.0 and m["clipfrac"] == 1.0
-    assert POLICY_LOSSES.get("gspo") is gspo_loss
-
-
-def test_gspo_ignores_masked_positions_and_other_sequences():
-    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
-    old = torch.zeros(2, 3)
-    adv = torch.tensor([[1.0, 1.0, 0.0], [-1.0, 0.0, 0.0]])
-    base = torch.tensor([[0.1, 0.3, 0.0], [-0.2, 0.0, 0.0]])
-    noisy = base + torch.tensor([[0.0, 0.0, 5.0], [0.0, -3.0, 4.0]]) * (1 - mask)
-    a, _ = gspo_loss(base, old, adv, mask, clip_low=0.2, clip_high=0.2)
-    b, _ = gspo_loss(noisy, old, adv, mask, clip_low=0.2, clip_high=0.2)
-    torch.testing.assert_close(a, b)
-    torch.testing.assert_close(a[0, :2], torch.tensor([-1.2, -1.2]))  # e^0.2 > 1.2: clipped
-    torch.testing.assert_close(a[1, 0], torch.exp(torch.tensor(-0.2)))
-
-
-def test_unknown_estimator_and_loss_list_valid_names():
-    with pytest.raises(KeyError, match="rloo"):
-        ADVANTAGES.get("rlooo")
-    with pytest.raises(KeyError, match="gspo"):
-        POLICY_LOSSES.get("gspoo")
-
-
-def test_rloo_and_gspo_run_in_the_recipe(tmp_path):
-    import json
-
-    from agentgym.data import write_jsonl
-    from toy_envs import letter_rows
-    from trainers.grpo import train
-    data = tmp_path / "toy.jsonl"
-    write_jsonl(data, letter_rows(8))
-    cfg = build_config({"env": "agentgym-test/Letter-v0", "model": "tiny", "data": str(data),
-                        "trainer.total_steps": 2, "trainer.prompts_per_step": 2, "rollout.n": 4,
-                        "rollout.max_tokens_per_turn": 8, "trainer.eval_limit": 0,
-                        "algo.advantage": "rloo", "algo.policy_loss": "gspo",
-                        "algo.loss_agg_mode": "seq-mean-token-mean", "algo.clip_low": 3e-4,
-                        "algo.clip_high": 4e-4, "run_dir": str(tmp_path / "run")})
-    run = train(cfg)
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2]
-    assert all(0.0 <= r["train/clipfrac"] <= 1.0 for r in rows)
-    assert (run / "checkpoints" / "step_2" / "model.safetensors").exists()

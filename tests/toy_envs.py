@@ -10,7 +10,8 @@ class LetterEnv(AgentEnv):
 
     A random-init model scores near the letter's background frequency; a policy that
     learns to emit 'e'-heavy tokens scores far higher, so GRPO's progress is visible in
-    a few steps.
+    a few steps. A row with ``extra_info.constant_reward`` pays that reward whatever the
+    reply (every sample of such a prompt gets the same reward: no learning signal).
     """
 
     observation_format = "inline"
@@ -20,12 +21,15 @@ class LetterEnv(AgentEnv):
         super().__init__(max_turns=max_turns)
 
     def _reset(self, row):
+        self._constant = ((row or {}).get("extra_info") or {}).get("constant_reward")
         prompt = row["prompt"] if row else [{"role": "user", "content": "Write something."}]
         return [dict(m) for m in prompt], {}
 
     def _step(self, action, last_turn):
         text = action.replace("<|im_end|>", "")
         reward = text.count("e") / max(1, len(text))
+        if self._constant is not None:
+            reward = float(self._constant)
         return [], reward, True, {"em": float(reward > 0.5)}
 
 

@@ -1,19 +1,38 @@
-"""Pure functions of policy-gradient RL for LLMs: advantages, policy losses, KL, aggregation.
+"""Pure functions of policy-gradient RL for LLMs: advantages, policy and value losses, KL,
+aggregation, and DAPO's group filter and overlong shaping.
 
 Shapes: ``B`` trajectories, ``T`` tokens (the full sequence, prompt included). Per-token
 tensors are aligned with ``input_ids``: ``logp[b, t]`` is the log-probability of token
-``t`` given tokens ``< t`` (``logp[:, 0]`` is 0). ``mask`` is the trajectory's
-``loss_mask`` (1 only on sampled tokens), so prompt, observation and padding positions
-never contribute to any loss, KL, entropy or length statistic.
+``t`` given tokens ``< t`` (``logp[:, 0]`` is 0), and ``values[b, t]`` is the critic's
+value of that same state (the prefix ``< t``). ``mask`` is the trajectory's ``loss_mask``
+(1 only on sampled tokens), so prompt, observation and padding positions never
+contribute to any advantage, loss, KL, entropy or length statistic.
 
-Advantage estimators and policy losses are registered by name (``algo.advantage=grpo``,
-``algo.policy_loss=ppo_clip``) so new variants slot in without touching the recipe.
+Time steps are the sampled tokens. An observation the env appended between two turns is
+part of the transition from the last token of one turn to the first token of the next:
+GAE and discounted returns skip mask-0 positions (they neither reset nor discount
+there), so rewards, values or logprobs stored at those positions never reach an
+advantage. ``rewards[b, t]`` is the reward received after sampling token ``t``: the
+recipe puts each turn's env reward on the last token sampled in that turn, and a
+per-token KL penalty on every sampled token when ``algo.kl_mode=reward``.
+
+Registries (names are the config values; an unknown name fails with the valid ones):
+
+* ``ADVANTAGES``: ``grpo`` (``norm_by_std=False`` is Dr. GRPO), ``rloo``,
+  ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``, ``gae``. Each is
+  ``fn(rewards (B, T), mask (B, T), *, <inputs it declares>) -> (advantages, returns)``,
+  both ``(B, T)`` and 0 where ``mask`` is 0. Call them through
+  :func:`compute_advantages`, which passes each estimator the inputs it declares.
+* ``POLICY_LOSSES``: ``ppo_clip`` (asymmetric clip-higher when ``clip_high >
+  clip_low``), ``dual_clip``, ``gspo``. Each is ``fn(logp, old_logp, adv, mask, *,
+  <params>) -> (loss (B, T), metrics)``; reduce the loss with :func:`aggregate`.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections import defaultdict
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -26,7 +45,40 @@ LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
 KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
 
 
-# --- advantages ------------------------------------------------------------------------
+def _call_with(kind: str, name: str, fn: Callable, args: tuple, inputs: dict[str, Any]):
+    """Call ``fn(*args, **inputs)`` passing only the keyword inputs ``fn`` declares; a
+    declared input without a default that is missing (or None) is an error naming it."""
+    params = inspect.signature(fn).parameters
+    kw = {k: v for k, v in inputs.items() if k in params}
+    missing = [p for p, spec in params.items() if spec.kind is spec.KEYWORD_ONLY
+               and spec.default is spec.empty and kw.get(p) is None]
+    if missing:
+        raise ValueError(f"{kind} {name!r} needs {', '.join(missing)} "
+                         f"(got {', '.join(sorted(k for k, v in inputs.items() if v is not None))})")
+    return fn(*args, **kw)
+
+
+def compute_advantages(name: str, rewards: torch.Tensor, mask: torch.Tensor,
+                       **inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the registered estimator ``name``; ``inputs`` may hold more than it needs
+    (``group_ids``, ``values``, ``last_values``, ``truncated``, ``gamma``, ``lam``,
+    ``norm_by_std``): each estimator takes the ones it declares."""
+    return _call_with("advantage estimator", name, ADVANTAGES.get(name), (rewards, mask), inputs)
+
+
+def compute_policy_loss(name: str, logp: torch.Tensor, old_logp: torch.Tensor,
+                        adv: torch.Tensor, mask: torch.Tensor, **params: Any):
+    """Run the registered policy loss ``name`` with the params it declares."""
+    return _call_with("policy loss", name, POLICY_LOSSES.get(name),
+                      (logp, old_logp, adv, mask), params)
+
+
+def needs_critic(advantage: str) -> bool:
+    """Whether the estimator reads a critic's values (the PPO recipe then trains one)."""
+    return bool(ADVANTAGES.extras(advantage).get("needs_critic", False))
+
+
+# --- helpers ---------------------------------------------------------------------------
 def group_indices(group_ids: Sequence) -> list[list[int]]:
     """Row indices of each group, groups in order of first appearance."""
     groups: dict = defaultdict(list)
@@ -35,57 +87,223 @@ def group_indices(group_ids: Sequence) -> list[list[int]]:
     return list(groups.values())
 
 
-@ADVANTAGES.register("grpo")
-def grpo_advantages(rewards: torch.Tensor, group_ids: Sequence, norm_by_std: bool = True,
-                    eps: float = 1e-6) -> torch.Tensor:
-    """Group-relative advantages: ``(r - mean_group) / (std_group + eps)``.
+def _group_stats(scores: torch.Tensor, group_ids: Sequence):
+    """Per row: its group's mean, unbiased std, size and whether all its scores are equal.
+
+    Vectorized with scatter-adds; ``(B,)`` each.
+    """
+    keys: dict = {}
+    inv = torch.tensor([keys.setdefault(g, len(keys)) for g in group_ids], dtype=torch.long)
+    if len(inv) != len(scores):
+        raise ValueError(f"{len(group_ids)} group ids for {len(scores)} rows")
+    G = len(keys)
+    count = torch.zeros(G).index_add_(0, inv, torch.ones_like(scores))
+    mean = torch.zeros(G).index_add_(0, inv, scores) / count
+    sq = torch.zeros(G).index_add_(0, inv, (scores - mean[inv]) ** 2)
+    std = (sq / (count - 1).clamp(min=1)).sqrt()
+    lo = torch.full((G,), float("inf")).scatter_reduce_(0, inv, scores, "amin")
+    hi = torch.full((G,), -float("inf")).scatter_reduce_(0, inv, scores, "amax")
+    return mean[inv], std[inv], count[inv], (hi == lo)[inv]
+
+
+def outcome_scores(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``(B, T)`` token rewards → ``(B,)`` episode return (sum over sampled tokens)."""
+    return torch.where(mask > 0, rewards.float(), 0.0).sum(-1)
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    mask = mask.to(values.dtype)
+    return torch.where(mask > 0, values, 0.0).sum() / mask.sum().clamp(min=1)
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """``(values - mean) / std`` over the mask-1 entries of the whole batch (unbiased
+    variance, as verl's ``masked_whiten``); 0 where ``mask`` is 0."""
+    m = mask > 0
+    n = m.sum()
+    if n < 2:
+        return torch.zeros_like(values)
+    x = torch.where(m, values, 0.0)
+    mean = x.sum() / n
+    var = (torch.where(m, values - mean, 0.0) ** 2).sum() / (n - 1)
+    return torch.where(m, (values - mean) * torch.rsqrt(var + eps), 0.0)
+
+
+def discounted_scan(rewards: torch.Tensor, mask: torch.Tensor, values: torch.Tensor,
+                    next_value: torch.Tensor, gamma: float, lam: float) -> torch.Tensor:
+    """GAE's backward recursion over the sampled tokens of each row, vectorized over rows.
+
+    With ``k`` indexing the sampled positions ``t_0 < t_1 < …`` of a row::
+
+        delta_k = r[t_k] + gamma * V[t_{k+1}] - V[t_k]      (V after the last: next_value)
+        A_k     = delta_k + gamma * lam * A_{k+1}
+
+    Mask-0 positions are skipped: their reward and value are never read, and the
+    recursion carries over them unchanged. ``values = 0, lam = 1`` gives the discounted
+    return-to-go.
 
     Args:
-        rewards: ``(B,)`` scalar reward per trajectory.
-        group_ids: length ``B``; trajectories of the same prompt share an id.
-        norm_by_std: divide by the group's std (GRPO); False gives Dr. GRPO's
-            mean-centering only.
+        rewards, mask, values: ``(B, T)``.
+        next_value: ``(B,)`` value of the state after each row's last sampled token
+            (0 for a terminated episode).
 
     Returns:
-        ``(B,)`` advantages; a group of one, or with identical rewards, gets 0.
+        ``(B, T)`` advantages, 0 where ``mask`` is 0.
     """
-    rewards = rewards.float()
-    adv = torch.zeros_like(rewards)
-    for idx in group_indices(group_ids):
-        r = rewards[idx]
-        if len(idx) == 1:
-            continue
-        centered = r - r.mean()
-        adv[idx] = centered / (r.std(unbiased=True) + eps) if norm_by_std else centered
-    return adv
+    B, T = rewards.shape
+    m = mask > 0
+    out = torch.zeros(B, T, dtype=torch.float32)
+    nxt = next_value.float().clone()
+    running = torch.zeros(B, dtype=torch.float32)
+    for t in range(T - 1, -1, -1):
+        delta = rewards[:, t].float() + gamma * nxt - values[:, t].float()
+        gae = delta + gamma * lam * running
+        running = torch.where(m[:, t], gae, running)
+        nxt = torch.where(m[:, t], values[:, t].float(), nxt)
+        out[:, t] = torch.where(m[:, t], gae, 0.0)
+    return out
+
+
+# --- advantage estimators --------------------------------------------------------------
+@ADVANTAGES.register("grpo")
+def grpo_advantages(rewards: torch.Tensor, mask: torch.Tensor, *, group_ids: Sequence,
+                    norm_by_std: bool = True, eps: float = 1e-6):
+    """Group-relative advantages (GRPO): ``(R - mean_group) / (std_group + eps)``.
+
+    Args:
+        rewards, mask: ``(B, T)``; ``R`` is each row's summed reward over sampled tokens.
+        group_ids: length ``B``; trajectories of the same prompt share an id.
+        norm_by_std: divide by the group's (unbiased) std. False is Dr. GRPO
+            (mean-centering only; pair it with ``seq-mean-token-sum-norm``).
+
+    Returns:
+        ``(B, T)`` advantages (the row's scalar on each sampled token) and returns (``R``
+        on each sampled token). A group of one, or one whose rewards are all equal, gets 0.
+    """
+    scores = outcome_scores(rewards, mask)
+    mean, std, count, flat = _group_stats(scores, group_ids)
+    adv = scores - mean
+    if norm_by_std:
+        adv = adv / (std + eps)
+    adv = torch.where((count > 1) & ~flat, adv, 0.0)
+    return broadcast_to_tokens(adv, mask), broadcast_to_tokens(scores, mask)
 
 
 @ADVANTAGES.register("rloo")
-def rloo_advantages(rewards: torch.Tensor, group_ids: Sequence, **_) -> torch.Tensor:
-    """REINFORCE leave-one-out: ``r_i - mean_{j != i, same group} r_j``.
+def rloo_advantages(rewards: torch.Tensor, mask: torch.Tensor, *, group_ids: Sequence):
+    """REINFORCE leave-one-out: ``R_i - mean_{j != i, same group} R_j``.
 
     Args:
-        rewards: ``(B,)`` scalar reward per trajectory.
+        rewards, mask: ``(B, T)``; ``R`` is each row's summed reward.
         group_ids: length ``B``; trajectories of the same prompt share an id.
 
     Returns:
-        ``(B,)`` advantages; a group of one gets 0 (it has no baseline).
-        Equivalently ``n / (n - 1) * (r_i - mean_group)`` for a group of ``n``.
+        ``(B, T)`` advantages and returns (``R``), 0 off the mask. A group of one gets 0
+        (it has no baseline). Equals ``n / (n - 1) * (R_i - mean_group)``.
     """
-    rewards = rewards.float()
-    adv = torch.zeros_like(rewards)
-    for idx in group_indices(group_ids):
-        n = len(idx)
-        if n == 1:
-            continue
-        r = rewards[idx]
-        adv[idx] = r - (r.sum() - r) / (n - 1)
-    return adv
+    scores = outcome_scores(rewards, mask)
+    mean, _, count, flat = _group_stats(scores, group_ids)
+    adv = (scores - mean) * count / (count - 1).clamp(min=1)
+    adv = torch.where((count > 1) & ~flat, adv, 0.0)
+    return broadcast_to_tokens(adv, mask), broadcast_to_tokens(scores, mask)
+
+
+@ADVANTAGES.register("reinforce_plus_plus")
+def reinforce_pp_advantages(rewards: torch.Tensor, mask: torch.Tensor, *, gamma: float = 1.0):
+    """REINFORCE++ (Hu, 2025): token-level discounted return-to-go, whitened over every
+    sampled token of the batch (no critic, no group baseline).
+
+    Args:
+        rewards, mask: ``(B, T)``; with ``algo.kl_mode=reward`` the rewards already
+            carry the per-token KL penalty, as the method prescribes.
+        gamma: discount per sampled token.
+
+    Returns:
+        ``(B, T)`` whitened advantages and the raw returns ``G_t``, 0 off the mask.
+    """
+    returns = discounted_scan(rewards, mask, torch.zeros_like(rewards, dtype=torch.float32),
+                              torch.zeros(rewards.shape[0]), gamma, 1.0)
+    return masked_whiten(returns, mask), returns
+
+
+@ADVANTAGES.register("reinforce_plus_plus_baseline")
+def reinforce_pp_baseline_advantages(rewards: torch.Tensor, mask: torch.Tensor, *,
+                                     group_ids: Sequence):
+    """REINFORCE++-baseline: the group mean as baseline (``R - mean_group``), on every
+    sampled token, then whitened over all sampled tokens of the batch.
+
+    Args:
+        rewards, mask: ``(B, T)``; ``R`` is each row's summed reward.
+        group_ids: length ``B``.
+
+    Returns:
+        ``(B, T)`` advantages and returns (``R``), 0 off the mask.
+    """
+    scores = outcome_scores(rewards, mask)
+    mean, _, _, _ = _group_stats(scores, group_ids)
+    adv = masked_whiten(broadcast_to_tokens(scores - mean, mask), mask)
+    return adv, broadcast_to_tokens(scores, mask)
+
+
+@ADVANTAGES.register("gae", needs_critic=True)
+def gae_advantages(rewards: torch.Tensor, mask: torch.Tensor, *, values: torch.Tensor,
+                   last_values: torch.Tensor | None = None,
+                   truncated: torch.Tensor | None = None, gamma: float = 1.0,
+                   lam: float = 1.0, norm_by_std: bool = True):
+    """Generalized advantage estimation over sampled tokens (PPO with a critic).
+
+    Bootstrapping at the end of an episode depends on how it ended: a ``terminated``
+    episode (the env answered) has no future, so the value after its last token is 0; a
+    ``truncated`` one (turn or token budget) was cut off, so the return is bootstrapped
+    with ``last_values``, the critic's value of the state after its last token.
+
+    Args:
+        rewards, mask: ``(B, T)``.
+        values: ``(B, T)`` critic values aligned with tokens (``values[:, t]`` = V of the
+            prefix ``< t``); read only where ``mask`` is 1.
+        last_values: ``(B,)`` V of the full sequence; needed when any row is truncated.
+        truncated: ``(B,)`` bool; None means every row terminated.
+        gamma, lam: discount and GAE lambda, per sampled token.
+        norm_by_std: whiten the advantages over the batch's sampled tokens.
+
+    Returns:
+        ``(B, T)`` advantages and returns (``A + V``, the critic's targets), 0 off the mask.
+    """
+    B = rewards.shape[0]
+    boot = torch.zeros(B)
+    if truncated is not None and bool(truncated.any()):
+        if last_values is None:
+            raise ValueError("gae: truncated rows need last_values to bootstrap from")
+        boot = torch.where(truncated.bool(), last_values.float(), 0.0)
+    adv = discounted_scan(rewards, mask, values, boot, gamma, lam)
+    returns = torch.where(mask > 0, adv + values.float(), 0.0)
+    return (masked_whiten(adv, mask) if norm_by_std else adv), returns
 
 
 def broadcast_to_tokens(adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``(B,)`` → ``(B, T)``: the scalar advantage on every sampled token, 0 elsewhere."""
-    return adv[:, None] * mask
+    """``(B,)`` → ``(B, T)``: the scalar on every sampled token, 0 elsewhere."""
+    return torch.where(mask > 0, adv.float()[:, None], 0.0)
+
+
+# --- DAPO: dynamic sampling filter and overlong reward shaping -------------------------
+def groups_with_signal(rewards: Sequence[float], group_ids: Sequence) -> list[bool]:
+    """Per row: True when its group's rewards are not all equal (DAPO's dynamic sampling
+    keeps only those groups: an all-equal group has zero advantage everywhere)."""
+    _, _, _, flat = _group_stats(torch.tensor([float(r) for r in rewards]), group_ids)
+    return (~flat).tolist()
+
+
+def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int,
+                     factor: float = 1.0) -> torch.Tensor:
+    """DAPO's soft overlong punishment, ``(B,)`` → ``(B,)`` values in ``[-factor, 0]``.
+
+    0 up to ``max_len - buffer`` tokens, then falling linearly to ``-factor`` at
+    ``max_len`` (and beyond).
+    """
+    if not 0 < buffer <= max_len:
+        raise ValueError(f"overlong buffer must be in (0, max_len={max_len}], got {buffer}")
+    start = max_len - buffer
+    return factor * ((start - lengths.float()) / buffer).clamp(min=-1.0, max=0.0)
 
 
 # --- aggregation -----------------------------------------------------------------------
@@ -105,11 +323,12 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str,
     if mode not in LOSS_AGG_MODES:
         raise ValueError(f"loss_agg_mode={mode!r}; valid: {', '.join(LOSS_AGG_MODES)}")
     mask = mask.to(values.dtype)
+    masked = torch.where(mask > 0, values, 0.0)
     if mode == "token-mean":
         denom = num_tokens if num_tokens is not None else mask.sum().clamp(min=1)
-        return (values * mask).sum() / denom
+        return masked.sum() / denom
     seqs = num_seqs if num_seqs is not None else values.shape[0]
-    per_seq_sum = (values * mask).sum(-1)
+    per_seq_sum = masked.sum(-1)
     if mode == "seq-mean-token-sum":
         return per_seq_sum.sum() / seqs
     if mode == "seq-mean-token-mean":
@@ -119,47 +338,65 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str,
     return (per_seq_sum / norm_len).sum() / seqs
 
 
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    mask = mask.to(values.dtype)
-    return (values * mask).sum() / mask.sum().clamp(min=1)
-
-
 # --- policy losses ---------------------------------------------------------------------
-@POLICY_LOSSES.register("ppo_clip")
-def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
-                  mask: torch.Tensor, clip_low: float = 0.2, clip_high: float = 0.2,
-                  dual_clip: float | None = None) -> tuple[torch.Tensor, dict]:
-    """PPO's clipped surrogate, per token.
+def _clip_metrics(clipped, unclipped, log_ratio, mask) -> dict[str, float]:
+    with torch.no_grad():
+        return {"clipfrac": masked_mean((clipped > unclipped).float(), mask).item(),
+                "approx_kl": masked_mean(0.5 * log_ratio ** 2, mask).item()}
 
-    Args:
-        logp, old_logp, adv, mask: ``(B, T)``.
-        clip_low / clip_high: ratio bounds ``[1 - clip_low, 1 + clip_high]``
-            (a larger ``clip_high`` is DAPO's clip-higher).
-        dual_clip: if set (> 1), bounds the loss of negative advantages at
-            ``-dual_clip * adv`` (dual-clip PPO).
 
-    Returns:
-        ``(B, T)`` loss (to aggregate) and metrics: ``clipfrac``, ``approx_kl``.
-    """
-    log_ratio = (logp - old_logp) * mask
+def _clipped_surrogate(logp, old_logp, adv, mask, clip_low, clip_high, dual_clip):
+    log_ratio = torch.where(mask > 0, logp - old_logp, 0.0)
     ratio = torch.exp(log_ratio.clamp(-20, 20))
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1 - clip_low, 1 + clip_high)
     loss = torch.maximum(unclipped, clipped)
+    metrics = _clip_metrics(clipped, unclipped, log_ratio, mask)
     if dual_clip is not None:
         if dual_clip <= 1:
             raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
-        loss = torch.where(adv < 0, torch.minimum(loss, -adv * dual_clip), loss)
-    with torch.no_grad():
-        metrics = {"clipfrac": masked_mean((clipped > unclipped).float(), mask).item(),
-                   "approx_kl": masked_mean(0.5 * log_ratio ** 2, mask).item()}
+        bound = -adv * dual_clip
+        hit = (adv < 0) & (loss > bound)
+        loss = torch.where(hit, bound, loss)
+        metrics["dual_clipfrac"] = masked_mean(hit.float(), mask).item()
     return loss, metrics
+
+
+@POLICY_LOSSES.register("ppo_clip")
+def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
+                  mask: torch.Tensor, *, clip_low: float = 0.2, clip_high: float = 0.2
+                  ) -> tuple[torch.Tensor, dict]:
+    """PPO's clipped surrogate, per token: ``max(-A r, -A clip(r, 1 - lo, 1 + hi))``.
+
+    Args:
+        logp, old_logp, adv, mask: ``(B, T)``; ``r = exp(logp - old_logp)``.
+        clip_low / clip_high: ratio bounds ``[1 - clip_low, 1 + clip_high]``; a larger
+            ``clip_high`` is DAPO's asymmetric clip-higher (``algo=dapo``: 0.2 / 0.28).
+
+    Returns:
+        ``(B, T)`` loss (to aggregate) and metrics: ``clipfrac``, ``approx_kl``.
+    """
+    return _clipped_surrogate(logp, old_logp, adv, mask, clip_low, clip_high, None)
+
+
+@POLICY_LOSSES.register("dual_clip")
+def dual_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
+                   mask: torch.Tensor, *, clip_low: float = 0.2, clip_high: float = 0.2,
+                   dual_clip: float = 3.0) -> tuple[torch.Tensor, dict]:
+    """Dual-clip PPO (Ye et al., 2020): :func:`ppo_clip_loss`, with the loss of a negative
+    advantage also bounded at ``-dual_clip * A`` so a huge ratio on a bad action cannot
+    blow up the update (``algo.dual_clip``, default 3 as in verl).
+
+    Returns:
+        ``(B, T)`` loss and metrics ``clipfrac``, ``approx_kl``, ``dual_clipfrac``.
+    """
+    return _clipped_surrogate(logp, old_logp, adv, mask, clip_low, clip_high, dual_clip)
 
 
 @POLICY_LOSSES.register("gspo")
 def gspo_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
-              mask: torch.Tensor, clip_low: float = 3e-4, clip_high: float = 4e-4,
-              **_) -> tuple[torch.Tensor, dict]:
+              mask: torch.Tensor, *, clip_low: float = 3e-4, clip_high: float = 4e-4
+              ) -> tuple[torch.Tensor, dict]:
     """GSPO (Zheng et al., 2025): the clipped surrogate on a *sequence-level* ratio.
 
     ``s_i = exp(mean_{t in mask_i} (logp - old_logp))`` (length-normalized), used on every
@@ -177,18 +414,49 @@ def gspo_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
         ``(B, T)`` loss (to aggregate) and metrics: ``clipfrac`` (share of sampled tokens
         whose sequence was clipped), ``approx_kl``.
     """
-    mask = mask.to(logp.dtype)
-    diff = (logp - old_logp) * mask
-    seq_log_ratio = diff.sum(-1) / mask.sum(-1).clamp(min=1)  # (B,)
+    m = mask > 0
+    diff = torch.where(m, logp - old_logp, 0.0)
+    seq_log_ratio = diff.sum(-1) / m.sum(-1).clamp(min=1)  # (B,)
     log_ratio = logp - logp.detach() + seq_log_ratio.detach()[:, None]
     ratio = torch.exp(log_ratio.clamp(max=10.0))
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1 - clip_low, 1 + clip_high)
-    loss = torch.maximum(unclipped, clipped) * mask
-    with torch.no_grad():
-        metrics = {"clipfrac": masked_mean((clipped > unclipped).float(), mask).item(),
-                   "approx_kl": masked_mean(0.5 * diff ** 2, mask).item()}
-    return loss, metrics
+    loss = torch.where(m, torch.maximum(unclipped, clipped), 0.0)
+    return loss, _clip_metrics(clipped, unclipped, diff, mask)
+
+
+# --- value loss ------------------------------------------------------------------------
+def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
+               mask: torch.Tensor, clip: float | None = None) -> tuple[torch.Tensor, dict]:
+    """The critic's regression loss, per token: ``0.5 (V - R)^2``; with ``clip``, PPO's
+    value clipping ``0.5 max((V - R)^2, (old + clip(V - old, -c, c) - R)^2)``.
+
+    Args:
+        values: ``(B, T)`` current values (with grad); ``old_values``: the values before
+            this update; ``returns``: GAE's targets; ``mask``: sampled tokens.
+        clip: the value clip range ``c`` (None or 0: no clipping).
+
+    Returns:
+        ``(B, T)`` loss (to aggregate) and metrics ``vf_clipfrac``.
+    """
+    err = (values - returns) ** 2
+    if clip:
+        v_clipped = old_values + (values - old_values).clamp(-clip, clip)
+        err_clipped = (v_clipped - returns) ** 2
+        loss = 0.5 * torch.maximum(err, err_clipped)
+        frac = masked_mean((err_clipped > err).float(), mask).item()
+    else:
+        loss, frac = 0.5 * err, 0.0
+    return torch.where(mask > 0, loss, 0.0), {"vf_clipfrac": frac}
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """``1 - Var(R - V) / Var(R)`` over sampled tokens (1 = perfect critic, <= 0 = none)."""
+    m = mask > 0
+    r, v = returns[m].float(), values[m].float()
+    if r.numel() < 2 or float(r.var()) == 0.0:
+        return float("nan")
+    return float(1 - (r - v).var() / r.var())
 
 
 # --- KL and entropy --------------------------------------------------------------------
@@ -197,6 +465,7 @@ def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") ->
 
     ``k1``: ``logp - ref``; ``k2``: ``0.5 (logp - ref)^2``; ``k3`` (low-variance,
     unbiased, >= 0): ``exp(ref - logp) - (ref - logp) - 1``; ``abs``: ``|logp - ref|``.
+    Same shape as the inputs; mask the result where it is consumed.
     """
     diff = logp - ref_logp
     if kind == "k1":

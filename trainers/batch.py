@@ -14,8 +14,11 @@ class Batch:
     """Right-padded tensors of ``B`` trajectories of up to ``T`` tokens.
 
     ``input_ids``, ``attention_mask``, ``loss_mask`` (sampled tokens only) and
-    ``rollout_logp`` (the engine's logprobs, 0 where mask is 0) are ``(B, T)``;
-    ``rewards`` is ``(B,)``. ``extra`` holds tensors the recipe adds (old/ref logprobs,
+    ``rollout_logp`` (the engine's logprobs, 0 where mask is 0) and ``token_rewards``
+    (each turn's env reward on the last token sampled in that turn, see
+    :func:`turn_reward_positions`) are ``(B, T)``; ``rewards`` (the episode reward) and
+    ``truncated`` (cut off by a turn or token budget, as opposed to terminated) are
+    ``(B,)``. ``extra`` holds tensors the recipe adds (old/ref logprobs, values,
     advantages), all ``(B, T)`` or ``(B,)``.
     """
 
@@ -25,6 +28,8 @@ class Batch:
     rollout_logp: torch.Tensor
     rewards: torch.Tensor
     uids: list[str]
+    token_rewards: torch.Tensor
+    truncated: torch.Tensor
     extra: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -37,7 +42,27 @@ class Batch:
         cut = lambda t: t[idx, :width] if t.dim() == 2 else t[idx]  # noqa: E731
         return Batch(cut(self.input_ids), cut(self.attention_mask), cut(self.loss_mask),
                      cut(self.rollout_logp), cut(self.rewards), [self.uids[i] for i in index],
+                     cut(self.token_rewards), cut(self.truncated),
                      {k: cut(v) for k, v in self.extra.items()})
+
+
+def turn_reward_positions(traj: Trajectory) -> list[int]:
+    """Where each step reward of ``traj`` lands: the last token sampled in that turn.
+
+    ``traj.step_rewards[k]`` is what the env returned for the action of turn ``k``, so it
+    belongs to the last token of that action. Returns one position per step reward.
+    """
+    last: dict[int, int] = {}
+    for seg in traj.segments:
+        if seg.kind == "generated":
+            last[seg.turn] = seg.end - 1
+    if not last:
+        raise ValueError(f"trajectory {traj.uid!r} has no sampled token to carry its reward")
+    out, prev = [], min(last.values())
+    for k in range(len(traj.step_rewards)):
+        prev = last.get(k, prev)
+        out.append(prev)
+    return out
 
 
 def collate(trajs: list[Trajectory], pad_id: int) -> Batch:
@@ -53,8 +78,20 @@ def collate(trajs: list[Trajectory], pad_id: int) -> Batch:
         attn[i, :n] = 1
         mask[i, :n] = torch.tensor(t.loss_mask, dtype=torch.float32)
         logp[i, :n] = torch.tensor(t.logprobs, dtype=torch.float32)
+    token_rewards = torch.zeros((B, width), dtype=torch.float32)
+    for i, t in enumerate(trajs):
+        if t.step_rewards:
+            for pos, r in zip(turn_reward_positions(t), t.step_rewards):
+                token_rewards[i, pos] += float(r)
+        elif t.reward:  # built without per-turn rewards: the last token
+            sampled = [j for j, m in enumerate(t.loss_mask) if m]
+            if not sampled:
+                raise ValueError(f"trajectory {t.uid!r} has a reward but no sampled token")
+            token_rewards[i, sampled[-1]] += float(t.reward)
     rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
-    return Batch(ids, attn, mask, logp, rewards, [t.uid for t in trajs])
+    truncated = torch.tensor([bool(t.truncated) for t in trajs])
+    return Batch(ids, attn, mask, logp, rewards, [t.uid for t in trajs], token_rewards,
+                 truncated)
 
 
 def micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:

@@ -37,7 +37,7 @@ from trainers.algos import aggregate
 from trainers.backends.base import sequence_logprobs
 from trainers.backends.single import SingleBackend
 from trainers.batch import Batch, collate
-from trainers.grpo import Hooks, resume, save_checkpoint, start_run
+from trainers.run import Hooks, resume, save_checkpoint, start_run
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ def sft(cfg: Config, hooks: Hooks | None = None) -> Path:
                             total_steps=len(plan), schedule=t.lr_schedule,
                             max_grad_norm=t.max_grad_norm, micro_batch_tokens=t.micro_batch_tokens,
                             mixed_precision=t.mixed_precision)
-    start = resume(t.resume, run_dir, backend)
+    start = resume(t.resume, run_dir, backend)["step"]
     metrics_log = MetricsLogger(run_dir, curve_keys=("train/loss",), resume_step=start,
                                 png_name="loss_curve.png", ylabel="NLL per assistant token")
     try:
@@ -182,7 +182,7 @@ def evaluate_policy(cfg: Config, backend: SingleBackend, tokenizer, hooks: Hooks
     ``sft.eval_limit``) with the trained weights: format validity and EM after SFT."""
     from agentgym.data import load_rows
     from agentgym.runtime import build_engine
-    from trainers.grpo import evaluate
+    from trainers.run import evaluate
     rows = load_rows(cfg.env, cfg.trainer.eval_data, cfg.sft.eval_limit)
     engine = build_engine(cfg, backend.model, tokenizer)
     try:

@@ -58,24 +58,35 @@ def sequence_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
 
 
 @torch.no_grad()
-def batched_logprobs(model, batch: Batch, temperature: float, micro_batch_tokens: int,
-                     with_entropy: bool = False):
-    """:func:`sequence_logprobs` over a whole batch in token-budgeted micro-batches."""
+def batched_apply(model, batch: Batch, micro_batch_tokens: int, fn) -> list[torch.Tensor]:
+    """``fn(model, input_ids, attention_mask) -> tuple of tensors`` over token-budgeted
+    micro-batches of ``batch`` in eval mode, without grad; ``(b, t)`` outputs are padded
+    back to the batch width. Returns the outputs concatenated in ``batch``'s row order."""
     from trainers.batch import micro_batches
 
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     width = batch.input_ids.shape[1]
-    lps, ents = [], []
+    parts: list[list[torch.Tensor]] = []
     lengths = batch.attention_mask.sum(-1).tolist()
-    for idx in micro_batches(lengths, micro_batch_tokens):
-        mb = batch.select(idx)
-        lp, ent = sequence_logprobs(model, mb.input_ids.to(device),
-                                    mb.attention_mask.to(device), temperature, with_entropy)
-        pad = width - lp.shape[1]
-        lps.append(torch.nn.functional.pad(lp.cpu(), (0, pad)))
-        if with_entropy:
-            ents.append(torch.nn.functional.pad(ent.cpu(), (0, pad)))
-    model.train(was_training)
-    return torch.cat(lps), (torch.cat(ents) if with_entropy else None)
+    try:
+        for idx in micro_batches(lengths, micro_batch_tokens):
+            mb = batch.select(idx)
+            outs = fn(model, mb.input_ids.to(device), mb.attention_mask.to(device))
+            parts.append([o.cpu() if o.dim() == 1 else
+                          torch.nn.functional.pad(o.cpu(), (0, width - o.shape[1]))
+                          for o in outs])
+    finally:
+        model.train(was_training)
+    return [torch.cat(col) for col in zip(*parts)]
+
+
+def batched_logprobs(model, batch: Batch, temperature: float, micro_batch_tokens: int,
+                     with_entropy: bool = False):
+    """:func:`sequence_logprobs` over a whole batch in token-budgeted micro-batches."""
+    def fn(m, ids, attn):
+        lp, ent = sequence_logprobs(m, ids, attn, temperature, with_entropy)
+        return (lp, ent) if with_entropy else (lp,)
+    out = batched_apply(model, batch, micro_batch_tokens, fn)
+    return out[0], (out[1] if with_entropy else None)

@@ -61,13 +61,13 @@ class SingleBackend:
         lengths = batch.attention_mask.sum(-1).tolist()
         return [batch.select(ix) for ix in micro_batches(lengths, self.micro_batch_tokens)]
 
-    def _autocast(self):
+    def autocast(self):
         """bf16 compute over fp32 master weights when ``mixed_precision='bf16'``."""
         return torch.autocast(self.device.type, dtype=torch.bfloat16,
                               enabled=self.mixed_precision == "bf16")
 
     def logprobs(self, batch: Batch, temperature: float, with_entropy: bool = False):
-        with self._autocast():
+        with self.autocast():
             return batched_logprobs(self.model, batch, temperature, self.micro_batch_tokens,
                                     with_entropy)
 
@@ -77,7 +77,7 @@ class SingleBackend:
         totals: dict[str, float] = {}
         loss_sum = 0.0
         for mb in batches:  # metrics are additive contributions to the mini-batch value
-            with self._autocast():
+            with self.autocast():
                 loss, metrics = loss_fn(self.model, mb)
             loss.backward()
             loss_sum += float(loss.detach())

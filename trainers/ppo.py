@@ -1,0 +1,102 @@
+"""PPO with a critic for multi-turn tool-using agents, top to bottom.
+
+    agentgym train env=search algo=ppo                          # smollm2-135m policy and critic
+    agentgym train env=search algo=ppo model=tiny trainer.total_steps=2
+    agentgym train env=search algo=ppo critic.warmup_steps=5 critic.lr=1e-5 algo.lam=0.95
+
+The phases of :mod:`trainers.grpo`, plus a value model (:mod:`trainers.critic`):
+  1. roll out ``trainer.prompts_per_step`` prompts (``rollout.n`` = 1 by default: the
+     critic is the baseline, no groups needed);
+  2. old (and reference) logprobs; the critic's values of every token's state and of
+     each whole sequence;
+  3. token rewards (each turn's env reward on its last sampled token, minus the
+     per-token KL penalty with ``algo.kl_mode=reward``), then GAE (``algo.gamma``,
+     ``algo.lam``) over sampled tokens only, so values at observation tokens never
+     enter an advantage; a terminated episode bootstraps 0 after its last token, a
+     truncated one the critic's value of the state it was cut off in;
+  4. the critic's clipped value update (``critic.value_clip``) toward GAE's returns,
+     then the policy update — skipped for the first ``critic.warmup_steps`` steps, so
+     the policy does not follow advantages of an untrained critic;
+  5. weight sync to the rollout engine (when the policy changed);
+  6. metrics; checkpoints hold the critic in ``checkpoints/step_N/critic`` (HF format).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from agentgym.config import Config
+from agentgym.manager import GenerationManager
+from agentgym.metrics import MetricsLogger
+from agentgym.runtime import env_factory
+from trainers.algos import needs_critic
+from trainers.critic import Critic
+from trainers.grpo import advantages, collect, end_step, load_data, score, setup, update_policy
+from trainers.run import Hooks, evaluate, resume, start_run, sync_weights
+
+
+def train(cfg: Config, hooks: Hooks | None = None) -> Path:
+    """Run PPO (``algo=ppo``, or any estimator that reads values) as configured; return
+    the run directory."""
+    if not needs_critic(cfg.algo.advantage):
+        raise ValueError(f"algo.advantage={cfg.algo.advantage!r} uses no critic; PPO's recipe "
+                         f"needs one (algo.advantage=gae, or algo=ppo)")
+    hooks = hooks or Hooks()
+    t = cfg.trainer
+    run_dir = start_run(cfg)
+    rows, eval_rows = load_data(cfg)
+    path, tokenizer, backend, engine, ref = setup(cfg)
+    critic = Critic(cfg, path)
+    state = resume(t.resume, run_dir, backend, critic.backend)
+    start, cursor = state["step"], state.get("data_cursor", state["step"] * t.prompts_per_step)
+    version = state.get("policy_version", start)
+    if version:
+        sync_weights(engine, backend, version)
+    metrics_log = MetricsLogger(run_dir, resume_step=start)
+    manager = GenerationManager(engine, tokenizer, env_factory(cfg), cfg.rollout, seed=t.seed)
+    temperature = cfg.rollout.temperature or 1.0
+    try:
+        if eval_rows and start == 0:
+            metrics_log.log(0, evaluate(cfg, engine, tokenizer, eval_rows, hooks))
+        for step in range(start, t.total_steps):
+            t0 = time.perf_counter()
+            # 1. rollouts
+            trajs, cursor, m = collect(cfg, manager, rows, cursor, step, hooks)
+            t1 = time.perf_counter()
+            policy_updated = False
+            if trajs:
+                # 2. old / reference logprobs and the critic's values
+                batch, rewards, mm = score(cfg, backend, ref, trajs, tokenizer, temperature)
+                batch.extra["values"], batch.extra["last_values"] = critic.values(batch)
+                # 3. GAE over sampled tokens
+                adv, ma = advantages(cfg, batch, rewards)
+                m.update({**mm, **ma})
+                # 4. critic, then policy (after the critic's warm-up)
+                m.update(critic.update(batch, step, hooks))
+                if step >= cfg.critic.warmup_steps:
+                    m.update(update_policy(cfg, backend, batch, temperature, step, hooks))
+                    policy_updated = True
+            t2 = time.perf_counter()
+            # 5. weight sync (the policy is unchanged during the critic's warm-up)
+            if policy_updated:
+                version += 1
+                sync_weights(engine, backend, version)
+            t3 = time.perf_counter()
+            # 6. metrics and checkpoints
+            m.update({"train/policy_updated": float(policy_updated),
+                      "time/rollout_s": t1 - t0, "time/train_s": t2 - t1, "time/sync_s": t3 - t2,
+                      "time/generate_s": m["rollout/generate_s"], "time/env_s": m["rollout/env_s"],
+                      "time/step_s": time.perf_counter() - t0})
+            end_step(cfg, step + 1, m, run_dir, backend, tokenizer, engine, eval_rows,
+                     metrics_log, hooks, {"data_cursor": cursor, "policy_version": version},
+                     critic=critic.backend)
+        if eval_rows and start < t.total_steps:
+            final = evaluate(cfg, engine, tokenizer, eval_rows, hooks)
+            metrics_log.log(t.total_steps, final)
+            hooks.step_end(t.total_steps, final)
+    finally:
+        manager.close()
+        engine.close()
+        metrics_log.close()
+    return run_dir

@@ -1,0 +1,142 @@
+"""What every training recipe (GRPO, PPO, SFT) shares: the run directory, atomic
+checkpoints and resume, weight sync into the rollout engine, greedy evaluation and the
+progress hooks the CLI draws from."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import json
+import logging
+import random
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentgym.config import Config, to_dict
+from agentgym.manager import GenerationManager, summarize
+from agentgym.runtime import env_factory
+
+logger = logging.getLogger(__name__)
+
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+class Hooks:
+    """Progress callbacks; the CLI draws bars and prints from them (library code logs)."""
+
+    def phase(self, name: str, total: int) -> None: ...
+    def advance(self, k: int = 1) -> None: ...
+    def step_end(self, step: int, metrics: dict) -> None: ...
+
+
+def resolve_run_dir(cfg: Config) -> Path:
+    if cfg.run_dir:
+        return Path(cfg.run_dir)
+    model = Path(cfg.model.path or cfg.model.name).name
+    return Path("runs") / f"{cfg.env}-{model}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def start_run(cfg: Config) -> Path:
+    """Create the run directory, write the resolved config, seed ``random`` and torch."""
+    run_dir = resolve_run_dir(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
+    logger.info("run dir %s; config %s", run_dir, json.dumps(to_dict(cfg)))
+    random.seed(cfg.trainer.seed)
+    torch.manual_seed(cfg.trainer.seed)
+    return run_dir
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete ``checkpoints/step_N`` (``.tmp`` leftovers are ignored)."""
+    found = []
+    for p in (run_dir / "checkpoints").glob("step_*"):
+        m = _STEP_DIR.match(p.name)
+        if m and (p / "state.json").exists():
+            found.append((int(m.group(1)), p))
+    return max(found)[1] if found else None
+
+
+def resume(policy: str, run_dir: Path, backend, critic=None) -> dict[str, Any]:
+    """Load the checkpoint ``trainer.resume`` names (auto: the latest in ``run_dir``;
+    never; or a path) into ``backend`` (and ``critic``'s backend from its ``critic/``
+    folder); return its ``state.json`` (``{"step": 0}`` when there is none)."""
+    ckpt = latest_checkpoint(run_dir) if policy == "auto" else (
+        None if policy == "never" else Path(policy))
+    if ckpt is None:
+        return {"step": 0}
+    backend.load(ckpt)
+    if critic is not None:
+        if not (ckpt / "critic").is_dir():
+            raise ValueError(f"checkpoint {ckpt} has no critic/ folder, so a critic-based "
+                             f"algorithm cannot resume from it; start a new run_dir or set "
+                             f"trainer.resume=never")
+        critic.load(ckpt / "critic")
+    state = json.loads((ckpt / "state.json").read_text())
+    logger.info("resumed from %s at step %d", ckpt, state["step"])
+    return state
+
+
+def save_checkpoint(run_dir: Path, step: int, backend, tokenizer,
+                    state: dict[str, Any] | None = None, critic=None) -> Path:
+    """``run_dir/checkpoints/step_N``: HF weights + tokenizer + optimizer + ``state.json``
+    (step, data position, …), and the critic's in ``critic/`` when there is one.
+
+    Written to ``step_N.tmp`` and renamed into place, so a kill mid-save leaves nothing
+    that ``trainer.resume=auto`` would pick up (it only reads ``step_<digits>`` folders).
+    """
+    final = run_dir / "checkpoints" / f"step_{step}"
+    tmp = final.with_name(final.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)  # a leftover of a killed save
+    backend.save(tmp, tokenizer=tokenizer)
+    if critic is not None:
+        critic.save(tmp / "critic")
+    (tmp / "state.json").write_text(json.dumps({**(state or {}), "step": step}) + "\n")
+    if final.exists():  # re-saving a step (after a resume): move the old one aside first
+        old = final.with_name(final.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old)
+    else:
+        tmp.rename(final)
+    logger.info("saved checkpoint %s", final)
+    return final
+
+
+def sync_weights(engine, backend, version: int) -> None:
+    """Trainer → engine: the full state dict, with generation paused around the swap."""
+    async def swap():
+        await engine.pause()
+        try:
+            engine.update_weights(backend.state_dict(), version)
+        finally:
+            engine.resume()
+    asyncio.run(swap())
+
+
+async def rollouts(manager: GenerationManager, rows: list[dict], n: int, hooks: Hooks):
+    hooks.phase("rollout", len(rows) * n)
+    return await manager.run(rows, n=n, on_done=lambda _t: hooks.advance())
+
+
+def evaluate(cfg: Config, engine, tokenizer, rows: list[dict], hooks: Hooks) -> dict:
+    """Greedy single-sample accuracy on ``rows`` (the same env, budgets and tools)."""
+    ecfg = copy.deepcopy(cfg)
+    ecfg.rollout = dataclasses.replace(cfg.rollout, temperature=0.0, n=1)
+    manager = GenerationManager(engine, tokenizer, env_factory(ecfg), ecfg.rollout,
+                                seed=cfg.trainer.seed)
+    try:
+        trajs = asyncio.run(rollouts(manager, rows, 1, hooks))
+    finally:
+        manager.close()
+    s = summarize(trajs)
+    return {"eval/em": s["em"], "eval/f1": s["f1"], "eval/format_valid": s["format_valid"],
+            "eval/count": s["count"]}
