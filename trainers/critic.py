@@ -42,6 +42,10 @@ def load_value_model(path: str | Path, dtype: str = "float32"):
         path, config=config, dtype=getattr(torch, dtype), local_files_only=True)
 
 
+def _values_fn(model, mb: Batch, device):
+    return token_values(model, mb.input_ids.to(device), mb.attention_mask.to(device))
+
+
 def token_values(model, input_ids: torch.Tensor, attention_mask: torch.Tensor):
     """``(B, T)`` values aligned with tokens (``[:, 0]`` is 0) and ``(B,)`` values of each
     whole (right-padded) sequence, in fp32."""
@@ -72,7 +76,7 @@ class Critic:
         """``(values (B, T), last_values (B,))`` of the current critic, no grad."""
         with self.backend.autocast():
             v, last = batched_apply(self.backend.model, batch,
-                                    self.cfg.trainer.micro_batch_tokens, token_values)
+                                    self.cfg.trainer.micro_batch_tokens, _values_fn)
         return v, last
 
     def make_loss_fn(self, num_tokens: float, num_seqs: int, norm_len: int):

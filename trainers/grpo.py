@@ -14,8 +14,10 @@ Each step:
      trajectory). With ``algo.dynamic_sampling`` (DAPO), groups whose rewards are all
      equal are dropped and further prompts rolled out until the step is full, for at
      most ``algo.max_sampling_rounds`` rounds;
-  2. recompute old logprobs with the trainer (and reference logprobs when ``algo.kl_coef``
-     > 0); report the engine/trainer logprob drift on sampled tokens;
+  2. reference logprobs when ``algo.kl_coef`` > 0; the trainer's old logprobs (a
+     separate pass only when the batch takes several optimizer steps or the KL penalty
+     is in the reward: with one step they are the update's own forward pass); the
+     engine/trainer logprob drift on sampled tokens;
   3. token rewards: each turn's env reward on the last token sampled in that turn, DAPO's
      overlong penalty (``algo.overlong_buffer``) on the last one, and the per-token KL
      penalty when ``algo.kl_mode=reward``; then the registered estimator
@@ -47,8 +49,9 @@ from agentgym.runtime import build_engine, env_factory
 from agentgym.types import Trajectory
 from trainers.algos import (ADVANTAGES, POLICY_LOSSES, aggregate, compute_advantages,
                             compute_policy_loss, groups_with_signal, kl_estimate,
-                            masked_mean, needs_critic, overlong_penalty)
-from trainers.backends.base import batched_logprobs, sequence_logprobs
+                            masked_mean, needs_critic, needs_groups,
+                            overlong_penalty)
+from trainers.backends.base import batched_logprobs, first_needed_position, sequence_logprobs
 from trainers.backends.single import SingleBackend
 from trainers.batch import Batch, collate
 from trainers.run import (Hooks, evaluate, resume, rollouts, save_checkpoint, start_run,
@@ -58,12 +61,23 @@ logger = logging.getLogger(__name__)
 
 
 def check_algo(cfg: Config) -> None:
-    """Fail before any model loads: unknown estimator/loss names, budgets that clash."""
-    POLICY_LOSSES.get(cfg.algo.policy_loss)
-    ADVANTAGES.get(cfg.algo.advantage)
-    if cfg.algo.overlong_buffer > cfg.rollout.max_response_tokens:
-        raise ValueError(f"algo.overlong_buffer={cfg.algo.overlong_buffer} exceeds "
+    """Fail before any model loads: unknown estimator/loss names, settings that clash."""
+    a, n = cfg.algo, cfg.rollout.n
+    POLICY_LOSSES.get(a.policy_loss)
+    ADVANTAGES.get(a.advantage)
+    if a.overlong_buffer > cfg.rollout.max_response_tokens:
+        raise ValueError(f"algo.overlong_buffer={a.overlong_buffer} exceeds "
                          f"rollout.max_response_tokens={cfg.rollout.max_response_tokens}")
+    if n < 2 and (needs_groups(a.advantage) or a.dynamic_sampling):
+        what = ("algo.dynamic_sampling" if a.dynamic_sampling
+                else f"algo.advantage={a.advantage!r}")
+        raise ValueError(f"{what} compares the samples of a prompt, so it needs rollout.n >= 2 "
+                         f"(got {n}); with one sample per prompt use algo=ppo or "
+                         f"algo=reinforce_plus_plus")
+    if a.kl_coef > 0 and a.kl_mode == "reward" and a.kl_estimator != "k1":
+        logger.warning("algo.kl_mode=reward with algo.kl_estimator=%s: a penalty in the reward "
+                       "passes only its score-function gradient, which is unbiased for k1 "
+                       "alone; consider algo.kl_estimator=k1", a.kl_estimator)
 
 
 def make_backend(cfg: Config, model, lr: float) -> SingleBackend:
@@ -114,10 +128,7 @@ def collect(cfg: Config, manager: GenerationManager, rows: list[dict], cursor: i
         manager.seed = t.seed * 1_000_003 + step + 104_729 * rnd
         trajs = asyncio.run(rollouts(manager, step_rows, cfg.rollout.n, hooks))
         rounds += 1
-        taken = {tr.uid for tr in kept}
-        for tr in trajs:  # a prompt seen again in a later round is its own group
-            if tr.uid in taken:
-                tr.uid = f"{tr.uid}#{rnd}"
+        regroup(trajs, cfg.rollout.n, {tr.uid for tr in seen}, f"{step}.{rnd}")
         seen += trajs
         if not a.dynamic_sampling:
             kept = trajs
@@ -141,20 +152,52 @@ def collect(cfg: Config, manager: GenerationManager, rows: list[dict], cursor: i
     return kept, cursor, m
 
 
+def regroup(trajs: list[Trajectory], n: int, taken: set[str], tag: str) -> None:
+    """Keep one group per rolled-out row: ``trajs`` come ``n`` per row, in row order; a
+    row whose uid is already ``taken`` (the same prompt again: an earlier round, or data
+    that wrapped around within the step) gets a fresh uid for its ``n`` samples."""
+    for i in range(0, len(trajs), n):
+        uid = trajs[i].uid
+        if uid in taken:
+            uid = f"{uid}#{tag}.{i // n}"
+            for tr in trajs[i:i + n]:
+                tr.uid = uid
+        taken.add(uid)
+
+
 # --- 2. old / reference logprobs, 3. token rewards -------------------------------------
+def reuses_update_logprobs(cfg: Config) -> bool:
+    """True when the update's own forward pass gives the old logprobs: one optimizer step
+    per batch (``ppo_epochs`` = ``mini_batches`` = 1) means every micro-batch sees the
+    weights that would have recomputed them, so the separate no-grad pass is skipped
+    (its drift and entropy metrics come from the update instead). A KL penalty in the
+    reward needs them before the update, so it keeps the pass."""
+    t, a = cfg.trainer, cfg.algo
+    return (t.ppo_epochs == 1 and t.mini_batches == 1
+            and not (a.kl_coef > 0 and a.kl_mode == "reward"))
+
+
+def drift_metrics(logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor) -> dict:
+    """|trainer - engine| logprob of the sampled tokens: mean and max."""
+    drift = torch.where(mask > 0, (logp - rollout_logp).abs(), 0.0)
+    return {"drift_mean": float(drift.sum() / mask.sum().clamp(min=1)),
+            "drift_max": float(drift.max()) if drift.numel() else 0.0}
+
+
 def score(cfg: Config, backend: SingleBackend, ref, trajs: list[Trajectory], tokenizer,
           temperature: float) -> tuple[Batch, torch.Tensor, dict]:
-    """Collate ``trajs``; add old (and reference) logprobs to ``batch.extra``; build the
+    """Collate ``trajs``; add old logprobs (unless the update provides them, see
+    :func:`reuses_update_logprobs`) and reference logprobs to ``batch.extra``; build the
     ``(B, T)`` token rewards the estimators read. Returns ``(batch, rewards, metrics)``."""
     a = cfg.algo
     batch = collate(trajs, tokenizer.pad_token_id)
-    old_logp, entropy = backend.logprobs(batch, temperature, with_entropy=True)
     mask = batch.loss_mask
-    drift = (old_logp - batch.rollout_logp).abs() * mask
-    m = {"rollout/drift_mean": float(drift.sum() / mask.sum().clamp(min=1)),
-         "rollout/drift_max": float(drift.max()),
-         "train/entropy": float(masked_mean(entropy, mask))}
-    batch.extra["old_logp"] = old_logp
+    m: dict[str, float] = {}
+    if not reuses_update_logprobs(cfg):
+        old_logp, _ = backend.logprobs(batch, temperature)
+        batch.extra["old_logp"] = old_logp
+        m.update({f"rollout/{k}": v for k, v in
+                  drift_metrics(old_logp, batch.rollout_logp, mask).items()})
     rewards = batch.token_rewards.clone()
     if a.overlong_buffer:
         lengths = torch.tensor([tr.response_length for tr in trajs])
@@ -166,10 +209,10 @@ def score(cfg: Config, backend: SingleBackend, ref, trajs: list[Trajectory], tok
     if ref is not None:
         ref_logp, _ = batched_logprobs(ref, batch, temperature, cfg.trainer.micro_batch_tokens)
         batch.extra["ref_logp"] = ref_logp
-        kl_tok = kl_estimate(old_logp, ref_logp, a.kl_estimator) * mask
-        m["train/kl"] = float(kl_tok.sum() / mask.sum().clamp(min=1))
         if a.kl_mode == "reward":
+            kl_tok = kl_estimate(batch.extra["old_logp"], ref_logp, a.kl_estimator) * mask
             rewards = rewards - a.kl_coef * kl_tok
+            m["rollout/kl_penalty"] = float(a.kl_coef * kl_tok.sum() / mask.sum().clamp(min=1))
     return batch, rewards, m
 
 
@@ -191,7 +234,9 @@ def make_loss_fn(cfg: Config, temperature: float, num_tokens: float, num_seqs: i
     """The policy's micro-batch loss; totals are the mini-batch's so accumulation is exact.
 
     Metrics are returned as additive contributions (token-weighted shares for means), so
-    summing them over micro-batches gives the mini-batch value whatever the split.
+    summing them over micro-batches gives the mini-batch value whatever the split
+    (``*_max`` keys are maxima). Without ``old_logp`` in the batch, the old logprobs are
+    this forward pass's own (:func:`reuses_update_logprobs`), and the drift is measured here.
     """
     a = cfg.algo
     agg = dict(mode=a.loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
@@ -202,20 +247,29 @@ def make_loss_fn(cfg: Config, temperature: float, num_tokens: float, num_seqs: i
         ids, attn, mask = (mb.input_ids.to(dev), mb.attention_mask.to(dev),
                            mb.loss_mask.to(dev))
         share = float(mask.sum()) / num_tokens
-        logp, entropy = sequence_logprobs(model, ids, attn, temperature,
-                                          with_entropy=a.entropy_coef > 0)
-        pg, stats = compute_policy_loss(a.policy_loss, logp, mb.extra["old_logp"].to(dev),
+        logp, entropy = sequence_logprobs(model, ids, attn, temperature, with_entropy=True,
+                                          start=first_needed_position(mb.loss_mask),
+                                          entropy_grad=a.entropy_coef > 0)
+        metrics = {"entropy": float(masked_mean(entropy.detach(), mask)) * share}
+        old = mb.extra.get("old_logp")
+        if old is None:
+            old = logp.detach()
+            drift = drift_metrics(old, mb.rollout_logp.to(dev), mask)
+            metrics.update(drift_mean=drift["drift_mean"] * share, drift_max=drift["drift_max"])
+        pg, stats = compute_policy_loss(a.policy_loss, logp, old.to(dev),
                                         mb.extra["adv"].to(dev), mask, clip_low=a.clip_low,
                                         clip_high=a.clip_high, dual_clip=a.dual_clip)
         loss = aggregate(pg, mask, **agg)
-        metrics = {k: v * share for k, v in stats.items()}
+        metrics.update({k: v * share for k, v in stats.items()})
         metrics["pg_loss"] = float(loss.detach())
-        if a.kl_coef > 0 and a.kl_mode == "loss":
-            kl = aggregate(kl_estimate(logp, mb.extra["ref_logp"].to(dev), a.kl_estimator),
-                           mask, **agg)
-            loss = loss + a.kl_coef * kl
-            metrics["kl_loss"] = float(kl.detach())
-        if entropy is not None:
+        if "ref_logp" in mb.extra:
+            kl_tok = kl_estimate(logp, mb.extra["ref_logp"].to(dev), a.kl_estimator)
+            metrics["kl"] = float(masked_mean(kl_tok.detach(), mask)) * share
+            if a.kl_mode == "loss":
+                kl = aggregate(kl_tok, mask, **agg)
+                loss = loss + a.kl_coef * kl
+                metrics["kl_loss"] = float(kl.detach())
+        if a.entropy_coef > 0:
             loss = loss - a.entropy_coef * aggregate(entropy, mask, **agg)
         return loss, metrics
     return loss_fn
@@ -237,7 +291,8 @@ def minibatch_updates(cfg: Config, backend: SingleBackend, batch: Batch,
             mini = batch.select(sorted(order[k::n_mini]))
             results.append(backend.train_step(backend.split(mini), make_loss(mini)))
             hooks.advance()
-    return {f"{prefix}{k}": sum(r[k] for r in results) / len(results) for k in results[0]}
+    return {f"{prefix}{k}": max(r[k] for r in results) if k.endswith("_max")
+            else sum(r[k] for r in results) / len(results) for k in results[0]}
 
 
 def update_policy(cfg: Config, backend: SingleBackend, batch: Batch, temperature: float,
@@ -246,7 +301,11 @@ def update_policy(cfg: Config, backend: SingleBackend, batch: Batch, temperature
     def make_loss(mini: Batch):
         return make_loss_fn(cfg, temperature, float(mini.loss_mask.sum().clamp(min=1)),
                             len(mini), cfg.rollout.max_response_tokens)
-    return minibatch_updates(cfg, backend, batch, make_loss, step, hooks, "update", "train/")
+    m = minibatch_updates(cfg, backend, batch, make_loss, step, hooks, "update", "train/")
+    for key in ("drift_mean", "drift_max"):  # measured by the update (reused logprobs)
+        if f"train/{key}" in m:
+            m[f"rollout/{key}"] = m.pop(f"train/{key}")
+    return m
 
 
 # --- 6. metrics, eval, checkpoints -----------------------------------------------------
@@ -285,8 +344,9 @@ def train(cfg: Config, hooks: Hooks | None = None) -> Path:
     _, tokenizer, backend, engine, ref = setup(cfg)
     state = resume(t.resume, run_dir, backend)
     start, cursor = state["step"], state.get("data_cursor", state["step"] * t.prompts_per_step)
-    if start:
-        sync_weights(engine, backend, start)
+    version = state.get("policy_version", start)
+    if version:
+        sync_weights(engine, backend, version)
     metrics_log = MetricsLogger(run_dir, resume_step=start)
     manager = GenerationManager(engine, tokenizer, env_factory(cfg), cfg.rollout, seed=t.seed)
     temperature = cfg.rollout.temperature or 1.0
@@ -302,19 +362,23 @@ def train(cfg: Config, hooks: Hooks | None = None) -> Path:
                 # 2. old / reference logprobs; 3. token rewards and advantages
                 batch, rewards, mm = score(cfg, backend, ref, trajs, tokenizer, temperature)
                 adv, ma = advantages(cfg, batch, rewards)
-                m.update({**mm, **ma})
+                m.update({**mm, **ma, "time/logprobs_s": time.perf_counter() - t1})
                 # 4. policy update
+                tu = time.perf_counter()
                 m.update(update_policy(cfg, backend, batch, temperature, step, hooks))
+                m["time/update_s"] = time.perf_counter() - tu
             t2 = time.perf_counter()
-            # 5. weight sync
-            sync_weights(engine, backend, step + 1)
+            # 5. weight sync (none when dynamic sampling left nothing to train on)
+            if trajs:
+                version += 1
+                sync_weights(engine, backend, version)
             t3 = time.perf_counter()
             # 6. metrics and checkpoints
             m.update({"time/rollout_s": t1 - t0, "time/train_s": t2 - t1, "time/sync_s": t3 - t2,
                       "time/generate_s": m["rollout/generate_s"], "time/env_s": m["rollout/env_s"],
                       "time/step_s": time.perf_counter() - t0})
             end_step(cfg, step + 1, m, run_dir, backend, tokenizer, engine, eval_rows,
-                     metrics_log, hooks, {"data_cursor": cursor})
+                     metrics_log, hooks, {"data_cursor": cursor, "policy_version": version})
         if eval_rows and start < t.total_steps:
             final = evaluate(cfg, engine, tokenizer, eval_rows, hooks)
             metrics_log.log(t.total_steps, final)

@@ -68,14 +68,18 @@ def train(cfg: Config, hooks: Hooks | None = None) -> Path:
             if trajs:
                 # 2. old / reference logprobs and the critic's values
                 batch, rewards, mm = score(cfg, backend, ref, trajs, tokenizer, temperature)
+                tc = time.perf_counter()
                 batch.extra["values"], batch.extra["last_values"] = critic.values(batch)
                 # 3. GAE over sampled tokens
                 adv, ma = advantages(cfg, batch, rewards)
-                m.update({**mm, **ma})
+                m.update({**mm, **ma, "time/logprobs_s": tc - t1})
                 # 4. critic, then policy (after the critic's warm-up)
                 m.update(critic.update(batch, step, hooks))
+                tu = time.perf_counter()
+                m["time/critic_s"] = tu - tc
                 if step >= cfg.critic.warmup_steps:
                     m.update(update_policy(cfg, backend, batch, temperature, step, hooks))
+                    m["time/update_s"] = time.perf_counter() - tu
                     policy_updated = True
             t2 = time.perf_counter()
             # 5. weight sync (the policy is unchanged during the critic's warm-up)

@@ -34,7 +34,7 @@ from agentgym.metrics import MetricsLogger
 from agentgym.models import load_model, load_tokenizer, resolve_model
 from agentgym.types import Trajectory
 from trainers.algos import aggregate
-from trainers.backends.base import sequence_logprobs
+from trainers.backends.base import first_needed_position, sequence_logprobs
 from trainers.backends.single import SingleBackend
 from trainers.batch import Batch, collate
 from trainers.run import Hooks, resume, save_checkpoint, start_run
@@ -99,7 +99,8 @@ def sft_loss_fn(num_tokens: float):
     def loss_fn(model, mb: Batch):
         dev = next(model.parameters()).device
         mask = mb.loss_mask.to(dev)
-        logp, _ = sequence_logprobs(model, mb.input_ids.to(dev), mb.attention_mask.to(dev))
+        logp, _ = sequence_logprobs(model, mb.input_ids.to(dev), mb.attention_mask.to(dev),
+                                    start=first_needed_position(mb.loss_mask))
         loss = aggregate(-logp, mask, "token-mean", num_tokens=num_tokens)
         return loss, {}
     return loss_fn

@@ -6,7 +6,9 @@ A backend owns the policy's trainable weights and optimizer:
   per-token entropy when asked;
 * ``train_step(batches, loss_fn)`` → one optimizer step over the micro-batches
   (gradients accumulated; ``loss_fn(model, micro_batch)`` returns ``(loss, metrics)``
-  with the loss already scaled so the micro-batch losses sum to the mini-batch loss);
+  with the loss already scaled so the micro-batch losses sum to the mini-batch loss;
+  metrics are additive contributions, summed over micro-batches, except keys ending in
+  ``_max``, whose maximum is kept);
 * ``state_dict()`` → the full, unsharded weights on CPU (for weight sync and HF saves);
 * ``save(dir)`` / ``load(dir)`` → HF weights plus optimizer and scheduler state.
 """
@@ -37,29 +39,58 @@ class Backend(Protocol):
     def load(self, path: str) -> None: ...
 
 
+def first_needed_position(loss_mask: torch.Tensor) -> int:
+    """The first token position any row samples (0 when none does): logits before it are
+    never read, so :func:`sequence_logprobs` can skip the prompt's vocabulary projection."""
+    cols = loss_mask.any(0).nonzero()
+    return int(cols[0]) if len(cols) else 0
+
+
+_KEEPS_LOGITS: dict[type, bool] = {}
+
+
+def _accepts_logits_to_keep(model) -> bool:
+    import inspect
+    cls = type(model)
+    if cls not in _KEEPS_LOGITS:
+        _KEEPS_LOGITS[cls] = "logits_to_keep" in inspect.signature(cls.forward).parameters
+    return _KEEPS_LOGITS[cls]
+
+
 def sequence_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                      temperature: float = 1.0, with_entropy: bool = False):
+                      temperature: float = 1.0, with_entropy: bool = False,
+                      start: int = 0, entropy_grad: bool = False):
     """Per-token logprobs aligned with ``input_ids`` (``[:, 0]`` is 0), shape ``(B, T)``.
 
     Right-padded input; logits are divided by ``temperature`` (as the rollout engine's
-    logprobs are), in fp32. The entropy (when asked) is differentiable if grad is on.
+    logprobs are), in fp32. Only tokens from ``start`` on get a logprob (and entropy):
+    the model projects hidden states to the vocabulary from position ``start - 1`` only
+    (``logits_to_keep``), so a long prompt costs no logits; earlier positions hold 0.
+    The entropy (when asked) is differentiable only with ``entropy_grad``.
     """
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
-    logits = logits[:, :-1].float() / (temperature or 1.0)
+    B, T = input_ids.shape
+    s = max(start, 1)
+    if _accepts_logits_to_keep(model):
+        logits = model(input_ids=input_ids, attention_mask=attention_mask,
+                       logits_to_keep=T - s + 1).logits
+    else:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, s - 1:]
+    logits = logits[:, :-1].float() / (temperature or 1.0)  # predicts tokens s .. T-1
     lse = torch.logsumexp(logits, dim=-1)  # avoids a second (B, T, V) log_softmax copy
-    logp = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
-    logp[:, 1:] = logits.gather(-1, input_ids[:, 1:, None])[..., 0] - lse
+    logp = torch.zeros((B, T), dtype=torch.float32, device=input_ids.device)
+    logp[:, s:] = logits.gather(-1, input_ids[:, s:, None])[..., 0] - lse
     entropy = None
     if with_entropy:
-        probs = torch.softmax(logits, dim=-1)
-        entropy = torch.zeros_like(logp)
-        entropy[:, 1:] = lse - (probs * logits).sum(-1)
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            probs = torch.softmax(logits, dim=-1)
+            entropy = torch.zeros_like(logp)
+            entropy[:, s:] = lse - (probs * logits).sum(-1)
     return logp, entropy
 
 
 @torch.no_grad()
 def batched_apply(model, batch: Batch, micro_batch_tokens: int, fn) -> list[torch.Tensor]:
-    """``fn(model, input_ids, attention_mask) -> tuple of tensors`` over token-budgeted
+    """``fn(model, micro_batch, device) -> tuple of tensors`` over token-budgeted
     micro-batches of ``batch`` in eval mode, without grad; ``(b, t)`` outputs are padded
     back to the batch width. Returns the outputs concatenated in ``batch``'s row order."""
     from trainers.batch import micro_batches
@@ -72,8 +103,7 @@ def batched_apply(model, batch: Batch, micro_batch_tokens: int, fn) -> list[torc
     lengths = batch.attention_mask.sum(-1).tolist()
     try:
         for idx in micro_batches(lengths, micro_batch_tokens):
-            mb = batch.select(idx)
-            outs = fn(model, mb.input_ids.to(device), mb.attention_mask.to(device))
+            outs = fn(model, batch.select(idx), device)
             parts.append([o.cpu() if o.dim() == 1 else
                           torch.nn.functional.pad(o.cpu(), (0, width - o.shape[1]))
                           for o in outs])
@@ -85,8 +115,10 @@ def batched_apply(model, batch: Batch, micro_batch_tokens: int, fn) -> list[torc
 def batched_logprobs(model, batch: Batch, temperature: float, micro_batch_tokens: int,
                      with_entropy: bool = False):
     """:func:`sequence_logprobs` over a whole batch in token-budgeted micro-batches."""
-    def fn(m, ids, attn):
-        lp, ent = sequence_logprobs(m, ids, attn, temperature, with_entropy)
+    def fn(m, mb: Batch, device):
+        lp, ent = sequence_logprobs(m, mb.input_ids.to(device), mb.attention_mask.to(device),
+                                    temperature, with_entropy,
+                                    start=first_needed_position(mb.loss_mask))
         return (lp, ent) if with_entropy else (lp,)
     out = batched_apply(model, batch, micro_batch_tokens, fn)
     return out[0], (out[1] if with_entropy else None)

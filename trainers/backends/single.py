@@ -82,7 +82,8 @@ class SingleBackend:
             loss.backward()
             loss_sum += float(loss.detach())
             for k, v in metrics.items():
-                totals[k] = totals.get(k, 0.0) + v
+                totals[k] = max(totals.get(k, v), v) if k.endswith("_max") else \
+                    totals.get(k, 0.0) + v
         params = [p for p in self.model.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.clip_grad_norm_(
             params, self.max_grad_norm if self.max_grad_norm > 0 else float("inf"))
