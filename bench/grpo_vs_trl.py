@@ -81,7 +81,7 @@ def run_agentgym(a, model_path: Path, work: Path) -> list[dict]:
         out.append({"step_s": r["time/step_s"], "generate_s": r["time/rollout_s"],
                     "update_s": r["time/step_s"] - r["time/rollout_s"],
                     "update_tokens": n * (r["rollout/prompt_length"] + r["rollout/response_length"]),
-                    "completion_len": r["rollout/generated_tokens"],
+                    "completion_len": r["rollout/generated_tokens"], "n": n,
                     "reward": r["rollout/reward"]})
     return out
 
@@ -102,6 +102,7 @@ def run_trl(a, model_path: Path, work: Path) -> list[dict]:
             steps[-1]["generate_s"] = time.perf_counter() - t0
             steps[-1]["update_tokens"] = float(out["prompt_mask"].sum() + out["completion_mask"].sum())
             steps[-1]["completion_len"] = float(out["completion_mask"].sum(-1).float().mean())
+            steps[-1]["n"] = float(out["completion_mask"].shape[0])
             return out
 
     class Clock(TrainerCallback):
@@ -143,7 +144,10 @@ def median(rows: list[dict], key: str) -> float:
 
 def summary(rows: list[dict]) -> dict:
     upd = median(rows, "update_s")
+    for r in rows:
+        r["gen_tok_s"] = r["completion_len"] * r["n"] / r["generate_s"]
     return {"step_s": median(rows, "step_s"), "generate_s": median(rows, "generate_s"),
+            "gen_tok_s": median(rows, "gen_tok_s"),
             "update_s": upd, "update_tok_s": median(rows, "update_tokens") / upd,
             "completion_len": median(rows, "completion_len"),
             "reward": statistics.mean(r.get("reward", float("nan")) for r in rows)}
@@ -185,15 +189,17 @@ def main() -> None:
              f"Model `{a.model}`, {a.prompts} prompts x {a.group} samples = "
              f"{a.prompts * a.group} completions per step of at most {a.completion_len} "
              f"tokens; {a.steps} steps each, the first left out; medians per step.", "",
-             "| | step (s) | generation (s) | update (s) | update tokens/s | "
-             "completion tokens | mean reward |", "|---|---|---|---|---|---|---|"]
+             "| | step (s) | generation (s) | generated tokens/s | update (s) | "
+             "update tokens/s | completion tokens | mean reward |",
+             "|---|---|---|---|---|---|---|---|"]
     for name, s in results.items():
         lines.append(f"| {name} | {s['step_s']:.2f} | {s['generate_s']:.2f} | "
-                     f"{s['update_s']:.2f} | {s['update_tok_s']:.0f} | "
+                     f"{s['gen_tok_s']:.0f} | {s['update_s']:.2f} | {s['update_tok_s']:.0f} | "
                      f"{s['completion_len']:.1f} | {s['reward']:.3f} |")
-    lines += ["", f"AgentGym / TRL: whole step {peer['step_s'] / ours['step_s']:.2f}x as fast, "
-              f"generation {peer['generate_s'] / ours['generate_s']:.2f}x, update tokens/s "
-              f"{ours['update_tok_s'] / peer['update_tok_s']:.2f}x (above 1: AgentGym faster)."]
+    lines += ["", f"AgentGym / TRL (above 1: AgentGym faster): whole step "
+              f"{peer['step_s'] / ours['step_s']:.2f}x, generated tokens/s "
+              f"{ours['gen_tok_s'] / peer['gen_tok_s']:.2f}x, update tokens/s "
+              f"{ours['update_tok_s'] / peer['update_tok_s']:.2f}x."]
     body = "\n".join(lines)
     print(body)
     if not a.no_write:

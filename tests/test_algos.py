@@ -358,23 +358,25 @@ def test_aggregation_modes():
 
 
 def test_kl_estimators():
-    logp = torch.tensor([-1.0, -2.0])
-    ref = torch.tensor([-1.5, -2.0])
-    assert torch.allclose(kl_estimate(logp, ref, "k1"), torch.tensor([0.5, 0.0]))
-    assert torch.allclose(kl_estimate(logp, ref, "k2"), torch.tensor([0.125, 0.0]))
-    k3 = kl_estimate(logp, ref, "k3")
-    assert k3[1] == 0 and k3[0] == pytest.approx(math.exp(-0.5) + 0.5 - 1)
-    assert (kl_estimate(torch.randn(50), torch.randn(50), "k3") >= 0).all()
+    logp = torch.tensor([-1.0, -2.0, -3.0])
+    ref = torch.tensor([-1.5, -2.0, 9.0])
+    mask = torch.tensor([1.0, 1.0, 0.0])  # the third token is not the policy's
+    assert torch.allclose(kl_estimate(logp, ref, mask, "k1"), torch.tensor([0.5, 0.0, 0.0]))
+    assert torch.allclose(kl_estimate(logp, ref, mask, "k2"), torch.tensor([0.125, 0.0, 0.0]))
+    k3 = kl_estimate(logp, ref, mask, "k3")
+    assert k3[1] == 0 and k3[2] == 0 and k3[0] == pytest.approx(math.exp(-0.5) + 0.5 - 1)
+    ones = torch.ones(50)
+    assert (kl_estimate(torch.randn(50), torch.randn(50), ones, "k3") >= 0).all()
     # k1 and k3 are unbiased: their means over samples from pi approach KL(pi || ref)
     g = torch.Generator().manual_seed(0)
     p, q = torch.tensor([0.7, 0.2, 0.1]), torch.tensor([0.4, 0.4, 0.2])
     x = torch.multinomial(p, 200_000, replacement=True, generator=g)
     true_kl = float((p * (p / q).log()).sum())
     for kind in ("k1", "k3"):
-        est = float(kl_estimate(p[x].log(), q[x].log(), kind).mean())
+        est = float(kl_estimate(p[x].log(), q[x].log(), torch.ones(len(x)), kind).mean())
         assert est == pytest.approx(true_kl, abs=0.01), kind
     with pytest.raises(ValueError, match="k1, k2, k3"):
-        kl_estimate(logp, ref, "k4")
+        kl_estimate(logp, ref, mask, "k4")
 
 
 def test_masked_whiten_uses_only_masked_entries():

@@ -465,15 +465,17 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     return float(1 - (r - v).var() / r.var())
 
 
-# --- KL and entropy --------------------------------------------------------------------
-def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") -> torch.Tensor:
+# --- KL --------------------------------------------------------------------------------
+def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor,
+                kind: str = "k3") -> torch.Tensor:
     """Per-token estimate of KL(policy || reference) from sampled-token logprobs.
 
     ``k1``: ``logp - ref``; ``k2``: ``0.5 (logp - ref)^2``; ``k3`` (low-variance,
     unbiased, >= 0): ``exp(ref - logp) - (ref - logp) - 1``; ``abs``: ``|logp - ref|``.
-    Same shape as the inputs; mask the result where it is consumed.
+    All inputs ``(B, T)``; the result is 0 where ``mask`` is 0. As a reward penalty
+    (``algo.kl_mode=reward``) only ``k1`` gives an unbiased gradient.
     """
-    diff = logp - ref_logp
+    diff = torch.where(mask > 0, logp - ref_logp, 0.0)
     if kind == "k1":
         return diff
     if kind == "k2":
@@ -483,9 +485,3 @@ def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") ->
     if kind == "abs":
         return diff.abs()
     raise ValueError(f"kl estimator {kind!r}; valid: {', '.join(KL_ESTIMATORS)}")
-
-
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """``(..., V)`` logits → ``(...)`` entropy of the softmax, in nats."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp).sum(-1)

@@ -24,7 +24,6 @@ from agentgym.config import Config
 from agentgym.models import resolve_model
 from trainers.algos import aggregate, explained_variance, masked_mean, value_loss
 from trainers.backends.base import batched_apply
-from trainers.backends.single import SingleBackend
 from trainers.batch import Batch
 from trainers.grpo import make_backend, minibatch_updates
 

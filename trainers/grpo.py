@@ -36,7 +36,8 @@ import logging
 import random
 import time
 from pathlib import Path
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
@@ -210,7 +211,7 @@ def score(cfg: Config, backend: SingleBackend, ref, trajs: list[Trajectory], tok
         ref_logp, _ = batched_logprobs(ref, batch, temperature, cfg.trainer.micro_batch_tokens)
         batch.extra["ref_logp"] = ref_logp
         if a.kl_mode == "reward":
-            kl_tok = kl_estimate(batch.extra["old_logp"], ref_logp, a.kl_estimator) * mask
+            kl_tok = kl_estimate(batch.extra["old_logp"], ref_logp, mask, a.kl_estimator)
             rewards = rewards - a.kl_coef * kl_tok
             m["rollout/kl_penalty"] = float(a.kl_coef * kl_tok.sum() / mask.sum().clamp(min=1))
     return batch, rewards, m
@@ -263,7 +264,7 @@ def make_loss_fn(cfg: Config, temperature: float, num_tokens: float, num_seqs: i
         metrics.update({k: v * share for k, v in stats.items()})
         metrics["pg_loss"] = float(loss.detach())
         if "ref_logp" in mb.extra:
-            kl_tok = kl_estimate(logp, mb.extra["ref_logp"].to(dev), a.kl_estimator)
+            kl_tok = kl_estimate(logp, mb.extra["ref_logp"].to(dev), mask, a.kl_estimator)
             metrics["kl"] = float(masked_mean(kl_tok.detach(), mask)) * share
             if a.kl_mode == "loss":
                 kl = aggregate(kl_tok, mask, **agg)
@@ -308,27 +309,84 @@ def update_policy(cfg: Config, backend: SingleBackend, batch: Batch, temperature
     return m
 
 
-# --- 6. metrics, eval, checkpoints -----------------------------------------------------
-def end_step(cfg: Config, done: int, m: dict, run_dir: Path, backend, tokenizer, engine,
-             eval_rows: list[dict], metrics_log: MetricsLogger, hooks: Hooks,
-             state: dict, critic=None) -> None:
-    """Periodic eval, the step's metrics line, and a checkpoint when one is due."""
-    t = cfg.trainer
-    if eval_rows and t.eval_every and done % t.eval_every == 0 and done < t.total_steps:
-        m.update(evaluate(cfg, engine, tokenizer, eval_rows, hooks))
-    metrics_log.log(done, m)
-    if done % t.save_every == 0 or done == t.total_steps:
-        save_checkpoint(run_dir, done, backend, tokenizer, state, critic=critic)
-    hooks.step_end(done, m)
+# --- the run around the steps: start-up, 6. metrics / eval / checkpoints, tear-down ----
+@dataclass
+class Session:
+    """What a recipe's step loop works with, from :func:`open_session`."""
+
+    cfg: Config
+    hooks: Hooks
+    run_dir: Path
+    rows: list[dict]  # training rows, shuffled with trainer.seed
+    eval_rows: list[dict]
+    tokenizer: Any
+    backend: SingleBackend
+    engine: Any
+    ref: Any  # frozen reference model, or None
+    manager: GenerationManager
+    metrics_log: MetricsLogger
+    critic: Any  # trainers.critic.Critic, or None
+    start: int  # first step to run (after a resume)
+    cursor: int  # next training row
+    version: int  # policy version the engine holds
+    temperature: float
+
+    def end_step(self, done: int, m: dict) -> None:
+        """Periodic eval, the step's metrics line, and a checkpoint when one is due."""
+        t = self.cfg.trainer
+        if self.eval_rows and t.eval_every and done % t.eval_every == 0 and done < t.total_steps:
+            m.update(evaluate(self.cfg, self.engine, self.tokenizer, self.eval_rows, self.hooks))
+        self.metrics_log.log(done, m)
+        if done % t.save_every == 0 or done == t.total_steps:
+            save_checkpoint(self.run_dir, done, self.backend, self.tokenizer,
+                            {"data_cursor": self.cursor, "policy_version": self.version},
+                            critic=self.critic.backend if self.critic else None)
+        self.hooks.step_end(done, m)
+
+    def sync(self) -> None:
+        """A new policy version: trainer weights into the engine."""
+        self.version += 1
+        sync_weights(self.engine, self.backend, self.version)
+
+    def finish(self) -> None:
+        """The final held-out eval (when configured and a step ran)."""
+        t = self.cfg.trainer
+        if self.eval_rows and self.start < t.total_steps:
+            final = evaluate(self.cfg, self.engine, self.tokenizer, self.eval_rows, self.hooks)
+            self.metrics_log.log(t.total_steps, final)
+            self.hooks.step_end(t.total_steps, final)
+
+    def close(self) -> None:
+        self.manager.close()
+        self.engine.close()
+        self.metrics_log.close()
 
 
-def load_data(cfg: Config) -> tuple[list[dict], list[dict]]:
-    """Training rows (shuffled with ``trainer.seed``) and held-out eval rows."""
+def open_session(cfg: Config, hooks: Hooks | None = None,
+                 make_critic: Callable[[Path], Any] | None = None) -> Session:
+    """Run directory, data, models (``make_critic(policy_path)`` for a critic), resume
+    from the latest checkpoint (weights, data position, policy version), the step-0 eval."""
+    hooks = hooks or Hooks()
     t = cfg.trainer
+    run_dir = start_run(cfg)
     rows = load_rows(cfg.env, cfg.data, cfg.limit)
     random.Random(t.seed).shuffle(rows)
     eval_rows = load_rows(cfg.env, t.eval_data, t.eval_limit) if t.eval_limit else []
-    return rows, eval_rows
+    path, tokenizer, backend, engine, ref = setup(cfg)
+    critic = make_critic(path) if make_critic else None
+    state = resume(t.resume, run_dir, backend, critic.backend if critic else None)
+    start = state["step"]
+    version = state.get("policy_version", start)
+    if version:
+        sync_weights(engine, backend, version)
+    s = Session(cfg, hooks, run_dir, rows, eval_rows, tokenizer, backend, engine, ref,
+                GenerationManager(engine, tokenizer, env_factory(cfg), cfg.rollout, seed=t.seed),
+                MetricsLogger(run_dir, resume_step=start), critic, start,
+                state.get("data_cursor", start * t.prompts_per_step), version,
+                cfg.rollout.temperature or 1.0)
+    if eval_rows and start == 0:
+        s.metrics_log.log(0, evaluate(cfg, engine, tokenizer, eval_rows, hooks))
+    return s
 
 
 def train(cfg: Config, hooks: Hooks | None = None) -> Path:
@@ -337,54 +395,34 @@ def train(cfg: Config, hooks: Hooks | None = None) -> Path:
     if needs_critic(cfg.algo.advantage):
         raise ValueError(f"algo.advantage={cfg.algo.advantage!r} reads a critic's values: "
                          f"run it with trainers.ppo.train (trainers.train picks the recipe)")
-    hooks = hooks or Hooks()
-    t = cfg.trainer
-    run_dir = start_run(cfg)
-    rows, eval_rows = load_data(cfg)
-    _, tokenizer, backend, engine, ref = setup(cfg)
-    state = resume(t.resume, run_dir, backend)
-    start, cursor = state["step"], state.get("data_cursor", state["step"] * t.prompts_per_step)
-    version = state.get("policy_version", start)
-    if version:
-        sync_weights(engine, backend, version)
-    metrics_log = MetricsLogger(run_dir, resume_step=start)
-    manager = GenerationManager(engine, tokenizer, env_factory(cfg), cfg.rollout, seed=t.seed)
-    temperature = cfg.rollout.temperature or 1.0
+    s = open_session(cfg, hooks)
     try:
-        if eval_rows and start == 0:
-            metrics_log.log(0, evaluate(cfg, engine, tokenizer, eval_rows, hooks))
-        for step in range(start, t.total_steps):
+        for step in range(s.start, cfg.trainer.total_steps):
             t0 = time.perf_counter()
             # 1. rollouts
-            trajs, cursor, m = collect(cfg, manager, rows, cursor, step, hooks)
+            trajs, s.cursor, m = collect(cfg, s.manager, s.rows, s.cursor, step, s.hooks)
             t1 = time.perf_counter()
             if trajs:
                 # 2. old / reference logprobs; 3. token rewards and advantages
-                batch, rewards, mm = score(cfg, backend, ref, trajs, tokenizer, temperature)
+                batch, rewards, mm = score(cfg, s.backend, s.ref, trajs, s.tokenizer,
+                                           s.temperature)
                 adv, ma = advantages(cfg, batch, rewards)
                 m.update({**mm, **ma, "time/logprobs_s": time.perf_counter() - t1})
                 # 4. policy update
                 tu = time.perf_counter()
-                m.update(update_policy(cfg, backend, batch, temperature, step, hooks))
+                m.update(update_policy(cfg, s.backend, batch, s.temperature, step, s.hooks))
                 m["time/update_s"] = time.perf_counter() - tu
             t2 = time.perf_counter()
             # 5. weight sync (none when dynamic sampling left nothing to train on)
             if trajs:
-                version += 1
-                sync_weights(engine, backend, version)
+                s.sync()
             t3 = time.perf_counter()
             # 6. metrics and checkpoints
             m.update({"time/rollout_s": t1 - t0, "time/train_s": t2 - t1, "time/sync_s": t3 - t2,
                       "time/generate_s": m["rollout/generate_s"], "time/env_s": m["rollout/env_s"],
                       "time/step_s": time.perf_counter() - t0})
-            end_step(cfg, step + 1, m, run_dir, backend, tokenizer, engine, eval_rows,
-                     metrics_log, hooks, {"data_cursor": cursor, "policy_version": version})
-        if eval_rows and start < t.total_steps:
-            final = evaluate(cfg, engine, tokenizer, eval_rows, hooks)
-            metrics_log.log(t.total_steps, final)
-            hooks.step_end(t.total_steps, final)
+            s.end_step(step + 1, m)
+        s.finish()
     finally:
-        manager.close()
-        engine.close()
-        metrics_log.close()
-    return run_dir
+        s.close()
+    return s.run_dir

@@ -27,13 +27,10 @@ import time
 from pathlib import Path
 
 from agentgym.config import Config
-from agentgym.manager import GenerationManager
-from agentgym.metrics import MetricsLogger
-from agentgym.runtime import env_factory
 from trainers.algos import needs_critic
 from trainers.critic import Critic
-from trainers.grpo import advantages, collect, end_step, load_data, score, setup, update_policy
-from trainers.run import Hooks, evaluate, resume, start_run, sync_weights
+from trainers.grpo import advantages, collect, open_session, score, update_policy
+from trainers.run import Hooks
 
 
 def train(cfg: Config, hooks: Hooks | None = None) -> Path:
@@ -42,65 +39,44 @@ def train(cfg: Config, hooks: Hooks | None = None) -> Path:
     if not needs_critic(cfg.algo.advantage):
         raise ValueError(f"algo.advantage={cfg.algo.advantage!r} uses no critic; PPO's recipe "
                          f"needs one (algo.advantage=gae, or algo=ppo)")
-    hooks = hooks or Hooks()
-    t = cfg.trainer
-    run_dir = start_run(cfg)
-    rows, eval_rows = load_data(cfg)
-    path, tokenizer, backend, engine, ref = setup(cfg)
-    critic = Critic(cfg, path)
-    state = resume(t.resume, run_dir, backend, critic.backend)
-    start, cursor = state["step"], state.get("data_cursor", state["step"] * t.prompts_per_step)
-    version = state.get("policy_version", start)
-    if version:
-        sync_weights(engine, backend, version)
-    metrics_log = MetricsLogger(run_dir, resume_step=start)
-    manager = GenerationManager(engine, tokenizer, env_factory(cfg), cfg.rollout, seed=t.seed)
-    temperature = cfg.rollout.temperature or 1.0
+    s = open_session(cfg, hooks, make_critic=lambda path: Critic(cfg, path))
+    critic = s.critic
     try:
-        if eval_rows and start == 0:
-            metrics_log.log(0, evaluate(cfg, engine, tokenizer, eval_rows, hooks))
-        for step in range(start, t.total_steps):
+        for step in range(s.start, cfg.trainer.total_steps):
             t0 = time.perf_counter()
             # 1. rollouts
-            trajs, cursor, m = collect(cfg, manager, rows, cursor, step, hooks)
+            trajs, s.cursor, m = collect(cfg, s.manager, s.rows, s.cursor, step, s.hooks)
             t1 = time.perf_counter()
             policy_updated = False
             if trajs:
                 # 2. old / reference logprobs and the critic's values
-                batch, rewards, mm = score(cfg, backend, ref, trajs, tokenizer, temperature)
+                batch, rewards, mm = score(cfg, s.backend, s.ref, trajs, s.tokenizer,
+                                           s.temperature)
                 tc = time.perf_counter()
                 batch.extra["values"], batch.extra["last_values"] = critic.values(batch)
                 # 3. GAE over sampled tokens
                 adv, ma = advantages(cfg, batch, rewards)
                 m.update({**mm, **ma, "time/logprobs_s": tc - t1})
                 # 4. critic, then policy (after the critic's warm-up)
-                m.update(critic.update(batch, step, hooks))
+                m.update(critic.update(batch, step, s.hooks))
                 tu = time.perf_counter()
                 m["time/critic_s"] = tu - tc
                 if step >= cfg.critic.warmup_steps:
-                    m.update(update_policy(cfg, backend, batch, temperature, step, hooks))
+                    m.update(update_policy(cfg, s.backend, batch, s.temperature, step, s.hooks))
                     m["time/update_s"] = time.perf_counter() - tu
                     policy_updated = True
             t2 = time.perf_counter()
             # 5. weight sync (the policy is unchanged during the critic's warm-up)
             if policy_updated:
-                version += 1
-                sync_weights(engine, backend, version)
+                s.sync()
             t3 = time.perf_counter()
-            # 6. metrics and checkpoints
+            # 6. metrics and checkpoints (the critic's in checkpoints/step_N/critic)
             m.update({"train/policy_updated": float(policy_updated),
                       "time/rollout_s": t1 - t0, "time/train_s": t2 - t1, "time/sync_s": t3 - t2,
                       "time/generate_s": m["rollout/generate_s"], "time/env_s": m["rollout/env_s"],
                       "time/step_s": time.perf_counter() - t0})
-            end_step(cfg, step + 1, m, run_dir, backend, tokenizer, engine, eval_rows,
-                     metrics_log, hooks, {"data_cursor": cursor, "policy_version": version},
-                     critic=critic.backend)
-        if eval_rows and start < t.total_steps:
-            final = evaluate(cfg, engine, tokenizer, eval_rows, hooks)
-            metrics_log.log(t.total_steps, final)
-            hooks.step_end(t.total_steps, final)
+            s.end_step(step + 1, m)
+        s.finish()
     finally:
-        manager.close()
-        engine.close()
-        metrics_log.close()
-    return run_dir
+        s.close()
+    return s.run_dir
