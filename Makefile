@@ -65,8 +65,8 @@ $(BENCH_VENV)/.installed: pyproject.toml requirements/cpu.txt requirements/bench
 	touch $@
 
 bench-trl: $(BENCH_VENV)/.installed
-	$(BENCH_VENV)/bin/python bench/grpo_vs_trl.py --model tiny
-	$(BENCH_VENV)/bin/python bench/grpo_vs_trl.py --model smollm2-135m --steps 4 --completion-len 48
+	$(BENCH_VENV)/bin/python bench/grpo_vs_trl.py --model tiny --steps 8 --repeats 2
+	$(BENCH_VENV)/bin/python bench/grpo_vs_trl.py --model smollm2-135m --steps 4 --completion-len 48 --repeats 2
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) runs .pytest_cache

@@ -1,8 +1,8 @@
 """GRPO training throughput: AgentGym's recipe against TRL's GRPOTrainer, in one run.
 
-    make bench-trl                                          # builds .venv-bench (TRL lives there only)
-    .venv-bench/bin/python bench/grpo_vs_trl.py --model tiny --steps 8
-    .venv-bench/bin/python bench/grpo_vs_trl.py --model smollm2-135m --steps 4 --completion-len 48
+    make bench-trl        # builds .venv-bench (TRL lives there only), runs both lines below
+    .venv-bench/bin/python bench/grpo_vs_trl.py --model tiny --steps 8 --repeats 2
+    .venv-bench/bin/python bench/grpo_vs_trl.py --model smollm2-135m --steps 4 --completion-len 48 --repeats 2
 
 Both sides train the same model from the same weights, one after the other in this
 process, on the same single-turn task: the test suite's toy env (reward = share of 'e'
@@ -11,7 +11,8 @@ in the reply; TRL gets the same function as its reward). Same batch: ``--prompts
 optimizer step per step (AdamW, ``--lr``, constant LR, grad clip 1.0, fp32), no KL (no
 reference model), token-mean loss (TRL's ``loss_type="dapo"``), the whole step in one
 forward/backward (no micro-batching on either side). The first step is a warm-up and
-left out; figures are medians over the rest.
+left out; figures are medians over the rest. ``--repeats R`` runs each side R times in
+A-B-B-A order, so a drift in the machine's load hits both alike.
 
 Measured per step: the whole step, its generation part, and its update part (everything
 after generation: scoring, advantages, forward/backward, optimizer step), and the
@@ -80,6 +81,7 @@ def run_agentgym(a, model_path: Path, work: Path) -> list[dict]:
         n = r["rollout/count"]
         out.append({"step_s": r["time/step_s"], "generate_s": r["time/rollout_s"],
                     "update_s": r["time/step_s"] - r["time/rollout_s"],
+                    "fwd_bwd_s": r["time/update_s"], "sync_s": r["time/sync_s"],
                     "update_tokens": n * (r["rollout/prompt_length"] + r["rollout/response_length"]),
                     "completion_len": r["rollout/generated_tokens"], "n": n,
                     "reward": r["rollout/reward"]})
@@ -139,18 +141,20 @@ def run_trl(a, model_path: Path, work: Path) -> list[dict]:
 
 
 def median(rows: list[dict], key: str) -> float:
-    return statistics.median(r[key] for r in rows[1:])  # the first step is a warm-up
+    return statistics.median(r[key] for r in rows)
 
 
 def summary(rows: list[dict]) -> dict:
-    upd = median(rows, "update_s")
+    """Medians over the measured steps (each run's first step, a warm-up, left out)."""
     for r in rows:
         r["gen_tok_s"] = r["completion_len"] * r["n"] / r["generate_s"]
-    return {"step_s": median(rows, "step_s"), "generate_s": median(rows, "generate_s"),
-            "gen_tok_s": median(rows, "gen_tok_s"),
-            "update_s": upd, "update_tok_s": median(rows, "update_tokens") / upd,
-            "completion_len": median(rows, "completion_len"),
-            "reward": statistics.mean(r.get("reward", float("nan")) for r in rows)}
+        r["update_tok_s"] = r["update_tokens"] / r["update_s"]
+    out = {k: median(rows, k) for k in ("step_s", "generate_s", "gen_tok_s", "update_s",
+                                        "update_tok_s", "completion_len")}
+    out.update({k: median(rows, k) for k in ("fwd_bwd_s", "sync_s") if k in rows[0]})
+    out["reward"] = statistics.mean(r.get("reward", float("nan")) for r in rows)
+    out["steps"] = len(rows)
+    return out
 
 
 def main() -> None:
@@ -162,6 +166,8 @@ def main() -> None:
     ap.add_argument("--completion-len", type=int, default=64)
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs of each, in A-B-B-A order so a drift in machine load cancels")
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs/ alone")
     a = ap.parse_args()
     try:
@@ -172,23 +178,30 @@ def main() -> None:
                  "-r requirements/bench.txt")
     model_path = resolve_model(a.model)
     threads = torch.get_num_threads()
-    results = {}
+    runners = {"AgentGym": run_agentgym, "TRL GRPOTrainer": run_trl}
+    names = list(runners)
+    order = [n for k in range(a.repeats) for n in (names if k % 2 == 0 else names[::-1])]
+    measured: dict[str, list[dict]] = {name: [] for name in runners}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, fn in (("AgentGym", run_agentgym), ("TRL GRPOTrainer", run_trl)):
+        for i, name in enumerate(order):
             print(f"== {name}: {a.steps} steps", flush=True)
             t0 = time.perf_counter()
-            rows = fn(a, model_path, Path(tmp))
-            results[name] = summary(rows)
+            rows = runners[name](a, model_path, Path(tmp) / str(i))
+            measured[name] += rows[1:]  # the first step of each run is a warm-up
             print(f"   {time.perf_counter() - t0:.1f}s total; per step: "
                   + ", ".join(f"{r['step_s']:.2f}" for r in rows), flush=True)
+    results = {name: summary(rows) for name, rows in measured.items()}
     ours, peer = results["AgentGym"], results["TRL GRPOTrainer"]
     lines = [f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, torch threads {threads}. "
              f"Command: `.venv-bench/bin/python bench/grpo_vs_trl.py --model {a.model} "
              f"--steps {a.steps} --prompts {a.prompts} --group {a.group} "
-             f"--completion-len {a.completion_len}` (TRL {trl.__version__}).",
+             f"--completion-len {a.completion_len} --repeats {a.repeats}` "
+             f"(TRL {trl.__version__}).",
              f"Model `{a.model}`, {a.prompts} prompts x {a.group} samples = "
              f"{a.prompts * a.group} completions per step of at most {a.completion_len} "
-             f"tokens; {a.steps} steps each, the first left out; medians per step.", "",
+             f"tokens; {a.repeats} run(s) of {a.steps} steps each, alternated A-B-B-A, the "
+             f"first step of every run left out; medians over the {ours['steps']} measured "
+             f"steps.", "",
              "| | step (s) | generation (s) | generated tokens/s | update (s) | "
              "update tokens/s | completion tokens | mean reward |",
              "|---|---|---|---|---|---|---|---|"]
@@ -199,7 +212,10 @@ def main() -> None:
     lines += ["", f"AgentGym / TRL (above 1: AgentGym faster): whole step "
               f"{peer['step_s'] / ours['step_s']:.2f}x, generated tokens/s "
               f"{ours['gen_tok_s'] / peer['gen_tok_s']:.2f}x, update tokens/s "
-              f"{ours['update_tok_s'] / peer['update_tok_s']:.2f}x."]
+              f"{ours['update_tok_s'] / peer['update_tok_s']:.2f}x.",
+              f"AgentGym's update part, median: {ours['fwd_bwd_s']:.2f} s forward/backward/"
+              f"optimizer step, {ours['sync_s']:.2f} s weight sync into its rollout engine "
+              f"(TRL samples with the training model itself), the rest scoring and collation."]
     body = "\n".join(lines)
     print(body)
     if not a.no_write:

@@ -457,10 +457,11 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
-    """``1 - Var(R - V) / Var(R)`` over sampled tokens (1 = perfect critic, <= 0 = none)."""
+    """``1 - Var(R - V) / Var(R)`` over sampled tokens (1 = perfect critic, <= 0 = none);
+    NaN when the returns have (up to float rounding) no variance to explain."""
     m = mask > 0
     r, v = returns[m].float(), values[m].float()
-    if r.numel() < 2 or float(r.var()) == 0.0:
+    if r.numel() < 2 or float(r.var()) <= 1e-8:
         return float("nan")
     return float(1 - (r - v).var() / r.var())
 
