@@ -203,11 +203,14 @@ class TrainerConfig:
     mixed_precision: str = ""  # "" (fp32) | bf16 (autocast; fp32 master weights)
     seed: int = 0
     resume: str = "auto"  # auto (latest checkpoint in run_dir) | never | a checkpoint path
-    backend: str = "single"
+    backend: str = "single"  # single (this process) | fsdp (FSDP2) | deepspeed (ZeRO)
+    nprocs: int = 1  # fsdp / deepspeed: rank processes on this machine (gloo on CPU, NCCL on GPU)
+    zero_stage: int = 2  # deepspeed: ZeRO stage 1 | 2 | 3
+    offload: bool = False  # fsdp: CPUOffloadPolicy (GPU runs); deepspeed: optimizer state on CPU
 
     def __post_init__(self) -> None:
         for name in ("total_steps", "prompts_per_step", "ppo_epochs", "mini_batches",
-                     "micro_batch_tokens", "save_every"):
+                     "micro_batch_tokens", "save_every", "nprocs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"trainer.{name} must be >= 1, got {getattr(self, name)}")
         for name in ("warmup_steps", "eval_every", "eval_limit"):
@@ -216,11 +219,14 @@ class TrainerConfig:
         if self.lr <= 0:
             raise ValueError(f"trainer.lr must be > 0, got {self.lr}")
         choices = {"lr_schedule": ("constant", "cosine"), "mixed_precision": ("", "bf16"),
-                   "backend": ("single",)}
+                   "backend": ("single", "fsdp", "deepspeed"), "zero_stage": (1, 2, 3)}
         for name, valid in choices.items():
             if getattr(self, name) not in valid:
                 raise ValueError(f"trainer.{name}={getattr(self, name)!r}; valid: "
                                  f"{', '.join(repr(v) for v in valid)}")
+        if self.backend == "single" and (self.nprocs > 1 or self.offload):
+            raise ValueError(f"trainer.nprocs={self.nprocs} / trainer.offload={self.offload} "
+                             f"need a sharded backend: trainer.backend=fsdp or deepspeed")
 
 
 @dataclass

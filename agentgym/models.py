@@ -543,3 +543,21 @@ def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu") ->
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype),
                                                  local_files_only=True)
     return model.to(device)
+
+
+def load_value_model(path: str | Path, dtype: str = "float32", device: str = "cpu") -> PreTrainedModel:
+    """A value model (PPO's critic) from a local folder: the architecture's
+    ``AutoModelForTokenClassification`` with one output, as verl builds its critic. A
+    causal-LM checkpoint loads its backbone and a fresh head (``score``); dropout is off
+    so the values the update trains are those the advantages were computed from.
+    """
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype={dtype!r}; valid: {', '.join(_DTYPES)}")
+    import torch
+    from transformers import AutoConfig, AutoModelForTokenClassification
+
+    config = AutoConfig.from_pretrained(path, num_labels=1, local_files_only=True)
+    config.classifier_dropout = 0.0
+    model = AutoModelForTokenClassification.from_pretrained(
+        path, config=config, dtype=getattr(torch, dtype), local_files_only=True)
+    return model.to(device)

@@ -142,10 +142,10 @@ def test_gae_in_the_step_bootstraps_only_truncated_rows():
 
 
 def test_overlong_penalty_enters_the_step_rewards(tiny_path, tiny_tokenizer):
-    from agentgym.models import load_model
+    from trainers.backends.base import ModelSpec
     cfg = build_config({"algo": "dapo", "algo.overlong_buffer": 4,
                         "rollout.max_response_tokens": 10})
-    backend = make_backend(cfg, load_model(tiny_path), 1e-3)
+    backend = make_backend(cfg, ModelSpec(str(tiny_path)), 1e-3)
     # response lengths (generated + observation after the prompt): 6, 8, 10
     trajs = [_traj("a", 2, 1.0), _traj("a", 4, 1.0), _traj("a", 6, 0.0)]
     batch, rewards, m = score(cfg, backend, None, trajs, tiny_tokenizer, 1.0)

@@ -1,7 +1,8 @@
 """PPO's critic: a value model, its values aligned with tokens, its clipped-value update.
 
 The value model is the policy's architecture with a scalar head: transformers'
-``AutoModelForTokenClassification`` with one label, as verl builds its critic. Its
+``AutoModelForTokenClassification`` with one label, as verl builds its critic
+(``agentgym.models.load_value_model``). Its
 backbone starts from the policy's checkpoint (``critic.model`` empty) or from another
 model (``critic.model=tiny|smollm2-135m|/path``); the head (``score``) starts fresh.
 Dropout is off, so the values the update trains are those the advantages were computed
@@ -16,6 +17,7 @@ episode.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,25 +25,15 @@ import torch
 from agentgym.config import Config
 from agentgym.models import resolve_model
 from trainers.algos import aggregate, explained_variance, masked_mean, value_loss
-from trainers.backends.base import batched_apply
+from trainers.backends.base import ModelSpec
 from trainers.batch import Batch
 from trainers.grpo import make_backend, minibatch_updates
 
 logger = logging.getLogger(__name__)
 
 
-def load_value_model(path: str | Path, dtype: str = "float32"):
-    """A token-classification model with one output (the value) from a local HF folder;
-    a causal-LM checkpoint loads its backbone, the head is initialized fresh."""
-    from transformers import AutoConfig, AutoModelForTokenClassification
-
-    config = AutoConfig.from_pretrained(path, num_labels=1, local_files_only=True)
-    config.classifier_dropout = 0.0
-    return AutoModelForTokenClassification.from_pretrained(
-        path, config=config, dtype=getattr(torch, dtype), local_files_only=True)
-
-
-def _values_fn(model, mb: Batch, device):
+def values_fn(model, mb: Batch, device):
+    """:func:`token_values` of a micro-batch, as a backend ``apply`` function."""
     return token_values(model, mb.input_ids.to(device), mb.attention_mask.to(device))
 
 
@@ -55,9 +47,32 @@ def token_values(model, input_ids: torch.Tensor, attention_mask: torch.Tensor):
     return values, out[torch.arange(out.shape[0], device=out.device), last]
 
 
+@dataclass(frozen=True)
+class ValueLoss:
+    """The clipped value loss of a micro-batch, normalized by mini-batch totals
+    (picklable, like :class:`trainers.grpo.PolicyLoss`)."""
+
+    clip: float
+    mode: str
+    num_tokens: float
+    num_seqs: int
+    norm_len: int
+
+    def __call__(self, model, mb: Batch):
+        dev = next(model.parameters()).device
+        mask = mb.loss_mask.to(dev)
+        v, _ = token_values(model, mb.input_ids.to(dev), mb.attention_mask.to(dev))
+        per_tok, stats = value_loss(v, mb.extra["values"].to(dev), mb.extra["returns"].to(dev),
+                                    mask, self.clip or None)
+        loss = aggregate(per_tok, mask, self.mode, num_tokens=self.num_tokens,
+                         num_seqs=self.num_seqs, norm_len=self.norm_len)
+        share = float(mask.sum()) / self.num_tokens
+        return loss, {"vf_loss": float(loss.detach()), **{k: x * share for k, x in stats.items()}}
+
+
 class Critic:
-    """The value model and its own optimizer (``critic.lr``; the trainer's schedule,
-    micro-batching and mixed precision).
+    """The value model and its own optimizer (``critic.lr``; the trainer's backend,
+    schedule, micro-batching and mixed precision).
 
     Args:
         cfg: the run's config (``critic.*``, ``trainer.*``, ``algo.loss_agg_mode``).
@@ -69,32 +84,13 @@ class Critic:
         self.cfg = cfg
         path = resolve_model(cfg.critic.model) if cfg.critic.model else Path(policy_path)
         logger.info("critic from %s", path)
-        self.backend = make_backend(cfg, load_value_model(path, cfg.model.dtype), cfg.critic.lr)
+        self.backend = make_backend(cfg, ModelSpec(str(path), cfg.model.dtype, "value"),
+                                    cfg.critic.lr)
 
     def values(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """``(values (B, T), last_values (B,))`` of the current critic, no grad."""
-        with self.backend.autocast():
-            v, last = batched_apply(self.backend.model, batch,
-                                    self.cfg.trainer.micro_batch_tokens, _values_fn)
+        v, last = self.backend.apply(values_fn, batch)
         return v, last
-
-    def make_loss_fn(self, num_tokens: float, num_seqs: int, norm_len: int):
-        """The clipped value loss of a micro-batch, normalized by mini-batch totals."""
-        clip = self.cfg.critic.value_clip
-        agg = dict(mode=self.cfg.algo.loss_agg_mode, num_tokens=num_tokens,
-                   num_seqs=num_seqs, norm_len=norm_len)
-
-        def loss_fn(model, mb: Batch):
-            dev = next(model.parameters()).device
-            mask = mb.loss_mask.to(dev)
-            v, _ = token_values(model, mb.input_ids.to(dev), mb.attention_mask.to(dev))
-            per_tok, stats = value_loss(v, mb.extra["values"].to(dev),
-                                        mb.extra["returns"].to(dev), mask, clip or None)
-            loss = aggregate(per_tok, mask, **agg)
-            share = float(mask.sum()) / num_tokens
-            return loss, {"vf_loss": float(loss.detach()),
-                          **{k: x * share for k, x in stats.items()}}
-        return loss_fn
 
     def update(self, batch: Batch, step: int, hooks) -> dict[str, float]:
         """``ppo_epochs`` x ``mini_batches`` steps on ``batch.extra['returns']`` with
@@ -104,10 +100,15 @@ class Critic:
              "critic/returns_mean": float(masked_mean(batch.extra["returns"], mask)),
              "critic/explained_var": explained_variance(batch.extra["values"],
                                                         batch.extra["returns"], mask)}
+        c = self.cfg
 
         def make_loss(mini: Batch):
-            return self.make_loss_fn(float(mini.loss_mask.sum().clamp(min=1)), len(mini),
-                                     self.cfg.rollout.max_response_tokens)
-        m.update(minibatch_updates(self.cfg, self.backend, batch, make_loss, step, hooks,
-                                   "critic", "critic/"))
+            return ValueLoss(c.critic.value_clip, c.algo.loss_agg_mode,
+                             float(mini.loss_mask.sum().clamp(min=1)), len(mini),
+                             c.rollout.max_response_tokens)
+        m.update(minibatch_updates(c, self.backend, batch, make_loss, step, hooks, "critic",
+                                   "critic/"))
         return m
+
+    def close(self) -> None:
+        self.backend.close()

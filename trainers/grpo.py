@@ -52,7 +52,8 @@ from trainers.algos import (ADVANTAGES, POLICY_LOSSES, aggregate, compute_advant
                             compute_policy_loss, groups_with_signal, kl_estimate,
                             masked_mean, needs_critic, needs_groups,
                             overlong_penalty)
-from trainers.backends.base import batched_logprobs, first_needed_position, sequence_logprobs
+from trainers.backends.base import (ModelSpec, batched_logprobs, first_needed_position,
+                                    sequence_logprobs)
 from trainers.backends.single import SingleBackend
 from trainers.batch import Batch, collate
 from trainers.run import (Hooks, evaluate, resume, rollouts, save_checkpoint, start_run,
@@ -81,15 +82,25 @@ def check_algo(cfg: Config) -> None:
                        "alone; consider algo.kl_estimator=k1", a.kl_estimator)
 
 
-def make_backend(cfg: Config, model, lr: float) -> SingleBackend:
-    """The training backend for ``model``; LR warmup/schedule counted in optimizer steps."""
+def make_backend(cfg: Config, spec: ModelSpec, lr: float):
+    """The training backend (``trainer.backend``: single, or fsdp/deepspeed over
+    ``trainer.nprocs`` rank processes) for the model ``spec`` describes; LR warmup and
+    schedule counted in optimizer steps."""
     t = cfg.trainer
     k = t.ppo_epochs * t.mini_batches  # optimizer steps per training step
-    return SingleBackend(model, lr=lr, weight_decay=t.weight_decay,
-                         warmup_steps=t.warmup_steps * k, total_steps=t.total_steps * k,
-                         schedule=t.lr_schedule, max_grad_norm=t.max_grad_norm,
-                         micro_batch_tokens=t.micro_batch_tokens,
-                         mixed_precision=t.mixed_precision)
+    if t.backend == "single":
+        return SingleBackend(spec.load(), lr=lr, weight_decay=t.weight_decay,
+                             warmup_steps=t.warmup_steps * k, total_steps=t.total_steps * k,
+                             schedule=t.lr_schedule, max_grad_norm=t.max_grad_norm,
+                             micro_batch_tokens=t.micro_batch_tokens,
+                             mixed_precision=t.mixed_precision)
+    from trainers.backends.distributed import DistributedBackend
+    from trainers.backends.ranks import OptimSpec
+    optim = OptimSpec(lr=lr, weight_decay=t.weight_decay, warmup_steps=t.warmup_steps * k,
+                      total_steps=t.total_steps * k, schedule=t.lr_schedule,
+                      max_grad_norm=t.max_grad_norm, mixed_precision=t.mixed_precision,
+                      zero_stage=t.zero_stage, offload=t.offload)
+    return DistributedBackend(t.backend, spec, optim, t.nprocs, t.micro_batch_tokens)
 
 
 def setup(cfg: Config):
@@ -98,7 +109,7 @@ def setup(cfg: Config):
     check_algo(cfg)
     path = resolve_model(cfg.model.path or cfg.model.name)
     tokenizer = load_tokenizer(path)
-    backend = make_backend(cfg, load_model(path, dtype=cfg.model.dtype), cfg.trainer.lr)
+    backend = make_backend(cfg, ModelSpec(str(path), cfg.model.dtype), cfg.trainer.lr)
     engine = build_engine(cfg, load_model(path, dtype=cfg.engine.dtype or cfg.model.dtype),
                           tokenizer)
     ref = load_model(path, dtype=cfg.model.dtype).eval() if cfg.algo.kl_coef > 0 else None
@@ -230,25 +241,32 @@ def advantages(cfg: Config, batch: Batch, rewards: torch.Tensor) -> tuple[torch.
 
 
 # --- 4. update -------------------------------------------------------------------------
-def make_loss_fn(cfg: Config, temperature: float, num_tokens: float, num_seqs: int,
-                 norm_len: int):
+@dataclass(frozen=True)
+class PolicyLoss:
     """The policy's micro-batch loss; totals are the mini-batch's so accumulation is exact.
 
     Metrics are returned as additive contributions (token-weighted shares for means), so
     summing them over micro-batches gives the mini-batch value whatever the split
     (``*_max`` keys are maxima). Without ``old_logp`` in the batch, the old logprobs are
-    this forward pass's own (:func:`reuses_update_logprobs`), and the drift is measured here.
+    this forward pass's own (:func:`reuses_update_logprobs`), and the drift is measured
+    here. A small picklable class, so distributed backends can send it to their ranks.
     """
-    a = cfg.algo
-    agg = dict(mode=a.loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
-               norm_len=norm_len)
 
-    def loss_fn(model, mb: Batch):
+    algo: Any  # agentgym.config.AlgoConfig
+    temperature: float
+    num_tokens: float
+    num_seqs: int
+    norm_len: int
+
+    def __call__(self, model, mb: Batch):
+        a, num_tokens = self.algo, self.num_tokens
+        agg = dict(mode=a.loss_agg_mode, num_tokens=num_tokens, num_seqs=self.num_seqs,
+                   norm_len=self.norm_len)
         dev = next(model.parameters()).device
         ids, attn, mask = (mb.input_ids.to(dev), mb.attention_mask.to(dev),
                            mb.loss_mask.to(dev))
         share = float(mask.sum()) / num_tokens
-        logp, entropy = sequence_logprobs(model, ids, attn, temperature, with_entropy=True,
+        logp, entropy = sequence_logprobs(model, ids, attn, self.temperature, with_entropy=True,
                                           start=first_needed_position(mb.loss_mask),
                                           entropy_grad=a.entropy_coef > 0)
         metrics = {"entropy": float(masked_mean(entropy.detach(), mask)) * share}
@@ -273,7 +291,12 @@ def make_loss_fn(cfg: Config, temperature: float, num_tokens: float, num_seqs: i
         if a.entropy_coef > 0:
             loss = loss - a.entropy_coef * aggregate(entropy, mask, **agg)
         return loss, metrics
-    return loss_fn
+
+
+def make_loss_fn(cfg: Config, temperature: float, num_tokens: float, num_seqs: int,
+                 norm_len: int) -> PolicyLoss:
+    """The policy loss of one mini-batch (its token and sequence totals)."""
+    return PolicyLoss(cfg.algo, temperature, num_tokens, num_seqs, norm_len)
 
 
 def minibatch_updates(cfg: Config, backend: SingleBackend, batch: Batch,
@@ -360,6 +383,9 @@ class Session:
         self.manager.close()
         self.engine.close()
         self.metrics_log.close()
+        self.backend.close()  # a sharded backend stops its rank processes
+        if self.critic is not None:
+            self.critic.close()
 
 
 def open_session(cfg: Config, hooks: Hooks | None = None,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 import random
 import time
 from pathlib import Path
@@ -93,17 +94,23 @@ def epoch_batches(lengths: list[int], batch_size: int, seed: int, epoch: int,
     return batches
 
 
-def sft_loss_fn(num_tokens: float):
+@dataclass(frozen=True)
+class NLLLoss:
     """Micro-batch loss: token-mean NLL over the whole optimizer batch (exact under
-    gradient accumulation, like the RL losses' ``token-mean``)."""
-    def loss_fn(model, mb: Batch):
+    gradient accumulation, like the RL losses' ``token-mean``); picklable."""
+
+    num_tokens: float
+
+    def __call__(self, model, mb: Batch):
         dev = next(model.parameters()).device
         mask = mb.loss_mask.to(dev)
         logp, _ = sequence_logprobs(model, mb.input_ids.to(dev), mb.attention_mask.to(dev),
                                     start=first_needed_position(mb.loss_mask))
-        loss = aggregate(-logp, mask, "token-mean", num_tokens=num_tokens)
-        return loss, {}
-    return loss_fn
+        return aggregate(-logp, mask, "token-mean", num_tokens=self.num_tokens), {}
+
+
+def sft_loss_fn(num_tokens: float) -> NLLLoss:
+    return NLLLoss(num_tokens)
 
 
 def padding_stats(micro: list[Batch]) -> tuple[int, int]:

@@ -3,7 +3,9 @@
 A backend owns the policy's trainable weights and optimizer:
 
 * ``logprobs(batch, temperature)`` → ``(B, T)`` per-token logprobs (no grad), plus the
-  per-token entropy when asked;
+  per-token entropy when asked; ``apply(fn, batch)`` → any no-grad per-row function of
+  the model (``fn(model, micro_batch, device) -> tuple of tensors``, picklable);
+* ``split(batch)`` → the token-budgeted micro-batches of a mini-batch;
 * ``train_step(batches, loss_fn)`` → one optimizer step over the micro-batches
   (gradients accumulated; ``loss_fn(model, micro_batch)`` returns ``(loss, metrics)``
   with the loss already scaled so the micro-batch losses sum to the mini-batch loss;
@@ -15,20 +17,46 @@ A backend owns the policy's trainable weights and optimizer:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 import torch
 
 from trainers.batch import Batch
 
+#: ``loss_fn(model, micro_batch) -> (loss, metrics)``; a picklable object (a small class,
+#: not a closure) so that a distributed backend can send it to its rank processes.
 LossFn = Callable[[Any, Batch], "tuple[torch.Tensor, dict[str, float]]"]
 
 
-class Backend(Protocol):
-    model: Any
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a backend trains, loadable in this process or in a rank process.
 
+    Attributes:
+        path: a local HF folder (``agentgym.models.resolve_model``).
+        dtype: ``float32`` or ``bfloat16`` weights.
+        kind: ``causal_lm`` (the policy) or ``value`` (PPO's critic, one output per token).
+    """
+
+    path: str
+    dtype: str = "float32"
+    kind: str = "causal_lm"
+
+    def load(self):
+        from agentgym.models import load_model, load_value_model
+        if self.kind not in ("causal_lm", "value"):
+            raise ValueError(f"model kind {self.kind!r}; valid: causal_lm, value")
+        return (load_model if self.kind == "causal_lm" else load_value_model)(self.path, self.dtype)
+
+
+class Backend(Protocol):
     def logprobs(self, batch: Batch, temperature: float,
                  with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+
+    def apply(self, fn, batch: Batch) -> list[torch.Tensor]: ...
+
+    def split(self, batch: Batch) -> list[Batch]: ...
 
     def train_step(self, batches: list[Batch], loss_fn: LossFn) -> dict[str, float]: ...
 
@@ -50,10 +78,18 @@ _KEEPS_LOGITS: dict[type, bool] = {}
 
 
 def _accepts_logits_to_keep(model) -> bool:
+    """Whether ``model(…, logits_to_keep=N)`` works; a wrapper whose forward takes
+    ``**kwargs`` (DeepSpeed's engine) answers for the module it wraps."""
     import inspect
     cls = type(model)
     if cls not in _KEEPS_LOGITS:
-        _KEEPS_LOGITS[cls] = "logits_to_keep" in inspect.signature(cls.forward).parameters
+        params = inspect.signature(cls.forward).parameters
+        if "logits_to_keep" in params:
+            _KEEPS_LOGITS[cls] = True
+        elif any(p.kind is p.VAR_KEYWORD for p in params.values()) and hasattr(model, "module"):
+            _KEEPS_LOGITS[cls] = _accepts_logits_to_keep(model.module)
+        else:
+            _KEEPS_LOGITS[cls] = False
     return _KEEPS_LOGITS[cls]
 
 
@@ -112,13 +148,22 @@ def batched_apply(model, batch: Batch, micro_batch_tokens: int, fn) -> list[torc
     return [torch.cat(col) for col in zip(*parts)]
 
 
+@dataclass(frozen=True)
+class LogprobFn:
+    """:func:`sequence_logprobs` as an :func:`batched_apply` function (picklable)."""
+
+    temperature: float
+    with_entropy: bool = False
+
+    def __call__(self, model, mb: Batch, device):
+        lp, ent = sequence_logprobs(model, mb.input_ids.to(device), mb.attention_mask.to(device),
+                                    self.temperature, self.with_entropy,
+                                    start=first_needed_position(mb.loss_mask))
+        return (lp, ent) if self.with_entropy else (lp,)
+
+
 def batched_logprobs(model, batch: Batch, temperature: float, micro_batch_tokens: int,
                      with_entropy: bool = False):
     """:func:`sequence_logprobs` over a whole batch in token-budgeted micro-batches."""
-    def fn(m, mb: Batch, device):
-        lp, ent = sequence_logprobs(m, mb.input_ids.to(device), mb.attention_mask.to(device),
-                                    temperature, with_entropy,
-                                    start=first_needed_position(mb.loss_mask))
-        return (lp, ent) if with_entropy else (lp,)
-    out = batched_apply(model, batch, micro_batch_tokens, fn)
+    out = batched_apply(model, batch, micro_batch_tokens, LogprobFn(temperature, with_entropy))
     return out[0], (out[1] if with_entropy else None)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from trainers.backends.base import LossFn, batched_logprobs
+from trainers.backends.base import LogprobFn, LossFn, batched_apply
 from trainers.batch import Batch, micro_batches
 
 logger = logging.getLogger(__name__)
@@ -66,10 +66,17 @@ class SingleBackend:
         return torch.autocast(self.device.type, dtype=torch.bfloat16,
                               enabled=self.mixed_precision == "bf16")
 
-    def logprobs(self, batch: Batch, temperature: float, with_entropy: bool = False):
+    def apply(self, fn, batch: Batch) -> list[torch.Tensor]:
+        """``fn(model, micro_batch, device)`` over the batch's micro-batches, no grad."""
         with self.autocast():
-            return batched_logprobs(self.model, batch, temperature, self.micro_batch_tokens,
-                                    with_entropy)
+            return batched_apply(self.model, batch, self.micro_batch_tokens, fn)
+
+    def logprobs(self, batch: Batch, temperature: float, with_entropy: bool = False):
+        out = self.apply(LogprobFn(temperature, with_entropy), batch)
+        return out[0], (out[1] if with_entropy else None)
+
+    def close(self) -> None:
+        """Nothing to release (distributed backends stop their rank processes)."""
 
     def train_step(self, batches: list[Batch], loss_fn: LossFn) -> dict[str, float]:
         self.model.train()
