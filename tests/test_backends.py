@@ -9,7 +9,7 @@ import torch
 
 from agentgym.config import build_config
 from agentgym.types import Trajectory
-from trainers.backends.base import LogprobFn, ModelSpec
+from trainers.backends.base import ModelSpec
 from trainers.backends.distributed import DistributedBackend
 from trainers.backends.ranks import OptimSpec
 from trainers.backends.single import SingleBackend

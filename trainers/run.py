@@ -79,14 +79,32 @@ def resume(policy: str, run_dir: Path, backend, critic=None) -> dict[str, Any]:
                              f"trainer.resume=never")
         critic.load(ckpt / "critic")
     state = json.loads((ckpt / "state.json").read_text())
+    if (ckpt / "rng.pt").exists():
+        set_rng_state(torch.load(ckpt / "rng.pt", weights_only=False))
     logger.info("resumed from %s at step %d", ckpt, state["step"])
     return state
 
 
+def rng_state() -> dict[str, Any]:
+    """This process's random generators: Python's, NumPy's and torch's."""
+    import numpy as np
+    return {"python": random.getstate(), "numpy": np.random.get_state(),
+            "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    import numpy as np
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
 def save_checkpoint(run_dir: Path, step: int, backend, tokenizer,
                     state: dict[str, Any] | None = None, critic=None) -> Path:
-    """``run_dir/checkpoints/step_N``: HF weights + tokenizer + optimizer + ``state.json``
-    (step, data position, …), and the critic's in ``critic/`` when there is one.
+    """``run_dir/checkpoints/step_N``: HF weights + tokenizer + the backend's optimizer
+    and scheduler state (sharded for fsdp/deepspeed) + the driver's RNG states
+    (``rng.pt``) + ``state.json`` (step, data position, policy version), and the
+    critic's in ``critic/`` when there is one.
 
     Written to ``step_N.tmp`` and renamed into place, so a kill mid-save leaves nothing
     that ``trainer.resume=auto`` would pick up (it only reads ``step_<digits>`` folders).
@@ -98,6 +116,7 @@ def save_checkpoint(run_dir: Path, step: int, backend, tokenizer,
     backend.save(tmp, tokenizer=tokenizer)
     if critic is not None:
         critic.save(tmp / "critic")
+    torch.save(rng_state(), tmp / "rng.pt")
     (tmp / "state.json").write_text(json.dumps({**(state or {}), "step": step}) + "\n")
     if final.exists():  # re-saving a step (after a resume): move the old one aside first
         old = final.with_name(final.name + ".old")

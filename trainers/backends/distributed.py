@@ -19,22 +19,26 @@ machine has CUDA) and each build their shard of the model
   ``torch.distributed.checkpoint``, DeepSpeed through ``save_checkpoint``), and rank 0
   the full HF weights, so a checkpoint both resumes the run and loads in transformers.
 
-Without Ray, the ranks are ``multiprocessing`` spawn processes talking over pipes
-(pickled bytes). They die with the driver (``PR_SET_PDEATHSIG``), so a killed run
-leaves no rank behind holding memory or the rendezvous port.
+Without Ray, the ranks are processes started as ``python -m trainers.backends.distributed``
+(like torchrun's workers, so a user's script is never re-imported) that connect back
+to the driver over an authenticated loopback socket (pickled bytes). They die with the
+driver (``PR_SET_PDEATHSIG``), so a killed run leaves no rank behind holding memory or
+the rendezvous port.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
-import multiprocessing as mp
 import os
 import pickle
 import signal
 import socket
+import subprocess
+import sys
 import time
 import traceback
+from multiprocessing.connection import Client, Listener
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +84,6 @@ def init_rank(rank: int, world: int, addr: str, port: int, kind: str, threads: i
 def serve(conn, rank: int, world: int, port: int, kind: str, spec: ModelSpec,
           optim: OptimSpec, threads: int) -> None:
     """A rank process: build the shard, then answer the driver's calls until told to stop."""
-    _die_with_parent()
     from trainers.backends.ranks import RANK_BACKENDS
 
     def reply(status: str, payload: Any) -> None:
@@ -111,23 +114,37 @@ def serve(conn, rank: int, world: int, port: int, kind: str, spec: ModelSpec,
         pass
 
 
-class PipeRanks:
-    """N rank processes (``multiprocessing`` spawn) and their pipes."""
+class ProcessRanks:
+    """N rank processes, started as ``python -m trainers.backends.distributed`` (as
+    torchrun starts its workers: the driver's ``__main__`` is never re-imported) and
+    connected back to the driver over an authenticated loopback socket."""
 
     def __init__(self, n: int, kind: str, spec: ModelSpec, optim: OptimSpec,
                  start_timeout_s: float = 1800.0) -> None:
-        ctx = mp.get_context("spawn")
+        key = os.urandom(16)
         port = free_port()
         threads = max(1, (os.cpu_count() or 1) // n)
+        env = {**os.environ, "AGENTGYM_RANK_AUTHKEY": key.hex(),
+               "PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))}
         self.conns, self.procs = [], []
-        for r in range(n):
-            parent, child = ctx.Pipe()
-            p = ctx.Process(target=serve, name=f"agentgym-{kind}-rank{r}", daemon=True,
-                            args=(child, r, n, port, kind, spec, optim, threads))
-            p.start()
-            child.close()
-            self.conns.append(parent)
-            self.procs.append(p)
+        with Listener(("127.0.0.1", 0), authkey=key) as listener:
+            host, lport = listener.address
+            for r in range(n):
+                self.procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "trainers.backends.distributed", f"{host}:{lport}",
+                     str(r)], env=env))
+            listener._listener._socket.settimeout(start_timeout_s)
+            accepted = {}
+            for _ in range(n):
+                try:
+                    conn = listener.accept()
+                except (socket.timeout, OSError) as e:
+                    self.close(force=True)
+                    raise RuntimeError(f"{kind} ranks did not connect: {e}") from e
+                accepted[conn.recv()] = conn  # each rank says which it is
+            self.conns = [accepted[r] for r in range(n)]
+        for conn in self.conns:
+            conn.send((n, port, kind, spec, optim, threads))
         self._gather(timeout_s=start_timeout_s)  # (first DeepSpeed runs JIT-build ops)
         logger.info("%d %s ranks up (port %d, %d threads each)", n, kind, port, threads)
 
@@ -148,14 +165,14 @@ class PipeRanks:
                     try:
                         status, payload = pickle.loads(conn.recv_bytes())
                     except EOFError:
-                        status, payload = "error", "connection closed"
+                        status, payload = "error", f"connection closed (exit code {p.poll()})"
                     if status == "error":
                         self.close(force=True)
                         raise RuntimeError(f"rank {r} failed:\n{payload}")
                     results[r] = payload
-                elif not p.is_alive():
+                elif p.poll() is not None:
                     self.close(force=True)
-                    raise RuntimeError(f"rank {r} exited with code {p.exitcode}")
+                    raise RuntimeError(f"rank {r} exited with code {p.returncode}")
             if timeout_s is not None and time.monotonic() - start > timeout_s:
                 self.close(force=True)
                 raise TimeoutError(f"ranks did not answer within {timeout_s:.0f}s")
@@ -163,17 +180,33 @@ class PipeRanks:
 
     def close(self, force: bool = False) -> None:
         for conn, p in zip(self.conns, self.procs):
-            if not force and p.is_alive():
+            if not force and p.poll() is None:
                 try:
                     conn.send_bytes(pickle.dumps(("close", ())))
-                except (BrokenPipeError, OSError):
+                except OSError:
                     pass
         for p in self.procs:
-            p.join(timeout=0 if force else 30)
-            if p.is_alive():
+            try:
+                p.wait(timeout=0.1 if force else 30)
+            except subprocess.TimeoutExpired:
                 p.kill()
-                p.join(timeout=10)
+                p.wait(timeout=10)
+        for conn in self.conns:
+            conn.close()
         self.conns, self.procs = [], []
+
+
+def _rank_main(address: str, rank: int) -> None:
+    """Entry point of a rank process: connect to the driver, learn the job, serve it."""
+    import warnings
+    _die_with_parent()
+    # DeepSpeed 0.19 calls collectives torch 2.13 deprecated; one warning per call
+    warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
+    host, port = address.rsplit(":", 1)
+    conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ["AGENTGYM_RANK_AUTHKEY"]))
+    conn.send(rank)
+    world, pg_port, kind, spec, optim, threads = conn.recv()
+    serve(conn, rank, world, pg_port, kind, spec, optim, threads)
 
 
 def dummy_like(batch: Batch) -> Batch:
@@ -204,7 +237,7 @@ class DistributedBackend:
                  micro_batch_tokens: int, ranks=None) -> None:
         self.kind, self.n = kind, nprocs
         self.micro_batch_tokens = micro_batch_tokens
-        self.ranks = ranks or PipeRanks(nprocs, kind, spec, optim)
+        self.ranks = ranks or ProcessRanks(nprocs, kind, spec, optim)
 
     def split(self, batch: Batch) -> list[Batch]:
         lengths = batch.attention_mask.sum(-1).tolist()
@@ -289,3 +322,7 @@ class DistributedBackend:
 
     def close(self) -> None:
         self.ranks.close()
+
+
+if __name__ == "__main__":
+    _rank_main(sys.argv[1], int(sys.argv[2]))

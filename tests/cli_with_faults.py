@@ -1,0 +1,38 @@
+"""``python tests/cli_with_faults.py train …``: the agentgym CLI with the test toy env
+registered, for tests that run training in a subprocess.
+
+Fault injection (tests only): with ``AGENTGYM_TEST_KILL_IN_SAVE=N`` the process sends
+itself SIGKILL in the middle of saving checkpoint N: after the backend has written its
+weights and optimizer shards into ``step_N.tmp``, before ``state.json`` and the rename
+that mark the checkpoint complete.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import envs  # noqa: E402
+from trainers.backends.distributed import DistributedBackend  # noqa: E402
+from trainers.backends.single import SingleBackend  # noqa: E402
+
+envs.register_env("agentgym-test/Letter-v0", "toy_envs:LetterEnv")
+
+KILL_AT = os.environ.get("AGENTGYM_TEST_KILL_IN_SAVE")
+if KILL_AT:
+    def dying(save):
+        def wrapper(self, path, tokenizer=None):
+            save(self, path, tokenizer)
+            if Path(path).name == f"step_{KILL_AT}.tmp":
+                os.kill(os.getpid(), signal.SIGKILL)
+        return wrapper
+    SingleBackend.save = dying(SingleBackend.save)
+    DistributedBackend.save = dying(DistributedBackend.save)
+
+if __name__ == "__main__":
+    from agentgym.cli import main
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,103 @@
+"""A training run killed with SIGKILL (at a random step, or in the middle of saving a
+checkpoint) and resumed with ``trainer.resume=auto`` logs the same metrics, step for
+step, as an uninterrupted run: single, FSDP2 and DeepSpeed backends, CPU, fixed seeds."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agentgym.data import write_jsonl
+from toy_envs import letter_rows
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = 3
+BACKENDS = {"single": [], "fsdp": ["trainer.backend=fsdp", "trainer.nprocs=2"],
+            "deepspeed": ["trainer.backend=deepspeed", "trainer.nprocs=2",
+                          "trainer.zero_stage=3"]}
+
+
+def _args(tmp: Path, run: Path, backend: str) -> list[str]:
+    data = tmp / "toy.jsonl"
+    if not data.exists():
+        write_jsonl(data, letter_rows(16))
+    return ["train", "env=agentgym-test/Letter-v0", "model=tiny", f"data={data}",
+            f"trainer.total_steps={STEPS}", "trainer.prompts_per_step=2", "n=4",
+            "rollout.max_tokens_per_turn=8", "trainer.lr=1e-2", "trainer.eval_limit=0",
+            "trainer.save_every=1", f"run_dir={run}", *BACKENDS[backend]]
+
+
+def _start(args: list[str], env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(ROOT / "tests" / "cli_with_faults.py"), *args],
+                            cwd=ROOT, env={**os.environ, **(env or {})},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _metrics(run: Path) -> list[dict]:
+    f = run / "metrics.jsonl"
+    if not f.exists():
+        return []
+    rows = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
+    # timings and per-trajectory clock readings differ between any two runs
+    return [{k: v for k, v in r.items() if not k.startswith("time/")
+             and k not in ("rollout/generate_s", "rollout/env_s")} for r in rows]
+
+
+def _finish(proc: subprocess.Popen) -> None:
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The metrics of an uninterrupted run per backend; the three runs start together
+    (their start-up is mostly imports, which the two cores overlap)."""
+    tmp = tmp_path_factory.mktemp("straight")
+    procs = {b: _start(_args(tmp, tmp / b, b)) for b in BACKENDS}
+    for proc in procs.values():
+        _finish(proc)
+    return {b: _metrics(tmp / b) for b in BACKENDS}
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_sigkill_at_a_random_step_then_resume(tmp_path, uninterrupted, backend):
+    k = random.randint(1, STEPS - 1)  # killed once step k is logged: during step k + 1
+    run = tmp_path / "run"
+    proc = _start(_args(tmp_path, run, backend))
+    deadline = time.monotonic() + 600
+    while not any(r["step"] >= k for r in _metrics(run)):
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, "the run did not reach the kill step"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    _finish(_start(_args(tmp_path, run, backend)))  # trainer.resume=auto is the default
+    got = _metrics(run)
+    assert [r["step"] for r in got] == list(range(1, STEPS + 1)), f"killed after step {k}"
+    assert got == uninterrupted[backend], f"killed after step {k}"
+
+
+@pytest.mark.parametrize("backend", ["single", pytest.param("fsdp", marks=pytest.mark.slow),
+                                     pytest.param("deepspeed", marks=pytest.mark.slow)])
+def test_sigkill_during_a_save_then_resume(tmp_path, uninterrupted, backend):
+    run = tmp_path / "run"
+    proc = _start(_args(tmp_path, run, backend), env={"AGENTGYM_TEST_KILL_IN_SAVE": "2"})
+    proc.communicate(timeout=600)
+    assert proc.returncode == -signal.SIGKILL
+    ckpts = run / "checkpoints"
+    assert (ckpts / "step_2.tmp").is_dir() and not (ckpts / "step_2").exists()
+    assert not (ckpts / "step_2.tmp" / "state.json").exists()  # not marked complete
+    _finish(_start(_args(tmp_path, run, backend)))
+    got = _metrics(run)
+    assert [r["step"] for r in got] == list(range(1, STEPS + 1))
+    assert got == uninterrupted[backend]
+    assert not (ckpts / "step_2.tmp").exists()  # the leftover was replaced
