@@ -25,10 +25,26 @@ from agentgym.registry import did_you_mean
 
 
 @dataclass
+class LoraConfig:
+    """``model.lora.*``: LoRA adapters (peft) instead of training every weight."""
+
+    rank: int = 0  # > 0: train rank-r adapters only (export and weight sync merge them); 0 = off
+    alpha: float = 16.0  # scaling = alpha / rank
+    dropout: float = 0.0  # > 0 makes the update's logprobs differ from the rollout's
+    target_modules: str = "all-linear"  # peft module names, comma-separated, or all-linear
+
+    def __post_init__(self) -> None:
+        if self.rank < 0 or self.alpha <= 0 or not 0 <= self.dropout < 1:
+            raise ValueError(f"model.lora: rank must be >= 0, alpha > 0, dropout in [0, 1); got "
+                             f"{self.rank}, {self.alpha}, {self.dropout}")
+
+
+@dataclass
 class ModelConfig:
     name: str = "smollm2-135m"  # tiny | smollm2-135m | a local HF folder
     path: str = ""  # a local HF folder; overrides name when set
     dtype: str = "float32"  # float32 | bfloat16
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16"):

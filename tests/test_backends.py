@@ -87,3 +87,29 @@ def test_sharded_backends_match_single(reference, tiny_path, kind, stage):
     # the steps moved the weights far more than the disagreement
     init = ModelSpec(str(tiny_path)).load().state_dict()
     assert max(float((weights[k] - init[k]).abs().max()) for k in weights) > 100 * WATOL
+
+
+@pytest.fixture(scope="module")
+def lora_reference(tiny_path, tiny_tokenizer):
+    from trainers.lora import LoraSpec
+    cfg = build_config({})
+    spec = ModelSpec(str(tiny_path), lora=LoraSpec(4, 8.0))
+    batches = _batches(tiny_tokenizer)
+    single = SingleBackend(spec.load(), lr=1e-2, micro_batch_tokens=64)
+    return cfg, spec, batches, _run(single, batches, cfg)
+
+
+@pytest.mark.parametrize("kind,stage", [("fsdp", 0), ("deepspeed", 3)])
+def test_sharded_lora_matches_single(lora_reference, kind, stage):
+    """LoRA adapters trained on 2 ranks: the same losses and merged weights as one."""
+    cfg, spec, batches, (losses, _, lp, _, weights) = lora_reference
+    backend = DistributedBackend(kind, spec, OptimSpec(lr=1e-2, zero_stage=stage or 2), 2, 64)
+    try:
+        d_losses, _, d_lp, _, d_weights = _run(backend, batches, cfg)
+    finally:
+        backend.close()
+    assert d_losses == pytest.approx(losses, rel=RTOL)
+    torch.testing.assert_close(d_lp, lp, atol=LPTOL, rtol=0)
+    assert d_weights.keys() == weights.keys() and not any("lora" in k for k in weights)
+    for k in weights:
+        torch.testing.assert_close(d_weights[k], weights[k], atol=WATOL, rtol=0), k

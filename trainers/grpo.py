@@ -56,6 +56,7 @@ from trainers.backends.base import (ModelSpec, batched_logprobs, first_needed_po
                                     sequence_logprobs)
 from trainers.backends.single import SingleBackend
 from trainers.batch import Batch, collate
+from trainers.lora import LoraSpec
 from trainers.run import (Hooks, evaluate, resume, rollouts, save_checkpoint, start_run,
                           sync_weights)
 
@@ -109,7 +110,12 @@ def setup(cfg: Config):
     check_algo(cfg)
     path = resolve_model(cfg.model.path or cfg.model.name)
     tokenizer = load_tokenizer(path)
-    backend = make_backend(cfg, ModelSpec(str(path), cfg.model.dtype), cfg.trainer.lr)
+    lo = cfg.model.lora
+    spec = ModelSpec(str(path), cfg.model.dtype,
+                     lora=LoraSpec(lo.rank, lo.alpha, lo.dropout, lo.target_modules,
+                                   cfg.trainer.seed)
+                     if lo.rank else None)
+    backend = make_backend(cfg, spec, cfg.trainer.lr)
     engine = build_engine(cfg, load_model(path, dtype=cfg.engine.dtype or cfg.model.dtype),
                           tokenizer)
     ref = load_model(path, dtype=cfg.model.dtype).eval() if cfg.algo.kl_coef > 0 else None

@@ -42,12 +42,17 @@ class ModelSpec:
     path: str
     dtype: str = "float32"
     kind: str = "causal_lm"
+    lora: Any = None  # trainers.lora.LoraSpec: train adapters only (causal_lm)
 
     def load(self):
         from agentgym.models import load_model, load_value_model
         if self.kind not in ("causal_lm", "value"):
             raise ValueError(f"model kind {self.kind!r}; valid: causal_lm, value")
-        return (load_model if self.kind == "causal_lm" else load_value_model)(self.path, self.dtype)
+        model = (load_model if self.kind == "causal_lm" else load_value_model)(self.path, self.dtype)
+        if self.lora is not None:
+            from trainers.lora import wrap
+            model = wrap(model, self.lora)
+        return model
 
 
 class Backend(Protocol):
@@ -88,6 +93,9 @@ def _accepts_logits_to_keep(model) -> bool:
             _KEEPS_LOGITS[cls] = True
         elif any(p.kind is p.VAR_KEYWORD for p in params.values()) and hasattr(model, "module"):
             _KEEPS_LOGITS[cls] = _accepts_logits_to_keep(model.module)
+        elif any(p.kind is p.VAR_KEYWORD for p in params.values()) and \
+                hasattr(model, "get_base_model"):  # peft passes its **kwargs on
+            _KEEPS_LOGITS[cls] = _accepts_logits_to_keep(model.get_base_model())
         else:
             _KEEPS_LOGITS[cls] = False
     return _KEEPS_LOGITS[cls]

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from trainers import lora
 from trainers.backends.base import LossFn, ModelSpec
 from trainers.batch import Batch
 
@@ -50,6 +51,11 @@ def device_for(local_rank: int) -> torch.device:
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
+
+
+def _trainable(model) -> list[torch.nn.Parameter]:
+    """The parameters the optimizer updates (LoRA: the adapters only)."""
+    return [p for p in model.parameters() if p.requires_grad]
 
 
 def _decoder_layers(model) -> list[torch.nn.Module]:
@@ -108,16 +114,34 @@ class RankBackend:
         return {**totals, "loss": loss_sum, "grad_norm": grad_norm, "lr": lr}
 
     def export_hf(self, path: str) -> None:
-        """HF weights (``save_pretrained``) of the full model, written by rank 0."""
-        sd = self.full_state_dict()
-        if sd is not None:
-            self.hf_module().save_pretrained(path, state_dict=sd, safe_serialization=True)
+        """HF weights (``save_pretrained``) of the full model, written by rank 0; with
+        LoRA merged, and the adapters in peft's format in ``adapter/``."""
+        sd = self.gathered_state_dict()
+        if sd is None:
+            return
+        model = self.hf_module()
+        if lora.is_lora(model):
+            lora.save_adapter_from_state_dict(model, sd, Path(path) / "adapter")
+            model.get_base_model().save_pretrained(
+                path, state_dict=lora.merge_state_dict(sd, lora.scaling_of(model)),
+                safe_serialization=True)
+        else:
+            model.save_pretrained(path, state_dict=sd, safe_serialization=True)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The whole model's weights on rank 0 (None elsewhere); with LoRA, the base
+        architecture's with the adapters merged (what the rollout engine loads)."""
+        sd = self.gathered_state_dict()
+        model = self.hf_module()
+        if sd is not None and lora.is_lora(model):
+            sd = lora.merge_state_dict(sd, lora.scaling_of(model))
+        return sd
 
     # -- provided by subclasses ---------------------------------------------------------
     def zero_grad(self) -> None: ...
     def backward(self, loss: torch.Tensor) -> None: ...
     def step(self) -> tuple[float, float]: ...
-    def full_state_dict(self) -> dict[str, torch.Tensor] | None: ...
+    def gathered_state_dict(self) -> dict[str, torch.Tensor] | None: ...
     def hf_module(self): ...
     def save(self, path: str) -> None: ...
     def load(self, path: str) -> None: ...
@@ -154,7 +178,7 @@ class FSDPRank(RankBackend):
             fully_shard(layer, **kw)
         fully_shard(model, **kw)
         self.module = model
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=o.betas,
+        self.optimizer = torch.optim.AdamW(_trainable(model), lr=o.lr, betas=o.betas,
                                            weight_decay=o.weight_decay)
         self.scheduler = _scheduler(self.optimizer, o)
 
@@ -175,7 +199,7 @@ class FSDPRank(RankBackend):
         self.scheduler.step()
         return float(norm), lr
 
-    def full_state_dict(self):
+    def gathered_state_dict(self):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
         sd = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True,
                                                                          cpu_offload=True))
@@ -231,10 +255,10 @@ class DeepSpeedRank(RankBackend):
         model = spec.load().to(self.device)
         if o.offload:  # ZeRO-offload steps on the CPU with DeepSpeed's own Adam
             from deepspeed.ops.adam import DeepSpeedCPUAdam
-            opt = DeepSpeedCPUAdam(model.parameters(), lr=o.lr, betas=o.betas,
+            opt = DeepSpeedCPUAdam(_trainable(model), lr=o.lr, betas=o.betas,
                                    weight_decay=o.weight_decay, adamw_mode=True)
         else:
-            opt = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=o.betas,
+            opt = torch.optim.AdamW(_trainable(model), lr=o.lr, betas=o.betas,
                                     weight_decay=o.weight_decay)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=opt, lr_scheduler=lambda opt_: _scheduler(opt_, o),
@@ -257,7 +281,7 @@ class DeepSpeedRank(RankBackend):
         norm = self.engine.get_global_grad_norm()
         return float(norm if norm is not None else 0.0), lr
 
-    def full_state_dict(self):
+    def gathered_state_dict(self):
         import deepspeed
         module = self.engine.module
         if self.o.zero_stage == 3:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from trainers import lora
 from trainers.backends.base import LogprobFn, LossFn, batched_apply
 from trainers.batch import Batch, micro_batches
 
@@ -52,8 +53,8 @@ class SingleBackend:
         self.device = next(model.parameters()).device
         self.max_grad_norm = max_grad_norm
         self.micro_batch_tokens = micro_batch_tokens
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas,
-                                           weight_decay=weight_decay)
+        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
+                                           lr=lr, betas=betas, weight_decay=weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(warmup_steps, total_steps, schedule))
 
@@ -100,13 +101,23 @@ class SingleBackend:
         return {**totals, "loss": loss_sum, "grad_norm": float(grad_norm), "lr": lr}
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        """The full weights on CPU; with LoRA, the base architecture's, adapters merged."""
+        sd = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        if lora.is_lora(self.model):
+            sd = lora.merge_state_dict(sd, lora.scaling_of(self.model))
+        return sd
 
     def save(self, path: str | os.PathLike, tokenizer=None) -> None:
-        """HF weights (loadable with ``from_pretrained``) plus ``trainer_state.pt``."""
+        """HF weights (loadable with ``from_pretrained``; merged with LoRA, whose adapters
+        also go to ``adapter/``) plus ``trainer_state.pt``."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(path, safe_serialization=True)
+        if lora.is_lora(self.model):
+            self.model.get_base_model().save_pretrained(path, state_dict=self.state_dict(),
+                                                        safe_serialization=True)
+            lora.save_adapter(self.model, path / "adapter")
+        else:
+            self.model.save_pretrained(path, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(path)
         torch.save({"optimizer": self.optimizer.state_dict(),
@@ -115,6 +126,10 @@ class SingleBackend:
     def load(self, path: str | os.PathLike) -> None:
         from safetensors.torch import load_file
         path = Path(path)
+        if lora.is_lora(self.model):
+            lora.load_adapter(self.model, path / "adapter")
+            self._load_trainer_state(path)
+            return
         files = sorted(path.glob("*.safetensors"))
         state = {}
         for f in files:
@@ -126,6 +141,9 @@ class SingleBackend:
                              f"{real_missing[:5]}, unexpected {unexpected[:5]}")
         if getattr(self.model.config, "tie_word_embeddings", False):
             self.model.tie_weights()
+        self._load_trainer_state(path)
+
+    def _load_trainer_state(self, path: Path) -> None:
         st = torch.load(path / "trainer_state.pt", weights_only=False)
         self.optimizer.load_state_dict(st["optimizer"])
         self.scheduler.load_state_dict(st["scheduler"])
