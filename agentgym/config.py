@@ -246,6 +246,25 @@ class TrainerConfig:
 
 
 @dataclass
+class RayConfig:
+    """``ray.*``: Ray placement. Empty ``address`` = no Ray: one process (or the
+    ``trainer.nprocs`` rank processes of a sharded backend)."""
+
+    address: str = ""  # "" | local (start Ray here) | auto (join the running cluster) | host:port
+    placement: str = "colocated"  # colocated (rollout workers share the train ranks' resources) | split
+    rollout_workers: int = 1  # rollout actors, each an engine + generation manager + envs
+    cpus: float = 1.0  # CPUs per train rank and per rollout worker
+    gpus: float = 0.0  # GPUs per train rank and per rollout worker (colocated: they share)
+
+    def __post_init__(self) -> None:
+        if self.placement not in ("colocated", "split"):
+            raise ValueError(f"ray.placement={self.placement!r}; valid: colocated, split")
+        if self.rollout_workers < 1 or self.cpus <= 0 or self.gpus < 0:
+            raise ValueError(f"ray.rollout_workers must be >= 1, ray.cpus > 0, ray.gpus >= 0; "
+                             f"got {self.rollout_workers}, {self.cpus}, {self.gpus}")
+
+
+@dataclass
 class SFTConfig:
     """``agentgym sft`` (supervised cold start), ``agentgym demos`` and ``agentgym filter``."""
 
@@ -281,6 +300,7 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     data: str = "train"  # dataset name of the env (train | nq | …) or a .jsonl path (sft: records)
@@ -320,7 +340,8 @@ ALGO_PRESETS: dict[str, dict[str, Any]] = {
     # PPO with a critic and GAE; one sample per prompt (no groups needed)
     "ppo": {"algo.advantage": "gae", "rollout.n": 1},
 }
-ALIASES = {"n": "rollout.n", "seed": "trainer.seed", "backend": "trainer.backend"}
+ALIASES = {"n": "rollout.n", "seed": "trainer.seed", "backend": "trainer.backend",
+           "placement": "ray.placement"}
 
 
 def _field_names(obj: Any) -> list[str]:

@@ -78,14 +78,15 @@ class Critic:
         cfg: the run's config (``critic.*``, ``trainer.*``, ``algo.loss_agg_mode``).
         policy_path: the policy's HF folder, the critic's start when ``critic.model`` is
             empty.
+        cluster: the run's Ray placement (its ranks become actors), or None.
     """
 
-    def __init__(self, cfg: Config, policy_path: str | Path) -> None:
+    def __init__(self, cfg: Config, policy_path: str | Path, cluster=None) -> None:
         self.cfg = cfg
         path = resolve_model(cfg.critic.model) if cfg.critic.model else Path(policy_path)
         logger.info("critic from %s", path)
         self.backend = make_backend(cfg, ModelSpec(str(path), cfg.model.dtype, "value"),
-                                    cfg.critic.lr)
+                                    cfg.critic.lr, cluster)
 
     def values(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """``(values (B, T), last_values (B,))`` of the current critic, no grad."""

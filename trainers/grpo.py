@@ -31,7 +31,7 @@ Each step:
 
 from __future__ import annotations
 
-import asyncio
+import json
 import logging
 import random
 import time
@@ -43,10 +43,10 @@ import torch
 
 from agentgym.config import Config
 from agentgym.data import load_rows
-from agentgym.manager import GenerationManager, summarize
+from agentgym.manager import summarize
 from agentgym.metrics import MetricsLogger
 from agentgym.models import load_model, load_tokenizer, resolve_model
-from agentgym.runtime import build_engine, env_factory
+from agentgym.runtime import build_engine
 from agentgym.types import Trajectory
 from trainers.algos import (ADVANTAGES, POLICY_LOSSES, aggregate, compute_advantages,
                             compute_policy_loss, groups_with_signal, kl_estimate,
@@ -57,8 +57,8 @@ from trainers.backends.base import (ModelSpec, batched_logprobs, first_needed_po
 from trainers.backends.single import SingleBackend
 from trainers.batch import Batch, collate
 from trainers.lora import LoraSpec
-from trainers.run import (Hooks, evaluate, resume, rollouts, save_checkpoint, start_run,
-                          sync_weights)
+from trainers.run import (Hooks, LocalRollout, eval_metrics, resume, save_checkpoint,
+                          start_run)
 
 logger = logging.getLogger(__name__)
 
@@ -83,10 +83,10 @@ def check_algo(cfg: Config) -> None:
                        "alone; consider algo.kl_estimator=k1", a.kl_estimator)
 
 
-def make_backend(cfg: Config, spec: ModelSpec, lr: float):
+def make_backend(cfg: Config, spec: ModelSpec, lr: float, cluster=None):
     """The training backend (``trainer.backend``: single, or fsdp/deepspeed over
-    ``trainer.nprocs`` rank processes) for the model ``spec`` describes; LR warmup and
-    schedule counted in optimizer steps."""
+    ``trainer.nprocs`` rank processes, or rank actors of a Ray ``cluster``) for the model
+    ``spec`` describes; LR warmup and schedule counted in optimizer steps."""
     t = cfg.trainer
     k = t.ppo_epochs * t.mini_batches  # optimizer steps per training step
     if t.backend == "single":
@@ -101,13 +101,23 @@ def make_backend(cfg: Config, spec: ModelSpec, lr: float):
                       total_steps=t.total_steps * k, schedule=t.lr_schedule,
                       max_grad_norm=t.max_grad_norm, mixed_precision=t.mixed_precision,
                       zero_stage=t.zero_stage, offload=t.offload)
-    return DistributedBackend(t.backend, spec, optim, t.nprocs, t.micro_batch_tokens)
+    ranks = None
+    if cluster is not None:
+        from trainers.ray_cluster import RayRanks
+        ranks = RayRanks(cluster, t.nprocs, t.backend, spec, optim,
+                         "critic" if spec.kind == "value" else "policy")
+    return DistributedBackend(t.backend, spec, optim, t.nprocs, t.micro_batch_tokens, ranks)
 
 
 def setup(cfg: Config):
-    """Load the policy (trained), the rollout engine (its own copy) and an optional frozen
-    reference. Returns ``(path, tokenizer, backend, engine, ref_model)``."""
+    """Load the policy (trained), the rollouts (an engine with its own copy, here or in
+    Ray actors) and an optional frozen reference. Returns ``(path, tokenizer, backend,
+    rollout, ref_model, cluster)`` (``cluster``: the Ray placement, or None)."""
     check_algo(cfg)
+    cluster = None
+    if cfg.ray.address:
+        from trainers.ray_cluster import RayCluster
+        cluster = RayCluster(cfg)
     path = resolve_model(cfg.model.path or cfg.model.name)
     tokenizer = load_tokenizer(path)
     lo = cfg.model.lora
@@ -115,17 +125,27 @@ def setup(cfg: Config):
                      lora=LoraSpec(lo.rank, lo.alpha, lo.dropout, lo.target_modules,
                                    cfg.trainer.seed)
                      if lo.rank else None)
-    backend = make_backend(cfg, spec, cfg.trainer.lr)
-    engine = build_engine(cfg, load_model(path, dtype=cfg.engine.dtype or cfg.model.dtype),
-                          tokenizer)
+    backend = make_backend(cfg, spec, cfg.trainer.lr, cluster)
+    rollout = make_rollout(cfg, path, tokenizer, cluster)
     ref = load_model(path, dtype=cfg.model.dtype).eval() if cfg.algo.kl_coef > 0 else None
     if ref is not None:
         ref.requires_grad_(False)
-    return path, tokenizer, backend, engine, ref
+    return path, tokenizer, backend, rollout, ref, cluster
+
+
+def make_rollout(cfg: Config, path, tokenizer, cluster=None):
+    """Where rollouts run: this process (:class:`~trainers.run.LocalRollout`), or
+    ``ray.rollout_workers`` actors of a Ray ``cluster``."""
+    if cluster is not None:
+        from trainers.ray_cluster import RayRollout
+        return RayRollout(cluster, cfg, str(path))
+    engine = build_engine(cfg, load_model(path, dtype=cfg.engine.dtype or cfg.model.dtype),
+                          tokenizer)
+    return LocalRollout(cfg, engine, tokenizer)
 
 
 # --- 1. rollouts -----------------------------------------------------------------------
-def collect(cfg: Config, manager: GenerationManager, rows: list[dict], cursor: int,
+def collect(cfg: Config, rollout, rows: list[dict], cursor: int,
             step: int, hooks: Hooks) -> tuple[list[Trajectory], int, dict]:
     """Roll out this step's prompts from ``rows[cursor:]``; return the trajectories to
     train on, the next data position and rollout metrics (over *every* sampled
@@ -143,8 +163,8 @@ def collect(cfg: Config, manager: GenerationManager, rows: list[dict], cursor: i
         need = t.prompts_per_step - n_kept
         step_rows = [rows[(cursor + i) % len(rows)] for i in range(need)]
         cursor += need
-        manager.seed = t.seed * 1_000_003 + step + 104_729 * rnd
-        trajs = asyncio.run(rollouts(manager, step_rows, cfg.rollout.n, hooks))
+        trajs = rollout.generate(step_rows, cfg.rollout.n, t.seed * 1_000_003 + step + 104_729 * rnd,
+                                 hooks)
         rounds += 1
         regroup(trajs, cfg.rollout.n, {tr.uid for tr in seen}, f"{step}.{rnd}")
         seen += trajs
@@ -350,11 +370,11 @@ class Session:
     eval_rows: list[dict]
     tokenizer: Any
     backend: SingleBackend
-    engine: Any
+    rollout: Any  # trainers.run.LocalRollout or trainers.ray_cluster.RayRollout
     ref: Any  # frozen reference model, or None
-    manager: GenerationManager
     metrics_log: MetricsLogger
     critic: Any  # trainers.critic.Critic, or None
+    cluster: Any  # trainers.ray_cluster.RayCluster, or None
     start: int  # first step to run (after a resume)
     cursor: int  # next training row
     version: int  # policy version the engine holds
@@ -364,7 +384,7 @@ class Session:
         """Periodic eval, the step's metrics line, and a checkpoint when one is due."""
         t = self.cfg.trainer
         if self.eval_rows and t.eval_every and done % t.eval_every == 0 and done < t.total_steps:
-            m.update(evaluate(self.cfg, self.engine, self.tokenizer, self.eval_rows, self.hooks))
+            m.update(self.evaluate())
         self.metrics_log.log(done, m)
         if done % t.save_every == 0 or done == t.total_steps:
             save_checkpoint(self.run_dir, done, self.backend, self.tokenizer,
@@ -372,52 +392,64 @@ class Session:
                             critic=self.critic.backend if self.critic else None)
         self.hooks.step_end(done, m)
 
+    def evaluate(self) -> dict:
+        """Greedy single-sample accuracy on the held-out rows."""
+        return eval_metrics(self.rollout.generate(self.eval_rows, 1, self.cfg.trainer.seed,
+                                                  self.hooks, greedy=True))
+
     def sync(self) -> None:
-        """A new policy version: trainer weights into the engine."""
+        """A new policy version: the trainer's full weights, gathered once, into every
+        rollout engine."""
         self.version += 1
-        sync_weights(self.engine, self.backend, self.version)
+        self.rollout.update_weights(self.backend.state_dict(), self.version)
 
     def finish(self) -> None:
         """The final held-out eval (when configured and a step ran)."""
         t = self.cfg.trainer
         if self.eval_rows and self.start < t.total_steps:
-            final = evaluate(self.cfg, self.engine, self.tokenizer, self.eval_rows, self.hooks)
+            final = self.evaluate()
             self.metrics_log.log(t.total_steps, final)
             self.hooks.step_end(t.total_steps, final)
 
     def close(self) -> None:
-        self.manager.close()
-        self.engine.close()
+        self.rollout.close()
         self.metrics_log.close()
-        self.backend.close()  # a sharded backend stops its rank processes
+        self.backend.close()  # a sharded backend stops its rank processes / actors
         if self.critic is not None:
             self.critic.close()
+        if self.cluster is not None:
+            self.cluster.close()
 
 
 def open_session(cfg: Config, hooks: Hooks | None = None,
-                 make_critic: Callable[[Path], Any] | None = None) -> Session:
-    """Run directory, data, models (``make_critic(policy_path)`` for a critic), resume
-    from the latest checkpoint (weights, data position, policy version), the step-0 eval."""
+                 make_critic: Callable[[Path, Any], Any] | None = None) -> Session:
+    """Run directory, data, models (``make_critic(policy_path, cluster)`` for a critic),
+    resume from the latest checkpoint (weights, data position, policy version), the
+    step-0 eval. With Ray, ``placement.json`` in the run directory says which node each
+    train rank and rollout worker got."""
     hooks = hooks or Hooks()
     t = cfg.trainer
     run_dir = start_run(cfg)
     rows = load_rows(cfg.env, cfg.data, cfg.limit)
     random.Random(t.seed).shuffle(rows)
     eval_rows = load_rows(cfg.env, t.eval_data, t.eval_limit) if t.eval_limit else []
-    path, tokenizer, backend, engine, ref = setup(cfg)
-    critic = make_critic(path) if make_critic else None
+    path, tokenizer, backend, rollout, ref, cluster = setup(cfg)
+    critic = make_critic(path, cluster) if make_critic else None
+    if cluster is not None:
+        (run_dir / "placement.json").write_text(json.dumps(
+            {"placement": cfg.ray.placement, "bundle": cluster.bundle, **cluster.nodes},
+            indent=2) + "\n")
     state = resume(t.resume, run_dir, backend, critic.backend if critic else None)
     start = state["step"]
     version = state.get("policy_version", start)
     if version:
-        sync_weights(engine, backend, version)
-    s = Session(cfg, hooks, run_dir, rows, eval_rows, tokenizer, backend, engine, ref,
-                GenerationManager(engine, tokenizer, env_factory(cfg), cfg.rollout, seed=t.seed),
-                MetricsLogger(run_dir, resume_step=start), critic, start,
+        rollout.update_weights(backend.state_dict(), version)
+    s = Session(cfg, hooks, run_dir, rows, eval_rows, tokenizer, backend, rollout, ref,
+                MetricsLogger(run_dir, resume_step=start), critic, cluster, start,
                 state.get("data_cursor", start * t.prompts_per_step), version,
                 cfg.rollout.temperature or 1.0)
     if eval_rows and start == 0:
-        s.metrics_log.log(0, evaluate(cfg, engine, tokenizer, eval_rows, hooks))
+        s.metrics_log.log(0, s.evaluate())
     return s
 
 
@@ -432,7 +464,7 @@ def train(cfg: Config, hooks: Hooks | None = None) -> Path:
         for step in range(s.start, cfg.trainer.total_steps):
             t0 = time.perf_counter()
             # 1. rollouts
-            trajs, s.cursor, m = collect(cfg, s.manager, s.rows, s.cursor, step, s.hooks)
+            trajs, s.cursor, m = collect(cfg, s.rollout, s.rows, s.cursor, step, s.hooks)
             t1 = time.perf_counter()
             if trajs:
                 # 2. old / reference logprobs; 3. token rewards and advantages

@@ -39,13 +39,13 @@ def train(cfg: Config, hooks: Hooks | None = None) -> Path:
     if not needs_critic(cfg.algo.advantage):
         raise ValueError(f"algo.advantage={cfg.algo.advantage!r} uses no critic; PPO's recipe "
                          f"needs one (algo.advantage=gae, or algo=ppo)")
-    s = open_session(cfg, hooks, make_critic=lambda path: Critic(cfg, path))
+    s = open_session(cfg, hooks, make_critic=lambda path, cluster: Critic(cfg, path, cluster))
     critic = s.critic
     try:
         for step in range(s.start, cfg.trainer.total_steps):
             t0 = time.perf_counter()
             # 1. rollouts
-            trajs, s.cursor, m = collect(cfg, s.manager, s.rows, s.cursor, step, s.hooks)
+            trajs, s.cursor, m = collect(cfg, s.rollout, s.rows, s.cursor, step, s.hooks)
             t1 = time.perf_counter()
             policy_updated = False
             if trajs:

@@ -130,32 +130,68 @@ def save_checkpoint(run_dir: Path, step: int, backend, tokenizer,
     return final
 
 
-def sync_weights(engine, backend, version: int) -> None:
-    """Trainer → engine: the full state dict, with generation paused around the swap."""
-    async def swap():
-        await engine.pause()
-        try:
-            engine.update_weights(backend.state_dict(), version)
-        finally:
-            engine.resume()
-    asyncio.run(swap())
-
-
 async def rollouts(manager: GenerationManager, rows: list[dict], n: int, hooks: Hooks):
     hooks.phase("rollout", len(rows) * n)
     return await manager.run(rows, n=n, on_done=lambda _t: hooks.advance())
 
 
-def evaluate(cfg: Config, engine, tokenizer, rows: list[dict], hooks: Hooks) -> dict:
-    """Greedy single-sample accuracy on ``rows`` (the same env, budgets and tools)."""
-    ecfg = copy.deepcopy(cfg)
-    ecfg.rollout = dataclasses.replace(cfg.rollout, temperature=0.0, n=1)
-    manager = GenerationManager(engine, tokenizer, env_factory(ecfg), ecfg.rollout,
-                                seed=cfg.trainer.seed)
-    try:
-        trajs = asyncio.run(rollouts(manager, rows, 1, hooks))
-    finally:
-        manager.close()
+def eval_metrics(trajs: list) -> dict:
     s = summarize(trajs)
     return {"eval/em": s["em"], "eval/f1": s["f1"], "eval/format_valid": s["format_valid"],
             "eval/count": s["count"]}
+
+
+def evaluate(cfg: Config, engine, tokenizer, rows: list[dict], hooks: Hooks) -> dict:
+    """Greedy single-sample accuracy on ``rows`` (the same env, budgets and tools)."""
+    rollout = LocalRollout(cfg, engine, tokenizer)
+    try:
+        return eval_metrics(rollout.generate(rows, 1, cfg.trainer.seed, hooks, greedy=True))
+    finally:
+        rollout.close(engine_too=False)
+
+
+class LocalRollout:
+    """Rollouts in this process: the engine and a generation manager (the default; Ray
+    puts the same in actors, :mod:`trainers.ray_cluster`).
+
+    ``generate(rows, n, seed, hooks, greedy)`` plays ``n`` samples of every row (greedy:
+    temperature 0, one sample; the eval mode); ``update_weights(state_dict, version)``
+    swaps the engine's weights with generation paused.
+    """
+
+    def __init__(self, cfg: Config, engine, tokenizer) -> None:
+        self.cfg, self.engine, self.tokenizer = cfg, engine, tokenizer
+        self._managers: dict[bool, GenerationManager] = {}
+
+    def _manager(self, greedy: bool) -> GenerationManager:
+        if greedy not in self._managers:
+            cfg = self.cfg
+            if greedy:
+                cfg = copy.deepcopy(cfg)
+                cfg.rollout = dataclasses.replace(cfg.rollout, temperature=0.0, n=1)
+            self._managers[greedy] = GenerationManager(self.engine, self.tokenizer,
+                                                       env_factory(cfg), cfg.rollout,
+                                                       seed=cfg.trainer.seed)
+        return self._managers[greedy]
+
+    def generate(self, rows: list[dict], n: int, seed: int, hooks: Hooks,
+                 greedy: bool = False) -> list:
+        manager = self._manager(greedy)
+        manager.seed = seed
+        return asyncio.run(rollouts(manager, rows, n, hooks))
+
+    def update_weights(self, state_dict: dict, version: int) -> None:
+        async def swap():
+            await self.engine.pause()
+            try:
+                self.engine.update_weights(state_dict, version)
+            finally:
+                self.engine.resume()
+        asyncio.run(swap())
+
+    def close(self, engine_too: bool = True) -> None:
+        for manager in self._managers.values():
+            manager.close()
+        self._managers = {}
+        if engine_too:
+            self.engine.close()
