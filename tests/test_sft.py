@@ -23,6 +23,7 @@ from agentgym.demo_builders import build_demos, find_answer, keyword_rewrite
 from agentgym.demos import (budget_violation, filter_trajectories, record_to_trajectory,
                             replay_demo)
 from agentgym.manager import GenerationManager
+from agentgym.models import resolve_model
 from envs.base import MessagesSpace, TextSpace
 from envs.code import CodeEnv
 from envs.search import SearchEnv, search_row
@@ -323,3 +324,34 @@ def test_demos_cli_writes_replayable_demonstrations(tmp_path, retriever_url, cap
     assert out.read_text() == "" and f"{len(demos)} over the rollout budgets" in \
         capsys.readouterr().out
     assert cli(["demos", "env=geometry"]) == 2  # unknown env: an error naming valid ones
+
+
+def test_sft_on_fsdp_with_lora_matches_single(tmp_path):
+    """The same SFT steps on FSDP2 over 2 ranks and on one process, LoRA adapters only:
+    equal losses, and equal merged checkpoints that load with from_pretrained."""
+    from safetensors.torch import load_file
+    data = tmp_path / "conv.jsonl"
+    write_jsonl(data, _conversations())
+    common = {"env": "search", "model": "tiny", "data": str(data), "sft.batch_size": 4,
+              "trainer.lr": 1e-2, "sft.max_steps": 3, "model.lora.rank": 4,
+              "trainer.micro_batch_tokens": 64}
+    runs = {}
+    for name, over in (("single", {}), ("fsdp", {"trainer.backend": "fsdp",
+                                                  "trainer.nprocs": 2})):
+        runs[name] = sft(build_config({**common, **over, "run_dir": str(tmp_path / name)}))
+    losses = {n: [json.loads(x)["train/loss"] for x in (r / "metrics.jsonl").read_text().split("\n") if x]
+              for n, r in runs.items()}
+    assert losses["fsdp"] == pytest.approx(losses["single"], rel=1e-5)
+    a = load_file(runs["single"] / "checkpoints/step_3/model.safetensors")
+    b = load_file(runs["fsdp"] / "checkpoints/step_3/model.safetensors")
+    init = load_file(resolve_model("tiny") / "model.safetensors")
+    assert a.keys() == b.keys() and set(a) <= set(init)  # (a tied lm_head is left out)
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-4)
+    assert any(not torch.equal(a[k], init[k]) for k in a)  # the merged adapters moved them
+    from transformers import AutoModelForCausalLM
+    ids = torch.tensor([[5, 9, 31, 77]])
+    with torch.no_grad():
+        la = AutoModelForCausalLM.from_pretrained(runs["single"] / "checkpoints/step_3")(input_ids=ids).logits
+        lb = AutoModelForCausalLM.from_pretrained(runs["fsdp"] / "checkpoints/step_3")(input_ids=ids).logits
+    torch.testing.assert_close(lb, la, rtol=0, atol=1e-4)

@@ -27,7 +27,8 @@ from agentgym.models import resolve_model
 from trainers.algos import aggregate, explained_variance, masked_mean, value_loss
 from trainers.backends.base import ModelSpec
 from trainers.batch import Batch
-from trainers.grpo import make_backend, minibatch_updates
+from trainers.grpo import minibatch_updates
+from trainers.run import make_backend
 
 logger = logging.getLogger(__name__)
 

@@ -52,13 +52,11 @@ from trainers.algos import (ADVANTAGES, POLICY_LOSSES, aggregate, compute_advant
                             compute_policy_loss, groups_with_signal, kl_estimate,
                             masked_mean, needs_critic, needs_groups,
                             overlong_penalty)
-from trainers.backends.base import (ModelSpec, batched_logprobs, first_needed_position,
-                                    sequence_logprobs)
+from trainers.backends.base import batched_logprobs, first_needed_position, sequence_logprobs
 from trainers.backends.single import SingleBackend
 from trainers.batch import Batch, collate
-from trainers.lora import LoraSpec
-from trainers.run import (Hooks, LocalRollout, eval_metrics, resume, save_checkpoint,
-                          start_run)
+from trainers.run import (Hooks, LocalRollout, eval_metrics, make_backend, policy_spec,
+                          resume, save_checkpoint, start_run)
 
 logger = logging.getLogger(__name__)
 
@@ -83,32 +81,6 @@ def check_algo(cfg: Config) -> None:
                        "alone; consider algo.kl_estimator=k1", a.kl_estimator)
 
 
-def make_backend(cfg: Config, spec: ModelSpec, lr: float, cluster=None):
-    """The training backend (``trainer.backend``: single, or fsdp/deepspeed over
-    ``trainer.nprocs`` rank processes, or rank actors of a Ray ``cluster``) for the model
-    ``spec`` describes; LR warmup and schedule counted in optimizer steps."""
-    t = cfg.trainer
-    k = t.ppo_epochs * t.mini_batches  # optimizer steps per training step
-    if t.backend == "single":
-        return SingleBackend(spec.load(), lr=lr, weight_decay=t.weight_decay,
-                             warmup_steps=t.warmup_steps * k, total_steps=t.total_steps * k,
-                             schedule=t.lr_schedule, max_grad_norm=t.max_grad_norm,
-                             micro_batch_tokens=t.micro_batch_tokens,
-                             mixed_precision=t.mixed_precision)
-    from trainers.backends.distributed import DistributedBackend
-    from trainers.backends.ranks import OptimSpec
-    optim = OptimSpec(lr=lr, weight_decay=t.weight_decay, warmup_steps=t.warmup_steps * k,
-                      total_steps=t.total_steps * k, schedule=t.lr_schedule,
-                      max_grad_norm=t.max_grad_norm, mixed_precision=t.mixed_precision,
-                      zero_stage=t.zero_stage, offload=t.offload)
-    ranks = None
-    if cluster is not None:
-        from trainers.ray_cluster import RayRanks
-        ranks = RayRanks(cluster, t.nprocs, t.backend, spec, optim,
-                         "critic" if spec.kind == "value" else "policy")
-    return DistributedBackend(t.backend, spec, optim, t.nprocs, t.micro_batch_tokens, ranks)
-
-
 def setup(cfg: Config):
     """Load the policy (trained), the rollouts (an engine with its own copy, here or in
     Ray actors) and an optional frozen reference. Returns ``(path, tokenizer, backend,
@@ -120,12 +92,7 @@ def setup(cfg: Config):
         cluster = RayCluster(cfg)
     path = resolve_model(cfg.model.path or cfg.model.name)
     tokenizer = load_tokenizer(path)
-    lo = cfg.model.lora
-    spec = ModelSpec(str(path), cfg.model.dtype,
-                     lora=LoraSpec(lo.rank, lo.alpha, lo.dropout, lo.target_modules,
-                                   cfg.trainer.seed)
-                     if lo.rank else None)
-    backend = make_backend(cfg, spec, cfg.trainer.lr, cluster)
+    backend = make_backend(cfg, policy_spec(cfg, path), cfg.trainer.lr, cluster)
     rollout = make_rollout(cfg, path, tokenizer, cluster)
     ref = load_model(path, dtype=cfg.model.dtype).eval() if cfg.algo.kl_coef > 0 else None
     if ref is not None:

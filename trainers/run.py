@@ -195,3 +195,45 @@ class LocalRollout:
         self._managers = {}
         if engine_too:
             self.engine.close()
+
+
+def make_backend(cfg: Config, spec, lr: float, cluster=None, total_steps: int | None = None,
+                 warmup_steps: int | None = None):
+    """The training backend (``trainer.backend``: single, or fsdp/deepspeed over
+    ``trainer.nprocs`` rank processes, or rank actors of a Ray ``cluster``) for the model
+    ``spec`` (a :class:`~trainers.backends.base.ModelSpec`) describes. The LR schedule
+    counts optimizer steps: by default ``trainer.total_steps`` / ``trainer.warmup_steps``
+    times the optimizer steps per training step (``ppo_epochs x mini_batches``)."""
+    from trainers.backends.single import SingleBackend
+    t = cfg.trainer
+    k = t.ppo_epochs * t.mini_batches
+    total = total_steps if total_steps is not None else t.total_steps * k
+    warmup = warmup_steps if warmup_steps is not None else t.warmup_steps * k
+    if t.backend == "single":
+        return SingleBackend(spec.load(), lr=lr, weight_decay=t.weight_decay,
+                             warmup_steps=warmup, total_steps=total,
+                             schedule=t.lr_schedule, max_grad_norm=t.max_grad_norm,
+                             micro_batch_tokens=t.micro_batch_tokens,
+                             mixed_precision=t.mixed_precision)
+    from trainers.backends.distributed import DistributedBackend
+    from trainers.backends.ranks import OptimSpec
+    optim = OptimSpec(lr=lr, weight_decay=t.weight_decay, warmup_steps=warmup,
+                      total_steps=total, schedule=t.lr_schedule,
+                      max_grad_norm=t.max_grad_norm, mixed_precision=t.mixed_precision,
+                      zero_stage=t.zero_stage, offload=t.offload)
+    ranks = None
+    if cluster is not None:
+        from trainers.ray_cluster import RayRanks
+        ranks = RayRanks(cluster, t.nprocs, t.backend, spec, optim,
+                         "critic" if spec.kind == "value" else "policy")
+    return DistributedBackend(t.backend, spec, optim, t.nprocs, t.micro_batch_tokens, ranks)
+
+
+def policy_spec(cfg: Config, path):
+    """The policy as the backends load it: ``model.dtype``, and LoRA adapters when
+    ``model.lora.rank`` > 0 (their init seeded with ``trainer.seed``)."""
+    from trainers.backends.base import ModelSpec
+    from trainers.lora import LoraSpec
+    lo = cfg.model.lora
+    return ModelSpec(str(path), cfg.model.dtype, lora=LoraSpec(
+        lo.rank, lo.alpha, lo.dropout, lo.target_modules, cfg.trainer.seed) if lo.rank else None)

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from agentgym.chat import ChatTokens
@@ -36,9 +36,8 @@ from agentgym.models import load_model, load_tokenizer, resolve_model
 from agentgym.types import Trajectory
 from trainers.algos import aggregate
 from trainers.backends.base import first_needed_position, sequence_logprobs
-from trainers.backends.single import SingleBackend
 from trainers.batch import Batch, collate
-from trainers.run import Hooks, resume, save_checkpoint, start_run
+from trainers.run import Hooks, make_backend, policy_spec, resume, save_checkpoint, start_run
 
 logger = logging.getLogger(__name__)
 
@@ -147,11 +146,17 @@ def sft(cfg: Config, hooks: Hooks | None = None) -> Path:
     per_epoch = math.ceil(len(trajs) / cfg.sft.batch_size)
     logger.info("sft: %d sequences (%d left out), %d steps, %d assistant tokens per epoch",
                 len(trajs), dropped, len(plan), sum(tr.num_sampled for tr in trajs))
-    backend = SingleBackend(load_model(path, dtype=cfg.model.dtype), lr=t.lr,
-                            weight_decay=t.weight_decay, warmup_steps=t.warmup_steps,
-                            total_steps=len(plan), schedule=t.lr_schedule,
-                            max_grad_norm=t.max_grad_norm, micro_batch_tokens=t.micro_batch_tokens,
-                            mixed_precision=t.mixed_precision)
+    backend = make_backend(cfg, policy_spec(cfg, path), t.lr, total_steps=len(plan),
+                           warmup_steps=t.warmup_steps)
+    try:
+        return _sft_steps(cfg, run_dir, backend, tokenizer, trajs, plan, per_epoch, path, hooks)
+    finally:
+        backend.close()
+
+
+def _sft_steps(cfg: Config, run_dir: Path, backend, tokenizer, trajs, plan, per_epoch: int,
+               path, hooks: Hooks) -> Path:
+    t = cfg.trainer
     start = resume(t.resume, run_dir, backend)["step"]
     metrics_log = MetricsLogger(run_dir, curve_keys=("train/loss",), resume_step=start,
                                 png_name="loss_curve.png", ylabel="NLL per assistant token")
@@ -177,7 +182,7 @@ def sft(cfg: Config, hooks: Hooks | None = None) -> Path:
             hooks.advance()
             hooks.step_end(done, m)
         if cfg.sft.eval_limit and start < len(plan):
-            final = evaluate_policy(cfg, backend, tokenizer, hooks)
+            final = evaluate_policy(cfg, backend, tokenizer, path, hooks)
             metrics_log.log(len(plan), final)
             hooks.step_end(len(plan), final)
     finally:
@@ -185,16 +190,18 @@ def sft(cfg: Config, hooks: Hooks | None = None) -> Path:
     return run_dir
 
 
-def evaluate_policy(cfg: Config, backend: SingleBackend, tokenizer, hooks: Hooks) -> dict:
+def evaluate_policy(cfg: Config, backend, tokenizer, path, hooks: Hooks) -> dict:
     """Greedy episodes of the env's held-out set (``trainer.eval_data``, first
-    ``sft.eval_limit``) with the trained weights: format validity and EM after SFT."""
+    ``sft.eval_limit``) with the trained weights (any backend's full state dict, LoRA
+    merged, loaded into an engine's copy of the model): format validity and EM."""
     from agentgym.data import load_rows
     from agentgym.runtime import build_engine
     from trainers.run import evaluate
     rows = load_rows(cfg.env, cfg.trainer.eval_data, cfg.sft.eval_limit)
-    engine = build_engine(cfg, backend.model, tokenizer)
+    engine = build_engine(cfg, load_model(path, dtype=cfg.engine.dtype or cfg.model.dtype),
+                          tokenizer)
     try:
+        engine.update_weights(backend.state_dict(), 1)
         return evaluate(cfg, engine, tokenizer, rows, hooks)
     finally:
         engine.close()
-        backend.model.train()

@@ -122,11 +122,9 @@ class RankBackend:
         model = self.hf_module()
         if lora.is_lora(model):
             lora.save_adapter_from_state_dict(model, sd, Path(path) / "adapter")
-            model.get_base_model().save_pretrained(
-                path, state_dict=lora.merge_state_dict(sd, lora.scaling_of(model)),
-                safe_serialization=True)
-        else:
-            model.save_pretrained(path, state_dict=sd, safe_serialization=True)
+            model, sd = model.get_base_model(), lora.merge_state_dict(sd, lora.scaling_of(model))
+        model.save_pretrained(path, state_dict=_without_tied_copies(model, sd),
+                              safe_serialization=True)
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The whole model's weights on rank 0 (None elsewhere); with LoRA, the base
@@ -145,6 +143,19 @@ class RankBackend:
     def hf_module(self): ...
     def save(self, path: str) -> None: ...
     def load(self, path: str) -> None: ...
+
+
+def _without_tied_copies(model, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Drop the tied copies (``lm_head.weight`` when the embeddings are tied): a gathered
+    state dict holds them as separate tensors, which ``save_pretrained`` would write,
+    while the single backend's (shared storage) leaves them out; either way
+    ``from_pretrained`` re-ties them, but a checkpoint should not depend on the backend."""
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if config is not None else None
+    if not getattr(text, "tie_word_embeddings", False):
+        return sd
+    tied = getattr(model, "_tied_weights_keys", None) or {}
+    return {k: v for k, v in sd.items() if k not in tied}
 
 
 def _scheduler(optimizer, o: OptimSpec):
