@@ -65,12 +65,15 @@ def reference(tiny_path, tiny_tokenizer):
     return cfg, batches, _run(single, batches, cfg)
 
 
-@pytest.mark.parametrize("kind,stage", [("fsdp", 0), ("deepspeed", 1), ("deepspeed", 2),
-                                        ("deepspeed", 3)])
-def test_sharded_backends_match_single(reference, tiny_path, kind, stage):
+@pytest.mark.parametrize("kind,stage,offload", [
+    ("fsdp", 0, False), ("deepspeed", 1, False), ("deepspeed", 2, False), ("deepspeed", 3, False),
+    # ZeRO-Offload: optimizer state and step on the CPU with DeepSpeedCPUAdam (its first
+    # run JIT-builds the op, ~75 s here)
+    pytest.param("deepspeed", 2, True, marks=pytest.mark.slow)])
+def test_sharded_backends_match_single(reference, tiny_path, kind, stage, offload):
     cfg, batches, (losses, metrics, lp, ent, weights) = reference
     backend = DistributedBackend(kind, ModelSpec(str(tiny_path)),
-                                 OptimSpec(lr=1e-2, zero_stage=stage or 2), 2, 64)
+                                 OptimSpec(lr=1e-2, zero_stage=stage or 2, offload=offload), 2, 64)
     try:
         d_losses, d_metrics, d_lp, d_ent, d_weights = _run(backend, batches, cfg)
     finally:

@@ -1,7 +1,8 @@
 """Ray placement on a real local cluster of two nodes (a head and a worker node, each
-its own raylet on loopback, 1 CPU each): ``placement=split`` puts the train rank and the
-rollout worker on different nodes, ``colocated`` in one bundle; both train like the
-same run without Ray (same samples, same losses) and sync weights to the worker."""
+its own raylet on loopback, 1 CPU each): ``agentgym train … ray.address=<cluster>
+placement=split`` puts the train rank and the rollout worker on different nodes,
+``placement=colocated`` in one bundle; both train like the same run without Ray (same
+samples, same losses) and sync weights to the worker."""
 
 from __future__ import annotations
 
@@ -25,14 +26,16 @@ def two_nodes():
     cluster.shutdown()
 
 
-def _cfg(tmp_path, name, retriever_url, **over):
-    return build_config({"env": "search", "model": "tiny", "trainer.total_steps": 2,
-                         "trainer.prompts_per_step": 2, "rollout.n": 2,
-                         "rollout.max_tokens_per_turn": 24, "rollout.max_response_tokens": 256,
-                         "trainer.eval_limit": 0, "trainer.lr": 1e-3,
-                         "trainer.backend": "fsdp", "trainer.nprocs": 1,
-                         "retriever.url": retriever_url, "run_dir": str(tmp_path / name),
-                         **over})
+def _args(tmp_path, name, retriever_url) -> list[str]:
+    return ["env=search", "model=tiny", "trainer.total_steps=2", "trainer.prompts_per_step=2",
+            "n=2", "rollout.max_tokens_per_turn=24", "rollout.max_response_tokens=256",
+            "trainer.eval_limit=0", "trainer.lr=1e-3", "backend=fsdp", "trainer.nprocs=1",
+            f"retriever.url={retriever_url}", f"run_dir={tmp_path / name}"]
+
+
+def _cfg(tmp_path, name, retriever_url):
+    from agentgym.config import parse_overrides
+    return build_config(parse_overrides(_args(tmp_path, name, retriever_url)))
 
 
 def _metrics(run):
@@ -48,8 +51,11 @@ def without_ray(tmp_path_factory, retriever_url):
 def test_train_across_a_two_node_ray_cluster(tmp_path, two_nodes, retriever_url,
                                             without_ray, placement):
     from transformers import AutoModelForCausalLM
-    run = train(_cfg(tmp_path, placement, retriever_url, **{
-        "ray.address": two_nodes.address, "placement": placement}))
+
+    from agentgym.cli import main
+    assert main(["train", *_args(tmp_path, placement, retriever_url),
+                 f"ray.address={two_nodes.address}", f"placement={placement}"]) == 0
+    run = tmp_path / placement
     where = json.loads((run / "placement.json").read_text())
     (rank_node,), (worker_node,) = where["policy_ranks"], where["rollout_workers"]
     if placement == "split":
