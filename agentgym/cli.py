@@ -7,6 +7,8 @@
     agentgym demos env=search out=demos.jsonl        # demonstrations played through the env
     agentgym filter data=traj.jsonl out=kept.jsonl   # rejection sampling of rollouts
     agentgym sft env=search data=demos.jsonl run_dir=runs/sft
+    agentgym serve --model tiny --port 30000         # HF engine behind SGLang's native API
+    agentgym train env=search engine=sglang engine.urls=[http://127.0.0.1:30000]
 
 Every command takes ``key=value`` overrides of :class:`agentgym.config.Config`
 (``agentgym config`` prints the resolved config and every key).
@@ -366,6 +368,38 @@ def cmd_serve_retriever(args: list[str]) -> int:
     return 0
 
 
+def cmd_serve(args: list[str]) -> int:
+    """``agentgym serve --model M --port N``: the HF engine behind SGLang's native API."""
+    from agentgym.serve import serve
+
+    p = argparse.ArgumentParser(
+        prog="agentgym serve",
+        description="Serve a policy with the in-process HF engine behind a subset of SGLang's "
+                    "native HTTP API (/generate with input_ids, weight updates, pause/"
+                    "continue), so engine=sglang engine.urls=[...] rolls out through it.")
+    p.add_argument("--model", required=True, help="zoo name (tiny, smollm2-135m) or HF folder")
+    p.add_argument("--host", default="127.0.0.1", help="interface to bind (no authentication: "
+                   "bind others deliberately)")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--max-batch-size", type=int, default=32, help="requests decoded together")
+    p.add_argument("--seed", type=int, default=0, help="sampler seed of unseeded requests")
+    p.add_argument("--skip-tokenizer-init", action="store_true",
+                   help="refuse stop strings, as SGLang does with this flag (clients stop "
+                        "on their side)")
+    p.add_argument("--weight-version", default="default")
+    p.add_argument("--log-level", default="info")
+    try:
+        ns = p.parse_args(args)
+    except SystemExit as e:
+        return int(e.code or 0)
+    _setup_logging(ns.log_level)
+    serve(ns.model, host=ns.host, port=ns.port, dtype=ns.dtype, max_batch_size=ns.max_batch_size,
+          seed=ns.seed, skip_tokenizer_init=ns.skip_tokenizer_init,
+          weight_version=ns.weight_version, log_level=ns.log_level.lower())
+    return 0
+
+
 def cmd_sandbox(args: list[str]) -> int:
     """``agentgym sandbox exec [--file F.py | -] [--session ID] [sandbox.KEY=VALUE ...]``.
 
@@ -410,7 +444,7 @@ COMMANDS = {"train": cmd_train, "rollout": cmd_rollout, "eval": cmd_eval, "check
             "config": cmd_config, "sft": cmd_sft, "demos": cmd_demos, "filter": cmd_filter}
 #: Commands with their own ``--flag`` arguments (each parses its raw argv).
 FLAG_COMMANDS: dict = {"index": cmd_index, "serve-retriever": cmd_serve_retriever,
-                       "sandbox": cmd_sandbox}
+                       "serve": cmd_serve, "sandbox": cmd_sandbox}
 
 
 def main(argv: list[str] | None = None) -> int:

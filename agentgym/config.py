@@ -57,13 +57,25 @@ class EngineConfig:
     max_batch_size: int = 32
     batch_wait_s: float = 0.005  # hf: a batch starts after this long with no new request ...
     max_batch_wait_s: float = 0.05  # ... or this long after its first request
-    urls: list[str] = field(default_factory=list)  # servers, for HTTP engines
+    urls: list[str] = field(default_factory=list)  # sglang: servers; empty launches one (GPU)
     dtype: str = ""  # weights of the rollout copy; "" = model.dtype (bfloat16: faster, drifts)
+    timeout_s: float = 600.0  # sglang: read timeout of one request
+    retries: int = 3  # sglang: extra attempts after a connection error, timeout, 429/502/503/504
+    weight_sync: str = "disk"  # sglang: disk | distributed | tensor (see agentgym.engines.sglang)
+    sync_dir: str = ""  # sglang disk sync: folder every server can read; "" = a temp folder
+    sync_address: str = ""  # sglang distributed sync: this host as servers reach it; "" = auto
 
     def __post_init__(self) -> None:
         if self.dtype not in ("", "float32", "bfloat16"):
             raise ValueError(f"engine.dtype={self.dtype!r}; valid: float32, bfloat16 "
                              "(or empty for model.dtype)")
+        if self.weight_sync not in ("disk", "distributed", "tensor"):
+            raise ValueError(f"engine.weight_sync={self.weight_sync!r}; valid: disk, "
+                             "distributed, tensor")
+        if isinstance(self.urls, str):  # engine.urls=http://a:1 (one server, no brackets)
+            self.urls = [self.urls]
+        if self.retries < 0:
+            raise ValueError(f"engine.retries={self.retries}; must be >= 0")
 
 
 @dataclass

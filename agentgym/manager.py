@@ -60,6 +60,7 @@ class GenerationManager:
         self.seed = seed
         self._pool = concurrent.futures.ThreadPoolExecutor(cfg.env_workers,
                                                            thread_name_prefix="env")
+        self._sessions = itertools.count()
 
     async def _in_pool(self, fn, *args, **kwargs):
         loop = asyncio.get_running_loop()
@@ -69,6 +70,7 @@ class GenerationManager:
         """Play one episode of ``row``; return its trajectory."""
         cfg = self.cfg
         seed = trajectory_seed(self.seed, uid, sample_index)
+        session = f"{uid}/{sample_index}/{seed}/{next(self._sessions)}"  # one per episode
         traj = Trajectory(uid=uid, sample_index=sample_index,
                           data_source=str(row.get("data_source", "")))
         m = {"turns": 0, "generate_s": 0.0, "env_s": 0.0, "length_stops": 0}
@@ -94,7 +96,7 @@ class GenerationManager:
                     temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                     stop=env.stop_strings, seed=(seed + 7919 * turn) % 2**31)
                 t0 = time.perf_counter()
-                out = await self.engine.generate(traj.token_ids, sampling)
+                out = await self.engine.generate(traj.token_ids, sampling, session_id=session)
                 m["generate_s"] += time.perf_counter() - t0
                 if self.engine.policy_version != traj.policy_version:
                     raise RuntimeError("policy weights changed inside a trajectory; "

@@ -30,6 +30,17 @@ def build_engine(cfg: Config, model, tokenizer) -> Engine:
     return ENGINES.get(cfg.engine.name).from_config(cfg, model, tokenizer)
 
 
+def engine_for(cfg: Config, path, tokenizer) -> Engine:
+    """The rollout engine for the policy at ``path``: with a copy of the model loaded here
+    (``engine.dtype``, else ``model.dtype``) for in-process engines; servers hold their own
+    (``engine=sglang``)."""
+    model = None
+    if ENGINES.get(cfg.engine.name).needs_model:
+        from agentgym.models import load_model
+        model = load_model(path, dtype=cfg.engine.dtype or cfg.model.dtype)
+    return build_engine(cfg, model, tokenizer)
+
+
 def _search_kwargs(cfg: Config) -> dict[str, Any]:
     url = cfg.retriever.url
     if not url:
@@ -78,8 +89,12 @@ def env_factory(cfg: Config) -> Callable[[], Any]:
 
 def build_manager(cfg: Config, model=None, tokenizer=None):
     """Everything a rollout needs; returns ``(manager, engine, tokenizer)``."""
-    if model is None or tokenizer is None:
-        model, tokenizer, _ = load_policy(cfg)
+    if tokenizer is None or (model is None and ENGINES.get(cfg.engine.name).needs_model):
+        if ENGINES.get(cfg.engine.name).needs_model:
+            model, tokenizer, _ = load_policy(cfg)
+        else:
+            from agentgym.models import load_tokenizer, resolve_model
+            tokenizer = load_tokenizer(resolve_model(cfg.model.path or cfg.model.name))
     engine = build_engine(cfg, model, tokenizer)
     manager = GenerationManager(engine, tokenizer, env_factory(cfg), cfg.rollout, seed=cfg.trainer.seed)
     return manager, engine, tokenizer

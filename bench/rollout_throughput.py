@@ -98,7 +98,7 @@ class LockstepEngine:
         self.inner, self.policy_version = inner, inner.policy_version
         self.before, self.after = _Barrier(parties), _Barrier(parties)
 
-    async def generate(self, prompt_ids, sampling, images=None):
+    async def generate(self, prompt_ids, sampling, images=None, session_id=None):
         await self.before.wait()
         out = await self.inner.generate(prompt_ids, sampling)
         await self.after.wait()  # the batch returns only when all its rows are done

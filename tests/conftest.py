@@ -21,6 +21,8 @@ import envs  # noqa: E402
 
 if "agentgym-test/Letter-v0" not in envs.env_ids():
     envs.register_env("agentgym-test/Letter-v0", "toy_envs:LetterEnv")
+if "agentgym-test/Talk-v0" not in envs.env_ids():
+    envs.register_env("agentgym-test/Talk-v0", "toy_envs:TalkEnv")
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+from fastapi import Request  # module level: FastAPI resolves the proxy's annotation here
+
 from agentgym.engines.base import Engine
 from agentgym.types import GenerateOutput, SamplingParams
 from tools.errors import ToolTimeout, ToolUnavailable
@@ -23,7 +25,7 @@ class ScriptedEngine(Engine):
         self.produced: list[list[int]] = []
         self.prompts: list[list[int]] = []
 
-    async def generate(self, prompt_ids, sampling: SamplingParams, images=None):
+    async def generate(self, prompt_ids, sampling: SamplingParams, images=None, session_id=None):
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         self.prompts.append(list(prompt_ids))
@@ -73,3 +75,52 @@ class TimeoutRetrieverFault:
 
     def close(self):
         pass
+
+
+class FlakyProxyFault:
+    """Injects transient server failures: an HTTP proxy on loopback in front of a real
+    server that answers ``status`` to the first ``fail_first`` requests to ``path`` and
+    forwards everything else (counting what it saw in ``seen``)."""
+
+    def __init__(self, upstream: str, fail_first: int, status: int = 503,
+                 path: str = "/generate") -> None:
+        import threading
+
+        import httpx
+        import uvicorn
+        from fastapi import FastAPI
+        from fastapi.responses import Response
+
+        from agentgym.server_process import free_port
+        self.upstream, self.left, self.status, self.path = upstream, fail_first, status, path
+        self.seen = {"failed": 0, "forwarded": 0}
+        app = FastAPI()
+
+        @app.api_route("/{rest:path}", methods=["GET", "POST"])
+        async def proxy(rest: str, request: Request):
+            if "/" + rest == self.path and self.left > 0:
+                self.left -= 1
+                self.seen["failed"] += 1
+                return Response(status_code=self.status, content=b'{"error": {"message": '
+                                b'"injected fault"}}', media_type="application/json")
+            self.seen["forwarded"] += 1
+            async with httpx.AsyncClient(timeout=120) as http:
+                r = await http.request(request.method, f"{self.upstream}/{rest}",
+                                       content=await request.body(),
+                                       headers={"content-type": "application/json"})
+            return Response(status_code=r.status_code, content=r.content,
+                            media_type=r.headers.get("content-type"))
+
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                                     log_level="warning"))
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self._thread.start()
+        import time
+        while not self._server.started:
+            time.sleep(0.02)
+
+    def close(self):
+        self._server.should_exit = True
+        self._thread.join(timeout=10)

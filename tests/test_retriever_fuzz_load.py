@@ -144,7 +144,7 @@ async def _load(url: str, n: int, concurrency: int) -> list:
 
 
 def test_load_thousands_of_requests_no_errors_bounded_memory(server):
-    proc = psutil.Process(server._proc.pid)
+    proc = psutil.Process(server.pid)
     warm = asyncio.run(_load(server.url, 400, 32))
     rss0 = proc.memory_info().rss
     errors = [e for e in warm + asyncio.run(_load(server.url, 2000, 32)) if e]

@@ -37,3 +37,22 @@ def letter_rows(n: int) -> list[dict]:
     return [{"data_source": "toy", "prompt": [{"role": "user", "content": f"Write text #{i}."}],
              "ability": "toy", "reward_model": {"style": "rule", "ground_truth": "e"},
              "extra_info": {"index": i}, "env": "agentgym-test/Letter-v0"} for i in range(n)]
+
+
+class TalkEnv(AgentEnv):
+    """Several turns: every reply is answered with the same short message, until the
+    turn budget ends the episode (truncated). Reward 0.1 per turn. A multi-turn
+    workload for engine routing tests."""
+
+    observation_format = "inline"
+    stop_strings = ("\n\n",)
+
+    def __init__(self, max_turns: int = 3) -> None:
+        super().__init__(max_turns=max_turns)
+
+    def _reset(self, row):
+        prompt = row["prompt"] if row else [{"role": "user", "content": "Talk to me."}]
+        return [dict(m) for m in prompt], {}
+
+    def _step(self, action, last_turn):
+        return [{"role": "user", "content": "\nGo on.\n"}], 0.1, False, {}

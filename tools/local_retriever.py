@@ -16,22 +16,15 @@ Example::
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import logging
 import os
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import threading
-import time
 from pathlib import Path
 
-import httpx
-
 from agentgym.paths import cache_dir  # import-light: no torch
+from agentgym.server_process import ServerProcess, free_port
 
 logger = logging.getLogger(__name__)
 
@@ -47,18 +40,7 @@ def default_index_dir(corpus: Path) -> Path:
     return cache_dir() / "retriever" / h.hexdigest()[:16] / "bm25"
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _tail(path: Path, n: int = 30) -> str:
-    try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return "(no log)"
-    return "\n".join(lines[-n:]) or "(empty log)"
+_free_port = free_port  # kept for callers of the old name
 
 
 class LocalRetriever:
@@ -98,13 +80,22 @@ class LocalRetriever:
         self.extra_args = list(extra_args)
         self.startup_timeout = startup_timeout
         self.url: str | None = None
-        self.log_path = Path(tempfile.mkdtemp(prefix="agentgym-retriever-")) / "server.log"
-        self._proc: subprocess.Popen | None = None
+        self._server: ServerProcess | None = None
 
     @property
     def alive(self) -> bool:
         """True while the server process is running."""
-        return self._proc is not None and self._proc.poll() is None
+        return self._server is not None and self._server.alive
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs."""
+        return self._server.pid if self._server is not None else None
+
+    @property
+    def log_path(self) -> Path | None:
+        """The server's combined stdout/stderr (None before the first start)."""
+        return self._server.log_path if self._server is not None else None
 
     def start(self) -> str:
         """Start the server (no-op if running) and wait until it is healthy.
@@ -119,71 +110,25 @@ class LocalRetriever:
         if self.alive:
             return self.url
         index_dir = self.index_dir or default_index_dir(self.corpus)
-        port = _free_port()
+        port = free_port()
         cmd = [sys.executable, "-m", "retriever_server", "--index", str(index_dir),
                "--port", str(port), "--log-level", "info", *self.extra_args]
         if self.corpus is not None:
             cmd += ["--corpus", str(self.corpus)]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO_ROOT), env.get("PYTHONPATH"))
-                                            if p)
-        t0 = time.perf_counter()
-        with open(self.log_path, "ab") as log:
-            self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, env=env,
-                                          start_new_session=True)
-        atexit.register(self.stop)
-        self.url = f"http://127.0.0.1:{port}"
-        try:
-            self._wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
-        logger.info("local retriever at %s (pid %d, index %s) ready in %.1f s; log %s",
-                    self.url, self._proc.pid, index_dir, time.perf_counter() - t0, self.log_path)
+        pythonpath = os.pathsep.join(p for p in (str(_REPO_ROOT), os.environ.get("PYTHONPATH"))
+                                     if p)
+        self._server = ServerProcess(cmd, f"http://127.0.0.1:{port}", name="retriever server",
+                                     startup_timeout=self.startup_timeout,
+                                     env={"PYTHONPATH": pythonpath})
+        self.url = self._server.start()
+        logger.info("local retriever at %s uses index %s", self.url, index_dir)
         return self.url
-
-    def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + self.startup_timeout
-        with httpx.Client(timeout=1.0) as http:
-            while True:
-                if self._proc.poll() is not None:
-                    raise RuntimeError(
-                        f"retriever server exited with code {self._proc.returncode} during "
-                        f"startup; last lines of {self.log_path}:\n{_tail(self.log_path)}")
-                try:
-                    if http.get(self.url + "/health").status_code == 200:
-                        return
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"retriever server not healthy after {self.startup_timeout:.0f} s; "
-                        f"last lines of {self.log_path}:\n{_tail(self.log_path)}")
-                time.sleep(0.1)
 
     def stop(self) -> None:
         """Terminate the server's process group (SIGTERM, then SIGKILL after 5 s). Idempotent."""
-        proc, self._proc = self._proc, None
-        atexit.unregister(self.stop)
-        if proc is None:
-            return
-        if proc.poll() is None:
-            self._signal(proc, signal.SIGTERM)
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                logger.warning("retriever pid %d ignored SIGTERM; killing it", proc.pid)
-                self._signal(proc, signal.SIGKILL)
-                proc.wait()
+        if self._server is not None:
+            self._server.stop()
         self.url = None
-
-    @staticmethod
-    def _signal(proc: subprocess.Popen, sig: int) -> None:
-        try:  # the server leads its own process group (start_new_session), so pgid == pid
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
 
     def __enter__(self) -> LocalRetriever:
         self.start()

@@ -46,7 +46,8 @@ from agentgym.data import load_rows
 from agentgym.manager import summarize
 from agentgym.metrics import MetricsLogger
 from agentgym.models import load_model, load_tokenizer, resolve_model
-from agentgym.runtime import build_engine
+from agentgym.engines.base import ENGINES
+from agentgym.runtime import engine_for
 from agentgym.types import Trajectory
 from trainers.algos import (ADVANTAGES, POLICY_LOSSES, aggregate, compute_advantages,
                             compute_policy_loss, groups_with_signal, kl_estimate,
@@ -102,13 +103,12 @@ def setup(cfg: Config):
 
 def make_rollout(cfg: Config, path, tokenizer, cluster=None):
     """Where rollouts run: this process (:class:`~trainers.run.LocalRollout`), or
-    ``ray.rollout_workers`` actors of a Ray ``cluster``."""
-    if cluster is not None:
+    ``ray.rollout_workers`` actors of a Ray ``cluster``. Engines whose weights live in
+    servers (``engine=sglang``) are driven from this process either way."""
+    if cluster is not None and ENGINES.get(cfg.engine.name).needs_model:
         from trainers.ray_cluster import RayRollout
         return RayRollout(cluster, cfg, str(path))
-    engine = build_engine(cfg, load_model(path, dtype=cfg.engine.dtype or cfg.model.dtype),
-                          tokenizer)
-    return LocalRollout(cfg, engine, tokenizer)
+    return LocalRollout(cfg, engine_for(cfg, path, tokenizer), tokenizer)
 
 
 # --- 1. rollouts -----------------------------------------------------------------------
@@ -409,7 +409,7 @@ def open_session(cfg: Config, hooks: Hooks | None = None,
     state = resume(t.resume, run_dir, backend, critic.backend if critic else None)
     start = state["step"]
     version = state.get("policy_version", start)
-    if version:
+    if version or getattr(rollout, "remote", False):  # servers start from their own copy
         rollout.update_weights(backend.state_dict(), version)
     s = Session(cfg, hooks, run_dir, rows, eval_rows, tokenizer, backend, rollout, ref,
                 MetricsLogger(run_dir, resume_step=start), critic, cluster, start,

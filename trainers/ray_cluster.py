@@ -93,12 +93,11 @@ class RolloutWorker:
     """A rollout worker as a Ray actor: an engine, a generation manager and its envs."""
 
     def __init__(self, cfg: Config, path: str) -> None:
-        from agentgym.models import load_model, load_tokenizer
-        from agentgym.runtime import build_engine
+        from agentgym.models import load_tokenizer
+        from agentgym.runtime import engine_for
         from trainers.run import LocalRollout
         tokenizer = load_tokenizer(path)
-        model = load_model(path, dtype=cfg.engine.dtype or cfg.model.dtype)
-        self.local = LocalRollout(cfg, build_engine(cfg, model, tokenizer), tokenizer)
+        self.local = LocalRollout(cfg, engine_for(cfg, path, tokenizer), tokenizer)
 
     def node(self) -> str:
         import ray

@@ -162,6 +162,8 @@ class LocalRollout:
     def __init__(self, cfg: Config, engine, tokenizer) -> None:
         self.cfg, self.engine, self.tokenizer = cfg, engine, tokenizer
         self._managers: dict[bool, GenerationManager] = {}
+        #: the engine's weights live in servers (which may hold anything at start)
+        self.remote = not engine.needs_model
 
     def _manager(self, greedy: bool) -> GenerationManager:
         if greedy not in self._managers:
@@ -181,13 +183,8 @@ class LocalRollout:
         return asyncio.run(rollouts(manager, rows, n, hooks))
 
     def update_weights(self, state_dict: dict, version: int) -> None:
-        async def swap():
-            await self.engine.pause()
-            try:
-                self.engine.update_weights(state_dict, version)
-            finally:
-                self.engine.resume()
-        asyncio.run(swap())
+        from agentgym.engines.base import push_weights
+        push_weights(self.engine, state_dict, version)
 
     def close(self, engine_too: bool = True) -> None:
         for manager in self._managers.values():

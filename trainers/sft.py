@@ -32,7 +32,7 @@ from agentgym.config import Config
 from agentgym.data import dataset_path, read_jsonl
 from agentgym.demos import record_to_trajectory
 from agentgym.metrics import MetricsLogger
-from agentgym.models import load_model, load_tokenizer, resolve_model
+from agentgym.models import load_tokenizer, resolve_model
 from agentgym.types import Trajectory
 from trainers.algos import aggregate
 from trainers.backends.base import first_needed_position, sequence_logprobs
@@ -195,11 +195,10 @@ def evaluate_policy(cfg: Config, backend, tokenizer, path, hooks: Hooks) -> dict
     ``sft.eval_limit``) with the trained weights (any backend's full state dict, LoRA
     merged, loaded into an engine's copy of the model): format validity and EM."""
     from agentgym.data import load_rows
-    from agentgym.runtime import build_engine
+    from agentgym.runtime import engine_for
     from trainers.run import evaluate
     rows = load_rows(cfg.env, cfg.trainer.eval_data, cfg.sft.eval_limit)
-    engine = build_engine(cfg, load_model(path, dtype=cfg.engine.dtype or cfg.model.dtype),
-                          tokenizer)
+    engine = engine_for(cfg, path, tokenizer)
     try:
         engine.update_weights(backend.state_dict(), 1)
         return evaluate(cfg, engine, tokenizer, rows, hooks)

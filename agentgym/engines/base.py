@@ -25,6 +25,9 @@ class Engine(abc.ABC):
 
     #: Version of the weights currently served; stamped on every trajectory.
     policy_version: int = 0
+    #: Whether :meth:`from_config` needs the policy loaded in this process (False for
+    #: engines whose weights live in servers).
+    needs_model: bool = True
 
     @classmethod
     @abc.abstractmethod
@@ -34,8 +37,11 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
-                       images: list[Any] | None = None) -> GenerateOutput:
-        """Sample a continuation of ``prompt_ids``."""
+                       images: list[Any] | None = None,
+                       session_id: str | None = None) -> GenerateOutput:
+        """Sample a continuation of ``prompt_ids``. ``session_id`` names the trajectory
+        the request belongs to (engines over several servers keep a trajectory on one
+        server, so its prefix stays cached); others ignore it."""
 
     @abc.abstractmethod
     def update_weights(self, state_dict: dict, version: int) -> None:
@@ -53,4 +59,19 @@ class Engine(abc.ABC):
         """Release resources (threads, servers). Idempotent."""
 
 
+def push_weights(engine: Engine, state_dict: dict, version: int) -> None:
+    """Load new weights the way a trainer does: pause (in-flight batches finish, new ones
+    wait), :meth:`Engine.update_weights`, resume. Call from outside any event loop."""
+    import asyncio
+
+    async def swap() -> None:
+        await engine.pause()
+        try:
+            engine.update_weights(state_dict, version)
+        finally:
+            engine.resume()
+    asyncio.run(swap())
+
+
 ENGINES.register("hf", "agentgym.engines.hf:HFEngine")
+ENGINES.register("sglang", "agentgym.engines.sglang:SGLangEngine")

@@ -127,7 +127,8 @@ class HFEngine(Engine):
 
     # -- public API ---------------------------------------------------------------------
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
-                       images: list[Any] | None = None) -> GenerateOutput:
+                       images: list[Any] | None = None,
+                       session_id: str | None = None) -> GenerateOutput:
         if images:
             raise ValueError("the hf engine serves text-only models here; got images "
                              "(use a vision-language model and engine)")

@@ -1,0 +1,164 @@
+"""A local HTTP server as a subprocess: start it, wait for its health URL, stop it.
+
+Shared by the local retriever (``tools/local_retriever.py``), ``agentgym serve`` and the
+SGLang launcher (``agentgym/engines/launcher.py``). The server runs in its own process
+group; its output goes to a log file whose tail is quoted when it fails to start.
+Import-light: no torch.
+
+Example::
+
+    proc = ServerProcess([sys.executable, "-m", "retriever_server", "--port", "8000", ...],
+                         "http://127.0.0.1:8000", name="retriever server")
+    proc.start()          # waits for GET /health == 200
+    ...
+    proc.stop()           # SIGTERM to the group, SIGKILL after a grace period
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+logger = logging.getLogger(__name__)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def log_tail(path: Path, n: int = 30) -> str:
+    """The last ``n`` lines of a log file (or a note that there is none)."""
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(lines[-n:]) or "(empty log)"
+
+
+class ServerProcess:
+    """One server subprocess, healthy once ``GET url + health_path`` answers 200.
+
+    Args:
+        cmd: the command line.
+        url: the base URL it will serve (``http://127.0.0.1:PORT``).
+        name: what to call it in logs and errors.
+        health_path: polled until it answers 200.
+        startup_timeout: seconds to wait for health before giving up.
+        env: extra environment variables for the child.
+        stop_grace_s: seconds between SIGTERM and SIGKILL when stopping.
+    """
+
+    def __init__(self, cmd: list[str], url: str, name: str = "server",
+                 health_path: str = "/health", startup_timeout: float = 120.0,
+                 env: dict[str, str] | None = None, stop_grace_s: float = 5.0) -> None:
+        self.cmd, self.url, self.name = list(cmd), url.rstrip("/"), name
+        self.health_path = health_path
+        self.startup_timeout = startup_timeout
+        self.env = env or {}
+        self.stop_grace_s = stop_grace_s
+        slug = "".join(c if c.isalnum() else "-" for c in name)
+        self.log_path = Path(tempfile.mkdtemp(prefix=f"agentgym-{slug}-")) / "server.log"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def alive(self) -> bool:
+        """True while the process is running."""
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def start(self) -> str:
+        """Start the process (no-op if running) and wait until it is healthy.
+
+        Returns:
+            The base URL.
+
+        Raises:
+            RuntimeError: the process exited during startup (message holds its log tail).
+            TimeoutError: it was not healthy within ``startup_timeout`` seconds.
+        """
+        if self.alive:
+            return self.url
+        t0 = time.perf_counter()
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL,
+                                         env={**os.environ, **self.env},
+                                         start_new_session=True)
+        atexit.register(self.stop)
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        logger.info("%s at %s (pid %d) ready in %.1f s; log %s", self.name, self.url,
+                    self.proc.pid, time.perf_counter() - t0, self.log_path)
+        return self.url
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        with httpx.Client(timeout=2.0) as http:
+            while True:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(
+                        f"{self.name} exited with code {self.proc.returncode} during startup; "
+                        f"last lines of {self.log_path}:\n{log_tail(self.log_path)}")
+                try:
+                    if http.get(self.url + self.health_path).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"{self.name} not healthy after {self.startup_timeout:.0f} s; last "
+                        f"lines of {self.log_path}:\n{log_tail(self.log_path)}")
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        """SIGTERM the process group, SIGKILL it after ``stop_grace_s``. Idempotent."""
+        proc, self.proc = self.proc, None
+        atexit.unregister(self.stop)
+        if proc is None:
+            return
+        if proc.poll() is None:
+            self._signal(proc, signal.SIGTERM)
+            try:
+                proc.wait(timeout=self.stop_grace_s)
+            except subprocess.TimeoutExpired:
+                logger.warning("%s pid %d ignored SIGTERM; killing it", self.name, proc.pid)
+                self._signal(proc, signal.SIGKILL)
+                proc.wait()
+
+    def kill(self) -> None:
+        """SIGKILL the process group at once (fault injection; no grace)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self._signal(self.proc, signal.SIGKILL)
+            self.proc.wait()
+
+    @staticmethod
+    def _signal(proc: subprocess.Popen, sig: int) -> None:
+        try:  # the server leads its own process group (start_new_session), so pgid == pid
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> "ServerProcess":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
