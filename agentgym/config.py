@@ -119,6 +119,12 @@ class CodeConfig:
 
 
 @dataclass
+class GeometryConfig:
+    tool: bool = False  # env=geometry: offer a <calculator> tool (multi-turn, as verl's geo3k tool)
+    rel_tol: float = 0.01  # env=geometry: relative tolerance of the numeric answer check
+
+
+@dataclass
 class SearchConfig:
     format_reward: float = 0.0  # reward for a well-formed but wrong answer (env=search)
 
@@ -309,6 +315,7 @@ class Config:
     search: SearchConfig = field(default_factory=SearchConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     code: CodeConfig = field(default_factory=CodeConfig)
+    geometry: GeometryConfig = field(default_factory=GeometryConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
@@ -330,6 +337,8 @@ ENV_PRESETS: dict[str, dict[str, Any]] = {
     # cells print short results, as GSM8K's do; the manager truncates when they don't.
     # GPU users raise rollout.max_turns and rollout.max_response_tokens together.
     "code": {"rollout.max_turns": 4, "trainer.eval_data": "gsm8k"},
+    # an answer, and one retry when it has no \boxed{} (geometry.tool=true: allow more turns)
+    "geometry": {"rollout.max_turns": 2, "trainer.eval_data": "test"},
 }
 #: ``algo=NAME``: the keys each algorithm sets, applied after the env preset and the
 #: command's defaults, before the user's overrides. Names follow verl's estimators.

@@ -18,6 +18,8 @@ DATASETS: dict[str, dict[str, str]] = {
     "search": {"train": "search/train.jsonl", "nq": "search/nq_eval.jsonl"},
     "code": {"train": "math/gsm8k_train.jsonl.gz", "gsm8k": "math/gsm8k_test.jsonl",
              "math500": "math/math500.jsonl", "aime24": "math/aime24.jsonl"},
+    "geometry": {"train": "geometry/train.jsonl.gz", "val": "geometry/val.jsonl",
+                 "test": "geometry/test.jsonl"},
 }
 REQUIRED = ("data_source", "prompt", "reward_model", "env")
 

@@ -71,9 +71,14 @@ def _code_kwargs(cfg: Config) -> dict[str, Any]:
             "stateful": cfg.sandbox.stateful}
 
 
+def _geometry_kwargs(cfg: Config) -> dict[str, Any]:
+    return {"tool": cfg.geometry.tool, "rel_tol": cfg.geometry.rel_tol}
+
+
 #: Config → constructor kwargs for envs that need more than ``max_turns``.
 ENV_KWARGS: dict[str, Callable[[Config], dict[str, Any]]] = {"search": _search_kwargs,
-                                                             "code": _code_kwargs}
+                                                             "code": _code_kwargs,
+                                                             "geometry": _geometry_kwargs}
 
 
 def env_factory(cfg: Config) -> Callable[[], Any]:

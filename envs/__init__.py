@@ -1,6 +1,6 @@
 """AgentGym environments. Importing this package registers them (lazily) with AgentGym
 and with gymnasium: ``import envs; gymnasium.make("agentgym/Search-v0")``
-(also ``agentgym/Code-v0``)."""
+(also ``agentgym/Code-v0``, ``agentgym/Geometry-v0``)."""
 
 from envs.base import AgentEnv, MessagesSpace, TextSpace
 from envs.checker import EnvContractError, check_env
@@ -9,6 +9,7 @@ from envs.registration import (env_ids, make_env, register_env, resolve_env_id, 
 
 register_env("agentgym/Search-v0", "envs.search:SearchEnv", short="search")
 register_env("agentgym/Code-v0", "envs.code:CodeEnv", short="code")
+register_env("agentgym/Geometry-v0", "envs.geometry:GeometryEnv", short="geometry")
 
 __all__ = ["AgentEnv", "MessagesSpace", "TextSpace", "EnvContractError", "check_env",
            "env_ids", "make_env", "register_env", "resolve_env_id", "short_name", "short_names"]

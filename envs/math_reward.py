@@ -172,3 +172,40 @@ def is_equivalent(pred: str, gold: str) -> bool:
                        SYMBOLIC_TIMEOUT_S, pred[:80], gold[:80])
         return False
     return bool(box and box[0])
+
+
+def numeric_value(s: str) -> float | None:
+    """The value of an answer that is a number (``2\\sqrt{3}``, ``\\frac{15}{2}``, ``6.45``,
+    ``4\\pi``), or None. Bounded like :func:`is_equivalent` (risky input is refused)."""
+    if not isinstance(s, str):
+        return None
+    s = _unquote(s)
+    if not s or is_risky(s):
+        return None
+    try:
+        return float(normalize(s))
+    except ValueError:
+        pass
+    try:
+        import math_verify
+        from math_verify import grader, parser
+        parser.TIMEOUT_WARNING_SHOWN = grader.TIMEOUT_WARNING_SHOWN = True
+        for expr in math_verify.parse(f"\\boxed{{{s}}}", parsing_timeout=None):
+            if hasattr(expr, "is_number") and expr.is_number:
+                value = complex(expr.evalf())
+                if abs(value.imag) < 1e-12:
+                    return float(value.real)
+    except Exception:  # noqa: BLE001 - cannot evaluate: not a number
+        logger.debug("no numeric value for %r", s, exc_info=True)
+    return None
+
+
+def is_close(pred: str, gold: str, rel_tol: float = 0.01) -> bool:
+    """Equivalent (:func:`is_equivalent`), or both numbers within ``rel_tol`` of each other
+    (Geometry3K rounds its answers: ``3.46`` for ``2\\sqrt{3}``)."""
+    if is_equivalent(pred, gold):
+        return True
+    a, b = numeric_value(pred), numeric_value(gold)
+    if a is None or b is None:
+        return False
+    return abs(a - b) <= rel_tol * max(abs(b), 1e-9)
