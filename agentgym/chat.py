@@ -14,6 +14,8 @@ appending, so the trainer sees exactly the ids the engine sampled.
 
 from __future__ import annotations
 
+from typing import Any
+
 _PROBE_USER = "\x00agentgym-probe-user\x00"
 _PROBE_ASSISTANT = "\x00agentgym-probe-assistant\x00"
 
@@ -21,8 +23,13 @@ _PROBE_ASSISTANT = "\x00agentgym-probe-assistant\x00"
 class ChatTokens:
     """Chat-template arithmetic for one tokenizer."""
 
-    def __init__(self, tokenizer) -> None:
+    def __init__(self, tokenizer, image_processor: Any = "auto") -> None:
         self.tok = tokenizer
+        if image_processor == "auto":  # the one saved with the model, for VL models
+            from agentgym.vision import load_image_processor
+            path = getattr(tokenizer, "name_or_path", "") or ""
+            image_processor = load_image_processor(path) if path else None
+        self.image_processor = image_processor
         self._base = [{"role": "user", "content": _PROBE_USER},
                       {"role": "assistant", "content": _PROBE_ASSISTANT}]
         base_text = self._render(self._base)
@@ -48,8 +55,29 @@ class ChatTokens:
         """Ids of the conversation so far plus the assistant generation prompt."""
         return self.encode(self._render(messages, add_generation_prompt=True))
 
+    def prompt(self, messages: list[dict]):
+        """``(ids, vision)``: :meth:`prompt_ids` with each image placeholder expanded to
+        its image's tokens, and the processed images (:class:`agentgym.vision.VisionInputs`;
+        None without images or for a text-only model, whose template drops them)."""
+        ids = self.prompt_ids(messages)
+        pictures = _images(messages)
+        if pictures and self.image_processor is None \
+                and "<|image_pad|>" in self.tok.get_vocab():
+            raise ValueError(f"the model at {self.tok.name_or_path} has image tokens but no "
+                             "image processor (preprocessor_config.json) in its folder; "
+                             "its images would be dropped")
+        if not pictures or self.image_processor is None:
+            return ids, None
+        from agentgym.vision import IMAGE_PAD, encode_images, expand_image_tokens, image_token_counts
+        vision = encode_images(self.image_processor, pictures)
+        counts = image_token_counts(vision, self.image_processor.merge_size)
+        return expand_image_tokens(ids, self.tok.convert_tokens_to_ids(IMAGE_PAD), counts), vision
+
     def observation_ids(self, messages: list[dict], fmt: str) -> list[int]:
         """Ids of an observation, appended after the assistant's sampled tokens."""
+        if self.image_processor is not None and _images(messages):
+            raise ValueError("images in observations after the first prompt are not "
+                             "supported yet; put the image in the reset observation")
         if fmt == "inline":
             return self.encode("".join(_text(m["content"]) for m in messages))
         if fmt == "chat":
@@ -85,6 +113,12 @@ class ChatTokens:
         if sampled_eos and eos and close.startswith(eos):
             close = close[len(eos):]
         return self.encode(close)
+
+
+def _images(messages: list[dict]) -> list:
+    """The image parts' images, in order."""
+    return [p["image"] for m in messages if not isinstance(m.get("content"), str)
+            for p in (m.get("content") or []) if isinstance(p, dict) and p.get("type") == "image"]
 
 
 def _text(content) -> str:

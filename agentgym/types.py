@@ -124,6 +124,9 @@ class Trajectory:
     data_source: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
+    #: processed images of the prompt (:class:`agentgym.vision.VisionInputs`), for VL
+    #: models; not written by :meth:`to_dict` (only their grid sizes are)
+    images: Any = None
 
     # -- building ---------------------------------------------------------------------
     def append(self, kind: SegmentKind, ids: list[int], turn: int,
@@ -184,8 +187,15 @@ class Trajectory:
             raise ValueError("logprobs must be 0.0 where loss_mask is 0")
 
     def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
+        images, self.images = self.images, None
+        try:
+            d = dataclasses.asdict(self)
+        finally:
+            self.images = images
         d["segments"] = [[s.kind, s.start, s.end, s.turn] for s in self.segments]
+        d.pop("images")
+        if images is not None:
+            d["image_grid_thw"] = images.image_grid_thw.tolist()
         return d
 
     @classmethod

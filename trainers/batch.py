@@ -31,6 +31,8 @@ class Batch:
     token_rewards: torch.Tensor
     truncated: torch.Tensor
     extra: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: per row, the prompt's processed images (VL models; :mod:`agentgym.vision`) or None
+    images: list | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -43,7 +45,8 @@ class Batch:
         return Batch(cut(self.input_ids), cut(self.attention_mask), cut(self.loss_mask),
                      cut(self.rollout_logp), cut(self.rewards), [self.uids[i] for i in index],
                      cut(self.token_rewards), cut(self.truncated),
-                     {k: cut(v) for k, v in self.extra.items()})
+                     {k: cut(v) for k, v in self.extra.items()},
+                     [self.images[i] for i in index] if self.images is not None else None)
 
 
 def turn_reward_positions(traj: Trajectory) -> list[int]:
@@ -90,8 +93,9 @@ def collate(trajs: list[Trajectory], pad_id: int) -> Batch:
             token_rewards[i, sampled[-1]] += float(t.reward)
     rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
     truncated = torch.tensor([bool(t.truncated) for t in trajs])
+    images = [t.images for t in trajs]
     return Batch(ids, attn, mask, logp, rewards, [t.uid for t in trajs], token_rewards,
-                 truncated)
+                 truncated, images=images if any(v is not None for v in images) else None)
 
 
 def micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:

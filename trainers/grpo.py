@@ -261,7 +261,7 @@ class PolicyLoss:
         share = float(mask.sum()) / num_tokens
         logp, entropy = sequence_logprobs(model, ids, attn, self.temperature, with_entropy=True,
                                           start=first_needed_position(mb.loss_mask),
-                                          entropy_grad=a.entropy_coef > 0)
+                                          entropy_grad=a.entropy_coef > 0, images=mb.images)
         metrics = {"entropy": float(masked_mean(entropy.detach(), mask)) * share}
         old = mb.extra.get("old_logp")
         if old is None:

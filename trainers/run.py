@@ -114,6 +114,9 @@ def save_checkpoint(run_dir: Path, step: int, backend, tokenizer,
     if tmp.exists():
         shutil.rmtree(tmp)  # a leftover of a killed save
     backend.save(tmp, tokenizer=tokenizer)
+    source = Path(getattr(tokenizer, "name_or_path", "") or ".")
+    if (source / "preprocessor_config.json").is_file():  # a VL model's image processor
+        shutil.copy2(source / "preprocessor_config.json", tmp / "preprocessor_config.json")
     if critic is not None:
         critic.save(tmp / "critic")
     torch.save(rng_state(), tmp / "rng.pt")

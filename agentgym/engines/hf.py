@@ -45,6 +45,7 @@ class _Request:
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     generator: torch.Generator | None = None
+    images: Any = None  # agentgym.vision.VisionInputs (VL models)
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
 
@@ -102,6 +103,9 @@ class HFEngine(Engine):
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
             else tokenizer.eos_token_id
         self.eos_ids = _eos_ids(model, tokenizer)
+        from agentgym.vision import is_vl_model, vision_token_ids
+        self.vision = is_vl_model(model)  # images in, 3-D (M-RoPE) positions
+        self._never = vision_token_ids(model) if self.vision else []  # never sampled
         # stop strings are checked after every token: the Rust tokenizer decodes a window
         # without the Python wrapper's per-call overhead (about 16 us -> 2 us)
         backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -129,16 +133,16 @@ class HFEngine(Engine):
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
                        images: list[Any] | None = None,
                        session_id: str | None = None) -> GenerateOutput:
-        if images:
-            raise ValueError("the hf engine serves text-only models here; got images "
-                             "(use a vision-language model and engine)")
+        if images is not None and not self.vision:
+            raise ValueError("this model is text-only and got images; use a vision-language "
+                             "model (model=tiny-vl or a Qwen2.5-VL folder)")
         if not prompt_ids:
             raise ValueError("prompt_ids is empty: a request needs at least one token")
         loop = asyncio.get_running_loop()
         gen = None
         if sampling.seed is not None:
             gen = torch.Generator(device=self.device).manual_seed(sampling.seed)
-        req = _Request(list(prompt_ids), sampling, loop.create_future(), loop, gen)
+        req = _Request(list(prompt_ids), sampling, loop.create_future(), loop, gen, images)
         with self._cv:
             if self._closed:
                 raise RuntimeError("engine is closed")
@@ -236,12 +240,17 @@ class HFEngine(Engine):
             ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
             attn[i, width - len(r.prompt_ids):] = 1
         ids, attn = ids.to(self.device), attn.to(self.device)
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)
         cache = _buffered_cache(self.model, width + max(r.sampling.max_new_tokens for r in reqs))
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos,
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        if self.vision:  # pixel values of the rows' images and 3-D positions
+            from agentgym.vision import vl_forward_kwargs
+            kw = vl_forward_kwargs(self.model, ids, attn, [r.images for r in reqs])
+            last_pos = kw["position_ids"][0, :, -1]  # text from here on: 3 equal components
+        else:
+            kw = {"position_ids": (attn.cumsum(-1) - 1).clamp(min=0)}
+            last_pos = kw["position_ids"][:, -1]
+        out = self.model(input_ids=ids, attention_mask=attn, past_key_values=cache,
+                         use_cache=True, logits_to_keep=1, **kw)
         cache, logits = out.past_key_values, out.logits[:, -1, :].float()
-        last_pos = pos[:, -1]
         active = list(reqs)
         while active:
             self.stats["decode_steps"] += 1
@@ -265,13 +274,19 @@ class HFEngine(Engine):
                 active = [active[j] for j in keep]
             attn = torch.cat([attn, attn.new_ones((len(active), 1))], dim=1)
             last_pos = last_pos + 1
+            step_pos = last_pos[:, None]
+            if self.vision:
+                step_pos = step_pos[None].expand(3, -1, -1)
             out = self.model(input_ids=tokens[:, None], attention_mask=attn,
-                             position_ids=last_pos[:, None], past_key_values=cache, use_cache=True)
+                             position_ids=step_pos, past_key_values=cache, use_cache=True)
             cache, logits = out.past_key_values, out.logits[:, -1, :].float()
         logger.debug("batch of %d done in %.3fs", len(reqs), time.perf_counter() - t0)
 
     def _sample(self, logits: torch.Tensor, reqs: list[_Request]):
         """Sample one token per row; return (tokens (B,), logprobs (B,))."""
+        if self._never:
+            from agentgym.vision import suppress_vision_tokens
+            suppress_vision_tokens(logits, self._never)
         temps = torch.tensor([r.sampling.temperature or 1.0 for r in reqs],
                              device=logits.device)[:, None]
         logp = torch.log_softmax(logits / temps, dim=-1)
@@ -345,7 +360,7 @@ class _BufferLayer(DynamicLayer):
 
 def _buffered_cache(model, capacity: int) -> DynamicCache:
     """A DynamicCache whose full-attention layers are :class:`_BufferLayer`s."""
-    cache = DynamicCache(config=model.config)
+    cache = DynamicCache(config=model.config.get_text_config())
     cache.layers = [_BufferLayer(capacity) if type(layer) is DynamicLayer else layer
                     for layer in cache.layers]
     return cache

@@ -103,23 +103,33 @@ def _accepts_logits_to_keep(model) -> bool:
 
 def sequence_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       temperature: float = 1.0, with_entropy: bool = False,
-                      start: int = 0, entropy_grad: bool = False):
+                      start: int = 0, entropy_grad: bool = False, images: list | None = None):
     """Per-token logprobs aligned with ``input_ids`` (``[:, 0]`` is 0), shape ``(B, T)``.
 
     Right-padded input; logits are divided by ``temperature`` (as the rollout engine's
     logprobs are), in fp32. Only tokens from ``start`` on get a logprob (and entropy):
     the model projects hidden states to the vocabulary from position ``start - 1`` only
     (``logits_to_keep``), so a long prompt costs no logits; earlier positions hold 0.
-    The entropy (when asked) is differentiable only with ``entropy_grad``.
+    The entropy (when asked) is differentiable only with ``entropy_grad``. ``images``:
+    per row, the prompt's processed images (VL models: pixel values and the 3-D positions
+    the engine used, :func:`agentgym.vision.vl_forward_kwargs`).
     """
     B, T = input_ids.shape
     s = max(start, 1)
+    kw = {}
+    if images is not None or getattr(getattr(model, "config", None), "vision_config", None):
+        from agentgym.vision import vl_forward_kwargs
+        kw = vl_forward_kwargs(model, input_ids, attention_mask, images)
     if _accepts_logits_to_keep(model):
         logits = model(input_ids=input_ids, attention_mask=attention_mask,
-                       logits_to_keep=T - s + 1).logits
+                       logits_to_keep=T - s + 1, **kw).logits
     else:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, s - 1:]
+        logits = model(input_ids=input_ids, attention_mask=attention_mask,
+                       **kw).logits[:, s - 1:]
     logits = logits[:, :-1].float() / (temperature or 1.0)  # predicts tokens s .. T-1
+    if kw:  # a VL model: the vision special tokens are never sampled (agentgym.vision)
+        from agentgym.vision import suppress_vision_tokens, vision_token_ids
+        logits = suppress_vision_tokens(logits, vision_token_ids(model))
     lse = torch.logsumexp(logits, dim=-1)  # avoids a second (B, T, V) log_softmax copy
     logp = torch.zeros((B, T), dtype=torch.float32, device=input_ids.device)
     logp[:, s:] = logits.gather(-1, input_ids[:, s:, None])[..., 0] - lse
@@ -166,7 +176,8 @@ class LogprobFn:
     def __call__(self, model, mb: Batch, device):
         lp, ent = sequence_logprobs(model, mb.input_ids.to(device), mb.attention_mask.to(device),
                                     self.temperature, self.with_entropy,
-                                    start=first_needed_position(mb.loss_mask))
+                                    start=first_needed_position(mb.loss_mask),
+                                    images=mb.images)
         return (lp, ent) if self.with_entropy else (lp,)
 
 
