@@ -118,3 +118,14 @@ def test_rollout_masks_placeholders_and_trains_on_geometry(tmp_path, capsys):
     assert (ckpt / "preprocessor_config.json").exists()  # the checkpoint serves images too
     from agentgym.vision import load_image_processor
     assert load_image_processor(ckpt) is not None
+
+
+def test_unsupported_vl_settings_fail_before_loading(tmp_path):
+    from agentgym.config import build_config
+    from trainers import train
+    for key, value, needle in (("trainer.backend", "fsdp", "trainer.backend=fsdp"),
+                               ("algo", "ppo", "a critic"), ("model.lora.rank", 4, "lora")):
+        cfg = build_config({"env": "geometry", "model": "tiny-vl", "rollout.n": 2, key: value,
+                            "run_dir": str(tmp_path / key)})
+        with pytest.raises(ValueError, match=needle):
+            train(cfg)

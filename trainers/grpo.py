@@ -82,6 +82,24 @@ def check_algo(cfg: Config) -> None:
                        "alone; consider algo.kl_estimator=k1", a.kl_estimator)
 
 
+def check_vision(cfg: Config, path) -> None:
+    """What a vision-language policy runs on so far (images through the single backend,
+    the HF engine, the GRPO family); the rest fails here, naming the setting."""
+    from agentgym.models import is_vision_language
+    if not is_vision_language(path):
+        return
+    from trainers.algos import needs_critic
+    bad = [(cfg.trainer.backend != "single", f"trainer.backend={cfg.trainer.backend}"),
+           (cfg.engine.name != "hf", f"engine={cfg.engine.name}"),
+           (needs_critic(cfg.algo.advantage), f"algo.advantage={cfg.algo.advantage} (a critic)"),
+           (bool(cfg.ray.address), "ray.address"), (cfg.model.lora.rank > 0, "model.lora.rank")]
+    named = [what for cond, what in bad if cond]
+    if named:
+        raise ValueError(f"{path} is a vision-language model; images are supported with "
+                         f"trainer.backend=single, engine=hf, no Ray, no LoRA and the GRPO-family "
+                         f"estimators so far; not with {', '.join(named)}")
+
+
 def setup(cfg: Config):
     """Load the policy (trained), the rollouts (an engine with its own copy, here or in
     Ray actors) and an optional frozen reference. Returns ``(path, tokenizer, backend,
@@ -92,6 +110,7 @@ def setup(cfg: Config):
         from trainers.ray_cluster import RayCluster
         cluster = RayCluster(cfg)
     path = resolve_model(cfg.model.path or cfg.model.name)
+    check_vision(cfg, path)
     tokenizer = load_tokenizer(path)
     backend = make_backend(cfg, policy_spec(cfg, path), cfg.trainer.lr, cluster)
     rollout = make_rollout(cfg, path, tokenizer, cluster)
