@@ -68,7 +68,8 @@ class ChatTokens:
                              "its images would be dropped")
         if not pictures or self.image_processor is None:
             return ids, None
-        from agentgym.vision import IMAGE_PAD, encode_images, expand_image_tokens, image_token_counts
+        from agentgym.vision import (IMAGE_PAD, encode_images, expand_image_tokens,
+                                     image_token_counts)
         vision = encode_images(self.image_processor, pictures)
         counts = image_token_counts(vision, self.image_processor.merge_size)
         return expand_image_tokens(ids, self.tok.convert_tokens_to_ids(IMAGE_PAD), counts), vision

@@ -104,7 +104,8 @@ _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
 _FUNCS = {"sqrt": math.sqrt, "abs": abs, "round": round, "log": math.log, "exp": math.exp,
           "sin": lambda d: math.sin(math.radians(d)), "cos": lambda d: math.cos(math.radians(d)),
           "tan": lambda d: math.tan(math.radians(d)),
-          "asin": lambda x: math.degrees(math.asin(x)), "acos": lambda x: math.degrees(math.acos(x)),
+          "asin": lambda x: math.degrees(math.asin(x)),
+          "acos": lambda x: math.degrees(math.acos(x)),
           "atan": lambda x: math.degrees(math.atan(x))}
 _NAMES = {"pi": math.pi, "e": math.e}
 
