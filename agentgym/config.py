@@ -173,13 +173,19 @@ class AlgoConfig:
     max_sampling_rounds: int = 4  # dynamic sampling: rollout rounds per step at most
     overlong_buffer: int = 0  # DAPO soft overlong punishment over the last N response tokens (0 = off)
     overlong_penalty: float = 1.0  # its largest penalty, reached at rollout.max_response_tokens
+    # off-policy correction against the rollout's logprobs (stale or mismatched samples):
+    # recompute (none beyond recomputed old logprobs) | decoupled (AReaL: x pi_prox/pi_behav)
+    # | tis (truncated importance sampling: x min(pi_old/pi_rollout, is_cap))
+    off_policy: str = "recompute"
+    is_cap: float = 2.0  # tis: weight cap; decoupled: cap too when > 0 (0 = uncapped)
 
     def __post_init__(self) -> None:
         from agentgym.registry import did_you_mean as dym
         checks = {"name": tuple(ALGO_PRESETS),
                   "loss_agg_mode": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
                                     "seq-mean-token-sum-norm"),
-                  "kl_estimator": ("k1", "k2", "k3", "abs"), "kl_mode": ("loss", "reward")}
+                  "kl_estimator": ("k1", "k2", "k3", "abs"), "kl_mode": ("loss", "reward"),
+                  "off_policy": ("recompute", "decoupled", "tis")}
         for key, valid in checks.items():
             value = getattr(self, key)
             if value not in valid:
@@ -189,6 +195,8 @@ class AlgoConfig:
             raise ValueError(f"algo.gamma must be in (0, 1], got {self.gamma}")
         if not 0 <= self.lam <= 1:
             raise ValueError(f"algo.lam must be in [0, 1], got {self.lam}")
+        if self.off_policy == "tis" and self.is_cap <= 0:
+            raise ValueError(f"algo.is_cap must be > 0 for algo.off_policy=tis, got {self.is_cap}")
         if self.dual_clip <= 1:
             raise ValueError(f"algo.dual_clip must be > 1, got {self.dual_clip}")
         if not (0 <= self.clip_low < 1 and self.clip_high >= 0):

@@ -559,3 +559,51 @@ def test_logprobs_skip_the_prompt_projection_exactly(tiny_model, tiny_tokenizer)
     torch.testing.assert_close(ent_cut[:, start:], ent_full[:, start:], atol=1e-5, rtol=1e-5)
     assert float(cut[:, :start].abs().sum()) == 0.0
     torch.testing.assert_close(other, cut, atol=1e-5, rtol=1e-5)
+
+
+def test_off_policy_weights_by_hand():
+    from trainers.algos import behaviour_weights
+    prox = torch.log(torch.tensor([[0.5, 0.4, 0.9, 0.3]]))
+    behav = torch.log(torch.tensor([[0.5, 0.1, 0.3, 0.9]]))
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    ones, none = behaviour_weights(prox, behav, mask, "recompute")
+    assert ones.tolist() == [[1.0, 1.0, 1.0, 0.0]] and none == {}
+    dec, m = behaviour_weights(prox, behav, mask, "decoupled", cap=0)
+    assert dec[0].tolist() == pytest.approx([1.0, 4.0, 3.0, 0.0], rel=1e-5)
+    tis, m = behaviour_weights(prox, behav, mask, "tis", cap=2.0)
+    assert tis[0].tolist() == pytest.approx([1.0, 2.0, 2.0, 0.0], rel=1e-5)
+    assert m["is_capped_frac"] == pytest.approx(2 / 3) and m["is_weight_max"] == 2.0
+    assert m["is_weight_mean"] == pytest.approx(5 / 3)
+    # nothing off the mask leaks in, and the weights carry no gradient
+    noisy = behav.clone()
+    noisy[0, 3] = -1e3
+    p = prox.clone().requires_grad_(True)
+    again, _ = behaviour_weights(p, noisy, mask, "tis", cap=2.0)
+    assert torch.equal(again, tis) and not again.requires_grad
+    with pytest.raises(ValueError, match="valid: recompute, decoupled, tis"):
+        behaviour_weights(prox, behav, mask, "vtrace")
+
+
+def test_off_policy_correction_scales_the_policy_gradient(tiny_tokenizer, tiny_model):
+    """Rollout logprobs equal to the model's give weight 1: every mode matches plain GRPO.
+    Lowered by log 1.5 on every token, decoupled PPO's gradient is x1.5 and tis (cap 1.2)
+    x1.2 (old logprobs reused: ratio 1, nothing clipped); recompute ignores them."""
+    import copy
+
+    from trainers.backends.base import batched_logprobs
+    batch = _toy_batch(tiny_tokenizer)
+    del batch.extra["old_logp"], batch.extra["ref_logp"]
+    model = copy.deepcopy(tiny_model)
+    batch.rollout_logp = batched_logprobs(model, batch, 1.0, 4096)[0] * batch.loss_mask
+    _, base = _grads(model, batch, build_config({}), [list(range(8))])
+    shifted = copy.deepcopy(batch)
+    shifted.rollout_logp = batch.rollout_logp - math.log(1.5) * batch.loss_mask
+    for mode, cap, factor in (("recompute", 2.0, 1.0), ("decoupled", 0.0, 1.5),
+                              ("tis", 1.2, 1.2)):
+        cfg = build_config({"algo.off_policy": mode, "algo.is_cap": cap})
+        _, same = _grads(model, batch, cfg, [list(range(8))])
+        _, got = _grads(model, shifted, cfg, [list(range(8))])
+        for k in base:
+            tol = 1e-5 * float(base[k].abs().max())  # float noise of a summed gradient
+            assert torch.allclose(same[k], base[k], rtol=1e-4, atol=tol), (mode, k)
+            assert torch.allclose(got[k], base[k] * factor, rtol=1e-4, atol=tol), (mode, k)

@@ -49,7 +49,8 @@ from agentgym.models import load_model, load_tokenizer, resolve_model
 from agentgym.engines.base import ENGINES
 from agentgym.runtime import engine_for
 from agentgym.types import Trajectory
-from trainers.algos import (ADVANTAGES, POLICY_LOSSES, aggregate, compute_advantages,
+from trainers.algos import (ADVANTAGES, POLICY_LOSSES, aggregate, behaviour_weights,
+                            compute_advantages,
                             compute_policy_loss, groups_with_signal, kl_estimate,
                             masked_mean, needs_critic, needs_groups,
                             overlong_penalty)
@@ -290,6 +291,12 @@ class PolicyLoss:
         pg, stats = compute_policy_loss(a.policy_loss, logp, old.to(dev),
                                         mb.extra["adv"].to(dev), mask, clip_low=a.clip_low,
                                         clip_high=a.clip_high, dual_clip=a.dual_clip)
+        if a.off_policy != "recompute":  # samples drawn by another (stale) policy
+            w, w_stats = behaviour_weights(old.to(dev), mb.rollout_logp.to(dev), mask,
+                                           a.off_policy, a.is_cap)
+            pg = pg * w
+            metrics.update({k: v if k.endswith("_max") else v * share
+                            for k, v in w_stats.items()})
         loss = aggregate(pg, mask, **agg)
         metrics.update({k: v * share for k, v in stats.items()})
         metrics["pg_loss"] = float(loss.detach())
