@@ -249,8 +249,12 @@ class TrainerConfig:
     nprocs: int = 1  # fsdp / deepspeed: rank processes on this machine (gloo on CPU, NCCL on GPU)
     zero_stage: int = 2  # deepspeed: ZeRO stage 1 | 2 | 3
     offload: bool = False  # fsdp: CPUOffloadPolicy (GPU runs); deepspeed: optimizer state on CPU
+    mode: str = "sync"  # sync (roll out, then train) | async (rollouts keep going while training)
+    max_staleness: int = 1  # async: policy versions a trained sample may lag behind (0 = on-policy)
 
     def __post_init__(self) -> None:
+        if self.max_staleness < 0:
+            raise ValueError(f"trainer.max_staleness must be >= 0, got {self.max_staleness}")
         for name in ("total_steps", "prompts_per_step", "ppo_epochs", "mini_batches",
                      "micro_batch_tokens", "save_every", "nprocs"):
             if getattr(self, name) < 1:
@@ -261,7 +265,8 @@ class TrainerConfig:
         if self.lr <= 0:
             raise ValueError(f"trainer.lr must be > 0, got {self.lr}")
         choices = {"lr_schedule": ("constant", "cosine"), "mixed_precision": ("", "bf16"),
-                   "backend": ("single", "fsdp", "deepspeed"), "zero_stage": (1, 2, 3)}
+                   "backend": ("single", "fsdp", "deepspeed"), "zero_stage": (1, 2, 3),
+                   "mode": ("sync", "async")}
         for name, valid in choices.items():
             if getattr(self, name) not in valid:
                 raise ValueError(f"trainer.{name}={getattr(self, name)!r}; valid: "

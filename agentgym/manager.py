@@ -52,12 +52,15 @@ class GenerationManager:
     """
 
     def __init__(self, engine: Engine, tokenizer, env_factory: Callable[[], Any],
-                 cfg: RolloutConfig, seed: int = 0) -> None:
+                 cfg: RolloutConfig, seed: int = 0, allow_weight_updates: bool = False) -> None:
         self.engine = engine
         self.chat = ChatTokens(tokenizer)
         self.env_factory = env_factory
         self.cfg = cfg
         self.seed = seed
+        #: asynchronous training: a weight update may land between the turns of an
+        #: episode; each turn records its version (else such an update is an error)
+        self.allow_weight_updates = allow_weight_updates
         self._pool = concurrent.futures.ThreadPoolExecutor(cfg.env_workers,
                                                            thread_name_prefix="env")
         self._sessions = itertools.count()
@@ -66,10 +69,12 @@ class GenerationManager:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
 
-    async def rollout(self, row: dict, uid: str = "0", sample_index: int = 0) -> Trajectory:
-        """Play one episode of ``row``; return its trajectory."""
+    async def rollout(self, row: dict, uid: str = "0", sample_index: int = 0,
+                      base_seed: int | None = None) -> Trajectory:
+        """Play one episode of ``row``; return its trajectory. ``base_seed`` overrides the
+        manager's ``seed`` for this episode."""
         cfg = self.cfg
-        seed = trajectory_seed(self.seed, uid, sample_index)
+        seed = trajectory_seed(self.seed if base_seed is None else base_seed, uid, sample_index)
         session = f"{uid}/{sample_index}/{seed}/{next(self._sessions)}"  # one per episode
         traj = Trajectory(uid=uid, sample_index=sample_index,
                           data_source=str(row.get("data_source", "")))
@@ -99,9 +104,12 @@ class GenerationManager:
                 out = await self.engine.generate(traj.token_ids, sampling, images=traj.images,
                                                  session_id=session)
                 m["generate_s"] += time.perf_counter() - t0
-                if self.engine.policy_version != traj.policy_version:
+                version = out.policy_version if out.policy_version is not None \
+                    else self.engine.policy_version
+                if version != traj.policy_version and not self.allow_weight_updates:
                     raise RuntimeError("policy weights changed inside a trajectory; "
                                        "pause() the engine between rollouts")
+                traj.turn_versions.append(version)
                 traj.append("generated", out.ids, turn, out.logprobs)
                 m["turns"] += 1
                 m["length_stops"] += out.finish_reason == "length"
@@ -121,6 +129,8 @@ class GenerationManager:
                 traj.append("observation", obs_ids, turn)
         finally:
             await self._in_pool(env.close)
+        if traj.turn_versions:
+            traj.policy_version = min(traj.turn_versions)
         traj.reward = float(sum(traj.step_rewards))
         traj.info = {k: v for k, v in info.items() if _jsonable(v)}
         traj.metrics = {

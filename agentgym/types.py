@@ -85,6 +85,7 @@ class GenerateOutput:
     logprobs: list[float]
     finish_reason: Literal["stop", "length"]
     stop_reason: str | None = None  # the EOS token text or the stop string that matched
+    policy_version: int | None = None  # weights that sampled these ids (None: not stamped)
 
     def __post_init__(self) -> None:
         if len(self.ids) != len(self.logprobs):
@@ -103,7 +104,7 @@ class Trajectory:
         prompt_length: number of leading prompt tokens.
         segments: contiguous token runs with their kind and turn index.
         reward: scalar episode reward (sum of the env's step rewards).
-        policy_version: version of the weights that generated every sampled token.
+        policy_version: version of the (oldest) weights that generated the sampled tokens.
         terminated / truncated: the env answered / a turn or token budget ran out.
         uid: prompt identifier shared by the ``n`` samples of one prompt (GRPO groups).
         metrics: per-trajectory counters (turns, tool_calls, tool_failures, ...).
@@ -124,6 +125,9 @@ class Trajectory:
     data_source: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
+    #: the policy version that sampled each turn (asynchronous training lets a weight
+    #: update land between turns; ``policy_version`` is then the oldest of them)
+    turn_versions: list[int] = field(default_factory=list)
     #: processed images of the prompt (:class:`agentgym.vision.VisionInputs`), for VL
     #: models; not written by :meth:`to_dict` (only their grid sizes are)
     images: Any = None

@@ -52,7 +52,11 @@ class TalkEnv(AgentEnv):
 
     def _reset(self, row):
         prompt = row["prompt"] if row else [{"role": "user", "content": "Talk to me."}]
+        self._delay = float(((row or {}).get("extra_info") or {}).get("delay", 0.0))
         return [dict(m) for m in prompt], {}
 
     def _step(self, action, last_turn):
+        if self._delay:  # a slow tool (extra_info.delay seconds per step)
+            import time
+            time.sleep(self._delay)
         return [{"role": "user", "content": "\nGo on.\n"}], 0.1, False, {}

@@ -68,6 +68,14 @@ def check_algo(cfg: Config) -> None:
     a, n = cfg.algo, cfg.rollout.n
     POLICY_LOSSES.get(a.policy_loss)
     ADVANTAGES.get(a.advantage)
+    if cfg.trainer.mode == "async":
+        bad = [(a.dynamic_sampling, "algo.dynamic_sampling"), (bool(cfg.ray.address), "ray.address"),
+               (cfg.engine.name != "hf", f"engine={cfg.engine.name}"),
+               (needs_critic(a.advantage), f"algo.advantage={a.advantage} (a critic)")]
+        named = [what for cond, what in bad if cond]
+        if named:
+            raise ValueError(f"trainer.mode=async runs in this process with the hf engine and "
+                             f"the GRPO family so far; not with {', '.join(named)}")
     if a.overlong_buffer > cfg.rollout.max_response_tokens:
         raise ValueError(f"algo.overlong_buffer={a.overlong_buffer} exceeds "
                          f"rollout.max_response_tokens={cfg.rollout.max_response_tokens}")
@@ -163,9 +171,7 @@ def collect(cfg: Config, rollout, rows: list[dict], cursor: int,
         n_kept = len({tr.uid for tr in kept})
         if n_kept >= t.prompts_per_step:
             break
-    s = summarize(seen)
-    m = {f"rollout/{k}": v for k, v in s.items()}
-    m["rollout/policy_version"] = float(min(tr.policy_version for tr in seen))
+    m = rollout_metrics(seen)
     if a.dynamic_sampling:
         groups = len({tr.uid for tr in seen})
         m.update({"rollout/sampling_rounds": float(rounds),
@@ -175,6 +181,13 @@ def collect(cfg: Config, rollout, rows: list[dict], cursor: int,
             logger.warning("step %d: %d of %d groups had reward variance after %d rounds",
                            step + 1, n_kept, t.prompts_per_step, rounds)
     return kept, cursor, m
+
+
+def rollout_metrics(trajs: list[Trajectory]) -> dict:
+    """``rollout/*``: means over the trajectories, and the oldest policy version."""
+    m = {f"rollout/{k}": v for k, v in summarize(trajs).items()}
+    m["rollout/policy_version"] = float(min(tr.policy_version for tr in trajs))
+    return m
 
 
 def regroup(trajs: list[Trajectory], n: int, taken: set[str], tag: str) -> None:
@@ -452,12 +465,21 @@ def train(cfg: Config, hooks: Hooks | None = None) -> Path:
     if needs_critic(cfg.algo.advantage):
         raise ValueError(f"algo.advantage={cfg.algo.advantage!r} reads a critic's values: "
                          f"run it with trainers.ppo.train (trainers.train picks the recipe)")
+    check_algo(cfg)  # before data and models load
     s = open_session(cfg, hooks)
+    if cfg.trainer.mode == "async":  # rollouts keep going while this loop trains
+        from trainers.async_rollout import AsyncRollout
+        s.rollout = AsyncRollout(cfg, s.rollout, s.rows, s.cursor, s.version)
     try:
         for step in range(s.start, cfg.trainer.total_steps):
             t0 = time.perf_counter()
-            # 1. rollouts
-            trajs, s.cursor, m = collect(cfg, s.rollout, s.rows, s.cursor, step, s.hooks)
+            # 1. rollouts (async: the next finished groups, within the staleness bound)
+            if cfg.trainer.mode == "async":
+                trajs, m = s.rollout.take(step)
+                s.cursor = s.rollout.cursor
+                m.update(rollout_metrics(trajs))
+            else:
+                trajs, s.cursor, m = collect(cfg, s.rollout, s.rows, s.cursor, step, s.hooks)
             t1 = time.perf_counter()
             if trajs:
                 # 2. old / reference logprobs; 3. token rewards and advantages

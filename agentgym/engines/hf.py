@@ -54,8 +54,9 @@ class _Request:
         """The caller is gone (cancelled, or its event loop closed): stop decoding it."""
         return self.future.done() or self.loop.is_closed()
 
-    def finish(self, reason: str, stop_reason: str | None) -> None:
-        out = GenerateOutput(self.ids, self.logprobs, reason, stop_reason)  # type: ignore[arg-type]
+    def finish(self, reason: str, stop_reason: str | None, version: int | None = None) -> None:
+        out = GenerateOutput(self.ids, self.logprobs, reason, stop_reason,  # type: ignore[arg-type]
+                             version)
         self._deliver(_set_result, out)
 
     def fail(self, exc: BaseException) -> None:
@@ -231,6 +232,7 @@ class HFEngine(Engine):
 
     def _run_batch(self, reqs: list[_Request]) -> None:
         t0 = time.perf_counter()
+        version = self.policy_version  # constant while a batch runs (updates wait for idle)
         self.stats["batches"] += 1
         self.stats["requests"] += len(reqs)
         width = max(len(r.prompt_ids) for r in reqs)
@@ -264,7 +266,7 @@ class HFEngine(Engine):
                     keep.append(j)
                 else:
                     self.stats["generated_tokens"] += len(r.ids)
-                    r.finish(*done)
+                    r.finish(*done, version)
             if not keep:
                 break
             if len(keep) < len(active):
