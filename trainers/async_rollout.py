@@ -29,8 +29,7 @@ import logging
 import threading
 import time
 
-from agentgym.manager import GenerationManager, row_uid
-from agentgym.runtime import env_factory
+from agentgym.manager import row_uid
 from agentgym.types import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -39,8 +38,10 @@ logger = logging.getLogger(__name__)
 class AsyncRollout:
     """Continuous rollouts over ``rows`` from group ``start_group`` on (module docstring).
 
-    Wraps a :class:`~trainers.run.LocalRollout` (its engine, and its ``generate`` for
-    evals); ``update_weights`` pushes to the engine and opens the schedule.
+    Wraps a :class:`~trainers.run.LocalRollout` or a :class:`~trainers.ray_cluster.RayRollout`
+    (their ``run_group`` rolls out one group: in this process, or on the rollout worker
+    with the fewest groups in flight; their ``generate`` serves evals);
+    ``update_weights`` pushes to the engines and opens the schedule.
     """
 
     def __init__(self, cfg, local, rows: list[dict], start_group: int, version: int) -> None:
@@ -63,9 +64,6 @@ class AsyncRollout:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self.manager = GenerationManager(local.engine, local.tokenizer, env_factory(cfg),
-                                         cfg.rollout, seed=cfg.trainer.seed,
-                                         allow_weight_updates=True)
         self._start()
 
     # -- the producer -------------------------------------------------------------------
@@ -124,8 +122,7 @@ class AsyncRollout:
         seed = self.cfg.trainer.seed * 1_000_003 + step
         uid = row_uid(row, i)
         try:
-            trajs = await asyncio.gather(*(self.manager.rollout(row, uid, k, base_seed=seed)
-                                           for k in range(self.n)))
+            trajs = await self.local.run_group(row, uid, self.n, seed)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - the trainer re-raises it
@@ -224,8 +221,10 @@ class AsyncRollout:
 
     def close(self, engine_too: bool = True) -> None:
         self._shutdown()
-        self.manager.close()
-        self.local.close(engine_too)
+        if engine_too:
+            self.local.close()
+        else:
+            self.local.close(engine_too=False)
 
     @property
     def remote(self) -> bool:

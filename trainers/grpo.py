@@ -69,13 +69,14 @@ def check_algo(cfg: Config) -> None:
     POLICY_LOSSES.get(a.policy_loss)
     ADVANTAGES.get(a.advantage)
     if cfg.trainer.mode == "async":
-        bad = [(a.dynamic_sampling, "algo.dynamic_sampling"), (bool(cfg.ray.address), "ray.address"),
+        bad = [(a.dynamic_sampling, "algo.dynamic_sampling"),
                (cfg.engine.name != "hf", f"engine={cfg.engine.name}"),
                (needs_critic(a.advantage), f"algo.advantage={a.advantage} (a critic)")]
         named = [what for cond, what in bad if cond]
         if named:
-            raise ValueError(f"trainer.mode=async runs in this process with the hf engine and "
-                             f"the GRPO family so far; not with {', '.join(named)}")
+            raise ValueError(f"trainer.mode=async runs with the hf engine (here or in Ray "
+                             f"rollout workers) and the GRPO family so far; not with "
+                             f"{', '.join(named)}")
     if a.overlong_buffer > cfg.rollout.max_response_tokens:
         raise ValueError(f"algo.overlong_buffer={a.overlong_buffer} exceeds "
                          f"rollout.max_response_tokens={cfg.rollout.max_response_tokens}")

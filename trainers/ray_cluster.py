@@ -107,6 +107,12 @@ class RolloutWorker:
         from trainers.run import Hooks
         return self.local.generate(rows, n, seed, Hooks(), greedy)
 
+    def run_group(self, row: dict, uid: str, n: int, seed: int) -> list:
+        """One prompt group for asynchronous training (runs in one of the actor's threads,
+        next to others and to weight updates)."""
+        import asyncio
+        return asyncio.run(self.local.run_group(row, uid, n, seed))
+
     def update_weights(self, state_dict: dict, version: int) -> int:
         self.local.update_weights(state_dict, version)
         return version
@@ -218,8 +224,11 @@ class RayRollout:
     def __init__(self, cluster: RayCluster, cfg: Config, path: str) -> None:
         import ray
         cls = ray.remote(RolloutWorker)
-        self.workers = [cls.options(**cluster.options("rollout", i)).remote(cfg, path)
+        # asynchronous training: groups run in the actor's threads while weights update
+        threads = {"max_concurrency": 256} if cfg.trainer.mode == "async" else {}
+        self.workers = [cls.options(**cluster.options("rollout", i), **threads).remote(cfg, path)
                         for i in range(cfg.ray.rollout_workers)]
+        self.in_flight = [0] * len(self.workers)
         cluster.nodes["rollout_workers"] = _gather([w.node.remote() for w in self.workers],
                                                    self.workers, "rollout workers")
         logger.info("rollout workers on nodes %s", cluster.nodes["rollout_workers"])
@@ -240,6 +249,15 @@ class RayRollout:
                 out[ref] = ray.get(ref)
                 hooks.advance(len(out[ref]))
         return [t for ref in refs for t in out[ref]]
+
+    async def run_group(self, row: dict, uid: str, n: int, seed: int) -> list:
+        """One prompt group on the worker with the fewest groups in flight."""
+        i = min(range(len(self.workers)), key=lambda j: self.in_flight[j])
+        self.in_flight[i] += 1
+        try:
+            return await self.workers[i].run_group.remote(row, uid, n, seed)
+        finally:
+            self.in_flight[i] -= 1
 
     def update_weights(self, state_dict: dict, version: int) -> None:
         import ray

@@ -164,7 +164,7 @@ class LocalRollout:
 
     def __init__(self, cfg: Config, engine, tokenizer) -> None:
         self.cfg, self.engine, self.tokenizer = cfg, engine, tokenizer
-        self._managers: dict[bool, GenerationManager] = {}
+        self._managers: dict = {}  # greedy (bool) or "async" -> manager
         #: the engine's weights live in servers (which may hold anything at start)
         self.remote = not engine.needs_model
 
@@ -184,6 +184,17 @@ class LocalRollout:
         manager = self._manager(greedy)
         manager.seed = seed
         return asyncio.run(rollouts(manager, rows, n, hooks))
+
+    async def run_group(self, row: dict, uid: str, n: int, seed: int) -> list:
+        """``n`` samples of one row with base seed ``seed`` (asynchronous training: may run
+        across weight updates, each turn tagged with its version)."""
+        if "async" not in self._managers:
+            self._managers["async"] = GenerationManager(
+                self.engine, self.tokenizer, env_factory(self.cfg), self.cfg.rollout,
+                seed=self.cfg.trainer.seed, allow_weight_updates=True)
+        manager = self._managers["async"]
+        return list(await asyncio.gather(*(manager.rollout(row, uid, k, base_seed=seed)
+                                           for k in range(n))))
 
     def update_weights(self, state_dict: dict, version: int) -> None:
         from agentgym.engines.base import push_weights
