@@ -74,17 +74,21 @@ def test_train_across_a_two_node_ray_cluster(tmp_path, two_nodes, retriever_url,
 
 def test_async_training_across_two_nodes(tmp_path, two_nodes, retriever_url, without_ray):
     """trainer.mode=async with the rollout worker on the other node: at max_staleness=0 it
-    trains on the same samples as the synchronous run without Ray; at max_staleness=1 the
-    bound holds on every step."""
+    trains on the same samples as the synchronous run without Ray; at max_staleness=1,
+    over 4 steps (unbounded, samples could be 3 versions old), the bound holds on every
+    step and the worker did roll out ahead of training."""
     from agentgym.cli import main
-    for staleness in (0, 1):
+    for staleness, steps in ((0, 2), (1, 4)):
         name = f"async{staleness}"
         assert main(["train", *_args(tmp_path, name, retriever_url),
                      f"ray.address={two_nodes.address}", "placement=split",
-                     "trainer.mode=async", f"trainer.max_staleness={staleness}"]) == 0
+                     "trainer.mode=async", f"trainer.max_staleness={staleness}",
+                     f"trainer.total_steps={steps}"]) == 0
         rows = _metrics(tmp_path / name)
-        assert [r["step"] for r in rows] == [1, 2]
+        assert [r["step"] for r in rows] == list(range(1, steps + 1))
         assert all(r["async/staleness_max"] <= staleness for r in rows)
+        if staleness == 1:
+            assert max(r["async/staleness_max"] for r in rows) == 1.0
         if staleness == 0:
             for a, b in zip(rows, without_ray):
                 for key in ("rollout/reward", "rollout/response_length", "train/pg_loss",

@@ -10,16 +10,25 @@ policy version (``Trajectory.turn_versions``; ``policy_version`` is the oldest).
 Staleness of a sample, at the step that trains policy version ``v``: ``v`` minus the
 oldest version that sampled it. It never exceeds ``trainer.max_staleness``:
 
-- **never scheduled**: group ``g`` belongs to step ``g // prompts_per_step`` (as in
-  synchronous training: same rows, same seeds) and starts only once the engine holds
-  version ``step - max_staleness`` or newer;
+- **never scheduled**: with the engine at version ``v``, the steps that may still train
+  what starts now are ``v … v + max_staleness``; they take ``(max_staleness + 1) *
+  prompts_per_step`` groups, less those step ``v`` has taken already. A group starts
+  only while the groups in flight and finished-but-untaken are fewer than that. A
+  dropped group frees its place, so drops never shrink the window.
 - **dropped**: a group that finishes too late (a long tail kept it in flight across more
   updates) is dropped when it is taken, and counted (``async/dropped_groups``).
 
-With ``max_staleness=0`` a step's groups start only on the weights it trains, so the run
-reproduces synchronous training sample for sample. Every group is consumed or dropped
-exactly once: :meth:`AsyncRollout.restart` (a crashed producer) re-schedules the groups
-that were in flight and keeps the finished ones.
+Group ``g`` plays row ``g`` with the seed and uid synchronous training gives it (step
+``g // prompts_per_step``). With ``max_staleness=0`` a step's groups start only on the
+weights it trains, so the run reproduces synchronous training sample for sample.
+
+Every group is consumed or dropped exactly once. Groups are taken oldest *finished*
+first, so the groups taken are not always a prefix: :attr:`AsyncRollout.cursor` is the
+first group not taken and :attr:`AsyncRollout.taken_after_cursor` the ones after it that
+were; a checkpoint keeps both, and a resumed run skips those. Groups in flight or
+finished but not taken at a kill are rolled out again. :meth:`AsyncRollout.restart` (a
+crashed producer) re-schedules the groups that were in flight and keeps the finished
+ones.
 """
 
 from __future__ import annotations
@@ -44,7 +53,8 @@ class AsyncRollout:
     ``update_weights`` pushes to the engines and opens the schedule.
     """
 
-    def __init__(self, cfg, local, rows: list[dict], start_group: int, version: int) -> None:
+    def __init__(self, cfg, local, rows: list[dict], start_group: int, version: int,
+                 taken: list[int] = ()) -> None:
         self.cfg, self.local = cfg, local
         self.rows = rows
         self.P, self.n = cfg.trainer.prompts_per_step, cfg.rollout.n
@@ -53,10 +63,12 @@ class AsyncRollout:
         self.next_group = start_group  # next group to schedule
         self.done: dict[int, list[Trajectory]] = {}  # finished, not yet taken
         self.in_flight: set[int] = set()
-        self.start_group = start_group
-        self.consumed: list[int] = []  # every group taken, in order (tests)
+        self.consumed: list[int] = []  # every group trained on, in order (tests)
         self.dropped: list[int] = []
-        self._taken: set[int] = set()  # consumed or dropped
+        self._taken: set[int] = set(taken)  # consumed or dropped (a resume: after the cursor)
+        self._cursor = start_group
+        self._advance_cursor()
+        self._consumed_at_version = 0  # groups the step training self.version has taken
         self.stats = {"dropped_groups": 0, "restarts": 0}
         self._cv = threading.Condition()
         self._stop = False
@@ -86,14 +98,17 @@ class AsyncRollout:
     def step_of(self, group: int) -> int:
         return group // self.P
 
-    def _may_start(self, group: int) -> bool:
-        return self.step_of(group) - self.version <= self.max_staleness
+    def _may_start(self) -> bool:
+        """Whether another group may start now (module docstring: "never scheduled").
+        Call with the lock held."""
+        window = (self.max_staleness + 1) * self.P - self._consumed_at_version
+        return len(self.in_flight) + len(self.done) < window
 
     async def _produce(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             with self._cv:
-                ok = self._stop or self._may_start(self.next_group)
+                ok = self._stop or self._may_start()
             if not ok:  # wait for a newer policy version, without blocking the loop
                 await loop.run_in_executor(None, self._wait_schedulable)
                 continue
@@ -102,7 +117,8 @@ class AsyncRollout:
             g = self.next_group
             self.next_group += 1
             with self._cv:
-                if g in self.done or g in self._taken:  # finished before a restart
+                if g in self.done or g in self._taken or g < self._cursor:
+                    # finished before a restart, or taken before a resume
                     continue
                 self.in_flight.add(g)
             self._tasks[g] = loop.create_task(self._group(g))
@@ -112,7 +128,7 @@ class AsyncRollout:
 
     def _wait_schedulable(self) -> None:
         with self._cv:
-            self._cv.wait_for(lambda: self._stop or self._may_start(self.next_group), timeout=0.5)
+            self._cv.wait_for(lambda: self._stop or self._may_start(), timeout=0.5)
 
     async def _group(self, g: int) -> None:
         """Roll out group ``g``: row ``g`` with the seed and uid synchronous training
@@ -142,31 +158,29 @@ class AsyncRollout:
         return self.version - min(t.policy_version for t in trajs)
 
     def take(self, step: int, timeout: float | None = None) -> tuple[list[Trajectory], dict]:
-        """The next ``prompts_per_step`` groups for training step ``step`` (blocks), in
-        group order, and the step's async metrics. Groups staler than the bound are
-        dropped (and counted) instead."""
+        """The next ``prompts_per_step`` groups for training step ``step`` (blocks until
+        they finish; ``timeout`` in seconds, None: as long as the producer runs), in group
+        order, and the step's async metrics. Groups staler than the bound are dropped
+        (and counted) instead."""
         t0 = time.perf_counter()
         taken: list[tuple[int, list[Trajectory]]] = []
         stale = []
         with self._cv:
             while len(taken) < self.P:
-                if self._error is not None:
-                    raise RuntimeError("the rollout producer failed") from self._error
-                if not self.done:
-                    if not self._cv.wait(timeout=timeout if timeout is not None else 600):
-                        raise TimeoutError(f"no rollout group finished within {timeout} s")
-                    continue
+                self._wait_for_a_group(t0, timeout, len(stale))
                 g = min(self.done)  # the oldest finished group first
                 trajs = self.done.pop(g)
                 s = self.staleness(trajs)
-                self._taken.add(g)
+                self._mark_taken(g)
                 if s > self.max_staleness:
                     self.dropped.append(g)
                     self.stats["dropped_groups"] += 1
                     stale.append(s)
+                    self._cv.notify_all()  # its place in the window is free again
                     continue
                 taken.append((g, trajs))
                 self.consumed.append(g)
+                self._consumed_at_version += 1
             queued = len(self.done)
         taken.sort()
         out = [t for _, group in taken for t in group]
@@ -180,10 +194,43 @@ class AsyncRollout:
                      "async/in_flight_groups": float(len(self.in_flight)),
                      "async/wait_s": time.perf_counter() - t0}
 
+    def _wait_for_a_group(self, t0: float, timeout: float | None, dropped: int) -> None:
+        """Block (lock held) until a finished group is there; raise if the producer
+        failed or stopped, or after ``timeout`` seconds."""
+        while not self.done:
+            if self._error is not None:
+                raise RuntimeError("the rollout producer failed") from self._error
+            if self._stop or self._thread is None or not self._thread.is_alive():
+                raise RuntimeError("the rollout producer is not running (closed?)")
+            waited = time.perf_counter() - t0
+            if timeout is not None and waited >= timeout:
+                raise TimeoutError(f"no rollout group fresh enough to train within {timeout} s "
+                                   f"({dropped} dropped as too stale, {len(self.in_flight)} "
+                                   f"in flight; training is at policy version {self.version})")
+            self._cv.wait(timeout=1.0 if timeout is None else min(1.0, timeout - waited))
+        if self._error is not None:
+            raise RuntimeError("the rollout producer failed") from self._error
+
+    def _mark_taken(self, g: int) -> None:
+        self._taken.add(g)
+        self._advance_cursor()
+
+    def _advance_cursor(self) -> None:
+        while self._cursor in self._taken:  # keep only the groups after the cursor
+            self._taken.discard(self._cursor)
+            self._cursor += 1
+
     @property
     def cursor(self) -> int:
-        """Where a resumed run starts: the first group plus those taken or dropped."""
-        return self.start_group + len(self.consumed) + len(self.dropped)
+        """The first group not yet taken (consumed or dropped): where a resumed run
+        starts scheduling."""
+        return self._cursor
+
+    @property
+    def taken_after_cursor(self) -> list[int]:
+        """Groups after :attr:`cursor` that were taken already (a resume skips them)."""
+        with self._cv:
+            return sorted(self._taken)
 
     # -- weights, evals, faults, shutdown -----------------------------------------------
     def update_weights(self, state_dict: dict, version: int) -> None:
@@ -192,6 +239,7 @@ class AsyncRollout:
         self.local.update_weights(state_dict, version)
         with self._cv:
             self.version = version
+            self._consumed_at_version = 0
             self._cv.notify_all()
 
     def generate(self, rows: list[dict], n: int, seed: int, hooks, greedy: bool = False):

@@ -36,7 +36,7 @@ import logging
 import random
 import time
 from pathlib import Path
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -386,6 +386,9 @@ class Session:
     cursor: int  # next training row
     version: int  # policy version the engine holds
     temperature: float
+    #: async mode: groups after ``cursor`` already trained on or dropped (taken oldest
+    #: finished first, so not always a prefix)
+    taken: list[int] = field(default_factory=list)
 
     def end_step(self, done: int, m: dict) -> None:
         """Periodic eval, the step's metrics line, and a checkpoint when one is due."""
@@ -395,7 +398,8 @@ class Session:
         self.metrics_log.log(done, m)
         if done % t.save_every == 0 or done == t.total_steps:
             save_checkpoint(self.run_dir, done, self.backend, self.tokenizer,
-                            {"data_cursor": self.cursor, "policy_version": self.version},
+                            {"data_cursor": self.cursor, "data_taken": self.taken,
+                             "policy_version": self.version},
                             critic=self.critic.backend if self.critic else None)
         self.hooks.step_end(done, m)
 
@@ -454,7 +458,7 @@ def open_session(cfg: Config, hooks: Hooks | None = None,
     s = Session(cfg, hooks, run_dir, rows, eval_rows, tokenizer, backend, rollout, ref,
                 MetricsLogger(run_dir, resume_step=start), critic, cluster, start,
                 state.get("data_cursor", start * t.prompts_per_step), version,
-                cfg.rollout.temperature or 1.0)
+                cfg.rollout.temperature or 1.0, state.get("data_taken", []))
     if eval_rows and start == 0:
         s.metrics_log.log(0, s.evaluate())
     return s
@@ -470,14 +474,14 @@ def train(cfg: Config, hooks: Hooks | None = None) -> Path:
     s = open_session(cfg, hooks)
     if cfg.trainer.mode == "async":  # rollouts keep going while this loop trains
         from trainers.async_rollout import AsyncRollout
-        s.rollout = AsyncRollout(cfg, s.rollout, s.rows, s.cursor, s.version)
+        s.rollout = AsyncRollout(cfg, s.rollout, s.rows, s.cursor, s.version, s.taken)
     try:
         for step in range(s.start, cfg.trainer.total_steps):
             t0 = time.perf_counter()
             # 1. rollouts (async: the next finished groups, within the staleness bound)
             if cfg.trainer.mode == "async":
                 trajs, m = s.rollout.take(step)
-                s.cursor = s.rollout.cursor
+                s.cursor, s.taken = s.rollout.cursor, s.rollout.taken_after_cursor
                 m.update(rollout_metrics(trajs))
             else:
                 trajs, s.cursor, m = collect(cfg, s.rollout, s.rows, s.cursor, step, s.hooks)

@@ -12,6 +12,7 @@ import logging
 import random
 import re
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -165,6 +166,7 @@ class LocalRollout:
     def __init__(self, cfg: Config, engine, tokenizer) -> None:
         self.cfg, self.engine, self.tokenizer = cfg, engine, tokenizer
         self._managers: dict = {}  # greedy (bool) or "async" -> manager
+        self._managers_lock = threading.Lock()  # run_group may run in several actor threads
         #: the engine's weights live in servers (which may hold anything at start)
         self.remote = not engine.needs_model
 
@@ -188,11 +190,12 @@ class LocalRollout:
     async def run_group(self, row: dict, uid: str, n: int, seed: int) -> list:
         """``n`` samples of one row with base seed ``seed`` (asynchronous training: may run
         across weight updates, each turn tagged with its version)."""
-        if "async" not in self._managers:
-            self._managers["async"] = GenerationManager(
-                self.engine, self.tokenizer, env_factory(self.cfg), self.cfg.rollout,
-                seed=self.cfg.trainer.seed, allow_weight_updates=True)
-        manager = self._managers["async"]
+        with self._managers_lock:
+            if "async" not in self._managers:
+                self._managers["async"] = GenerationManager(
+                    self.engine, self.tokenizer, env_factory(self.cfg), self.cfg.rollout,
+                    seed=self.cfg.trainer.seed, allow_weight_updates=True)
+            manager = self._managers["async"]
         return list(await asyncio.gather(*(manager.rollout(row, uid, k, base_seed=seed)
                                            for k in range(n))))
 
