@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agentgym import models, paths
+from agentgym import models, paths, tiny_models
 
 # Varied text the tokenizers must agree on: protocol tags, chat markup, unicode,
 # whitespace runs, digits, code.
@@ -94,7 +94,7 @@ def test_tiny_autotokenizer_ids_equal_raw_tokenizer(tiny_dir):
 def test_tiny_special_tokens_and_protocol_tags(tiny_dir):
     tok = models.load_tokenizer(tiny_dir)
     assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
-    assert tok.convert_tokens_to_ids(list(models.SPECIAL_TOKENS)) == [0, 1, 2]
+    assert tok.convert_tokens_to_ids(list(tiny_models.SPECIAL_TOKENS)) == [0, 1, 2]
     assert tok.padding_side == "left" and tok.bos_token is None
     assert tok.encode("<|im_start|>user<|im_end|>", add_special_tokens=False)[0] == 1
     assert tok.decode(tok.encode("<|im_start|>hi<|im_end|>"), skip_special_tokens=True) == "hi"
@@ -118,23 +118,23 @@ def test_tiny_chat_template_is_chatml(tiny_dir):
 
 
 def test_tiny_build_is_deterministic(tmp_path):
-    a, b = models.build_tiny(tmp_path / "a"), models.build_tiny(tmp_path / "b")
+    a, b = tiny_models.build_tiny(tmp_path / "a"), tiny_models.build_tiny(tmp_path / "b")
     for name in ("tokenizer.json", "model.safetensors", "config.json", "chat_template.jinja"):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
-    c = models.build_tiny(tmp_path / "c", seed=1)
+    c = tiny_models.build_tiny(tmp_path / "c", seed=1)
     assert (a / "model.safetensors").read_bytes() != (c / "model.safetensors").read_bytes()
 
 
 def test_tiny_trains_on_the_corpus_when_present(tmp_path, monkeypatch):
-    corpus = tmp_path / "data" / models.TINY_CORPUS
+    corpus = tmp_path / "data" / tiny_models.TINY_CORPUS
     corpus.parent.mkdir(parents=True)
     with gzip.open(corpus, "wt", encoding="utf-8") as f:
-        for i in range(models.TINY_CORPUS_LINES + 10):
+        for i in range(tiny_models.TINY_CORPUS_LINES + 10):
             row = {"id": str(i), "contents": f"\"Doc {i}\"\nZyxwv passage {i}."}
             f.write(json.dumps(row) + "\n")
     monkeypatch.setenv("AGENTGYM_DATA", str(tmp_path / "data"))
-    texts, source = models._tiny_training_text()
-    assert source == "corpus" and sum("Zyxwv" in t for t in texts) == models.TINY_CORPUS_LINES
+    texts, source = tiny_models._tiny_training_text()
+    assert source == "corpus" and sum("Zyxwv" in t for t in texts) == tiny_models.TINY_CORPUS_LINES
     out = models.resolve_model("tiny", cache_dir=tmp_path / "cache")
     assert json.loads((out / "agentgym_build.json").read_text())["text_source"] == "corpus"
     assert len(models.load_tokenizer(out).tokenize("Zyxwv")) == 1  # learned from the corpus
