@@ -121,7 +121,7 @@ class CodeConfig:
 @dataclass
 class GeometryConfig:
     tool: bool = False  # env=geometry: offer a <calculator> tool (multi-turn, as verl's geo3k tool)
-    rel_tol: float = 0.01  # env=geometry: relative tolerance of the numeric answer check
+    rel_tol: float = 1e-6  # env=geometry: float-noise slack on the gold's rounding (answer check)
 
 
 @dataclass

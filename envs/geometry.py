@@ -2,11 +2,18 @@
 
 The first observation is one user message holding the diagram (an image part) and the
 question (with its choices when known); the model answers with ``\\boxed{…}``. Reward 1.0
-when the boxed answer equals ``reward_model.ground_truth`` numerically within
-``rel_tol`` (``2\\sqrt{3}`` and ``3.46``, ``\\frac{15}{2}`` and ``7.5``:
-:func:`envs.math_reward.is_close`) or, when the problem has choices, names the right
-letter (``\\boxed{B}``) or the right choice's value; else 0.0. ``info["em"]`` is that
-correctness.
+when the boxed answer is right, else 0.0; ``info["em"]`` is that correctness:
+
+- without choices, the answer must equal ``reward_model.ground_truth`` after rounding to
+  the gold's stated precision (Geometry3K rounds its answers: ``2\\sqrt{3}`` for
+  ``3.46``, ``16.97`` for ``17``, but not ``121`` for ``120``;
+  :func:`envs.math_reward.matches_rounded`; ``rel_tol`` only absorbs float noise);
+  ``60°`` and ``60^\\circ`` read as ``60``;
+- with choices (``extra_info.choices`` and ``answer_letter``), a letter answer counts
+  when it is the gold letter (``B``, ``(B)``, ``B.``, ``\\text{B}``, ``\\mathrm{B}``,
+  ``(B) 6.45``), and a numeric answer when the choice nearest to it is the gold choice
+  and it matches that choice as above: with choices 6.4, 6.45, 6.5, 7 and gold B, 6.45
+  counts, 6.4 and 6.5 do not.
 
 With ``tool=True`` (``geometry.tool=true``) the env is multi-turn like verl's geo3k tool
 example: the model may write ``<calculator>2*sqrt(3)*5</calculator>`` (generation stops
@@ -30,7 +37,7 @@ import operator
 import re
 
 from envs.base import AgentEnv
-from envs.math_reward import extract_boxed, is_close
+from envs.math_reward import extract_boxed, matches_rounded, numeric_value, strip_text_macros
 
 _CALC = re.compile(r"<calculator>(.*?)(?:</calculator>|$)", re.DOTALL)
 INSTRUCTION = ("Look at the diagram and answer the question. Think step by step, then put "
@@ -39,6 +46,8 @@ TOOL_INSTRUCTION = ("You may compute with <calculator>expression</calculator> (e
                     "<calculator>2*sqrt(3)*5</calculator>; angles in degrees); the result "
                     "comes back as <result>…</result>.")
 INVALID_ACTION = ("Your reply has no \\boxed{answer}. Give the final answer as \\boxed{…}.")
+# A choice letter: "B", "(b)", "B.", "B)", "B:", "(B) 6.45", "B. 6.45" (after \text{} is peeled)
+_LETTER = re.compile(r"\(?([A-Za-z])(?:(?:\)|\.|:)\s*.*)?", re.DOTALL)
 
 
 def load_image(spec):
@@ -152,11 +161,12 @@ def calculate(expr: str) -> float:
 
 
 class GeometryEnv(AgentEnv):
-    """See the module docstring. ``rel_tol``: numeric tolerance of the reward."""
+    """See the module docstring. ``rel_tol``: relative slack for float noise in the
+    numeric check (the tolerance itself is the gold's rounding)."""
 
     observation_format = "chat"
 
-    def __init__(self, max_turns: int = 2, tool: bool = False, rel_tol: float = 0.01) -> None:
+    def __init__(self, max_turns: int = 2, tool: bool = False, rel_tol: float = 1e-6) -> None:
         super().__init__(max_turns=max_turns)
         self.tool, self.rel_tol = tool, rel_tol
         self.stop_strings = ("</calculator>",) if tool else ()
@@ -184,13 +194,22 @@ class GeometryEnv(AgentEnv):
         return [*row["prompt"][:-1], {"role": "user", "content": parts}], {}
 
     def correct(self, answer: str) -> bool:
-        """Whether a boxed answer is right (by value, or by letter / choice value)."""
+        """Whether a boxed answer is right (module docstring: by value, or with choices
+        by letter or by the nearest choice)."""
         answer = answer.strip()
-        if self._choices and self._letter:
-            letter = re.fullmatch(r"\(?([A-Da-d])\)?\.?", answer)
-            if letter:
-                return letter.group(1).upper() == self._letter.upper()
-        return is_close(answer, self._gold, self.rel_tol)
+        if not (self._choices and self._letter):
+            return matches_rounded(answer, self._gold, self.rel_tol)
+        gold = ord(self._letter.strip().upper()) - 65
+        letter = _LETTER.fullmatch(strip_text_macros(answer).strip())
+        if letter and 0 <= ord(letter.group(1).upper()) - 65 < len(self._choices):
+            return ord(letter.group(1).upper()) - 65 == gold
+        value = numeric_value(answer)
+        values = [numeric_value(str(c)) for c in self._choices]
+        if value is None or not 0 <= gold < len(values) or values[gold] is None:
+            return matches_rounded(answer, self._gold, self.rel_tol)  # not a number
+        nearest = min((abs(value - v), i) for i, v in enumerate(values) if v is not None)[1]
+        return nearest == gold and matches_rounded(answer, str(self._choices[gold]),
+                                                   self.rel_tol)
 
     def _step(self, action, last_turn):
         boxed = extract_boxed(action)

@@ -67,8 +67,9 @@ def extract_boxed(text: str) -> str | None:
     return found
 
 
-def _strip_text_macros(s: str) -> str:
-    # \text{abc} → abc, for the macros below (one level of nesting inside is fine)
+def strip_text_macros(s: str) -> str:
+    """``\\text{abc}`` → ``abc`` (also ``\\textbf``, ``\\mathrm``, ``\\mbox``,
+    ``\\mathbf``; one level of nesting inside is fine)."""
     return re.sub(r"\\(?:text|textbf|mathrm|mbox|mathbf)\s*\{((?:[^{}]|\{[^{}]*\})*)\}",
                   r"\1", s)
 
@@ -77,11 +78,12 @@ def normalize(s: str) -> str:
     """A canonical string form of a math answer, for the exact-match check."""
     s = s.strip()
     s = re.sub(r"\\text\s*\{\s+[a-zA-Z ]*\}\s*$", "", s)  # "18 \text{ dollars}"
-    s = _strip_text_macros(s)
+    s = strip_text_macros(s)
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     s = s.replace("\\left", "").replace("\\right", "")
     s = re.sub(r"\\[,!;: ]", "", s)  # thin spaces
     s = re.sub(r"\^\s*\{?\\circ\}?", "", s)
+    s = s.replace("°", "").replace("\\degree", "")  # 60° and \degree as well as 60^\circ
     s = s.replace("\\%", "").replace("%", "").replace("\\$", "").replace("$", "")
     s = "".join(s.split()).lower()
     s = s.rstrip(".")
@@ -200,12 +202,51 @@ def numeric_value(s: str) -> float | None:
     return None
 
 
-def is_close(pred: str, gold: str, rel_tol: float = 0.01) -> bool:
-    """Equivalent (:func:`is_equivalent`), or both numbers within ``rel_tol`` of each other
-    (Geometry3K rounds its answers: ``3.46`` for ``2\\sqrt{3}``)."""
+_DECIMAL = re.compile(r"[-+]?(?:(\d+)(?:\.(\d*))?|\.(\d+))")
+
+
+def _decimal_literal(s: str) -> re.Match | None:
+    """``s`` as a plain decimal number (``"120"``, ``"3.46"``, ``"60^\\circ"``), or None."""
+    s = re.sub(r"\^\s*\{?\\circ\}?|°|\\degree|\\?%|\$|\s", "", _unquote(s))
+    return _DECIMAL.fullmatch(s)
+
+
+def decimal_places(s: str) -> int | None:
+    """How many decimals a plain decimal answer states (``"120"`` → 0, ``"3.46"`` → 2,
+    ``"7.50"`` → 2); None when ``s`` is not a plain decimal (``2\\sqrt{3}``, ``x+1``)."""
+    m = _decimal_literal(s) if isinstance(s, str) else None
+    if m is None:
+        return None
+    return len(m.group(2) or m.group(3) or "")
+
+
+def _significant_digits(s: str) -> int:
+    m = _decimal_literal(s)
+    digits = (m.group(1) or "") + (m.group(2) or m.group(3) or "")
+    return len(digits.lstrip("0"))
+
+
+def matches_rounded(pred: str, gold: str, rel_tol: float = 1e-6) -> bool:
+    """Whether ``pred`` is ``gold``, allowing for the rounding of Geometry3K's answers.
+
+    Geometry3K states answers rounded (``3.46`` for ``2\\sqrt{3}``), so besides
+    :func:`is_equivalent` a numeric ``pred`` counts when it equals the gold after
+    rounding to the gold's stated precision: ``|pred - gold| <= 0.5 * 10**-d`` where
+    ``d`` is the gold's number of decimals (``2\\sqrt{3}`` for ``3.46``, ``16.97`` for
+    ``17``, but not ``121`` for ``120``). When the gold is exact (``2\\sqrt{3}``,
+    ``\\frac{15}{2}``, ``4\\pi``), a plain decimal ``pred`` with at least 3 significant
+    digits counts when it is the gold rounded to the pred's own decimals (``3.46`` for
+    ``2\\sqrt{3}``; ``3`` or ``3.5`` do not). ``rel_tol`` (times ``max(|gold|, 1)``) is
+    added to absorb float noise only.
+    """
     if is_equivalent(pred, gold):
         return True
     a, b = numeric_value(pred), numeric_value(gold)
     if a is None or b is None:
         return False
-    return abs(a - b) <= rel_tol * max(abs(b), 1e-9)
+    slack = rel_tol * max(abs(b), 1.0)
+    places = decimal_places(gold)
+    if places is None and decimal_places(pred) is not None and _significant_digits(pred) >= 3:
+        places = decimal_places(pred)
+    half_unit = 0.5 * 10.0 ** -places if places is not None else 0.0
+    return abs(a - b) <= half_unit + slack

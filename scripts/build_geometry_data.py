@@ -7,7 +7,8 @@ Writes, deterministically (the gzip header has no timestamp):
   data/geometry/train.jsonl.gz  Geometry3K train problems whose diagrams can be drawn
   data/geometry/val.jsonl       validation problems, same rule
   data/geometry/test.jsonl      test problems, same rule
-  data/geometry/undrawable.json ids left out, each with the reason
+  data/geometry/undrawable.json ids left out, each with its reasons (e.g. a point
+                                annotated at [-1, -1] that a segment needs)
 
 Rows are verl's format with an ``images`` column: ``[{"logic_form": {...}}]`` holds the
 diagram's annotation (point coordinates, segments, circles, diagram logic forms), drawn

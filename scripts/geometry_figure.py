@@ -1,6 +1,6 @@
 """The 10 Geometry3K originals next to the diagrams drawn from their logic forms.
 
-    python scripts/geometry_figure.py          # reads ../shared/data, writes docs/geometry_redrawn.png
+    python scripts/geometry_figure.py   # reads ../shared/data, writes docs/geometry_redrawn.png
 
 Also prints how many of the 3,002 annotated problems can be drawn, and why the rest
 cannot (grouped by reason).

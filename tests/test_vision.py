@@ -129,3 +129,14 @@ def test_unsupported_vl_settings_fail_before_loading(tmp_path):
                             "run_dir": str(tmp_path / key)})
         with pytest.raises(ValueError, match=needle):
             train(cfg)
+
+
+def test_sft_refuses_a_vision_language_model_up_front(tmp_path):
+    from agentgym.config import build_config
+    from trainers.sft import sft
+    run = tmp_path / "sft"
+    cfg = build_config({"env": "geometry", "model": "tiny-vl", "run_dir": str(run)})
+    with pytest.raises(ValueError, match=r"agentgym sft with a vision-language model "
+                                         r"\(model=tiny-vl\) is not supported"):
+        sft(cfg)
+    assert not run.exists()  # refused before anything was written

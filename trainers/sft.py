@@ -32,7 +32,7 @@ from agentgym.config import Config
 from agentgym.data import dataset_path, read_jsonl
 from agentgym.demos import record_to_trajectory
 from agentgym.metrics import MetricsLogger
-from agentgym.models import load_tokenizer, resolve_model
+from agentgym.models import is_vision_language, load_tokenizer, resolve_model
 from agentgym.types import Trajectory
 from trainers.algos import aggregate
 from trainers.backends.base import first_needed_position, sequence_logprobs
@@ -137,8 +137,14 @@ def sft(cfg: Config, hooks: Hooks | None = None) -> Path:
     """Run SFT as configured; return the run directory."""
     hooks = hooks or Hooks()
     t = cfg.trainer
+    model = cfg.model.path or cfg.model.name
+    path = resolve_model(model)
+    if is_vision_language(path):  # the NLL forward would silently run without the images
+        raise ValueError(
+            f"agentgym sft with a vision-language model (model={model}) is not supported "
+            "yet: demonstrations are trained on their text alone and the images would be "
+            "dropped; use a text-only model, or train the VL model with `agentgym train`")
     run_dir = start_run(cfg)
-    path = resolve_model(cfg.model.path or cfg.model.name)
     tokenizer = load_tokenizer(path)
     trajs, dropped = load_sft_data(cfg, tokenizer)
     lengths = [len(tr.token_ids) for tr in trajs]
