@@ -11,29 +11,40 @@ http_server.py``; request and response types in ``sglang/srt/managers/io_struct.
 - ``POST /generate``: ``input_ids`` (one list, or a batch of lists), ``sampling_params``
   (``max_new_tokens``, ``temperature``, ``top_p``, ``top_k`` (-1 = off), ``stop``,
   ``sampling_seed``, ``n``, ``no_stop_trim``, ``ignore_eos`` (false only),
-  ``skip_special_tokens``), ``return_logprob``, ``rid``. Answers what SGLang answers with
-  ``--skip-tokenizer-init``: ``{"output_ids": [...], "meta_info": {"id", "finish_reason",
-  "prompt_tokens", "completion_tokens", "cached_tokens", "weight_version",
-  "output_token_logprobs": [[logprob, token_id, null], ...]}}``; a batch answers a list.
-  ``finish_reason`` is ``{"type": "stop", "matched": EOS_ID | "stop string"}`` or
-  ``{"type": "length", "length": N}``. As in SGLang, a matched stop *token* is dropped from
-  ``output_ids`` unless ``no_stop_trim`` is true (the logprobs keep it). ``text`` input is
-  refused: this server is token-in/token-out.
+  ``skip_special_tokens``), ``return_logprob``, ``rid``. Answers what SGLang
+  answers: ``{"output_ids": [...], "meta_info": {"id", "finish_reason", "prompt_tokens",
+  "completion_tokens", "cached_tokens", "weight_version", "output_token_logprobs":
+  [[logprob, token_id, null], ...]}}``, plus ``"text"`` unless run with
+  ``--skip-tokenizer-init``; a batch answers a list. ``finish_reason`` is ``{"type":
+  "stop", "matched": EOS_ID | "stop string"}`` or ``{"type": "length", "length": N}``.
+  As in SGLang, ``output_ids`` (and the logprobs) always run through the matched EOS or
+  the token completing the stop string; ``no_stop_trim`` only decides whether ``text``
+  keeps the stop: the scheduler sends ``req.output_ids_through_stop``
+  (``sglang/srt/managers/scheduler_output_processor_mixin.py``,
+  ``stream_output_generation``) and ``DetokenizerManager.trim_matched_stop``
+  (``detokenizer_manager.py``) trims the text only. ``text`` input is refused: this
+  server is token-in/token-out.
 - ``GET /health``, ``GET /health_generate`` (one greedy token through the engine),
-  ``GET /get_model_info`` (``/model_info``), ``GET /get_server_info`` (``/server_info``),
-  ``GET /get_weight_version``, ``GET|POST /flush_cache``.
+  ``GET /get_model_info`` (``/model_info``), ``GET /get_server_info`` (``/server_info``;
+  like SGLang's, it holds the server arguments: ``tp_size``, ``dp_size`` and ``pp_size``
+  are 1 here, ``skip_tokenizer_init``), ``GET /get_weight_version``,
+  ``GET|POST /flush_cache``.
 - ``POST /pause_generation``, ``POST /continue_generation``: hold new batches / release
   them (SGLang's ``in_place`` mode: running requests finish, nothing is aborted).
 - ``POST /update_weights_from_disk`` ``{"model_path", "weight_version"?}``: safetensors
-  from a folder (what ``save_pretrained`` writes).
+  from a folder (what ``save_pretrained`` writes). With tied embeddings a tied copy
+  (``lm_head.weight``) that is sent anyway is ignored, as SGLang's model loaders skip
+  ``lm_head.weight`` when ``tie_word_embeddings`` is set: the embedding's value counts.
 - ``POST /init_weights_update_group`` ``{"master_address", "master_port", "rank_offset",
   "world_size", "group_name", "backend"}`` and ``POST /update_weights_from_distributed``
   ``{"names", "dtypes", "shapes", "group_name", "flush_cache", "weight_version"}``: the
   trainer (rank 0) broadcasts every tensor, in ``names`` order, over a process group it
-  shares with the servers (gloo here; SGLang uses NCCL). ``POST
+  shares with the servers (gloo only here). The server is one rank, ``rank_offset``
+  (SGLang's workers take ``rank_offset + tp_rank``; ``tp_size`` is 1 here). ``POST
   /destroy_weights_update_group`` ``{"group_name"}``.
-- ``POST /update_weights_from_tensor``: refused with a 400 saying why. SGLang's payload is
-  CUDA IPC handles of tensors in a colocated process; there is nothing to share on CPU.
+- ``POST /update_weights_from_tensor``: refused with a 400 saying why. SGLang's payload
+  holds handles to tensors of a process on the same machine (CUDA IPC for GPU tensors),
+  one entry per TP rank; this server does not take them.
 
 Errors are SGLang's: a 400 with ``{"error": {"message": ...}}`` naming the bad field and
 what is valid. The server binds 127.0.0.1 unless told otherwise (no authentication).
@@ -42,6 +53,7 @@ what is valid. The server binds 127.0.0.1 unless told otherwise (no authenticati
 # No `from __future__ import annotations`: FastAPI reads the route annotations at runtime.
 import asyncio
 import itertools
+import json
 import logging
 import time
 import uuid
@@ -73,8 +85,10 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse(status_code=status, content={"error": {"message": message}})
 
 
-def parse_sampling(params: Any, *, allow_stop: bool) -> tuple[SamplingParams, int, bool]:
-    """SGLang ``sampling_params`` → (our SamplingParams, n, no_stop_trim).
+def parse_sampling(params: Any, *,
+                   allow_stop: bool) -> tuple[SamplingParams, int, bool, bool]:
+    """SGLang ``sampling_params`` → (our SamplingParams, n, no_stop_trim,
+    skip_special_tokens); the last two only shape ``text``.
 
     Defaults are SGLang's (``max_new_tokens`` 128, temperature 1, top-p 1, top-k off);
     an unknown or unsupported key is a :class:`BadRequest`.
@@ -115,7 +129,8 @@ def parse_sampling(params: Any, *, allow_stop: bool) -> tuple[SamplingParams, in
                                   seed=p.get("sampling_seed"))
     except (TypeError, ValueError) as e:
         raise BadRequest(f"sampling_params: {e}") from None
-    return sampling, n, bool(p.get("no_stop_trim", False))
+    return (sampling, n, bool(p.get("no_stop_trim", False)),
+            bool(p.get("skip_special_tokens", True)))
 
 
 def _check_ids(ids: Any, vocab: int, where: str) -> list[int]:
@@ -144,12 +159,14 @@ class ServeState:
         self.groups: dict[str, Any] = {}
         self.paused = False
         self.lock = asyncio.Lock()  # one weight update at a time
-        self.counters = {"requests": 0, "generated_tokens": 0, "weight_updates": 0}
+        self.counters = {"requests": 0, "generated_tokens": 0, "weight_updates": 0,
+                         "cache_flushes": 0}
         self._rid = itertools.count()
 
     # -- generation ---------------------------------------------------------------------
     async def generate_one(self, ids: list[int], sampling: SamplingParams, no_stop_trim: bool,
-                           return_logprob: bool, rid: str) -> dict:
+                           return_logprob: bool, rid: str,
+                           skip_special_tokens: bool = True) -> dict:
         if len(ids) + sampling.max_new_tokens > self.max_context:
             raise BadRequest(f"input of {len(ids)} tokens plus max_new_tokens="
                              f"{sampling.max_new_tokens} exceeds the context length "
@@ -165,15 +182,28 @@ class ServeState:
             finish = {"type": "stop", "matched": int(out.ids[-1])}
         else:
             finish = {"type": "stop", "matched": out.stop_reason}
-        output_ids = list(out.ids)
-        if not no_stop_trim and isinstance(finish.get("matched"), int):
-            output_ids = output_ids[:-1]  # SGLang's trim_matched_stop for token output
         meta = {"id": rid, "finish_reason": finish, "prompt_tokens": len(ids),
                 "completion_tokens": len(out.ids), "cached_tokens": 0,
                 "weight_version": version, "e2e_latency": time.perf_counter() - t0}
         if return_logprob:
             meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(out.logprobs, out.ids)]
-        return {"output_ids": output_ids, "meta_info": meta}
+        answer: dict[str, Any] = {"output_ids": list(out.ids), "meta_info": meta}
+        if not self.skip_tokenizer_init:
+            answer["text"] = self.text(out.ids, finish, no_stop_trim, skip_special_tokens)
+        return answer
+
+    def text(self, ids: list[int], finish: dict, no_stop_trim: bool,
+             skip_special_tokens: bool) -> str:
+        """``ids`` decoded, the stop trimmed unless ``no_stop_trim``: SGLang's
+        ``DetokenizerManager.trim_matched_stop`` (drop the matched token before decoding;
+        cut the text at a matched stop string). ``output_ids`` are never trimmed."""
+        matched = finish.get("matched")
+        if not no_stop_trim and isinstance(matched, int) and ids:
+            ids = ids[:-1]
+        text = self.engine.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+        if not no_stop_trim and isinstance(matched, str) and matched in text:
+            text = text[:text.find(matched)]
+        return text
 
     async def generate(self, body: dict) -> Any:
         if not isinstance(body, dict):
@@ -202,12 +232,13 @@ class ServeState:
         rid = body.get("rid") or uuid.uuid4().hex
         logprob = bool(body.get("return_logprob", False))
         jobs = []
-        for i, (prompt, (sampling, n, trim)) in enumerate(zip(prompts, parsed)):
+        for prompt, (sampling, n, keep_stop, skip_special) in zip(prompts, parsed):
             for k in range(n):
                 one = rid if not batch and n == 1 else f"{rid}_{len(jobs)}"
                 if n > 1 and sampling.seed is not None:  # n samples, not n copies
                     sampling = SamplingParams(**{**sampling.__dict__, "seed": sampling.seed + k})
-                jobs.append(self.generate_one(prompt, sampling, trim, logprob, one))
+                jobs.append(self.generate_one(prompt, sampling, keep_stop, logprob, one,
+                                              skip_special))
         outs = await asyncio.gather(*jobs)
         return outs if batch or len(outs) > 1 else outs[0]
 
@@ -238,13 +269,15 @@ class ServeState:
                 raise BadRequest(f"weight {k} has shape {tuple(v.shape)}; the served model's "
                                  f"is {tuple(current[k].shape)}")
         tied = _tied_names(self.engine.model)
+        # SGLang's loaders skip lm_head.weight under tie_word_embeddings (e.g.
+        # Qwen2ForCausalLM.load_weights): a tied copy sent anyway does not count
+        loaded = {k: v for k, v in loaded.items() if k not in tied}
         missing = sorted(set(current) - set(loaded) - set(tied))
         if missing:
             raise BadRequest(f"{len(missing)} weights missing, e.g. {missing[:5]}")
         merged = {**current, **loaded}
-        for name, source in tied.items():  # an absent tied copy follows its source
-            if name not in loaded:
-                merged[name] = merged[source]
+        for name, source in tied.items():  # a tied copy follows its source
+            merged[name] = merged[source]
         return merged
 
     async def update_from_disk(self, body: dict) -> dict:
@@ -276,7 +309,7 @@ class ServeState:
         name = body.get("group_name", "weight_update_group")
         if name in self.groups:
             raise BadRequest(f"weight-update group {name!r} exists; destroy it first")
-        rank = int(body["rank_offset"])  # one engine rank per server here (no tensor parallel)
+        rank = int(body["rank_offset"])  # SGLang: rank_offset + tp_rank; tp_size is 1 here
         self.groups[name] = await asyncio.to_thread(
             init_weight_group, "gloo", body["master_address"], int(body["master_port"]),
             int(body["world_size"]), rank, name)
@@ -340,31 +373,41 @@ def _tied_names(model) -> dict[str, str]:
     return tied
 
 
+async def _body_of(request: Request) -> dict:
+    """The request's JSON object (``{}`` when empty); anything else is a 400."""
+    raw = await request.body()
+    if not raw:
+        return {}
+    try:
+        body = json.loads(raw)
+    except ValueError as e:
+        raise BadRequest(f"body: not valid JSON ({e})") from None
+    if not isinstance(body, dict):
+        raise BadRequest("body: must be a JSON object")
+    return body
+
+
 def create_app(state: ServeState) -> FastAPI:
+    """The FastAPI app serving ``state`` (routes in the module docstring)."""
     app = FastAPI(title="agentgym serve", description=__doc__)
     app.state.serve = state
-
-    async def body_of(request: Request) -> dict:
-        raw = await request.body()
-        if not raw:
-            return {}
-        try:
-            import json
-            body = json.loads(raw)
-        except ValueError as e:
-            raise BadRequest(f"body: not valid JSON ({e})") from None
-        if not isinstance(body, dict):
-            raise BadRequest("body: must be a JSON object")
-        return body
 
     @app.exception_handler(BadRequest)
     async def _bad(request: Request, exc: BadRequest) -> JSONResponse:
         logger.info("400 %s: %s", request.url.path, exc)
         return _error(400, str(exc))
 
+    _generation_routes(app, state)
+    _info_routes(app, state)
+    _weight_routes(app, state)
+    return app
+
+
+def _generation_routes(app: FastAPI, state: ServeState) -> None:
+    """``/generate``, health, cache, pause and continue."""
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(request: Request):
-        return await state.generate(await body_of(request))
+        return await state.generate(await _body_of(request))
 
     @app.get("/health")
     async def health():
@@ -375,14 +418,40 @@ def create_app(state: ServeState) -> FastAPI:
         await state.engine.generate([0], SamplingParams(max_new_tokens=1, temperature=0.0))
         return PlainTextResponse("")
 
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache():  # the HF engine keeps no cache between requests
+        state.counters["cache_flushes"] += 1
+        return PlainTextResponse("Cache flushed.\n")
+
+    @app.post("/pause_generation")
+    async def pause(request: Request):
+        body = await _body_of(request)
+        mode = body.get("mode", "in_place")
+        if mode not in ("in_place", "retract", "abort"):
+            raise BadRequest(f"mode={mode!r}; valid: abort, retract, in_place")
+        state.paused = True
+        await state.engine.pause()
+        return {"message": "Generation paused successfully.", "status": "ok"}
+
+    @app.post("/continue_generation")
+    async def resume(request: Request):
+        await _body_of(request)
+        state.paused = False
+        state.engine.resume()
+        return {"message": "Generation continued successfully.", "status": "ok"}
+
+
+def _info_routes(app: FastAPI, state: ServeState) -> None:
+    """Model, server and weight information."""
     def model_info():
         return {"model_path": state.model_path, "tokenizer_path": state.model_path,
                 "is_generation": True, "preferred_sampling_params": None,
                 "weight_version": state.weight_version, "has_image_understanding": False,
                 "has_audio_understanding": False}
 
-    def server_info():
+    def server_info():  # SGLang's holds dataclasses.asdict(ServerArgs) and more
         return {"model_path": state.model_path, "skip_tokenizer_init": state.skip_tokenizer_init,
+                "tp_size": 1, "dp_size": 1, "pp_size": 1,
                 "engine": "agentgym-hf", "version": "agentgym",
                 "max_batch_size": state.engine.max_batch_size,
                 "context_length": state.max_context, "paused": state.paused,
@@ -398,42 +467,34 @@ def create_app(state: ServeState) -> FastAPI:
     async def weight_version():
         return {"weight_version": state.weight_version}
 
-    @app.api_route("/flush_cache", methods=["GET", "POST"])
-    async def flush_cache():  # the HF engine keeps no cache between requests
-        return PlainTextResponse("Cache flushed.\n")
+    @app.get("/get_weights_by_name")
+    async def weights_by_name(request: Request):
+        query = dict(request.query_params)
+        name = query.get("name", "")
+        params = state.engine.model.state_dict()
+        if name not in params:
+            raise BadRequest(f"no weight named {name!r} (e.g. {next(iter(params))})")
+        size = int(query.get("truncate_size", 100))
+        return params[name].flatten()[:size].float().tolist()
 
-    @app.post("/pause_generation")
-    async def pause(request: Request):
-        body = await body_of(request)
-        mode = body.get("mode", "in_place")
-        if mode not in ("in_place", "retract", "abort"):
-            raise BadRequest(f"mode={mode!r}; valid: abort, retract, in_place")
-        state.paused = True
-        await state.engine.pause()
-        return {"message": "Generation paused successfully.", "status": "ok"}
 
-    @app.post("/continue_generation")
-    async def resume(request: Request):
-        await body_of(request)
-        state.paused = False
-        state.engine.resume()
-        return {"message": "Generation continued successfully.", "status": "ok"}
-
+def _weight_routes(app: FastAPI, state: ServeState) -> None:
+    """The weight-update routes."""
     @app.post("/update_weights_from_disk")
     async def from_disk(request: Request):
-        return await state.update_from_disk(await body_of(request))
+        return await state.update_from_disk(await _body_of(request))
 
     @app.post("/init_weights_update_group")
     async def init_group(request: Request):
-        return await state.init_group(await body_of(request))
+        return await state.init_group(await _body_of(request))
 
     @app.post("/update_weights_from_distributed")
     async def from_distributed(request: Request):
-        return await state.update_from_distributed(await body_of(request))
+        return await state.update_from_distributed(await _body_of(request))
 
     @app.post("/destroy_weights_update_group")
     async def destroy_group(request: Request):
-        body = await body_of(request)
+        body = await _body_of(request)
         name = body.get("group_name", "weight_update_group")
         group = state.groups.pop(name, None)
         if group is None:
@@ -443,21 +504,10 @@ def create_app(state: ServeState) -> FastAPI:
 
     @app.post("/update_weights_from_tensor")
     async def from_tensor(request: Request):
-        raise BadRequest("update_weights_from_tensor carries CUDA IPC handles from a colocated "
-                         "GPU process; agentgym serve runs on CPU: use "
-                         "/update_weights_from_disk or /update_weights_from_distributed")
-
-    @app.get("/get_weights_by_name")
-    async def weights_by_name(request: Request):
-        body = dict(request.query_params)
-        name = body.get("name", "")
-        params = state.engine.model.state_dict()
-        if name not in params:
-            raise BadRequest(f"no weight named {name!r} (e.g. {next(iter(params))})")
-        size = int(body.get("truncate_size", 100))
-        return params[name].flatten()[:size].float().tolist()
-
-    return app
+        raise BadRequest("update_weights_from_tensor carries tensor handles (CUDA IPC for GPU "
+                         "tensors) from a process on the same machine; agentgym serve does "
+                         "not take them: use /update_weights_from_disk or "
+                         "/update_weights_from_distributed")
 
 
 def serve(model: str, host: str = "127.0.0.1", port: int = 30000, dtype: str = "float32",

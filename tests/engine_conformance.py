@@ -77,15 +77,28 @@ def forward_logprobs(model, prompt: list[int], ids: list[int], temperature: floa
 
 
 def perturbed(model, seed: int = 0, scale: float = 0.5) -> dict:
-    """The model's state dict with every floating tensor moved by ``scale`` x its std."""
+    """The model's state dict with every floating tensor moved by ``scale`` x its std.
+
+    Tensors that share storage (tied embeddings: ``lm_head.weight`` is
+    ``model.embed_tokens.weight``) are moved once, and every name of them maps to the
+    same new tensor, so the result is still tied: engines send it once (SGLang's loaders
+    skip ``lm_head.weight`` under ``tie_word_embeddings``) and ``load_state_dict`` gives
+    the reference model the same values.
+    """
     g = torch.Generator().manual_seed(seed)
-    out = {}
+    out: dict = {}
+    moved: dict = {}  # storage of an original tensor -> its new tensor
     for k, v in model.state_dict().items():
+        key = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape))
+        if key in moved:
+            out[k] = moved[key]
+            continue
         if v.is_floating_point() and v.numel() > 1:
             noise = torch.randn(v.shape, generator=g).to(v.device, v.dtype)
             out[k] = v + scale * float(v.float().std()) * noise
         else:
             out[k] = v.clone()
+        moved[key] = out[k]
     return out
 
 

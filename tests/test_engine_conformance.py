@@ -32,7 +32,8 @@ from agentgym.engines.base import push_weights
 from agentgym.engines.hf import HFEngine
 from agentgym.engines.launcher import launch_serve
 from agentgym.engines.sglang import SGLangEngine
-from engine_conformance import EngineCase, EngineConformance
+from agentgym.engines.sglang_weights import unique_tensors
+from engine_conformance import EngineCase, EngineConformance, perturbed
 
 
 def _push(engine):
@@ -114,3 +115,15 @@ def test_client_side_stops_are_counted(tiny_path, tiny_tokenizer, tiny_model):
     finally:
         c.engine.close()
         server.stop()
+
+
+def test_perturbed_weights_stay_tied(tiny_model):
+    """``tiny`` ties ``lm_head.weight`` to the embeddings, as Qwen2.5-0.5B does: the
+    perturbed weights must move them together (SGLang keeps the embedding's value and
+    skips ``lm_head.weight``), and the client sends them once."""
+    new = perturbed(tiny_model)
+    assert new["lm_head.weight"] is new["model.embed_tokens.weight"]
+    assert not new["model.embed_tokens.weight"].equal(
+        tiny_model.state_dict()["model.embed_tokens.weight"])
+    assert "lm_head.weight" not in unique_tensors(new)
+    assert len(unique_tensors(new)) == len(new) - 1

@@ -6,76 +6,50 @@ and ``meta_info.output_token_logprobs`` are used as they are (nothing is decoded
 re-encoded). The same client talks to ``agentgym serve`` (the HF engine behind the same
 API subset), so it runs and is tested on CPU.
 
-Shapes, checked against SGLang's source (``python/sglang/srt/managers/io_struct.py``:
-``GenerateReqInput``, ``UpdateWeightFromDiskReqInput``, ``InitWeightsUpdateGroupReqInput``,
-``UpdateWeightsFromDistributedReqInput``, ``UpdateWeightsFromTensorReqInput``;
-``python/sglang/srt/entrypoints/http_server.py`` for the routes;
-``python/sglang/srt/managers/tokenizer_manager.py`` for the response;
-``python/sglang/srt/sampling/sampling_params.py`` for ``sampling_params``) and its docs
-(``docs/basic_usage/native_api``, ``docs/basic_usage/sampling_params.md``,
-``docs/advanced_features/sglang_for_rl.md``):
+Wire format, SGLang source references and error types:
+:mod:`agentgym.engines.sglang_api`. In short: ``output_ids`` and
+``meta_info.output_token_logprobs`` are taken as they are (a matched EOS is sampled and
+kept with mask 1); against a server run with ``--skip-tokenizer-init`` (as verl runs
+it), which refuses ``stop``, the client cuts the output at the first token whose decoded
+tail holds a stop string, the HF engine's rule, and counts the tokens thrown away
+(``stats["wasted_tokens"]``).
 
-- request: ``{"input_ids": [...], "sampling_params": {"max_new_tokens", "temperature",
-  "top_p", "top_k" (-1 = off; 0 is refused), "sampling_seed" (honoured by servers run
-  with --enable-deterministic-inference), "no_stop_trim": true, "skip_special_tokens":
-  false, "stop"?}, "return_logprob": true, "rid"}``. We always send temperature, top-p
-  and top-k, since a server's ``--sampling-defaults model`` would otherwise fill them from
-  the model's generation config.
-- response: ``{"output_ids": [...], "meta_info": {"id", "finish_reason", "prompt_tokens",
-  "completion_tokens", "cached_tokens", "weight_version", "output_token_logprobs":
-  [[logprob, token_id, null], ...]}}``; ``finish_reason`` is ``{"type": "stop", "matched":
-  int | str}``, ``{"type": "length", "length": n}`` or ``{"type": "abort", "message"}``.
-  ``no_stop_trim: true`` keeps a matched stop token (EOS) in ``output_ids``: it was
-  sampled, so it belongs to the trajectory with mask 1.
-- SGLang's sampled-token logprob is ``log_softmax(logits / temperature)`` before top-k /
-  top-p (its sampler; greedy: temperature 1), our engine contract
-  (:class:`agentgym.types.SamplingParams`).
-- stop strings: a server with a tokenizer stops on them itself. Run with
-  ``--skip-tokenizer-init`` (as verl does), SGLang refuses ``stop``, so the client cuts
-  the output at the first token whose decoded tail holds a stop string, the rule the HF
-  engine applies while decoding. The ids and logprobs up to that token are what the
-  server sampled; tokens after it were wasted work and are dropped.
-- errors: a bad request is a 400 ``{"error": {"message"}}`` (not retried, raised with the
-  server's message); connection failures, timeouts, 429/502/503/504 and aborted
-  requests are retried with exponential backoff, on another server when the first is down.
+Errors: a 4xx/500 is raised at once as :class:`EngineRequestError` with the server's
+message; connection failures, timeouts, 429/502/503/504 and aborted requests are retried
+with exponential backoff, on another server when the first is down, and raise
+:class:`ServerUnavailableError` once the retries run out. Both are
+:class:`SGLangServerError`, whose ``urls`` name the servers.
+
+Auth: a server run with ``--api-key`` wants ``Authorization: Bearer KEY``;
+:meth:`SGLangEngine.from_config` reads the key from the environment variable
+``SGLANG_API_KEY``, not from the run config, so it never lands in the saved
+``config.json``.
 
 Routing over several servers (``engine.urls``): a trajectory's turns go to the server
 that served its first turn (sticky by ``session_id``, so its prefix stays in that server's
 radix cache); a new trajectory goes to the server with the fewest requests in flight.
 
-Weight sync after each step (``engine.weight_sync``):
-
-- ``disk`` (default): the state dict is written once as safetensors into
-  ``engine.sync_dir`` (a temporary folder by default; servers on other machines need a
-  shared path) and every server loads it (``/update_weights_from_disk``).
-- ``distributed``: the trainer joins a process group with every server
-  (``/init_weights_update_group``: rank 0 the trainer, servers from 1; NCCL on GPU, gloo
-  against ``agentgym serve``) and broadcasts each tensor while the servers receive it
-  (``/update_weights_from_distributed`` with ``names``/``dtypes``/``shapes``): split
-  placement without a shared disk.
-- ``tensor``: ``/update_weights_from_tensor`` with ``serialized_named_tensors``
-  (SGLang's ``MultiprocessingSerializer``, CUDA IPC handles): colocated GPU placement
-  only; needs ``sglang`` installed in the trainer's environment.
-
-Every update carries ``weight_version``; answers from a server whose ``weight_version``
-is not the one last pushed fail loudly rather than mixing policies.
+Weight sync (``engine.weight_sync``: ``disk``, ``distributed``, ``tensor``) lives in
+:mod:`agentgym.engines.sglang_weights`. Every update carries ``weight_version``; answers
+from a server whose ``weight_version`` is not the one last pushed fail loudly rather than
+mixing policies. :meth:`SGLangEngine.pause` holds new requests here and pauses every
+server; :meth:`SGLangEngine.resume` continues them and always reopens this client, even
+when a server does not answer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
-import functools
 import logging
+import os
 import random
 import shutil
-import socket
 import tempfile
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import urlparse
@@ -83,31 +57,22 @@ from urllib.parse import urlparse
 import httpx
 
 from agentgym.engines.base import Engine
+from agentgym.engines.sglang_api import (RETRY_STATUSES, EngineRequestError,
+                                         SGLangServerError, ServerUnavailableError,
+                                         _Transient, client_stop, combined_error,
+                                         error_message, parse_generate, sglang_sampling)
+from agentgym.engines.sglang_weights import (WEIGHT_SYNC_MODES, WeightSyncMixin,
+                                             weight_group_ranks)
 from agentgym.types import GenerateOutput, SamplingParams
+
+__all__ = ["EngineRequestError", "SGLangEngine", "SGLangServerError",
+           "ServerUnavailableError", "WEIGHT_SYNC_MODES", "sglang_sampling",
+           "weight_group_ranks"]
 
 logger = logging.getLogger(__name__)
 
-#: Decoded tail examined for stop strings (as in the HF engine).
-_STOP_WINDOW = 32
-#: HTTP statuses worth retrying: overloaded or restarting servers, gateways.
-RETRY_STATUSES = frozenset({429, 502, 503, 504})
-WEIGHT_SYNC_MODES = ("disk", "distributed", "tensor")
-
-
-class EngineRequestError(RuntimeError):
-    """A server refused a request (4xx/5xx that retrying would not fix)."""
-
-    def __init__(self, url: str, status: int, message: str) -> None:
-        super().__init__(f"{url} answered {status}: {message}")
-        self.url, self.status, self.message = url, status, message
-
-
-class _Transient(Exception):
-    """A failure worth retrying (connection, timeout, overload, abort)."""
-
-    def __init__(self, message: str, server_down: bool = False) -> None:
-        super().__init__(message)
-        self.server_down = server_down
+#: Environment variable holding the servers' ``--api-key``.
+API_KEY_ENV = "SGLANG_API_KEY"
 
 
 @dataclass
@@ -117,44 +82,14 @@ class _Server:
     assigned: int = 0  # trajectories routed here
     requests: int = 0
     down_until: float = 0.0  # after a connection failure: avoided for new trajectories
-    skip_tokenizer_init: bool | None = None  # from /get_server_info; None = not asked yet
-    info: dict = field(default_factory=dict)
+    info: dict | None = None  # /server_info; None = not asked yet
 
     @property
     def up(self) -> bool:
         return time.monotonic() >= self.down_until
 
 
-def _error_message(resp: httpx.Response) -> str:
-    try:
-        body = resp.json()
-    except ValueError:
-        return resp.text[:500]
-    if isinstance(body, dict):
-        err = body.get("error")
-        if isinstance(err, dict) and "message" in err:
-            return str(err["message"])
-        if "message" in body:
-            return str(body["message"])
-        if "detail" in body:
-            return str(body["detail"])
-    return str(body)[:500]
-
-
-def sglang_sampling(sampling: SamplingParams, server_stops: bool) -> dict:
-    """Our :class:`SamplingParams` as SGLang's ``sampling_params``."""
-    p: dict[str, Any] = {"max_new_tokens": sampling.max_new_tokens,
-                         "temperature": sampling.temperature, "top_p": sampling.top_p,
-                         "top_k": sampling.top_k if sampling.top_k > 0 else -1,
-                         "no_stop_trim": True, "skip_special_tokens": False}
-    if sampling.seed is not None:
-        p["sampling_seed"] = int(sampling.seed)
-    if sampling.stop and server_stops:
-        p["stop"] = list(sampling.stop)
-    return p
-
-
-class SGLangEngine(Engine):
+class SGLangEngine(WeightSyncMixin, Engine):
     """Client of one or more SGLang (or ``agentgym serve``) servers.
 
     Args:
@@ -163,12 +98,14 @@ class SGLangEngine(Engine):
         timeout_s: per-request read timeout (a long generation is not an error).
         retries: extra attempts after a transient failure.
         backoff_s: first retry delay; doubles each attempt (with jitter).
-        weight_sync: ``disk`` | ``distributed`` | ``tensor`` (see the module doc).
+        weight_sync: ``disk`` | ``distributed`` | ``tensor``
+            (:mod:`agentgym.engines.sglang_weights`).
         sync_dir: where ``disk`` sync writes weights (default: a temporary folder).
         sync_address: address of this process the servers reach for ``distributed``
             sync (default: 127.0.0.1 when every server is on loopback, else this host's).
         max_connections: HTTP connection pool size.
-        api_key: sent as ``Authorization: Bearer`` (servers run with ``--api-key``).
+        api_key: sent as ``Authorization: Bearer`` (servers run with ``--api-key``);
+            :meth:`from_config` takes it from ``$SGLANG_API_KEY``.
         owned: server processes this engine started and stops on :meth:`close`.
     """
 
@@ -208,9 +145,10 @@ class SGLangEngine(Engine):
                       "generated_tokens": 0, "wasted_tokens": 0}
         #: (session_id, server url) of the latest answered requests, newest last
         self.routes: collections.deque = collections.deque(maxlen=100_000)
-        self._backend = getattr(tokenizer, "backend_tokenizer", None)
         self._group = None  # the distributed-sync process group (rank 0 here)
         self._group_name = f"agentgym_{uuid.uuid4().hex[:8]}"
+        self._failed_update: BaseException | None = None  # the last update_weights error
+        self._in_flight = 0
         self._closed = False
         # one event loop thread owns the HTTP client, so callers on any loop (each
         # asyncio.run of a rollout) share one connection pool
@@ -224,9 +162,9 @@ class SGLangEngine(Engine):
         timeout = httpx.Timeout(timeout_s, connect=10.0)
 
         async def make_client():
-            self._open = asyncio.Event()
+            self._open = asyncio.Event()  # cleared while paused for a weight update
             self._open.set()
-            self._idle = asyncio.Event()
+            self._idle = asyncio.Event()  # set when no request is in flight
             self._idle.set()
             return httpx.AsyncClient(timeout=timeout, limits=limits, headers=headers)
         self._http: httpx.AsyncClient = self._call(make_client())
@@ -244,7 +182,8 @@ class SGLangEngine(Engine):
             urls, owned = [server.url], [server]
         return cls(urls, tokenizer, timeout_s=e.timeout_s, retries=e.retries,
                    weight_sync=e.weight_sync, sync_dir=e.sync_dir or None,
-                   sync_address=e.sync_address, owned=owned)
+                   sync_address=e.sync_address, api_key=os.environ.get(API_KEY_ENV, ""),
+                   owned=owned)
 
     # -- plumbing -----------------------------------------------------------------------
     def _call(self, coro, timeout: float | None = None):
@@ -258,18 +197,20 @@ class SGLangEngine(Engine):
     async def _post(self, server: _Server, path: str, body: dict | None = None,
                     method: str = "POST") -> Any:
         """One request; 4xx/500 raise :class:`EngineRequestError`, the retryable ones
-        :class:`_Transient`."""
+        :class:`_Transient` (a refused connection also marks the server down for 5 s)."""
+        where = server.url + path
         try:
-            resp = await self._http.request(method, server.url + path, json=body)
+            resp = await self._http.request(method, where, json=body)
         except (httpx.ConnectError, httpx.ConnectTimeout) as e:
-            raise _Transient(f"{server.url}{path}: {type(e).__name__}: {e}", True) from e
+            server.down_until = time.monotonic() + 5.0
+            raise _Transient(f"{where}: {type(e).__name__}: {e}", server.url) from e
         except httpx.TransportError as e:  # read timeout, reset, protocol error
-            raise _Transient(f"{server.url}{path}: {type(e).__name__}: {e}") from e
+            raise _Transient(f"{where}: {type(e).__name__}: {e}", server.url) from e
         if resp.status_code in RETRY_STATUSES:
-            raise _Transient(f"{server.url}{path} answered {resp.status_code}: "
-                             f"{_error_message(resp)}")
+            raise _Transient(f"{where} answered {resp.status_code}: {error_message(resp)}",
+                             server.url)
         if resp.status_code >= 400:
-            raise EngineRequestError(server.url + path, resp.status_code, _error_message(resp))
+            raise EngineRequestError(where, resp.status_code, error_message(resp))
         if not resp.content:
             return None
         try:
@@ -277,23 +218,45 @@ class SGLangEngine(Engine):
         except ValueError:
             return resp.text
 
-    async def _each(self, path: str, body: dict | None = None) -> list:
-        """The same request to every server, concurrently; their answers in order."""
-        return await asyncio.gather(*(self._post(s, path, body) for s in self.servers))
+    async def _post_once(self, server: _Server, path: str, body: dict | None = None) -> Any:
+        """:meth:`_post` for requests not worth repeating: a transient failure raises
+        :class:`ServerUnavailableError` at once."""
+        try:
+            return await self._post(server, path, body)
+        except _Transient as e:
+            raise ServerUnavailableError(str(e), [server.url]) from None
 
     async def _with_retries(self, fn: Callable[[int], Any], what: str):
-        """``await fn(attempt)`` until it does not raise :class:`_Transient`."""
+        """``await fn(attempt)`` until it does not raise :class:`_Transient`; after the
+        last attempt, :class:`ServerUnavailableError`."""
         for attempt in range(self.retries + 1):
             try:
                 return await fn(attempt)
             except _Transient as e:
                 if attempt == self.retries:
-                    raise RuntimeError(f"{what} failed after {attempt + 1} attempts; last: "
-                                       f"{e}") from None
+                    raise ServerUnavailableError(f"{what} failed after {attempt + 1} "
+                                                 f"attempts; last: {e}", [e.url]) from None
                 self.stats["retries"] += 1
                 delay = self.backoff_s * 2 ** attempt * (0.5 + random.random())
                 logger.warning("%s: %s; retrying in %.2fs", what, e, delay)
                 await asyncio.sleep(delay)
+
+    async def _each(self, path: str, body: dict | Callable[[_Server], dict] | None = None,
+                    *, retry: bool = True) -> list:
+        """The same request (or ``body(server)``) to every server, concurrently; their
+        answers in order. Raises one :class:`SGLangServerError` naming every server that
+        failed, after all have answered."""
+        async def one(s: _Server):
+            b = body(s) if callable(body) else body
+            if retry:
+                return await self._with_retries(lambda k: self._post(s, path, b),
+                                                 f"{s.url}{path}")
+            return await self._post_once(s, path, b)
+        answers = await asyncio.gather(*(one(s) for s in self.servers), return_exceptions=True)
+        failures = [a for a in answers if isinstance(a, BaseException)]
+        if failures:
+            raise combined_error(path, failures)
+        return answers
 
     def _pick(self, session_id: str | None, avoid: _Server | None = None) -> _Server:
         """The session's server, or the least loaded one that is up."""
@@ -313,16 +276,25 @@ class SGLangEngine(Engine):
                 self.sessions.popitem(last=False)
         return best
 
+    async def _server_info(self, server: _Server) -> dict:
+        """The server's ``/server_info`` (``/get_server_info`` on older SGLang; ``{}``
+        when it has neither), asked once."""
+        if server.info is None:
+            info: Any = {}
+            for path in ("/server_info", "/get_server_info"):
+                try:
+                    info = await self._post(server, path, method="GET")
+                    break
+                except EngineRequestError as e:
+                    if e.status != 404:
+                        raise
+            server.info = info if isinstance(info, dict) else {}
+        return server.info
+
     async def _server_stops(self, server: _Server) -> bool:
         """Whether the server applies stop strings itself (it has a tokenizer)."""
-        if server.skip_tokenizer_init is None:
-            try:
-                info = await self._post(server, "/get_server_info", method="GET")
-            except EngineRequestError:  # an older server without the route
-                info = {}
-            server.info = info if isinstance(info, dict) else {}
-            server.skip_tokenizer_init = bool(server.info.get("skip_tokenizer_init", False))
-        return not server.skip_tokenizer_init
+        info = await self._server_info(server)
+        return not info.get("skip_tokenizer_init", False)
 
     # -- generation ---------------------------------------------------------------------
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
@@ -341,7 +313,7 @@ class SGLangEngine(Engine):
                         session_id: str | None) -> GenerateOutput:
         await self._open.wait()  # held while paused for a weight update
         self._idle.clear()
-        self._in_flight = getattr(self, "_in_flight", 0) + 1
+        self._in_flight += 1
         tried: list[_Server] = []
         try:
             async def attempt(k: int) -> GenerateOutput:
@@ -354,10 +326,6 @@ class SGLangEngine(Engine):
                     out = await self._generate_on(server, ids, sampling)
                     self.routes.append((session_id, server.url))
                     return out
-                except _Transient as e:
-                    if e.server_down:
-                        server.down_until = time.monotonic() + 5.0
-                    raise
                 finally:
                     server.in_flight -= 1
             return await self._with_retries(attempt, "generate")
@@ -377,174 +345,71 @@ class SGLangEngine(Engine):
 
     def _parse(self, server: _Server, out: Any, sampling: SamplingParams,
                server_stops: bool) -> GenerateOutput:
-        where = f"{server.url}/generate"
-        if isinstance(out, list) and len(out) == 1:
-            out = out[0]
-        if not isinstance(out, dict) or "meta_info" not in out or "output_ids" not in out:
-            raise EngineRequestError(where, 200, f"expected an object with output_ids and "
-                                     f"meta_info (is the server SGLang's native API?); got "
-                                     f"{str(out)[:200]}")
-        meta = out["meta_info"]
-        finish = meta.get("finish_reason") or {}
-        kind = finish.get("type")
-        if kind == "abort":
-            raise _Transient(f"{where}: request aborted: {finish.get('message', '')}")
-        version = meta.get("weight_version")
-        if self.weight_version is not None and version is not None \
-                and str(version) != self.weight_version:
-            raise RuntimeError(f"{where} answered with weight_version {version!r}, but "
-                               f"{self.weight_version!r} was pushed last: another trainer is "
-                               f"updating this server, or an update did not reach it")
-        ids = [int(t) for t in out["output_ids"]]
-        lps = meta.get("output_token_logprobs")
-        if not isinstance(lps, list) or len(lps) != len(ids):
-            raise EngineRequestError(where, 200, f"output_token_logprobs has "
-                                     f"{len(lps) if isinstance(lps, list) else lps!r} entries "
-                                     f"for {len(ids)} output_ids (is return_logprob on?)")
-        logprobs = []
-        for j, (entry, tok) in enumerate(zip(lps, ids)):
-            if int(entry[1]) != tok:
-                raise EngineRequestError(where, 200, f"output_token_logprobs[{j}] is for "
-                                         f"token {entry[1]}, output_ids[{j}] is {tok}")
-            logprobs.append(float(entry[0]))
-        reason, stop_reason = "stop", None
-        if kind == "length":
-            reason = "length"
-        elif kind == "stop":
-            matched = finish.get("matched")
-            stop_reason = (self.tokenizer.convert_ids_to_tokens(int(matched))
-                           if isinstance(matched, int) else matched)
-        else:
-            raise EngineRequestError(where, 200, f"finish_reason {finish!r}; expected type "
-                                     "stop, length or abort")
+        result = parse_generate(out, server.url, self.tokenizer, self.weight_version)
         if sampling.stop and not server_stops:
-            cut = self._client_stop(ids, sampling.stop)
+            cut = client_stop(self.tokenizer, result.ids, sampling.stop)
             if cut is not None:
-                n, stop_reason = cut
+                n, stop = cut
                 self.stats["client_stops"] += 1
-                self.stats["wasted_tokens"] += len(ids) - n
-                ids, logprobs, reason = ids[:n], logprobs[:n], "stop"
-        self.stats["generated_tokens"] += len(ids)
-        return GenerateOutput(ids, logprobs, reason, stop_reason)  # type: ignore[arg-type]
+                self.stats["wasted_tokens"] += len(result.ids) - n
+                result = GenerateOutput(result.ids[:n], result.logprobs[:n], "stop", stop)
+        self.stats["generated_tokens"] += len(result.ids)
+        return result
 
-    def _client_stop(self, ids: list[int], stops: tuple[str, ...]) -> tuple[int, str] | None:
-        """(tokens to keep, stop string) for the first token whose decoded tail holds a
-        stop string, or None."""
-        decode = (functools.partial(self._backend.decode, skip_special_tokens=False)
-                  if self._backend is not None else
-                  functools.partial(self.tokenizer.decode, skip_special_tokens=False))
-        for i in range(1, len(ids) + 1):
-            tail = decode(ids[max(0, i - _STOP_WINDOW):i])
-            for s in stops:
-                if s in tail:
-                    return i, s
-        return None
-
-    # -- weight sync --------------------------------------------------------------------
+    # -- pause / resume -----------------------------------------------------------------
     async def pause(self) -> None:
+        """Hold new requests here, let in-flight ones finish, pause every server.
+
+        Raises:
+            SGLangServerError: a server did not pause. Nothing stays paused then: the
+                servers that did pause are continued and this client is open again.
+        """
         await self._on_loop(self._pause())
 
     async def _pause(self) -> None:
         self._open.clear()
-        await self._idle.wait()
-        await self._each("/pause_generation", {"mode": "in_place"})
+        self._failed_update = None  # from an earlier, unrelated update
+        try:
+            await self._idle.wait()
+            await self._each("/pause_generation", {"mode": "in_place"})
+        except BaseException:
+            try:
+                await self._each("/continue_generation", {}, retry=False)
+            except SGLangServerError as e:
+                logger.warning("after a failed pause: %s", e)
+            finally:
+                self._open.set()
+            raise
 
     def resume(self) -> None:
-        async def go():
-            await self._each("/continue_generation", {})
-            self._open.set()
-        self._call(go())
+        """Continue every server (``/continue_generation``, retried) and reopen this
+        client, always, so later requests never wait forever; a server that is down is
+        avoided by routing.
 
-    def update_weights(self, state_dict: dict, version: int) -> None:
-        """Push ``state_dict`` to every server as ``weight_version`` ``str(version)``."""
-        t0 = time.perf_counter()
-        tensors = _unique_tensors(state_dict)
-        if self.weight_sync == "disk":
-            self._sync_disk(tensors, version)
-        elif self.weight_sync == "distributed":
-            self._sync_distributed(tensors, version)
-        else:
-            self._sync_tensor(tensors, version)
-        self.policy_version = version
-        self.weight_version = str(version)
-        logger.info("weights v%d (%d tensors) pushed to %d server(s) by %s in %.2fs", version,
-                    len(tensors), len(self.servers), self.weight_sync, time.perf_counter() - t0)
-
-    def _check_all(self, answers: list, what: str) -> None:
-        for server, ans in zip(self.servers, answers):
-            if isinstance(ans, dict) and ans.get("success") is False:
-                raise RuntimeError(f"{server.url} refused {what}: {ans.get('message')}")
-
-    def _sync_disk(self, tensors: dict, version: int) -> None:
-        from safetensors.torch import save_file
-        final = self.sync_dir / f"weights_v{version}"
-        tmp = self.sync_dir / f".weights_v{version}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()},
-                  str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-        body = {"model_path": str(final.resolve()), "weight_version": str(version),
-                "flush_cache": True}
-        answers = self._call(self._each("/update_weights_from_disk", body))
-        self._check_all(answers, "update_weights_from_disk")
-        for old in self.sync_dir.glob("weights_v*"):  # servers hold the new version now
-            if old != final:
-                shutil.rmtree(old, ignore_errors=True)
-
-    def _address(self) -> str:
-        if self.sync_address:
-            return self.sync_address
-        hosts = {urlparse(s.url).hostname for s in self.servers}
-        if hosts <= {"127.0.0.1", "localhost", "::1"}:
-            return "127.0.0.1"
-        return socket.gethostbyname(socket.gethostname())
-
-    def _sync_distributed(self, tensors: dict, version: int) -> None:
-        import torch
-
-        from agentgym.engines.weight_group import broadcast, init_weight_group
-        if self._group is None:
-            from agentgym.server_process import free_port
-            backend = "nccl" if any(v.is_cuda for v in tensors.values()) else "gloo"
-            host, port = self._address(), free_port()
-            world = len(self.servers) + 1  # this process is rank 0; one rank per server
-            futs = [asyncio.run_coroutine_threadsafe(self._post(
-                s, "/init_weights_update_group",
-                {"master_address": host, "master_port": port, "rank_offset": i + 1,
-                 "world_size": world, "group_name": self._group_name, "backend": backend}),
-                self._loop) for i, s in enumerate(self.servers)]
-            self._group = init_weight_group(backend, host, port, world, 0, self._group_name)
-            self._check_all([f.result() for f in futs], "init_weights_update_group")
-        names = list(tensors)
-        body = {"names": names, "dtypes": [str(tensors[n].dtype).removeprefix("torch.")
-                                           for n in names],
-                "shapes": [list(tensors[n].shape) for n in names],
-                "group_name": self._group_name, "flush_cache": True,
-                "weight_version": str(version)}
-        futs = [asyncio.run_coroutine_threadsafe(
-            self._post(s, "/update_weights_from_distributed", body), self._loop)
-            for s in self.servers]
-        with torch.no_grad():  # the servers receive in `names` order
-            for n in names:
-                broadcast(self._group, tensors[n].detach().contiguous())
-        self._check_all([f.result() for f in futs], "update_weights_from_distributed")
-
-    def _sync_tensor(self, tensors: dict, version: int) -> None:
+        Raises:
+            ServerUnavailableError: a server did not continue (named in the message).
+                When the :meth:`update_weights` before this failed, that error is the one
+                the caller is handling, so this one is logged instead of raised.
+        """
+        if self._closed:
+            return
+        failed_update, self._failed_update = self._failed_update, None
         try:
-            from sglang.srt.utils import MultiprocessingSerializer
-        except ImportError as e:
-            raise RuntimeError("engine.weight_sync=tensor sends CUDA IPC handles with "
-                               "SGLang's MultiprocessingSerializer, so sglang must be "
-                               "installed here and the servers colocated on this machine's "
-                               "GPUs; use engine.weight_sync=disk or distributed "
-                               "otherwise") from e
-        payload = MultiprocessingSerializer.serialize(list(tensors.items()), output_str=True)
-        body = {"serialized_named_tensors": [payload], "flush_cache": True,
-                "weight_version": str(version)}
-        answers = self._call(self._each("/update_weights_from_tensor", body))
-        self._check_all(answers, "update_weights_from_tensor")
+            self._call(self._resume())
+        except SGLangServerError as e:
+            error = ServerUnavailableError(
+                f"resume: {', '.join(e.urls)} did not continue generation; this client "
+                f"sends requests again (a server still paused holds them until it "
+                f"continues): {e}", e.urls)
+            if failed_update is None:
+                raise error from e
+            logger.error("%s (after the failed weight update: %s)", error, failed_update)
+
+    async def _resume(self) -> None:
+        try:
+            await self._each("/continue_generation", {})
+        finally:
+            self._open.set()
 
     # -- lifecycle ----------------------------------------------------------------------
     def health(self) -> list[bool]:
@@ -555,47 +420,33 @@ class SGLangEngine(Engine):
                 return True
             except (EngineRequestError, _Transient):
                 return False
+
         async def every():
             return await asyncio.gather(*(one(s) for s in self.servers))
         return self._call(every())
 
     def flush_cache(self) -> None:
+        """Empty every server's prefix (radix) cache. SGLang refuses (400) while
+        requests are running: raises :class:`EngineRequestError` then."""
         self._call(self._each("/flush_cache"))
 
     def close(self) -> None:
+        """Leave the weight-update group, close connections, stop owned servers.
+        Idempotent; never raises for a server that is gone (it logs)."""
         if self._closed:
             return
         self._closed = True
-        if self._group is not None and self.weight_sync == "distributed":
-            try:
-                self._call(self._each("/destroy_weights_update_group",
-                                      {"group_name": self._group_name}), timeout=10)
-            except (concurrent.futures.TimeoutError, RuntimeError):
-                pass
-            from agentgym.engines.weight_group import destroy_weight_group
-            destroy_weight_group(self._group)
-            self._group = None
+        self._drop_group()
         try:
             self._call(self._http.aclose(), timeout=10)
-        except concurrent.futures.TimeoutError:
-            pass
+        except Exception as e:  # noqa: BLE001 - closing must go on
+            logger.warning("closing the HTTP client: %s", e)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
         if self._own_sync_dir:
             shutil.rmtree(self.sync_dir, ignore_errors=True)
         for server in self.owned:
-            server.stop()
-
-
-def _unique_tensors(state_dict: dict) -> dict:
-    """The state dict without tied copies (a name sharing storage with an earlier one),
-    as ``save_pretrained`` writes it; servers re-tie them."""
-    seen, out = set(), {}
-    for k, v in state_dict.items():
-        key = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape)) \
-            if v.device.type != "meta" else id(v)
-        if key in seen:
-            continue
-        seen.add(key)
-        out[k] = v
-    return out
+            try:
+                server.stop()
+            except Exception as e:  # noqa: BLE001 - stop the others anyway
+                logger.warning("stopping %s: %s", getattr(server, "url", server), e)
