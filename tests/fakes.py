@@ -79,11 +79,13 @@ class TimeoutRetrieverFault:
 
 class FlakyProxyFault:
     """Injects transient server failures: an HTTP proxy on loopback in front of a real
-    server that answers ``status`` to the first ``fail_first`` requests to ``path`` and
-    forwards everything else (counting what it saw in ``seen``)."""
+    server that answers ``status`` (with ``body``) to the first ``fail_first`` requests to
+    ``path`` and forwards everything else (counting what it saw in ``seen``). Raise
+    ``left`` to inject more."""
 
     def __init__(self, upstream: str, fail_first: int, status: int = 503,
-                 path: str = "/generate") -> None:
+                 path: str = "/generate",
+                 body: bytes = b'{"error": {"message": "injected fault"}}') -> None:
         import threading
 
         import httpx
@@ -101,8 +103,8 @@ class FlakyProxyFault:
             if "/" + rest == self.path and self.left > 0:
                 self.left -= 1
                 self.seen["failed"] += 1
-                return Response(status_code=self.status, content=b'{"error": {"message": '
-                                b'"injected fault"}}', media_type="application/json")
+                return Response(status_code=self.status, content=body,
+                                media_type="application/json")
             self.seen["forwarded"] += 1
             async with httpx.AsyncClient(timeout=120) as http:
                 r = await http.request(request.method, f"{self.upstream}/{rest}",

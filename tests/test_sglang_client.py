@@ -14,7 +14,6 @@ import json
 
 import httpx
 import pytest
-from fastapi import Request  # module level: FastAPI resolves the proxy's annotation here
 
 from agentgym.config import Config, EngineConfig, RolloutConfig, build_config, parse_overrides
 from agentgym.engines.base import push_weights
@@ -372,61 +371,22 @@ def test_an_answer_from_another_weight_version_fails_loudly(two_servers, tiny_to
         theirs.close()
 
 
-class _AbortingProxy:
-    """In front of a real server: the first ``aborts`` ``/generate`` requests get what
-    SGLang answers for an aborted request (200, ``finish_reason`` ``abort``)."""
-
-    def __init__(self, upstream: str, aborts: int) -> None:
-        import threading
-        import time
-
-        import uvicorn
-        from fastapi import FastAPI
-        from fastapi.responses import JSONResponse, Response
-
-        from agentgym.server_process import free_port
-        self.left, self.aborted = aborts, 0
-        app = FastAPI()
-
-        @app.api_route("/{rest:path}", methods=["GET", "POST"])
-        async def proxy(rest: str, request: Request):
-            if rest == "generate" and self.left > 0:
-                self.left -= 1
-                self.aborted += 1
-                return JSONResponse({"text": "", "output_ids": [], "meta_info": {
-                    "id": "x", "finish_reason": {"type": "abort", "message": "retracted"},
-                    "prompt_tokens": 1, "completion_tokens": 0, "cached_tokens": 0}})
-            async with httpx.AsyncClient(timeout=120) as http:
-                r = await http.request(request.method, f"{upstream}/{rest}",
-                                       content=await request.body(),
-                                       headers={"content-type": "application/json"})
-            return Response(status_code=r.status_code, content=r.content,
-                            media_type=r.headers.get("content-type"))
-
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                                     log_level="warning"))
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
-        self._thread.start()
-        while not self._server.started:
-            time.sleep(0.02)
-
-    def close(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
+#: What SGLang answers for an aborted request: 200, ``finish_reason`` ``abort``.
+_ABORTED = json.dumps({"text": "", "output_ids": [], "meta_info": {
+    "id": "x", "finish_reason": {"type": "abort", "message": "retracted"},
+    "prompt_tokens": 1, "completion_tokens": 0, "cached_tokens": 0}}).encode()
 
 
 def test_an_aborted_request_is_retried(two_servers, tiny_tokenizer):
     prompt = tiny_tokenizer.encode("abort me")
     direct = SGLangEngine([two_servers[0].url], tiny_tokenizer)
-    proxy = _AbortingProxy(two_servers[0].url, aborts=1)
+    proxy = FlakyProxyFault(two_servers[0].url, fail_first=1, status=200, body=_ABORTED)
     engine = SGLangEngine([proxy.url], tiny_tokenizer, retries=2, backoff_s=0.01)
     try:
         expected = _generate_within(direct, prompt)
         out = _generate_within(engine, prompt)
         assert out.ids == expected.ids and out.logprobs == pytest.approx(expected.logprobs)
-        assert proxy.aborted == 1 and engine.stats["retries"] == 1
+        assert proxy.seen["failed"] == 1 and engine.stats["retries"] == 1
         proxy.left = 5  # aborted every time: a public error saying so
         with pytest.raises(ServerUnavailableError, match="failed after 3 attempts.*aborted"):
             _generate_within(engine, prompt)
