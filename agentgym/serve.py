@@ -64,6 +64,7 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from agentgym.engines.sglang_weights import tied_copies
 from agentgym.engines.weight_group import broadcast, destroy_weight_group, init_weight_group
 from agentgym.types import GenerateOutput, SamplingParams
 
@@ -268,7 +269,7 @@ class ServeState:
             if tuple(v.shape) != tuple(current[k].shape):
                 raise BadRequest(f"weight {k} has shape {tuple(v.shape)}; the served model's "
                                  f"is {tuple(current[k].shape)}")
-        tied = _tied_names(self.engine.model)
+        tied = tied_copies(current)
         # SGLang's loaders skip lm_head.weight under tie_word_embeddings (e.g.
         # Qwen2ForCausalLM.load_weights): a tied copy sent anyway does not count
         loaded = {k: v for k, v in loaded.items() if k not in tied}
@@ -357,20 +358,6 @@ class ServeState:
         if body.get("weight_version") is not None:
             msg += f" Weight version updated to {self.weight_version}."
         return {"success": True, "message": msg, "num_paused_requests": 0}
-
-
-def _tied_names(model) -> dict[str, str]:
-    """State-dict names that share storage with an earlier one (tied embeddings), each
-    mapped to that earlier name."""
-    seen: dict[int, str] = {}
-    tied = {}
-    for k, v in model.state_dict().items():
-        ptr = v.untyped_storage().data_ptr()
-        if ptr in seen:
-            tied[k] = seen[ptr]
-        else:
-            seen[ptr] = k
-    return tied
 
 
 async def _body_of(request: Request) -> dict:

@@ -59,18 +59,26 @@ logger = logging.getLogger(__name__)
 WEIGHT_SYNC_MODES = ("disk", "distributed", "tensor")
 
 
-def unique_tensors(state_dict: dict) -> dict:
-    """The state dict without tied copies (a name sharing storage with an earlier one),
-    as ``save_pretrained`` writes it; servers re-tie them."""
-    seen, out = set(), {}
+def tied_copies(state_dict: dict) -> dict[str, str]:
+    """Names that share storage with an earlier name (tied embeddings: ``lm_head.weight``
+    -> ``model.embed_tokens.weight``), each mapped to that earlier name."""
+    seen: dict = {}
+    tied = {}
     for k, v in state_dict.items():
         key = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape)) \
             if v.device.type != "meta" else id(v)
         if key in seen:
-            continue
-        seen.add(key)
-        out[k] = v
-    return out
+            tied[k] = seen[key]
+        else:
+            seen[key] = k
+    return tied
+
+
+def unique_tensors(state_dict: dict) -> dict:
+    """The state dict without tied copies, as ``save_pretrained`` writes it; servers
+    re-tie them."""
+    tied = tied_copies(state_dict)
+    return {k: v for k, v in state_dict.items() if k not in tied}
 
 
 def weight_group_ranks(tp_sizes: list[int]) -> tuple[int, list[int]]:
