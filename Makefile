@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install sysdeps demo test bench bench-trl clean
+.PHONY: install sysdeps demo test test-stress bench bench-trl clean
 
 # bubblewrap isolates the code sandbox (tools/sandbox.py). Installed from Debian when we are
 # root (CI, containers); otherwise the sandbox falls back to `unshare`, with a logged warning.
@@ -48,6 +48,12 @@ demo: $(STAMP) sysdeps
 
 test: $(STAMP) sysdeps
 	$(BIN)/python -m pytest -q
+
+# The default tier with every core kept busy by spinning processes (not in CI): the way to
+# hunt timing-dependent tests. STRESS_CPUS=N changes how many.
+STRESS_CPUS ?= $(shell nproc)
+test-stress: $(STAMP) sysdeps
+	$(BIN)/python scripts/under_load.py --cpus $(STRESS_CPUS) -- $(BIN)/python -m pytest -q
 
 bench: $(STAMP)
 	$(BIN)/python bench/rollout_throughput.py

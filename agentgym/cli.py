@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from agentgym.config import Config, all_keys, build_config, parse_overrides, to_dict
+from agentgym.server_process import exit_cleanly_on_sigterm
 
 log = logging.getLogger("agentgym")
 
@@ -460,6 +461,12 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         parser.parse_args(argv[:1])  # prints usage (and exits) for -h or an unknown command
     command, rest = argv[0], argv[1:]
+    # SIGTERM ends a command as Ctrl-C does: through finally blocks and exit handlers, so
+    # the servers it started (in sessions of their own) and their folders go with it. The
+    # serve commands are such servers: uvicorn shuts them down gracefully on SIGTERM and
+    # re-raises it, so their exit status says SIGTERM (DECISIONS.md, Retriever server).
+    if command not in ("serve", "serve-retriever"):
+        exit_cleanly_on_sigterm()
     try:
         if command in FLAG_COMMANDS:
             return FLAG_COMMANDS[command](rest)

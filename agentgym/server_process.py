@@ -5,6 +5,14 @@ SGLang launcher (``agentgym/engines/launcher.py``). The server runs in its own p
 group; its output goes to a log file whose tail is quoted when it fails to start.
 Import-light: no torch.
 
+Nothing outlives the process that started the server. ``stop()`` (also at interpreter
+exit) ends the process group and removes the server's temporary folder
+(``$TMPDIR/agentgym-NAME-*``, holding its log) unless the caller named a ``log_dir`` to
+keep. A server leads its own session, so a Ctrl-C in a terminal does not reach it, and a
+SIGTERM to the starting process would skip ``atexit``: the first ``start()`` in the main
+thread therefore turns SIGTERM, when nothing else handles it, into ``SystemExit`` (as
+SIGINT is turned into ``KeyboardInterrupt``), so ``finally`` blocks and exit handlers run.
+
 Example::
 
     proc = ServerProcess([sys.executable, "-m", "retriever_server", "--port", "8000", ...],
@@ -19,10 +27,12 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -47,6 +57,21 @@ def log_tail(path: Path, n: int = 30) -> str:
     return "\n".join(lines[-n:]) or "(empty log)"
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def exit_cleanly_on_sigterm() -> None:
+    """Make SIGTERM raise ``SystemExit(143)`` in the main thread when its handler is still
+    the default (which kills the process without running ``finally`` blocks or ``atexit``
+    handlers, leaving servers and temporary folders behind). A handler someone else set
+    is kept; outside the main thread this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+
 class ServerProcess:
     """One server subprocess, healthy once ``GET url + health_path`` answers 200.
 
@@ -58,18 +83,24 @@ class ServerProcess:
         startup_timeout: seconds to wait for health before giving up.
         env: extra environment variables for the child.
         stop_grace_s: seconds between SIGTERM and SIGKILL when stopping.
+        log_dir: where ``server.log`` goes and stays; default: a temporary folder that
+            ``stop()`` removes.
     """
 
     def __init__(self, cmd: list[str], url: str, name: str = "server",
                  health_path: str = "/health", startup_timeout: float = 120.0,
-                 env: dict[str, str] | None = None, stop_grace_s: float = 5.0) -> None:
+                 env: dict[str, str] | None = None, stop_grace_s: float = 5.0,
+                 log_dir: str | Path | None = None) -> None:
         self.cmd, self.url, self.name = list(cmd), url.rstrip("/"), name
         self.health_path = health_path
         self.startup_timeout = startup_timeout
         self.env = env or {}
         self.stop_grace_s = stop_grace_s
-        slug = "".join(c if c.isalnum() else "-" for c in name)
-        self.log_path = Path(tempfile.mkdtemp(prefix=f"agentgym-{slug}-")) / "server.log"
+        self.log_dir = Path(log_dir) if log_dir is not None else None
+        #: the server's combined stdout/stderr (None before ``start``; with the default
+        #: temporary folder, gone after ``stop``)
+        self.log_path: Path | None = None
+        self._tmp_dir: Path | None = None  # ours to remove
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -94,12 +125,20 @@ class ServerProcess:
         if self.alive:
             return self.url
         t0 = time.perf_counter()
+        exit_cleanly_on_sigterm()
+        atexit.register(self.stop)  # before anything exists that stop() must clean up
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            self.log_path = self.log_dir / "server.log"
+        else:
+            slug = "".join(c if c.isalnum() else "-" for c in self.name)
+            self._tmp_dir = Path(tempfile.mkdtemp(prefix=f"agentgym-{slug}-"))
+            self.log_path = self._tmp_dir / "server.log"
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL,
                                          env={**os.environ, **self.env},
                                          start_new_session=True)
-        atexit.register(self.stop)
         try:
             self._wait_healthy()
         except BaseException:
@@ -129,19 +168,24 @@ class ServerProcess:
                 time.sleep(0.1)
 
     def stop(self) -> None:
-        """SIGTERM the process group, SIGKILL it after ``stop_grace_s``. Idempotent."""
+        """SIGTERM the process group, SIGKILL it after ``stop_grace_s``; remove the
+        temporary folder. Idempotent."""
         proc, self.proc = self.proc, None
         atexit.unregister(self.stop)
-        if proc is None:
-            return
-        if proc.poll() is None:
-            self._signal(proc, signal.SIGTERM)
-            try:
-                proc.wait(timeout=self.stop_grace_s)
-            except subprocess.TimeoutExpired:
-                logger.warning("%s pid %d ignored SIGTERM; killing it", self.name, proc.pid)
-                self._signal(proc, signal.SIGKILL)
-                proc.wait()
+        try:
+            if proc is not None and proc.poll() is None:
+                self._signal(proc, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=self.stop_grace_s)
+                except subprocess.TimeoutExpired:
+                    logger.warning("%s pid %d ignored SIGTERM; killing it", self.name,
+                                   proc.pid)
+                    self._signal(proc, signal.SIGKILL)
+                    proc.wait()
+        finally:
+            tmp, self._tmp_dir = self._tmp_dir, None
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
 
     def kill(self) -> None:
         """SIGKILL the process group at once (fault injection; no grace)."""

@@ -13,7 +13,7 @@ import pytest
 from agentgym.config import build_config
 from agentgym.data import write_jsonl
 from agentgym.engines.hf import HFEngine
-from toy_envs import letter_rows
+from toy_envs import Gate, letter_rows
 from trainers import train
 from trainers.async_rollout import AsyncRollout
 from trainers.run import LocalRollout
@@ -139,31 +139,62 @@ def test_resume_after_out_of_order_takes_loses_and_repeats_nothing(tiny_model, t
     assert not set(b.consumed + b.dropped) & set(a.taken_after_cursor)
 
 
+def _gated(row: dict, gate: Gate) -> dict:
+    return {**row, "extra_info": {**row["extra_info"], "gate": gate.name}}
+
+
 @pytest.mark.parametrize("max_staleness", [1, 2])
 def test_staleness_is_bounded_and_every_group_counted_once(tiny_model, tiny_tokenizer,
                                                            max_staleness):
-    ar = _producer(tiny_model, tiny_tokenizer, max_staleness)
+    """Two groups are held at their tool calls (toy_envs.Gate), so what the test needs
+    happens by construction, not by timing: group 1's episodes wait after their first
+    turn until the first weight update has landed (they cross it), and group HELD is
+    still in flight when the producer is restarted (the restart loses it). The run then
+    goes on until every group up to the lost ones has been taken: a lost group that is
+    never rolled out again keeps the cursor below it and fails the test."""
+    P, HELD = 2, 6  # by step 3, 8 groups are taken and none is HELD: it has started
+    cross, held = Gate(), Gate()
+    rows = _talk_rows(40)
+    rows[1], rows[HELD] = _gated(rows[1], cross), _gated(rows[HELD], held)
+    ar = _producer(tiny_model, tiny_tokenizer, max_staleness, P=P, rows=rows)
     weights = {k: v.clone() for k, v in tiny_model.state_dict().items()}
     seen_uids = []
-    mixed = 0
+
+    def take(step):
+        trajs, m = ar.take(step, timeout=120)
+        assert len(trajs) == P * 2 and m["async/staleness_max"] <= max_staleness
+        for t in trajs:  # every consumed sample, checked
+            assert ar.version - t.policy_version <= max_staleness
+            assert t.policy_version == min(t.turn_versions)
+        seen_uids.extend((t.uid, t.sample_index) for t in trajs)
+
     try:
-        for step in range(8):
-            trajs, m = ar.take(step, timeout=120)
-            assert len(trajs) == 4 and m["async/staleness_max"] <= max_staleness
-            for t in trajs:  # every consumed sample, checked
-                assert ar.version - t.policy_version <= max_staleness
-                assert t.policy_version == min(t.turn_versions)
-                mixed += len(set(t.turn_versions)) > 1
-            seen_uids += [(t.uid, t.sample_index) for t in trajs]
+        take(0)
+        assert cross.arrived.wait(120), "group 1 never reached its first tool call"
+        ar.update_weights(weights, 1)  # lands between group 1's first and second turns
+        cross.open()
+        with ar._cv:
+            assert ar._cv.wait_for(lambda: 1 in ar.done, timeout=120)
+            crossed = ar.done[1]
+        assert any(t.turn_versions[0] == 0 and t.turn_versions[-1] == 1 for t in crossed)
+        assert all(t.policy_version == min(t.turn_versions) for t in crossed)
+        for step in range(1, 4):
+            take(step)
             ar.update_weights(weights, ar.version + 1)
-            if step == 3:  # the new version lets groups start: kill the producer then
-                with ar._cv:
-                    ar._cv.wait_for(lambda: ar.in_flight, timeout=30)
-                    lost = set(ar.in_flight)
-                assert lost, "the restart must lose episodes in flight to test anything"
-                ar.restart()  # the producer dies with episodes in flight
+        with ar._cv:
+            lost = set(ar.in_flight)
+        assert HELD in lost  # it cannot finish while its gate is shut
+        ar.restart()  # the producer dies with episodes in flight
+        held.open()
+        step = 4
+        while ar.cursor <= max(lost) and step < 48:  # until every lost group is taken
+            take(step)
+            ar.update_weights(weights, ar.version + 1)
+            step += 1
     finally:
         ar.close()
+        cross.close()
+        held.close()
     assert ar.stats["restarts"] == 1
     taken = ar.consumed + ar.dropped
     assert len(taken) == len(set(taken))  # nothing taken twice
@@ -172,9 +203,8 @@ def test_staleness_is_bounded_and_every_group_counted_once(tiny_model, tiny_toke
     # groups the restart lost were rolled out again and taken
     accounted = set(taken) | set(ar.done) | ar.in_flight
     assert set(range(ar.next_group)) <= accounted
-    assert lost <= set(taken) | set(ar.done)
+    assert lost <= set(taken), f"groups lost by the restart and never taken: {lost - set(taken)}"
     assert len(seen_uids) == len(set(seen_uids))
-    assert mixed > 0  # some episodes crossed a weight update between turns, tagged so
 
 
 def test_async_refuses_what_it_does_not_support(tmp_path):

@@ -2,7 +2,39 @@
 
 from __future__ import annotations
 
+import threading
+import uuid
+
 from envs.base import AgentEnv
+
+
+class Gate:
+    """A test's hand on a Talk episode (fault injection: a tool call that waits): a row
+    with ``extra_info.gate = gate.name`` blocks in each tool call until the test calls
+    :meth:`open`; ``arrived`` is set when an episode first gets there. What a test needs
+    to happen between two turns of an episode (a weight update, a producer restart) then
+    happens there by construction, not by timing."""
+
+    registry: dict[str, "Gate"] = {}
+
+    def __init__(self, timeout_s: float = 300.0) -> None:
+        self.name = uuid.uuid4().hex
+        self.arrived, self._open = threading.Event(), threading.Event()
+        self.timeout_s = timeout_s
+        Gate.registry[self.name] = self
+
+    def open(self) -> None:
+        self._open.set()
+
+    def close(self) -> None:
+        """Open for good and forget (a test's ``finally``: no tool call stays blocked)."""
+        self._open.set()
+        Gate.registry.pop(self.name, None)
+
+    def wait(self) -> None:
+        self.arrived.set()
+        if not self._open.wait(self.timeout_s):
+            raise TimeoutError(f"gate {self.name} stayed shut for {self.timeout_s} s")
 
 
 class LetterEnv(AgentEnv):
@@ -52,10 +84,14 @@ class TalkEnv(AgentEnv):
 
     def _reset(self, row):
         prompt = row["prompt"] if row else [{"role": "user", "content": "Talk to me."}]
-        self._delay = float(((row or {}).get("extra_info") or {}).get("delay", 0.0))
+        extra = (row or {}).get("extra_info") or {}
+        self._delay = float(extra.get("delay", 0.0))
+        self._gate = Gate.registry.get(extra["gate"]) if extra.get("gate") else None
         return [dict(m) for m in prompt], {}
 
     def _step(self, action, last_turn):
+        if self._gate is not None:
+            self._gate.wait()
         if self._delay:  # a slow tool (extra_info.delay seconds per step)
             import time
             time.sleep(self._delay)

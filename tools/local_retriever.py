@@ -57,7 +57,8 @@ class LocalRetriever:
 
     Attributes:
         url: ``http://127.0.0.1:PORT`` once started, else None.
-        log_path: the server's combined stdout/stderr.
+        log_path: the server's combined stdout/stderr while it runs (its temporary
+            folder is removed by ``stop``).
     """
 
     def __init__(self, corpus: Path | str | None = None, index_dir: Path | str | None = None,

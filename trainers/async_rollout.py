@@ -125,6 +125,9 @@ class AsyncRollout:
         for task in list(self._tasks.values()):
             task.cancel()
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        # the tasks belong to this loop: a restarted producer (a new loop) must not gather
+        # them again (asyncio refuses futures of another loop)
+        self._tasks.clear()
 
     def _wait_schedulable(self) -> None:
         with self._cv:
