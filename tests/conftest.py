@@ -6,6 +6,7 @@ Models and the BM25 index are built into the normal cache (``$AGENTGYM_CACHE`` o
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -18,6 +19,16 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import envs  # noqa: E402
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+# A test run sent SIGTERM stops as on Ctrl-C: pytest tears the fixtures down (the session's
+# retriever server, the Ray cluster) instead of dying with them still running.
+if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+    signal.signal(signal.SIGTERM, _interrupt)
 
 if "agentgym-test/Letter-v0" not in envs.env_ids():
     envs.register_env("agentgym-test/Letter-v0", "toy_envs:LetterEnv")

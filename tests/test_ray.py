@@ -7,6 +7,7 @@ samples, same losses) and sync weights to the worker."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -19,9 +20,19 @@ pytest.importorskip("ray")
 @pytest.fixture(scope="module")
 def two_nodes():
     from ray.cluster_utils import Cluster
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes()
+    # as trainers.ray_cluster does for ray.address=local: actors at normal priority (Ray's
+    # default niceness 15 starves them when anything else keeps the cores busy)
+    niceness = os.environ.get("RAY_worker_niceness")
+    os.environ["RAY_worker_niceness"] = "0"
+    try:
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+    finally:
+        if niceness is None:
+            os.environ.pop("RAY_worker_niceness")
+        else:
+            os.environ["RAY_worker_niceness"] = niceness
     yield cluster
     cluster.shutdown()
 

@@ -137,6 +137,9 @@ class RayCluster:
             kw: dict[str, Any] = {"runtime_env": {"env_vars": env}, "log_to_driver": True}
             if r.address == "local":
                 from agentgym.paths import cache_dir
+                # our actors are the run's work (rollouts, train ranks), not background
+                # helpers: Ray's default worker niceness (15) starves them on a busy machine
+                os.environ.setdefault("RAY_worker_niceness", "0")
                 ray.init(include_dashboard=False, _temp_dir=str(cache_dir() / "ray"), **kw)
             else:
                 ray.init(address=r.address, **kw)
