@@ -99,7 +99,10 @@ def test_servers_stopped_or_killed_leave_nothing(private_tmp, small_corpus, tiny
 
 
 DRIVER = textwrap.dedent("""
-    import sys, threading
+    import signal, sys, threading
+    # as when started from a terminal: a shell's background jobs (and so possibly this
+    # test's runner) inherit SIGINT ignored, and Python then installs no Ctrl-C handler
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from agentgym.engines.launcher import launch_serve
     from tools.local_retriever import LocalRetriever
     retriever = LocalRetriever(sys.argv[1], index_dir=sys.argv[2])
