@@ -57,6 +57,10 @@ class EngineConfig:
     max_batch_size: int = 32
     batch_wait_s: float = 0.005  # hf: a batch starts after this long with no new request ...
     max_batch_wait_s: float = 0.05  # ... or this long after its first request
+    continuous_batching: bool = True  # hf: requests join the running batch (false: static batches)
+    prefix_cache: bool = True  # hf: reuse cached keys/values of prompt prefixes (radix tree)
+    cache_tokens: int = 65536  # hf: prefix-cache budget in positions (smollm2-135m bf16: ~1.5 GB)
+    prefill_chunk: int = 256  # hf: prompt tokens prefilled between two decode steps
     urls: list[str] = field(default_factory=list)  # sglang: servers; empty launches one (GPU)
     dtype: str = ""  # weights of the rollout copy; "" = model.dtype (bfloat16: faster, drifts)
     timeout_s: float = 600.0  # sglang: read timeout of one request
@@ -76,6 +80,9 @@ class EngineConfig:
             self.urls = [self.urls]
         if self.retries < 0:
             raise ValueError(f"engine.retries={self.retries}; must be >= 0")
+        for key in ("cache_tokens", "prefill_chunk", "max_batch_size"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"engine.{key}={getattr(self, key)}; must be >= 1")
 
 
 @dataclass

@@ -406,7 +406,10 @@ def _generation_routes(app: FastAPI, state: ServeState) -> None:
         return PlainTextResponse("")
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
-    async def flush_cache():  # the HF engine keeps no cache between requests
+    async def flush_cache():  # the engine's prefix cache; refused while requests run (SGLang)
+        if not state.engine.flush_cache():
+            return PlainTextResponse("Cache not flushed: requests are running or waiting.\n",
+                                     status_code=400)
         state.counters["cache_flushes"] += 1
         return PlainTextResponse("Cache flushed.\n")
 

@@ -14,6 +14,15 @@ latency drawn from a log-normal distribution (long-tailed: a few calls are much 
     python bench/rollout_throughput.py --model smollm2-135m --prompts 8 --n 4
 
 Figures are trajectories/s and generated tokens/s; the ratio async/lockstep is reported.
+
+``--engines`` compares engines instead, at the ``make demo`` settings (the search env with
+its local BM25 retriever, smollm2-135m, bf16 rollout copy, 4 prompts x n=4, 4 turns of up
+to 128 tokens): today's default engine (continuous batching over the prefix cache)
+against the static-batch engine without a cache (``engine.continuous_batching=false
+engine.prefix_cache=false``, the engine before both existed), alternated on the same
+prompts and seeds in one run:
+
+    python bench/rollout_throughput.py --engines --repeats 3
 """
 
 from __future__ import annotations
@@ -139,8 +148,87 @@ def run_mode(mode, model, tok, url, rows, args) -> dict:
             "env_s": float(np.mean([t.metrics["env_s"] for t in trajs]))}
 
 
+ENGINE_MODES = {"static, no cache": {"engine.continuous_batching": False,
+                                     "engine.prefix_cache": False},
+                "continuous + prefix cache": {}}
+
+
+def run_engine_mode(name: str, rows: list[dict], args) -> dict:
+    """One rollout of ``rows`` through the training path's own manager and engine."""
+    from agentgym.config import build_config
+    from agentgym.runtime import engine_for, env_factory
+    cfg = build_config({"env": "search", "model": args.model, "engine.dtype": args.dtype,
+                        "rollout.n": args.n, "rollout.max_turns": args.turns,
+                        "rollout.max_tokens_per_turn": args.tokens,
+                        "trainer.seed": args.seed, **ENGINE_MODES[name]})
+    path = resolve_model(args.model)
+    tok = load_tokenizer(path)
+    engine = engine_for(cfg, path, tok)
+    mgr = GenerationManager(engine, tok, env_factory(cfg), cfg.rollout, seed=args.seed)
+    t0 = time.perf_counter()
+    trajs = asyncio.run(mgr.run(rows, n=args.n))
+    elapsed = time.perf_counter() - t0
+    mgr.close()
+    engine.close()
+    gen = sum(t.num_sampled for t in trajs)
+    s = engine.stats
+    return {"mode": name, "seconds": elapsed, "traj_per_s": len(trajs) / elapsed,
+            "tok_per_s": gen / elapsed, "generated": gen,
+            "prefill_per_gen": s["prefilled_tokens"] / max(gen, 1),
+            "cached_per_gen": s["cached_tokens"] / max(gen, 1)}
+
+
+def engines_main(args) -> None:
+    import random
+    rows = load_rows("search", "train", None)
+    random.Random(args.seed).shuffle(rows)
+    results = []
+    run_engine_mode("continuous + prefix cache", rows[:2], args)  # warm-up (and retriever)
+    for rep in range(args.repeats):
+        batch = rows[rep * args.prompts:(rep + 1) * args.prompts]
+        for name in ENGINE_MODES:
+            r = run_engine_mode(name, batch, args)
+            results.append(r)
+            print(f"{name:26s} {r['seconds']:6.1f}s  {r['traj_per_s']:5.2f} traj/s  "
+                  f"{r['tok_per_s']:6.1f} gen tok/s  prefilled/generated "
+                  f"{r['prefill_per_gen']:.2f}  cached/generated {r['cached_per_gen']:.2f}",
+                  flush=True)
+
+    def med(mode, key):
+        return float(np.median([r[key] for r in results if r["mode"] == mode]))
+    new, old = ENGINE_MODES
+    ratio = med(old, "tok_per_s") and med(new, "tok_per_s") / med(old, "tok_per_s")
+    pairs = [b["tok_per_s"] / a["tok_per_s"] for a, b in zip(results[0::2], results[1::2])]
+    print(f"generated tokens/s, new / old: {ratio:.2f}x (per pair: "
+          f"{', '.join(f'{p:.2f}' for p in pairs)})")
+    cmd = "python bench/rollout_throughput.py " + " ".join(sys.argv[1:])
+    lines = [
+        f"Machine: {platform.machine()}, {__import__('os').cpu_count()} CPUs, "
+        f"torch threads {__import__('torch').get_num_threads()}. Command: `{cmd.strip()}`.",
+        f"The `make demo` rollout: env `search` (local BM25 retriever), `{args.model}` with a "
+        f"{args.dtype} rollout copy, {args.prompts} prompts x n={args.n}, up to {args.turns} "
+        f"turns of {args.tokens} sampled tokens, temperature 1. Each repeat takes the next "
+        f"{args.prompts} shuffled training prompts and runs both engines on them with the same "
+        f"seeds, old engine first. Median of {args.repeats} repeats.", "",
+        "| engine | trajectories/s | generated tokens/s | prefilled / generated tokens "
+        "| reused from cache / generated |",
+        "|---|---|---|---|---|",
+    ]
+    for mode in ENGINE_MODES:
+        lines.append(f"| {mode} | {med(mode, 'traj_per_s'):.2f} | {med(mode, 'tok_per_s'):.1f} "
+                     f"| {med(mode, 'prefill_per_gen'):.2f} | {med(mode, 'cached_per_gen'):.2f} |")
+    lines += ["", f"**Generated tokens/s, continuous + prefix cache / static: {ratio:.2f}x** "
+              f"(per repeat: {', '.join(f'{p:.2f}x' for p in pairs)})."]
+    if not args.no_write:
+        write_section(f"Rollout engine: prefix cache and continuous batching ({args.model})",
+                      "\n".join(lines))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--engines", action="store_true",
+                    help="compare engines at the make demo settings (see the docstring)")
+    ap.add_argument("--dtype", default="bfloat16", help="--engines: rollout copy's dtype")
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--n", type=int, default=4)
@@ -152,6 +240,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-write", action="store_true", help="print only")
     args = ap.parse_args()
+    if args.engines:
+        for key, demo in (("model", "smollm2-135m"), ("prompts", 4), ("tokens", 128)):
+            if getattr(args, key) == ap.get_default(key):
+                setattr(args, key, demo)
+        return engines_main(args)
 
     path = resolve_model(args.model)
     model, tok = load_model(path), load_tokenizer(path)

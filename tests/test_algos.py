@@ -607,3 +607,59 @@ def test_off_policy_correction_scales_the_policy_gradient(tiny_tokenizer, tiny_m
             tol = 1e-5 * float(base[k].abs().max())  # float noise of a summed gradient
             assert torch.allclose(same[k], base[k], rtol=1e-4, atol=tol), (mode, k)
             assert torch.allclose(got[k], base[k] * factor, rtol=1e-4, atol=tol), (mode, k)
+
+
+def _update(model, batch, cfg, steps=2):
+    """``steps`` calls of update_policy on a fresh AdamW backend (lr high enough that a
+    step moves the weights); returns the backend and each call's metrics."""
+    import copy
+
+    from trainers.backends.single import SingleBackend
+    from trainers.grpo import update_policy
+    from trainers.run import Hooks
+    backend = SingleBackend(copy.deepcopy(model), lr=1e-3)
+    return backend, [update_policy(cfg, backend, batch, 1.0, s, Hooks()) for s in range(steps)]
+
+
+def test_all_zero_advantages_skip_the_update_and_leave_adam_untouched(tiny_model, tiny_tokenizer):
+    cfg = build_config({"trainer.mini_batches": 2})
+    batch = _toy_batch(tiny_tokenizer)
+    batch.extra["adv"] = torch.zeros_like(batch.extra["adv"])
+    backend, ms = _update(tiny_model, batch, cfg)
+    assert [m["train/skipped_steps"] for m in ms] == [1.0, 1.0]
+    assert ms[0]["train/skipped_tokens"] == float(batch.loss_mask.sum())
+    for name, p in backend.model.state_dict().items():
+        assert torch.equal(p, tiny_model.state_dict()[name]), name  # bit-identical weights
+    assert backend.optimizer.state_dict()["state"] == {}  # no Adam moments, no step count
+    assert backend.scheduler.last_epoch == 0
+    # any other loss term makes every row count: the update runs
+    for extra in ({"algo.entropy_coef": 0.01}, {"algo.kl_coef": 0.1}):
+        _, ms = _update(tiny_model, batch, build_config({**extra}), steps=1)
+        assert ms[0]["train/skipped_steps"] == 0.0 and ms[0]["train/skipped_tokens"] == 0.0
+
+
+@pytest.mark.parametrize("policy_loss", ["ppo_clip", "gspo"])
+def test_zero_advantage_rows_left_out_give_the_same_update(tiny_model, tiny_tokenizer,
+                                                         policy_loss, monkeypatch):
+    """Half the rows have all-zero advantages: leaving them out of the forward/backward
+    gives the same weights and Adam state as training on every row."""
+    from trainers import grpo
+    batch = _toy_batch(tiny_tokenizer)
+    batch.extra["adv"][:4] = 0.0  # group "0": rewards all equal
+    cfg = build_config({"trainer.mini_batches": 2, "algo.policy_loss": policy_loss})
+    trimmed, mt = _update(tiny_model, batch, cfg)
+    monkeypatch.setattr(grpo, "zero_gradient_rows", lambda cfg, b: None)  # no trimming
+    full, mf = _update(tiny_model, batch, cfg)
+    assert mt[0]["train/skipped_steps"] == 0.0
+    assert mt[0]["train/skipped_tokens"] == float(batch.loss_mask[:4].sum())
+    assert "train/skipped_tokens" not in mf[0] or mf[0]["train/skipped_tokens"] == 0.0
+    for s in range(2):
+        assert mt[s]["train/grad_norm"] == pytest.approx(mf[s]["train/grad_norm"], rel=1e-5)
+    sd_t, sd_f = trimmed.model.state_dict(), full.model.state_dict()
+    for name in sd_t:
+        torch.testing.assert_close(sd_t[name], sd_f[name], atol=1e-6, rtol=1e-5)
+    st_t, st_f = trimmed.optimizer.state_dict()["state"], full.optimizer.state_dict()["state"]
+    assert st_t.keys() == st_f.keys()
+    for k in st_t:
+        for key in st_t[k]:
+            torch.testing.assert_close(st_t[k][key], st_f[k][key], atol=1e-9, rtol=1e-5)

@@ -1,4 +1,6 @@
-"""HF engine: batching, stop handling, seeds, and logprobs equal to a trainer forward pass."""
+"""HF engine: batching, stop handling, seeds, and logprobs equal to a trainer forward pass,
+in its three modes: static batches, continuous batching, continuous batching with the
+prefix cache (the default)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,11 @@ from agentgym.types import SamplingParams
 
 PROMPTS = ["<search> capital of france", "hello there, how are you today?",
            "Question: who wrote hamlet?\n", "a"]
+
+#: engine keyword arguments of each mode
+MODES = {"static": {"continuous_batching": False, "prefix_cache": False},
+         "continuous": {"prefix_cache": False},
+         "cached": {}}
 
 
 def trainer_logprobs(model, ids: list[int], prompt_len: int, temperature: float) -> list[float]:
@@ -29,14 +36,15 @@ def generate_all(engine, prompts, sampling):
     return asyncio.run(go())
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_logprobs_match_trainer_forward(tiny_model, tiny_tokenizer, temperature):
-    engine = HFEngine(tiny_model, tiny_tokenizer, batch_wait_s=0.05)
+def test_logprobs_match_trainer_forward(tiny_model, tiny_tokenizer, temperature, mode):
+    engine = HFEngine(tiny_model, tiny_tokenizer, batch_wait_s=0.05, **MODES[mode])
     prompts = [tiny_tokenizer.encode(p) for p in PROMPTS]
     outs = generate_all(engine, prompts, SamplingParams(max_new_tokens=24,
                                                         temperature=temperature, seed=1))
     engine.close()
-    assert engine.stats["batches"] == 1  # the concurrent requests shared one batch
+    assert engine.stats["max_rows"] == 4  # the concurrent requests decoded together
     worst = 0.0
     for p, out in zip(prompts, outs):
         assert len(out.ids) == len(out.logprobs) > 0
@@ -45,8 +53,9 @@ def test_logprobs_match_trainer_forward(tiny_model, tiny_tokenizer, temperature)
     assert worst < 1e-4, worst
 
 
-def test_greedy_matches_transformers_generate(tiny_model, tiny_tokenizer):
-    engine = HFEngine(tiny_model, tiny_tokenizer)
+@pytest.mark.parametrize("mode", MODES)
+def test_greedy_matches_transformers_generate(tiny_model, tiny_tokenizer, mode):
+    engine = HFEngine(tiny_model, tiny_tokenizer, **MODES[mode])
     prompt = tiny_tokenizer.encode("The capital of France is")
     out = generate_all(engine, [prompt, tiny_tokenizer.encode("x y z")],
                        SamplingParams(max_new_tokens=16, temperature=0))[0]
@@ -58,8 +67,9 @@ def test_greedy_matches_transformers_generate(tiny_model, tiny_tokenizer):
     assert out.ids == ref.tolist()[:len(out.ids)]
 
 
-def test_seeded_sample_independent_of_batch_companions(tiny_model, tiny_tokenizer):
-    engine = HFEngine(tiny_model, tiny_tokenizer, batch_wait_s=0.05)
+@pytest.mark.parametrize("mode", MODES)
+def test_seeded_sample_independent_of_batch_companions(tiny_model, tiny_tokenizer, mode):
+    engine = HFEngine(tiny_model, tiny_tokenizer, batch_wait_s=0.05, **MODES[mode])
     prompt = tiny_tokenizer.encode("same prompt")
     sp = SamplingParams(max_new_tokens=12, temperature=1.0, seed=42)
     alone = generate_all(engine, [prompt], sp)[0]
@@ -70,8 +80,9 @@ def test_seeded_sample_independent_of_batch_companions(tiny_model, tiny_tokenize
     assert max(abs(a - b) for a, b in zip(alone.logprobs, crowded.logprobs)) < 1e-4
 
 
-def test_stop_strings_cut_exactly_and_length(tiny_model, tiny_tokenizer):
-    engine = HFEngine(tiny_model, tiny_tokenizer)
+@pytest.mark.parametrize("mode", MODES)
+def test_stop_strings_cut_exactly_and_length(tiny_model, tiny_tokenizer, mode):
+    engine = HFEngine(tiny_model, tiny_tokenizer, **MODES[mode])
     tok = tiny_tokenizer
     prompt = tok.encode("go")
     seeded = SamplingParams(max_new_tokens=20, temperature=1.0, seed=5, stop=("\x00never",))
@@ -89,29 +100,50 @@ def test_stop_strings_cut_exactly_and_length(tiny_model, tiny_tokenizer):
     assert cut.logprobs == pytest.approx(free.logprobs[:k + 1], abs=1e-5)
 
 
-def test_update_weights_changes_outputs_and_needs_an_idle_engine(tiny_model, tiny_tokenizer):
+@pytest.mark.parametrize("mode", ["static", "cached"])
+def test_update_weights_changes_outputs_and_needs_an_idle_engine(tiny_model, tiny_tokenizer,
+                                                                mode):
+    """A weight update waits for an idle engine, and a new version never reuses the old
+    version's cached keys/values (its logprobs are the new weights' own)."""
     import copy
+    import threading
     model = copy.deepcopy(tiny_model)
-    engine = HFEngine(model, tiny_tokenizer, batch_wait_s=0.2)
+    engine = HFEngine(model, tiny_tokenizer, **MODES[mode])
     prompt = tiny_tokenizer.encode("weights")
     sp = SamplingParams(max_new_tokens=4, temperature=0)
     before = generate_all(engine, [prompt], sp)[0]
-    perturbed = {k: v + 0.05 * torch.randn_like(v) for k, v in model.state_dict().items()}
+    g = torch.Generator().manual_seed(0)
+    perturbed = {k: v + 0.05 * torch.randn(v.shape, generator=g)
+                 for k, v in model.state_dict().items()}
+    inside, release = threading.Event(), threading.Event()
+
+    def hold(module, args):  # fault injection: the next forward waits for the test
+        inside.set()
+        release.wait(timeout=120)
 
     async def busy_then_swap():
+        handle = model.register_forward_pre_hook(hold)
         pending = asyncio.ensure_future(engine.generate(prompt, sp))
-        await asyncio.sleep(0.05)  # the worker is now forming a batch (busy)
+        assert await asyncio.to_thread(inside.wait, 120)  # the worker is busy
         with pytest.raises(RuntimeError, match="pause"):
             engine.update_weights(perturbed, version=1)
+        handle.remove()
+        release.set()
         await pending
         await engine.pause()
         engine.update_weights(perturbed, version=1)
         engine.resume()
         return await engine.generate(prompt, sp)
+    cached = engine.stats["cached_tokens"]
     after = asyncio.run(busy_then_swap())
     engine.close()
     assert engine.policy_version == 1
     assert after.logprobs != pytest.approx(before.logprobs, abs=1e-4)
+    assert after.logprobs == pytest.approx(
+        trainer_logprobs(model, prompt + after.ids, len(prompt), 1.0), abs=1e-4)
+    if mode == "cached":  # the second request (old weights) reused the prompt, the third not
+        assert engine.stats["cached_tokens"] == cached + len(prompt) - 1
+        assert engine.prefix.stats["clears"] == 1
 
 
 def test_bad_requests_fail_clearly(tiny_model, tiny_tokenizer):
@@ -154,7 +186,7 @@ def test_sampler_draws_from_the_truncated_distribution(tiny_model, tiny_tokenize
 
 
 def test_requests_arriving_in_a_stream_share_a_batch_within_the_cap(tiny_model, tiny_tokenizer):
-    """A batch starts once no request arrived for batch_wait_s, or max_batch_wait_s after
+    """Static batching: a batch starts once no request arrived for batch_wait_s, or max_batch_wait_s after
     its first request (margins of 3x and more, so a loaded machine does not flip it)."""
     sp = SamplingParams(max_new_tokens=2, temperature=0.0)
     prompts = [tiny_tokenizer.encode(p) for p in PROMPTS + PROMPTS[:2]]
@@ -167,7 +199,8 @@ def test_requests_arriving_in_a_stream_share_a_batch_within_the_cap(tiny_model, 
         return await asyncio.gather(*tasks)
 
     for cap, want_one_batch in ((30.0, True), (0.25, False)):
-        engine = HFEngine(tiny_model, tiny_tokenizer, batch_wait_s=0.25, max_batch_wait_s=cap)
+        engine = HFEngine(tiny_model, tiny_tokenizer, batch_wait_s=0.25, max_batch_wait_s=cap,
+                          **MODES["static"])
         try:
             asyncio.run(stream(engine, 0.08))  # 0.4 s in all: > one quiet gap, < the cap
             assert (engine.stats["batches"] == 1) is want_one_batch, engine.stats

@@ -17,10 +17,12 @@ from trainers.grpo import train
 
 def test_cli_train_two_steps_leaves_checkpoint_metrics_and_png(tmp_path, retriever_url, capsys):
     run = tmp_path / "run"
+    # an entropy bonus keeps the update running: with the untrained model's all-zero
+    # rewards it would be skipped, and with it the drift measurement checked below
     rc = main(["train", "env=search", "model=tiny", "trainer.total_steps=2",
                "trainer.prompts_per_step=2", "n=2", "rollout.max_tokens_per_turn=24",
                "rollout.max_response_tokens=256", "trainer.eval_limit=2",
-               f"retriever.url={retriever_url}", f"run_dir={run}"])
+               "algo.entropy_coef=0.001", f"retriever.url={retriever_url}", f"run_dir={run}"])
     assert rc == 0
     out = capsys.readouterr().out
     assert "step    1 | reward" in out and "step    2 | reward" in out

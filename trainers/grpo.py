@@ -31,6 +31,7 @@ Each step:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import random
@@ -284,6 +285,8 @@ class PolicyLoss:
     num_tokens: float
     num_seqs: int
     norm_len: int
+    #: tokens the metrics average over when zero-gradient rows are left out (0: num_tokens)
+    metric_tokens: float = 0.0
 
     def __call__(self, model, mb: Batch):
         a, num_tokens = self.algo, self.num_tokens
@@ -292,7 +295,7 @@ class PolicyLoss:
         dev = next(model.parameters()).device
         ids, attn, mask = (mb.input_ids.to(dev), mb.attention_mask.to(dev),
                            mb.loss_mask.to(dev))
-        share = float(mask.sum()) / num_tokens
+        share = float(mask.sum()) / (self.metric_tokens or num_tokens)
         logp, entropy = sequence_logprobs(model, ids, attn, self.temperature, with_entropy=True,
                                           start=first_needed_position(mb.loss_mask),
                                           entropy_grad=a.entropy_coef > 0, images=mb.images)
@@ -334,31 +337,80 @@ def make_loss_fn(cfg: Config, temperature: float, num_tokens: float, num_seqs: i
 
 def minibatch_updates(cfg: Config, backend: SingleBackend, batch: Batch,
                       make_loss: Callable[[Batch], Callable], step: int, hooks: Hooks,
-                      phase: str, prefix: str) -> dict[str, float]:
+                      phase: str, prefix: str,
+                      trim: Callable[[Batch], list[int]] | None = None) -> dict[str, float]:
     """``ppo_epochs`` x ``mini_batches`` optimizer steps of ``backend`` over ``batch``;
     ``make_loss(mini_batch)`` gives the micro-batch loss for that mini-batch's totals.
-    Returns the metrics averaged over optimizer steps, keys under ``prefix``."""
+    ``trim(mini_batch)``, when given, names the rows whose gradient is exactly zero: they
+    are left out of the forward/backward (``make_loss(mini_batch, trained_rows)`` keeps the
+    whole mini-batch's totals, so the gradient is unchanged; one row stays when all are
+    zero, so the optimizer step and Adam's state are the same as without trimming). Returns the metrics averaged over
+    optimizer steps, keys under ``prefix``; with ``trim``, ``skipped_tokens`` too."""
     gen = torch.Generator().manual_seed(cfg.trainer.seed * 1_000_003 + step)
     results: list[dict] = []
     n_mini = max(1, min(cfg.trainer.mini_batches, len(batch)))
     hooks.phase(phase, cfg.trainer.ppo_epochs * n_mini)
+    skipped = 0.0
     for _ in range(cfg.trainer.ppo_epochs):
         order = torch.randperm(len(batch), generator=gen).tolist()
         for k in range(n_mini):
             mini = batch.select(sorted(order[k::n_mini]))
-            results.append(backend.train_step(backend.split(mini), make_loss(mini)))
+            if trim is None:
+                loss_fn = make_loss(mini)
+            else:
+                zero = set(trim(mini))
+                if len(zero) == len(mini):  # keep the shortest: an exactly zero gradient
+                    zero.discard(int(mini.attention_mask.sum(-1).argmin()))
+                trained = mini.select([i for i in range(len(mini)) if i not in zero])
+                skipped += float(mini.loss_mask.sum() - trained.loss_mask.sum())
+                loss_fn, mini = make_loss(mini, trained), trained
+            results.append(backend.train_step(backend.split(mini), loss_fn))
             hooks.advance()
-    return {f"{prefix}{k}": max(r[k] for r in results) if k.endswith("_max")
-            else sum(r[k] for r in results) / len(results) for k in results[0]}
+    m = {f"{prefix}{k}": max(r[k] for r in results) if k.endswith("_max")
+         else sum(r[k] for r in results) / len(results) for k in results[0]}
+    if trim is not None:
+        m[f"{prefix}skipped_tokens"] = skipped / cfg.trainer.ppo_epochs
+    return m
+
+
+def zero_gradient_rows(cfg: Config, batch: Batch) -> list[int] | None:
+    """Rows whose policy gradient is exactly zero, or None when that cannot be known.
+
+    With no KL loss and no entropy bonus, a row contributes ``adv * f(ratio)`` per token
+    (every policy loss here, clipped or not, weighted or not), so a row whose advantages
+    are all zero adds nothing. With either term on, every row has a gradient."""
+    a = cfg.algo
+    if (a.kl_coef > 0 and a.kl_mode == "loss") or a.entropy_coef > 0:
+        return None
+    adv = torch.where(batch.loss_mask > 0, batch.extra["adv"], 0.0)
+    return [i for i, nonzero in enumerate((adv != 0).any(-1).tolist()) if not nonzero]
 
 
 def update_policy(cfg: Config, backend: SingleBackend, batch: Batch, temperature: float,
                   step: int, hooks: Hooks) -> dict[str, float]:
-    """The policy's optimizer steps over this step's batch (``train/…`` metrics)."""
-    def make_loss(mini: Batch):
-        return make_loss_fn(cfg, temperature, float(mini.loss_mask.sum().clamp(min=1)),
+    """The policy's optimizer steps over this step's batch (``train/…`` metrics).
+
+    Zero-gradient rows (:func:`zero_gradient_rows`) are left out of the update; when every
+    row is one, the whole update is skipped: no forward/backward, no optimizer or scheduler
+    step (``train/skipped_steps`` 1). ``train/skipped_tokens``: sampled tokens of the step
+    no forward/backward saw (per epoch)."""
+    zero = zero_gradient_rows(cfg, batch)
+    if zero is not None and len(zero) == len(batch):
+        logger.info("step %d: every advantage is zero and no other loss term is on; "
+                    "the update is skipped", step + 1)
+        return {"train/skipped_steps": 1.0, "train/skipped_tokens": float(batch.loss_mask.sum())}
+
+    def make_loss(mini: Batch, trained: Batch | None = None):
+        loss = make_loss_fn(cfg, temperature, float(mini.loss_mask.sum().clamp(min=1)),
                             len(mini), cfg.rollout.max_response_tokens)
-    m = minibatch_updates(cfg, backend, batch, make_loss, step, hooks, "update", "train/")
+        if trained is None:
+            return loss
+        return dataclasses.replace(loss, metric_tokens=float(trained.loss_mask.sum().clamp(min=1)))
+    trim = None if zero is None else (lambda mini: zero_gradient_rows(cfg, mini))
+    m = minibatch_updates(cfg, backend, batch, make_loss, step, hooks, "update", "train/",
+                          trim=trim)
+    m["train/skipped_steps"] = 0.0
+    m.setdefault("train/skipped_tokens", 0.0)
     for key in ("drift_mean", "drift_max"):  # measured by the update (reused logprobs)
         if f"train/{key}" in m:
             m[f"rollout/{key}"] = m.pop(f"train/{key}")

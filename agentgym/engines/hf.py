@@ -1,15 +1,23 @@
-"""In-process transformers engine (CPU or GPU): batches concurrent requests.
+"""In-process transformers engine (CPU or GPU): continuous batching over a prefix cache.
 
-Requests from many trajectories queue up; a worker thread takes whatever is waiting
-(up to ``max_batch_size``), left-pads it into one batch and runs a KV-cached decode loop.
-Each row leaves the batch (and its caller resumes) the moment it hits EOS, a stop string
-or its own ``max_new_tokens``; the cache shrinks with it. Requests that arrive meanwhile
-form the next batch.
+Requests from many trajectories queue up; a worker thread runs them. By default
+(``continuous_batching``) a request joins the running decode batch at the next step: its
+prompt is prefilled first, in chunks of ``prefill_chunk`` tokens between decode steps so a
+long prompt does not stall the rows already decoding, and every row leaves the batch (its
+caller resumes) the moment it hits EOS, a stop string or its own ``max_new_tokens``
+(:mod:`agentgym.engines.kv_slots`). With ``prefix_cache``, a prompt's longest cached prefix
+is not prefilled again: a trajectory's next turn extends its previous turn's ids, the n
+samples of a group share one prompt, and both find their keys/values in a radix tree of
+token ids (:mod:`agentgym.engines.prefix_cache`), emptied on every weight update.
+
+With ``continuous_batching=False`` (and for vision-language models, whose image tokens
+are not keyed by their ids and whose positions are 3-D) the engine forms static batches:
+whatever is waiting is left-padded into one batch and decoded until its last row is done.
 
 Logprobs are ``log_softmax(logits / temperature)`` of the sampled token (temperature 1 for
 greedy), before top-p/top-k, computed in fp32 from the raw logits: exactly what a trainer
-recomputes with a forward pass over the finished trajectory (position ids are
-``cumsum(attention_mask) - 1``, so left padding does not move positions).
+recomputes with a forward pass over the finished trajectory (positions are explicit, so
+padding and alignment never move them).
 
 Each request with ``sampling.seed`` gets its own ``torch.Generator``, so its sample does
 not depend on which other requests shared its batch.
@@ -30,6 +38,8 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from agentgym.engines.base import Engine
+from agentgym.engines.kv_slots import Slots
+from agentgym.engines.prefix_cache import PrefixCache
 from agentgym.types import GenerateOutput, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -85,16 +95,24 @@ class HFEngine(Engine):
     Args:
         model: a causal LM (its dtype and device are used as they are).
         tokenizer: used for the pad/EOS ids and to find stop strings.
-        max_batch_size: most requests decoded together.
-        batch_wait_s: once a request is waiting, a batch starts when no new request has
-            arrived for this long (requests that arrive in a stream, each a little after
-            the last, join one batch: there is no admission into a running batch) ...
+        max_batch_size: most requests decoded (or prefilled) together.
+        batch_wait_s: static batching: once a request is waiting, a batch starts when no
+            new request has arrived for this long ...
         max_batch_wait_s: ... or this long after the first, whichever comes first.
         seed: seed of the generator used by requests without their own seed.
+        continuous_batching: requests join the running batch (False: static batches).
+        prefix_cache: reuse cached keys/values of prompt prefixes (needs
+            continuous_batching).
+        cache_tokens: the prefix cache's budget, in positions.
+        prefill_chunk: prompt tokens prefilled between two decode steps.
     """
 
     def __init__(self, model, tokenizer, max_batch_size: int = 32, batch_wait_s: float = 0.005,
-                 seed: int = 0, max_batch_wait_s: float = 0.05) -> None:
+                 seed: int = 0, max_batch_wait_s: float = 0.05,
+                 continuous_batching: bool = True, prefix_cache: bool = True,
+                 cache_tokens: int = 65536, prefill_chunk: int = 256) -> None:
+        if prefill_chunk < 1:
+            raise ValueError(f"engine.prefill_chunk={prefill_chunk}; must be >= 1")
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
@@ -120,15 +138,30 @@ class HFEngine(Engine):
         self._paused = False
         self._busy = False
         self._closed = False
-        self.stats = {"batches": 0, "requests": 0, "generated_tokens": 0, "decode_steps": 0}
-        self._thread = threading.Thread(target=self._worker, name="hf-engine", daemon=True)
+        self.stats = {"batches": 0, "requests": 0, "generated_tokens": 0, "decode_steps": 0,
+                      "prefilled_tokens": 0, "cached_tokens": 0, "max_rows": 0}
+        self.prefill_chunk = prefill_chunk
+        why_static = _why_static(model, self.vision) if continuous_batching else None
+        if why_static:
+            logger.info("continuous batching and the prefix cache are off: %s", why_static)
+        self.continuous = continuous_batching and why_static is None
+        self.prefix: PrefixCache | None = None
+        if prefix_cache and self.continuous:
+            self.prefix = PrefixCache(cache_tokens)
+        elif prefix_cache and not continuous_batching:
+            logger.info("the prefix cache is off: it needs continuous batching")
+        worker = self._cb_worker if self.continuous else self._worker
+        self._thread = threading.Thread(target=worker, name="hf-engine", daemon=True)
         self._thread.start()
 
     @classmethod
     def from_config(cls, cfg, model, tokenizer) -> "HFEngine":
-        return cls(model, tokenizer, max_batch_size=cfg.engine.max_batch_size,
-                   batch_wait_s=cfg.engine.batch_wait_s, seed=cfg.trainer.seed,
-                   max_batch_wait_s=cfg.engine.max_batch_wait_s)
+        e = cfg.engine
+        return cls(model, tokenizer, max_batch_size=e.max_batch_size,
+                   batch_wait_s=e.batch_wait_s, seed=cfg.trainer.seed,
+                   max_batch_wait_s=e.max_batch_wait_s,
+                   continuous_batching=e.continuous_batching, prefix_cache=e.prefix_cache,
+                   cache_tokens=e.cache_tokens, prefill_chunk=e.prefill_chunk)
 
     # -- public API ---------------------------------------------------------------------
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
@@ -157,6 +190,17 @@ class HFEngine(Engine):
                 raise RuntimeError("update_weights() while a batch is running; pause() first")
             self.model.load_state_dict(state_dict, strict=True)
             self.policy_version = version
+            if self.prefix is not None:  # keys/values of the old weights are wrong now
+                self.prefix.clear()
+
+    def flush_cache(self) -> bool:
+        """Empty the prefix cache; False (nothing done) while requests run or wait."""
+        with self._cv:
+            if self._busy or self._queue:
+                return False
+            if self.prefix is not None:
+                self.prefix.clear()
+            return True
 
     async def pause(self) -> None:
         with self._cv:
@@ -235,6 +279,8 @@ class HFEngine(Engine):
         version = self.policy_version  # constant while a batch runs (updates wait for idle)
         self.stats["batches"] += 1
         self.stats["requests"] += len(reqs)
+        self.stats["max_rows"] = max(self.stats["max_rows"], len(reqs))
+        self.stats["prefilled_tokens"] += sum(len(r.prompt_ids) for r in reqs)
         width = max(len(r.prompt_ids) for r in reqs)
         ids = torch.full((len(reqs), width), self.pad_id, dtype=torch.long)
         attn = torch.zeros((len(reqs), width), dtype=torch.long)
@@ -284,6 +330,141 @@ class HFEngine(Engine):
             cache, logits = out.past_key_values, out.logits[:, -1, :].float()
         logger.debug("batch of %d done in %.3fs", len(reqs), time.perf_counter() - t0)
 
+    # -- continuous batching ------------------------------------------------------------
+    def _cb_worker(self) -> None:
+        """Admit waiting requests, run one prefill budget and one decode step, repeat."""
+        jobs: list[_Prefill] = []
+        config = self.model.config.get_text_config()
+        n_layers = len(DynamicCache(config=config).layers)
+        slots = Slots(n_layers, config, self.max_batch_size)
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self._closed or jobs or slots.live
+                                  or (self._queue and not self._paused))
+                if self._closed:
+                    break
+                taken = []
+                if not self._paused:
+                    room = self.max_batch_size - slots.live - sum(len(j.reqs) for j in jobs)
+                    while self._queue and room > 0:
+                        r = self._queue.pop(0)
+                        if not r.abandoned:
+                            taken.append(r)
+                            room -= 1
+                self._busy = True
+            self.stats["requests"] += len(taken)
+            for r in taken:
+                _join_prefill(jobs, r)
+            try:
+                with torch.inference_mode():
+                    if jobs:
+                        self._prefill_step(jobs, slots)
+                    if slots.live:
+                        self._decode_step(slots)
+            except BaseException as e:  # noqa: BLE001 - surface every failure to the caller
+                logger.exception("generation step failed")
+                for r in [r for j in jobs for r in j.reqs] + [r for r in slots.rows if r]:
+                    r.fail(e)
+                jobs.clear()
+                slots = Slots(n_layers, config, self.max_batch_size)
+            with self._cv:
+                if not jobs and not slots.live:
+                    self._busy = False
+                    self._cv.notify_all()
+        for r in [r for j in jobs for r in j.reqs] + [r for r in slots.rows if r]:
+            r.fail(RuntimeError("engine closed"))
+
+    def _prefill_step(self, jobs: list["_Prefill"], slots: Slots) -> None:
+        """Up to ``prefill_chunk`` prompt tokens of the oldest jobs; a job whose prompt is
+        done samples its rows' first tokens and moves them into the decode batch."""
+        budget = self.prefill_chunk
+        while jobs and budget > 0:
+            job = jobs[0]
+            job.reqs = [r for r in job.reqs if not r.abandoned]
+            if not job.reqs:
+                jobs.pop(0)
+                continue
+            if job.cache is None:
+                self._start_prefill(job)
+            n = min(budget, len(job.ids) - job.pos)
+            chunk = torch.tensor([job.ids[job.pos:job.pos + n]], device=self.device)
+            pos = torch.arange(job.pos, job.pos + n, device=self.device)[None]
+            out = self.model(input_ids=chunk, position_ids=pos, past_key_values=job.cache,
+                             use_cache=True, logits_to_keep=1)
+            job.pos += n
+            budget -= n
+            self.stats["prefilled_tokens"] += n
+            if job.pos < len(job.ids):
+                continue
+            jobs.pop(0)
+            self.stats["cached_tokens"] += (len(job.reqs) - 1) * len(job.ids)  # shared it
+            layers = job.cache.layers
+            if self.prefix is not None:
+                self.prefix.insert(job.ids, lambda a, b: torch.stack(
+                    [torch.stack((la.keys[0, :, a:b], la.values[0, :, a:b])) for la in layers]))
+            kv = [(la.keys[0], la.values[0]) for la in layers]
+            self._first_tokens(job.reqs, out.logits[:, -1, :].float(), kv, slots)
+
+    def _start_prefill(self, job: "_Prefill") -> None:
+        """A buffer for the job's keys/values, holding its longest cached prefix."""
+        job.cache = _buffered_cache(self.model, len(job.ids))
+        if self.prefix is None:
+            return
+        path = self.prefix.match(job.ids, limit=len(job.ids) - 1)  # the last one gives logits
+        kv = PrefixCache.gather(path)
+        if kv is None:
+            return
+        for i, layer in enumerate(job.cache.layers):
+            layer.update(kv[i, 0][None], kv[i, 1][None])
+        job.pos = kv.shape[3]
+        self.stats["cached_tokens"] += job.pos
+
+    def _first_tokens(self, reqs: list[_Request], logits: torch.Tensor, kv, slots: Slots) -> None:
+        """Each request's first token from its prompt's logits; the unfinished ones join
+        the decode batch with a copy of the prompt's keys/values."""
+        tokens, logps = self._sample(logits.expand(len(reqs), -1), reqs)
+        for j, r in enumerate(reqs):
+            r.ids.append(int(tokens[j]))
+            r.logprobs.append(float(logps[j]))
+            done = self._finished(r)
+            if done is not None:
+                self._finish(r, done, slots, None)
+            else:
+                slots.add(kv, r, r.sampling.max_new_tokens - len(r.ids))
+
+    def _decode_step(self, slots: Slots) -> None:
+        """One token for every row of the decode batch."""
+        self.stats["decode_steps"] += 1
+        room = max(r.sampling.max_new_tokens - len(r.ids) for r in slots.rows if r)
+        mask, pos = slots.step_inputs(room)
+        rows = slots.rows[:slots.used]
+        last = torch.tensor([r.ids[-1] if r else self.pad_id for r in rows], device=self.device)
+        out = self.model(input_ids=last[:, None], attention_mask=mask, position_ids=pos,
+                         past_key_values=slots.cache, use_cache=True)
+        slots.advance()
+        live = [i for i, r in enumerate(rows) if r is not None]
+        reqs = [rows[i] for i in live]
+        self.stats["max_rows"] = max(self.stats["max_rows"], len(live))
+        index = torch.tensor(live, device=self.device)
+        tokens, logps = self._sample(out.logits[index, -1, :].float(), reqs)
+        for j, (i, r) in enumerate(zip(live, reqs)):
+            r.ids.append(int(tokens[j]))
+            r.logprobs.append(float(logps[j]))
+            done = ("stop", None) if r.abandoned else self._finished(r)
+            if done is not None:
+                self._finish(r, done, slots, i)
+
+    def _finish(self, r: _Request, done, slots: Slots, slot: int | None) -> None:
+        """Deliver ``r``; cache its keys/values (prompt and all but the last sampled
+        token) and free its slot."""
+        self.stats["generated_tokens"] += len(r.ids)
+        if slot is not None:
+            if self.prefix is not None and not r.abandoned:
+                ids = r.prompt_ids + r.ids[:-1]
+                self.prefix.insert(ids, lambda a, b: slots.kv_of(slot, a, b))
+            slots.free(slot)
+        r.finish(*done, self.policy_version)
+
     def _sample(self, logits: torch.Tensor, reqs: list[_Request]):
         """Sample one token per row; return (tokens (B,), logprobs (B,))."""
         if self._never:
@@ -320,6 +501,37 @@ class HFEngine(Engine):
         if len(r.ids) >= r.sampling.max_new_tokens:
             return "length", None
         return None
+
+
+
+@dataclass
+class _Prefill:
+    """Requests with the same prompt ids, prefilled once."""
+
+    ids: list[int]
+    reqs: list[_Request]
+    cache: DynamicCache | None = None
+    pos: int = 0  # prompt positions already in ``cache``
+
+
+def _join_prefill(jobs: list[_Prefill], r: _Request) -> None:
+    for job in jobs:
+        if job.ids == r.prompt_ids:
+            job.reqs.append(r)
+            return
+    jobs.append(_Prefill(r.prompt_ids, [r]))
+
+
+def _why_static(model, vision: bool) -> str | None:
+    """Why this model cannot use continuous batching / the prefix cache (None: it can)."""
+    if vision:
+        return ("a vision-language model: image tokens share one id whatever the image, "
+                "and its positions are 3-D (M-RoPE)")
+    cache = DynamicCache(config=model.config.get_text_config())
+    if any(type(layer) is not DynamicLayer for layer in cache.layers):
+        kinds = sorted({type(layer).__name__ for layer in cache.layers})
+        return f"the model's cache has layers other than full attention ({', '.join(kinds)})"
+    return None
 
 
 class _BufferLayer(DynamicLayer):

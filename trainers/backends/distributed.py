@@ -74,6 +74,16 @@ def init_rank(rank: int, world: int, addr: str, port: int, kind: str, threads: i
         torch.set_num_threads(threads)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if kind == "deepspeed":
+        # DeepSpeed builds its CPU shared-memory op on first use, under a lock file that a
+        # process killed mid-build leaves behind (every later build then waits on it for
+        # ever). One build folder per install: two installs sharing torch's default folder
+        # rebuilt the op each time they alternated, widening that window (seen here).
+        import hashlib
+        import sys
+
+        from agentgym.paths import cache_dir
+        tag = hashlib.sha1(sys.prefix.encode()).hexdigest()[:12]
+        os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache_dir() / "torch_extensions" / tag))
         import deepspeed
         deepspeed.init_distributed(dist_backend=backend)
     else:
