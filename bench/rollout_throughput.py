@@ -196,15 +196,17 @@ def engines_main(args) -> None:
 
     def med(mode, key):
         return float(np.median([r[key] for r in results if r["mode"] == mode]))
-    new, old = ENGINE_MODES
-    ratio = med(old, "tok_per_s") and med(new, "tok_per_s") / med(old, "tok_per_s")
+    old, new = ENGINE_MODES  # run in this order in every repeat
+    ratio = med(new, "tok_per_s") / med(old, "tok_per_s")
     pairs = [b["tok_per_s"] / a["tok_per_s"] for a, b in zip(results[0::2], results[1::2])]
-    print(f"generated tokens/s, new / old: {ratio:.2f}x (per pair: "
+    print(f"generated tokens/s, new / old: {ratio:.2f}x of the medians, "
+          f"{float(np.median(pairs)):.2f}x median of the pairs (per pair: "
           f"{', '.join(f'{p:.2f}' for p in pairs)})")
     cmd = "python bench/rollout_throughput.py " + " ".join(sys.argv[1:])
     lines = [
         f"Machine: {platform.machine()}, {__import__('os').cpu_count()} CPUs, "
-        f"torch threads {__import__('torch').get_num_threads()}. Command: `{cmd.strip()}`.",
+        f"torch threads {__import__('torch').get_num_threads()}, CPU capability "
+        f"{__import__('torch').backends.cpu.get_cpu_capability()}. Command: `{cmd.strip()}`.",
         f"The `make demo` rollout: env `search` (local BM25 retriever), `{args.model}` with a "
         f"{args.dtype} rollout copy, {args.prompts} prompts x n={args.n}, up to {args.turns} "
         f"turns of {args.tokens} sampled tokens, temperature 1. Each repeat takes the next "
@@ -218,7 +220,8 @@ def engines_main(args) -> None:
         lines.append(f"| {mode} | {med(mode, 'traj_per_s'):.2f} | {med(mode, 'tok_per_s'):.1f} "
                      f"| {med(mode, 'prefill_per_gen'):.2f} | {med(mode, 'cached_per_gen'):.2f} |")
     lines += ["", f"**Generated tokens/s, continuous + prefix cache / static: {ratio:.2f}x** "
-              f"(per repeat: {', '.join(f'{p:.2f}x' for p in pairs)})."]
+              f"(ratio of the medians; per repeat: {', '.join(f'{p:.2f}x' for p in pairs)}, "
+              f"median {float(np.median(pairs)):.2f}x)."]
     if not args.no_write:
         write_section(f"Rollout engine: prefix cache and continuous batching ({args.model})",
                       "\n".join(lines))
@@ -268,7 +271,8 @@ def main() -> None:
     cmd = "python bench/rollout_throughput.py " + " ".join(sys.argv[1:])
     lines = [
         f"Machine: {platform.machine()}, {__import__('os').cpu_count()} CPUs, "
-        f"torch threads {__import__('torch').get_num_threads()}. Command: `{cmd.strip()}`.",
+        f"torch threads {__import__('torch').get_num_threads()}, CPU capability "
+        f"{__import__('torch').backends.cpu.get_cpu_capability()}. Command: `{cmd.strip()}`.",
         f"Model `{args.model}`, {args.prompts} prompts x n={args.n} = {args.prompts * args.n} "
         f"trajectories, {args.turns} turns of up to {args.tokens} sampled tokens, temperature 1. "
         f"Each env step: log-normal tool latency (median {args.latency_median}s, "
