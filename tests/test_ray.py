@@ -38,9 +38,12 @@ def two_nodes():
 
 
 def _args(tmp_path, name, retriever_url) -> list[str]:
+    # an entropy bonus keeps every update running: with the untrained model's all-zero
+    # rewards it would be skipped, and the losses compared below would not exist
     return ["env=search", "model=tiny", "trainer.total_steps=2", "trainer.prompts_per_step=2",
             "n=2", "rollout.max_tokens_per_turn=24", "rollout.max_response_tokens=256",
             "trainer.eval_limit=0", "trainer.lr=1e-3", "backend=fsdp", "trainer.nprocs=1",
+            "algo.entropy_coef=0.001",
             f"retriever.url={retriever_url}", f"run_dir={tmp_path / name}"]
 
 
