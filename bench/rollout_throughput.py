@@ -148,6 +148,17 @@ def run_mode(mode, model, tok, url, rows, args) -> dict:
             "env_s": float(np.mean([t.metrics["env_s"] for t in trajs]))}
 
 
+def machine_line() -> str:
+    """The machine and this run's command, for the section written to BENCHMARKS.md."""
+    import os
+
+    import torch
+    cmd = "python bench/rollout_throughput.py " + " ".join(sys.argv[1:])
+    return (f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, torch threads "
+            f"{torch.get_num_threads()}, CPU capability "
+            f"{torch.backends.cpu.get_cpu_capability()}. Command: `{cmd.strip()}`.")
+
+
 ENGINE_MODES = {"static, no cache": {"engine.continuous_batching": False,
                                      "engine.prefix_cache": False},
                 "continuous + prefix cache": {}}
@@ -202,11 +213,8 @@ def engines_main(args) -> None:
     print(f"generated tokens/s, new / old: {ratio:.2f}x of the medians, "
           f"{float(np.median(pairs)):.2f}x median of the pairs (per pair: "
           f"{', '.join(f'{p:.2f}' for p in pairs)})")
-    cmd = "python bench/rollout_throughput.py " + " ".join(sys.argv[1:])
     lines = [
-        f"Machine: {platform.machine()}, {__import__('os').cpu_count()} CPUs, "
-        f"torch threads {__import__('torch').get_num_threads()}, CPU capability "
-        f"{__import__('torch').backends.cpu.get_cpu_capability()}. Command: `{cmd.strip()}`.",
+        machine_line(),
         f"The `make demo` rollout: env `search` (local BM25 retriever), `{args.model}` with a "
         f"{args.dtype} rollout copy, {args.prompts} prompts x n={args.n}, up to {args.turns} "
         f"turns of {args.tokens} sampled tokens, temperature 1. Each repeat takes the next "
@@ -268,11 +276,8 @@ def main() -> None:
 
     ratio = med("async", "traj_per_s") / med("lockstep", "traj_per_s")
     print(f"async / lockstep trajectories/s: {ratio:.2f}x")
-    cmd = "python bench/rollout_throughput.py " + " ".join(sys.argv[1:])
     lines = [
-        f"Machine: {platform.machine()}, {__import__('os').cpu_count()} CPUs, "
-        f"torch threads {__import__('torch').get_num_threads()}, CPU capability "
-        f"{__import__('torch').backends.cpu.get_cpu_capability()}. Command: `{cmd.strip()}`.",
+        machine_line(),
         f"Model `{args.model}`, {args.prompts} prompts x n={args.n} = {args.prompts * args.n} "
         f"trajectories, {args.turns} turns of up to {args.tokens} sampled tokens, temperature 1. "
         f"Each env step: log-normal tool latency (median {args.latency_median}s, "
