@@ -143,8 +143,10 @@ def run_mode(mode, model, tok, url, rows, args) -> dict:
     client.close()
     gen = sum(t.num_sampled for t in trajs)
     return {"mode": mode, "seconds": elapsed, "traj_per_s": len(trajs) / elapsed,
-            "tok_per_s": gen / elapsed, "generated": gen, "batches": engine.stats["batches"],
-            "mean_batch": engine.stats["requests"] / max(engine.stats["batches"], 1),
+            "tok_per_s": gen / elapsed, "generated": gen,
+            # continuous batching: one token per live row per decode step
+            "decode_steps": engine.stats["decode_steps"], "max_rows": engine.stats["max_rows"],
+            "mean_rows": gen / max(engine.stats["decode_steps"], 1),
             "env_s": float(np.mean([t.metrics["env_s"] for t in trajs]))}
 
 
@@ -268,8 +270,8 @@ def main() -> None:
                 r = run_mode(mode, model, tok, retr.url, rows, args)
                 results.append(r)
                 print(f"{mode:9s} {r['seconds']:6.2f}s  {r['traj_per_s']:6.2f} traj/s  "
-                      f"{r['tok_per_s']:7.0f} tok/s  batches {r['batches']:3d} "
-                      f"(mean size {r['mean_batch']:.1f})", flush=True)
+                      f"{r['tok_per_s']:7.0f} tok/s  decode steps {r['decode_steps']:4d} "
+                      f"(rows: mean {r['mean_rows']:.1f}, most {r['max_rows']})", flush=True)
 
     def med(mode, key):
         return float(np.median([r[key] for r in results if r["mode"] == mode]))
@@ -283,12 +285,14 @@ def main() -> None:
         f"Each env step: log-normal tool latency (median {args.latency_median}s, "
         f"sigma {args.latency_sigma}) then a real BM25 retrieval on loopback. "
         f"Median of {args.repeats} runs per mode.", "",
-        "| mode | trajectories/s | generated tokens/s | engine batches | mean batch size |",
-        "|---|---|---|---|---|",
+        "| mode | trajectories/s | generated tokens/s | decode steps | generated tokens per "
+        "decode step | most rows decoded together |",
+        "|---|---|---|---|---|---|",
     ]
     for mode in ("lockstep", "async"):
         lines.append(f"| {mode} | {med(mode, 'traj_per_s'):.2f} | {med(mode, 'tok_per_s'):.0f} | "
-                     f"{med(mode, 'batches'):.0f} | {med(mode, 'mean_batch'):.1f} |")
+                     f"{med(mode, 'decode_steps'):.0f} | {med(mode, 'mean_rows'):.1f} | "
+                     f"{med(mode, 'max_rows'):.0f} |")
     lines += ["", f"**async / lockstep: {ratio:.2f}x trajectories/s.**"]
     if not args.no_write:
         write_section(f"Rollout throughput ({args.model})", "\n".join(lines))
