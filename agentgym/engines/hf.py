@@ -38,7 +38,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from agentgym.engines.base import Engine
-from agentgym.engines.kv_slots import Slots
+from agentgym.engines.kv_slots import Slots, buffered_cache
 from agentgym.engines.prefix_cache import PrefixCache
 from agentgym.types import GenerateOutput, SamplingParams
 
@@ -288,7 +288,7 @@ class HFEngine(Engine):
             ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
             attn[i, width - len(r.prompt_ids):] = 1
         ids, attn = ids.to(self.device), attn.to(self.device)
-        cache = _buffered_cache(self.model, width + max(r.sampling.max_new_tokens for r in reqs))
+        cache = buffered_cache(self.model, width + max(r.sampling.max_new_tokens for r in reqs))
         if self.vision:  # pixel values of the rows' images and 3-D positions
             from agentgym.vision import vl_forward_kwargs
             kw = vl_forward_kwargs(self.model, ids, attn, [r.images for r in reqs])
@@ -334,6 +334,7 @@ class HFEngine(Engine):
     def _cb_worker(self) -> None:
         """Admit waiting requests, run one prefill budget and one decode step, repeat."""
         jobs: list[_Prefill] = []
+        self._ready: list[tuple[_Request, tuple]] = []  # finished this step, not yet delivered
         config = self.model.config.get_text_config()
         n_layers = len(DynamicCache(config=config).layers)
         slots = Slots(n_layers, config, self.max_batch_size)
@@ -371,6 +372,11 @@ class HFEngine(Engine):
                 if not jobs and not slots.live:
                     self._busy = False
                     self._cv.notify_all()
+            # delivered after the engine's state is settled: a caller whose request was
+            # the last sees the engine idle (flush_cache, update_weights) when it resumes
+            for r, done in self._ready:
+                r.finish(*done, self.policy_version)
+            self._ready.clear()
         for r in [r for j in jobs for r in j.reqs] + [r for r in slots.rows if r]:
             r.fail(RuntimeError("engine closed"))
 
@@ -407,7 +413,7 @@ class HFEngine(Engine):
 
     def _start_prefill(self, job: "_Prefill") -> None:
         """A buffer for the job's keys/values, holding its longest cached prefix."""
-        job.cache = _buffered_cache(self.model, len(job.ids))
+        job.cache = buffered_cache(self.model, len(job.ids))
         if self.prefix is None:
             return
         path = self.prefix.match(job.ids, limit=len(job.ids) - 1)  # the last one gives logits
@@ -455,15 +461,15 @@ class HFEngine(Engine):
                 self._finish(r, done, slots, i)
 
     def _finish(self, r: _Request, done, slots: Slots, slot: int | None) -> None:
-        """Deliver ``r``; cache its keys/values (prompt and all but the last sampled
-        token) and free its slot."""
+        """``r`` is done (delivered at the end of the step); cache its keys/values
+        (prompt and all but the last sampled token) and free its slot."""
         self.stats["generated_tokens"] += len(r.ids)
         if slot is not None:
             if self.prefix is not None and not r.abandoned:
                 ids = r.prompt_ids + r.ids[:-1]
                 self.prefix.insert(ids, lambda a, b: slots.kv_of(slot, a, b))
             slots.free(slot)
-        r.finish(*done, self.policy_version)
+        self._ready.append((r, done))
 
     def _sample(self, logits: torch.Tensor, reqs: list[_Request]):
         """Sample one token per row; return (tokens (B,), logprobs (B,))."""
@@ -503,7 +509,6 @@ class HFEngine(Engine):
         return None
 
 
-
 @dataclass
 class _Prefill:
     """Requests with the same prompt ids, prefilled once."""
@@ -532,52 +537,6 @@ def _why_static(model, vision: bool) -> str | None:
         kinds = sorted({type(layer).__name__ for layer in cache.layers})
         return f"the model's cache has layers other than full attention ({', '.join(kinds)})"
     return None
-
-
-class _BufferLayer(DynamicLayer):
-    """A KV-cache layer that writes into a pre-allocated buffer.
-
-    transformers' DynamicLayer concatenates the whole cache at every decode step, which
-    on CPU costs more than the attention itself for batches of long prompts; this layer
-    writes only the new positions and returns views of the filled part.
-    """
-
-    def __init__(self, capacity: int) -> None:
-        super().__init__()
-        self.capacity, self.length = capacity, 0
-        self._k: torch.Tensor | None = None
-        self._v: torch.Tensor | None = None
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        end = self.length + key_states.shape[-2]
-        if self._k is None or end > self._k.shape[-2]:
-            cap = max(end, self.capacity, 2 * (0 if self._k is None else self._k.shape[-2]))
-            k = key_states.new_empty((*key_states.shape[:2], cap, key_states.shape[-1]))
-            v = value_states.new_empty((*value_states.shape[:2], cap, value_states.shape[-1]))
-            if self._k is not None:
-                k[:, :, :self.length] = self._k[:, :, :self.length]
-                v[:, :, :self.length] = self._v[:, :, :self.length]
-            self._k, self._v = k, v
-        self._k[:, :, self.length:end] = key_states
-        self._v[:, :, self.length:end] = value_states
-        self.length = end
-        self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
-        return self.keys, self.values
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        if self._k is not None:
-            self._k, self._v = self._k[indices], self._v[indices]
-            self.keys, self.values = self._k[:, :, :self.length], self._v[:, :, :self.length]
-
-
-def _buffered_cache(model, capacity: int) -> DynamicCache:
-    """A DynamicCache whose full-attention layers are :class:`_BufferLayer`s."""
-    cache = DynamicCache(config=model.config.get_text_config())
-    cache.layers = [_BufferLayer(capacity) if type(layer) is DynamicLayer else layer
-                    for layer in cache.layers]
-    return cache
 
 
 def _truncate(probs: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:

@@ -11,6 +11,9 @@ is dead (freed slots or masked columns on the left).
 
 Positions are explicit (``end - start[i]`` for the new token), so a row's alignment never
 moves its rotary positions; the attention mask hides other rows' columns.
+
+:func:`buffered_cache` is the single-sequence (or static-batch) counterpart: a
+``DynamicCache`` whose layers write into a pre-allocated buffer instead of concatenating.
 """
 
 from __future__ import annotations
@@ -161,3 +164,49 @@ class Slots:
         self.rows = [self.rows[i] for i in keep]
         self.start = [end - n for n in lengths]
         self.k, self.v, self.used, self.end = new_k, new_v, len(keep), end
+
+
+class BufferLayer(DynamicLayer):
+    """A KV-cache layer that writes into a pre-allocated buffer.
+
+    transformers' DynamicLayer concatenates the whole cache at every decode step, which
+    on CPU costs more than the attention itself for batches of long prompts; this layer
+    writes only the new positions and returns views of the filled part.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity, self.length = capacity, 0
+        self._k: torch.Tensor | None = None
+        self._v: torch.Tensor | None = None
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        if self._k is None or end > self._k.shape[-2]:
+            cap = max(end, self.capacity, 2 * (0 if self._k is None else self._k.shape[-2]))
+            k = key_states.new_empty((*key_states.shape[:2], cap, key_states.shape[-1]))
+            v = value_states.new_empty((*value_states.shape[:2], cap, value_states.shape[-1]))
+            if self._k is not None:
+                k[:, :, :self.length] = self._k[:, :, :self.length]
+                v[:, :, :self.length] = self._v[:, :, :self.length]
+            self._k, self._v = k, v
+        self._k[:, :, self.length:end] = key_states
+        self._v[:, :, self.length:end] = value_states
+        self.length = end
+        self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self._k is not None:
+            self._k, self._v = self._k[indices], self._v[indices]
+            self.keys, self.values = self._k[:, :, :self.length], self._v[:, :, :self.length]
+
+
+def buffered_cache(model, capacity: int) -> DynamicCache:
+    """A DynamicCache whose full-attention layers are :class:`BufferLayer`s."""
+    cache = DynamicCache(config=model.config.get_text_config())
+    cache.layers = [BufferLayer(capacity) if type(layer) is DynamicLayer else layer
+                    for layer in cache.layers]
+    return cache
