@@ -49,13 +49,19 @@ def _config(args: list[str], command_defaults: dict | None = None) -> Config:
     return cfg
 
 
+def _gave_data(args: list[str]) -> bool:
+    """Did the user name the data (``data=…`` or ``data.name=…``)?"""
+    given = parse_overrides(args)
+    return "data" in given or "data.name" in given
+
+
 def _run_rollouts(cfg: Config, desc: str):
     from tqdm import tqdm
 
     from agentgym.data import load_rows
     from agentgym.runtime import build_manager
 
-    rows = load_rows(cfg.env, cfg.data, cfg.limit)
+    rows = load_rows(cfg.env, cfg.data.name, cfg.limit)
     manager, engine, tokenizer = build_manager(cfg)
     total = len(rows) * cfg.rollout.n
     t0 = time.perf_counter()
@@ -106,18 +112,18 @@ def cmd_eval(args: list[str]) -> int:
     from agentgym.manager import summarize
 
     cfg = _config(args, {"rollout.temperature": 0.0, "rollout.n": 1})
-    if "data" not in parse_overrides(args):  # the env's held-out set (nq, gsm8k, …)
-        cfg.data = cfg.trainer.eval_data
+    if not _gave_data(args):  # the env's held-out set (nq, gsm8k, …)
+        cfg.data.name = cfg.trainer.eval_data
     trajs, _, elapsed = _run_rollouts(cfg, "eval")
     s = summarize(trajs)
     n = len(trajs)
-    result = {"env": cfg.env, "model": cfg.model.path or cfg.model.name, "data": cfg.data,
+    result = {"env": cfg.env, "model": cfg.model.path or cfg.model.name, "data": cfg.data.name,
               "n": n, "em": s["em"], "em_ci95": wilson_ci95(s["em"], n), "f1": s["f1"],
               "format_valid": s["format_valid"], "answered": s["answered"],
               "mean_turns": s["turns"], "mean_tool_calls": s["tool_calls"],
               "tool_failures": s["tool_failures"], "response_length": s["response_length"],
               "seconds": elapsed, "temperature": cfg.rollout.temperature}
-    print(f"{cfg.env} / {result['model']} / {cfg.data}: {n} questions in {elapsed:.0f}s")
+    print(f"{cfg.env} / {result['model']} / {cfg.data.name}: {n} questions in {elapsed:.0f}s")
     lo, hi = result["em_ci95"]
     print(f"  EM {s['em']:.3f} [{lo:.3f}, {hi:.3f}] (95% CI)   F1 {s['f1']:.3f}   "
           f"format-valid {s['format_valid']:.3f}   answered {s['answered']:.3f}   "
@@ -170,6 +176,12 @@ class _BarHooks:
         if self.bar is not None:
             self.bar.update(k)
 
+    def announce(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(text, file=sys.stdout)
+        else:
+            print(text, flush=True)
+
     def step_end(self, step: int, m: dict) -> None:
         if self.bar is not None:
             self.bar.close()
@@ -182,6 +194,8 @@ class _BarHooks:
         extra = ""
         if "critic/vf_loss" in m:
             extra += f" vf {m['critic/vf_loss']:.3f} ev {m['critic/explained_var']:.2f}"
+        if "rollout/signal_groups" in m:
+            extra += f" signal {m['rollout/signal_groups']:.2f}"
         if "rollout/groups_kept" in m:
             extra += (f" groups {m['rollout/groups_kept']:.0f} kept/"
                       f"{m['rollout/groups_dropped']:.0f} dropped")
@@ -200,9 +214,44 @@ def cmd_train(args: list[str]) -> int:
     cfg = _config(args, {"rollout.n": 5})
     check_algo(cfg)  # unknown estimator / loss names fail before any model loads
     run_dir = train(cfg, _BarHooks())
+    _print_comparison(Path(run_dir), cfg)
     print(f"run directory: {run_dir} (metrics.jsonl, reward_curve.png, tensorboard/, "
-          f"checkpoints/)")
+          f"checkpoints/{', cold_start/' if (Path(run_dir) / 'cold_start').is_dir() else ''})")
     return 0
+
+
+def _print_comparison(run_dir: Path, cfg: Config) -> None:
+    """Held-out format validity and EM (95% Wilson intervals) of the model before the cold
+    start, after it (RL's step 0) and after RL (the last step), when the run evaluated."""
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.exists():
+        return
+    evals = [r for r in map(json.loads, metrics.read_text().splitlines()) if "eval/count" in r]
+    if not evals:
+        return
+    record_file = run_dir / "cold_start" / "cold_start.json"
+    record = json.loads(record_file.read_text()) if record_file.exists() else {}
+    start = "after SFT (RL step 0)" if record.get("model") else "start (RL step 0)"
+    rows = []
+    before = record.get("eval_before")
+    if before and record.get("model"):
+        rows.append((f"before ({Path(record['base_model']).name})", before["format_valid"],
+                     before["em"], before["count"]))
+    first, last = evals[0], evals[-1]
+    if first["step"] == 0:
+        rows.append((start, first["eval/format_valid"], first["eval/em"], first["eval/count"]))
+    if last["step"] > 0:
+        rows.append((f"after RL (step {last['step']})", last["eval/format_valid"],
+                     last["eval/em"], last["eval/count"]))
+    n = int(rows[0][3]) if rows else 0
+    print(f"held-out: {n} questions of {cfg.trainer.eval_data} (greedy); 95% intervals")
+    print(f"  {'model':28s} {'format-valid':>24s} {'EM':>24s}")
+    for label, fv, em, count in rows:
+        cells = []
+        for p in (fv, em):
+            lo, hi = wilson_ci95(p, int(count))
+            cells.append(f"{p:.3f} [{lo:.3f}, {hi:.3f}]")
+        print(f"  {label:28s} {cells[0]:>24s} {cells[1]:>24s}")
 
 
 class _SFTHooks(_BarHooks):
@@ -229,7 +278,7 @@ def cmd_sft(args: list[str]) -> int:
     # SFT's usual step size (RL's default is 1e-6), warmup and cosine decay
     cfg = _config(args, {"trainer.lr": 2e-5, "trainer.warmup_steps": 2,
                          "trainer.lr_schedule": "cosine"})
-    if "data" not in parse_overrides(args):
+    if not _gave_data(args):
         raise ValueError("agentgym sft needs data=FILE.jsonl (demonstrations from agentgym "
                          "demos, trajectories from agentgym rollout/filter, or conversations)")
     hooks = _SFTHooks()
@@ -254,7 +303,7 @@ def cmd_demos(args: list[str]) -> int:
     from agentgym.runtime import env_factory
 
     cfg = _config(args)
-    rows = load_rows(cfg.env, cfg.data, cfg.limit)
+    rows = load_rows(cfg.env, cfg.data.name, cfg.limit)
     options = {"search": {"max_searches": cfg.sft.max_searches},
                "code": {"max_cells": cfg.sft.max_cells}}.get(cfg.env, {})
     t0 = time.perf_counter()
@@ -284,9 +333,9 @@ def cmd_filter(args: list[str]) -> int:
     from agentgym.demos import filter_trajectories
 
     cfg = _config(args)
-    if "data" not in parse_overrides(args):
+    if not _gave_data(args):
         raise ValueError("agentgym filter needs data=FILE.jsonl (from agentgym rollout)")
-    records = read_jsonl(dataset_path(cfg.env, cfg.data))
+    records = read_jsonl(dataset_path(cfg.env, cfg.data.name))
     kept = filter_trajectories(records, cfg.sft.min_reward, cfg.sft.max_per_prompt)
     out = Path(cfg.out or "kept.jsonl")
     write_jsonl(out, kept)

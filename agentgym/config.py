@@ -4,7 +4,8 @@ The command line takes dotted ``key=value`` overrides (``rollout.temperature=0.7
 Values are parsed as YAML scalars/lists and checked against the field's type. An unknown
 key fails with the valid keys and a "did you mean". Shorthands: a plain value for a
 section that has a ``name`` sets that name (``model=tiny`` is ``model.name=tiny``,
-``engine=hf`` is ``engine.name=hf``), and ``n=4`` is ``rollout.n=4``.
+``engine=hf`` is ``engine.name=hf``, ``data=nq`` is ``data.name=nq``), and ``n=4`` is
+``rollout.n=4``.
 
 Precedence, lowest first: dataclass defaults, the environment's preset
 (:data:`ENV_PRESETS`), the command's own defaults (e.g. greedy decoding for ``eval``),
@@ -134,6 +135,11 @@ class GeometryConfig:
 @dataclass
 class SearchConfig:
     format_reward: float = 0.0  # reward for a well-formed but wrong answer (env=search)
+    reward: str = "em"  # em (exact match, Search-R1) | f1 (token F1: partial credit)
+
+    def __post_init__(self) -> None:
+        if self.reward not in ("em", "f1"):
+            raise ValueError(f"search.reward={self.reward!r}; valid: em, f1")
 
 
 @dataclass
@@ -258,6 +264,14 @@ class TrainerConfig:
     offload: bool = False  # fsdp: CPUOffloadPolicy (GPU runs); deepspeed: optimizer state on CPU
     mode: str = "sync"  # sync (roll out, then train) | async (rollouts keep going while training)
     max_staleness: int = 1  # async: policy versions a trained sample may lag behind (0 = on-policy)
+    # Cold start (trainers/cold_start.py): auto (probe the model's format validity on training
+    # questions; below the threshold, build demonstrations and SFT first) | off | PATH (an SFT
+    # checkpoint to start RL from). Results are cached by content under $AGENTGYM_CACHE.
+    cold_start: str = "auto"
+    cold_start_threshold: float = 0.5  # auto: probe format-validity below which it runs
+    cold_start_probe: int = 8  # auto: greedy probe episodes (training questions)
+    cold_start_demos: int = 64  # demonstrations the SFT trains on (sft.epochs, sft.batch_size)
+    cold_start_lr: float = 5e-5  # the SFT's peak learning rate (cosine decay)
 
     def __post_init__(self) -> None:
         if self.max_staleness < 0:
@@ -271,6 +285,16 @@ class TrainerConfig:
                 raise ValueError(f"trainer.{name} must be >= 0, got {getattr(self, name)}")
         if self.lr <= 0:
             raise ValueError(f"trainer.lr must be > 0, got {self.lr}")
+        if not self.cold_start:
+            raise ValueError("trainer.cold_start is empty; valid: auto, off, or the folder of an "
+                             "SFT checkpoint")
+        if not 0 <= self.cold_start_threshold <= 1 or self.cold_start_lr <= 0:
+            raise ValueError(f"trainer.cold_start_threshold must be in [0, 1] and "
+                             f"trainer.cold_start_lr > 0; got {self.cold_start_threshold}, "
+                             f"{self.cold_start_lr}")
+        if self.cold_start_probe < 1 or self.cold_start_demos < 1:
+            raise ValueError(f"trainer.cold_start_probe and trainer.cold_start_demos must be "
+                             f">= 1; got {self.cold_start_probe}, {self.cold_start_demos}")
         choices = {"lr_schedule": ("constant", "cosine"), "mixed_precision": ("", "bf16"),
                    "backend": ("single", "fsdp", "deepspeed"), "zero_stage": (1, 2, 3),
                    "mode": ("sync", "async")}
@@ -327,6 +351,17 @@ class SFTConfig:
 
 
 @dataclass
+class DataConfig:
+    """``data``: what a command reads (``data=nq`` is ``data.name=nq``)."""
+
+    name: str = "train"  # dataset name of the env (train | nq | …) or a .jsonl path (sft: records)
+    # search, training rows, the shipped corpus: keep the questions whose gold answer occurs
+    # in the corpus (the others earn 0 from every rollout: no GRPO signal). No effect with
+    # retriever.url / retriever.index (another corpus) or other envs.
+    answerable_only: bool = True
+
+
+@dataclass
 class Config:
     env: str = "search"
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -342,7 +377,7 @@ class Config:
     ray: RayConfig = field(default_factory=RayConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
-    data: str = "train"  # dataset name of the env (train | nq | …) or a .jsonl path (sft: records)
+    data: DataConfig = field(default_factory=DataConfig)
     limit: int = 0  # rows to use; 0 = all
     out: str = ""  # output file (rollout: trajectories JSONL; eval: results JSON)
     run_dir: str = ""  # train: default runs/<env>-<model>-<time>
@@ -412,6 +447,8 @@ def _coerce(key: str, raw: Any, hint: Any) -> Any:
     if hint is bool:
         if isinstance(raw, bool):
             return raw
+        if isinstance(raw, str) and raw.lower() in _BOOL_WORDS:
+            return _BOOL_WORDS[raw.lower()]
     elif hint is int:
         if isinstance(raw, int) and not isinstance(raw, bool):
             return raw
@@ -456,13 +493,22 @@ def set_key(cfg: Any, key: str, value: Any) -> None:
             node = getattr(node, part)
 
 
+#: YAML 1.1 reads these as booleans; here they stay words, so a text key keeps them
+#: (``trainer.cold_start=off``) and a boolean key still takes them (``engine.prefix_cache=off``).
+_BOOL_WORDS = {"yes": True, "on": True, "y": True, "no": False, "off": False, "n": False}
+
+
 def parse_overrides(args: list[str]) -> dict[str, Any]:
-    """``["a.b=1", "c=[x, y]"]`` → ``{"a.b": 1, "c": ["x", "y"]}`` (YAML-parsed values)."""
+    """``["a.b=1", "c=[x, y]"]`` → ``{"a.b": 1, "c": ["x", "y"]}`` (YAML-parsed values;
+    ``yes/no/on/off`` stay words, see :data:`_BOOL_WORDS`)."""
     out: dict[str, Any] = {}
     for arg in args:
         key, sep, raw = arg.partition("=")
         if not sep or not key:
             raise ValueError(f"expected key=value, got {arg!r}")
+        if raw.strip().lower() in _BOOL_WORDS:
+            out[key.strip()] = raw.strip()
+            continue
         try:
             out[key.strip()] = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError:

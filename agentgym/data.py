@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from agentgym.paths import data_dir
@@ -22,6 +24,8 @@ DATASETS: dict[str, dict[str, str]] = {
                  "test": "geometry/test.jsonl"},
 }
 REQUIRED = ("data_source", "prompt", "reward_model", "env")
+
+logger = logging.getLogger(__name__)
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
@@ -78,3 +82,42 @@ def load_rows(env: str, name: str, limit: int = 0) -> list[dict]:
         if row["env"] != env:
             raise ValueError(f"{path}:{i + 1}: row is for env {row['env']!r}, not {env!r}")
     return rows
+
+
+@dataclass
+class TrainingRows:
+    """What :func:`training_rows` kept, and how many it looked at."""
+
+    rows: list[dict]
+    total: int  # rows of the dataset
+    answerable: int | None = None  # of them, answerable (None: not filtered)
+
+    def describe(self, name: str) -> str:
+        if self.answerable is None:
+            return f"{len(self.rows)} training rows from {name}"
+        return (f"{len(self.rows)} training rows from {name}: {self.answerable} of "
+                f"{self.total} questions have a gold answer in the corpus "
+                f"(data.answerable_only=true)")
+
+
+def training_rows(cfg) -> TrainingRows:
+    """The rows a training run draws from: ``data.name``, filtered to answerable questions
+    (:mod:`agentgym.answerable`) when ``data.answerable_only`` applies (the search env
+    with the shipped corpus), then the first ``limit``."""
+    import envs
+    from agentgym.paths import shipped_corpus
+    rows = load_rows(cfg.env, cfg.data.name)
+    total = len(rows)
+    if envs.short_name(envs.resolve_env_id(cfg.env)) != "search" or not cfg.data.answerable_only:
+        return TrainingRows(rows[:cfg.limit] if cfg.limit else rows, total)
+    if cfg.retriever.url or cfg.retriever.index:
+        logger.info("data.answerable_only applies to the shipped corpus; with retriever.url/"
+                    "retriever.index every question of %s is used", cfg.data.name)
+        return TrainingRows(rows[:cfg.limit] if cfg.limit else rows, total)
+    from agentgym.answerable import answerable
+    keep = answerable(rows, shipped_corpus())
+    kept = [row for row, ok in zip(rows, keep) if ok]
+    if not kept:
+        raise ValueError(f"no question of {cfg.data.name} has a gold answer in the shipped "
+                         f"corpus; set data.answerable_only=false to train on them anyway")
+    return TrainingRows(kept[:cfg.limit] if cfg.limit else kept, total, len(kept))

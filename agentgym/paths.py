@@ -26,3 +26,8 @@ def data_dir() -> Path:
     """``$AGENTGYM_DATA`` if set, else ``repo_root() / "data"``."""
     env = os.environ.get("AGENTGYM_DATA")
     return Path(env).expanduser() if env else repo_root() / "data"
+
+
+def shipped_corpus() -> Path:
+    """The retrieval corpus the search env's local BM25 server indexes by default."""
+    return data_dir() / "corpus" / "wiki_passages.jsonl.gz"

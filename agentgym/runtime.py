@@ -44,15 +44,15 @@ def engine_for(cfg: Config, path, tokenizer) -> Engine:
 def _search_kwargs(cfg: Config) -> dict[str, Any]:
     url = cfg.retriever.url
     if not url:
-        from agentgym.paths import data_dir
+        from agentgym.paths import shipped_corpus
         from tools.local_retriever import ensure_local_retriever
         if cfg.retriever.index:
             url = ensure_local_retriever(index_dir=cfg.retriever.index)
         else:
-            url = ensure_local_retriever(data_dir() / "corpus" / "wiki_passages.jsonl.gz")
+            url = ensure_local_retriever(shipped_corpus())
         logger.info("started local retriever at %s", url)
     return {"retriever_url": url, "topk": cfg.retriever.topk, "timeout": cfg.retriever.timeout,
-            "format_reward": cfg.search.format_reward}
+            "format_reward": cfg.search.format_reward, "reward": cfg.search.reward}
 
 
 _SANDBOXES: dict[str, Any] = {}  # sandbox config (JSON) -> the sandbox built for it

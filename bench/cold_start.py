@@ -54,6 +54,7 @@ def stages(a) -> list[tuple[str, Path, list[str]]]:
          ["train", f"env={a.env}", f"model={sft_ckpt}", f"run_dir={grpo_dir}",
           f"trainer.total_steps={a.grpo_steps}", "trainer.prompts_per_step=4", "n=4",
           f"trainer.lr={a.grpo_lr}", "trainer.eval_limit=0", "trainer.save_every=1",
+          "trainer.cold_start=off",
           "engine.dtype=bfloat16", "trainer.mixed_precision=bf16",
           "rollout.max_tokens_per_turn=128", "rollout.max_response_tokens=768",
           *(["search.format_reward=0.1"] if a.env == "search" else [])]),

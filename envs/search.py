@@ -3,9 +3,10 @@
 The model reasons in ``<think>``, queries with ``<search>q</search>``, receives
 ``<information>Doc 1(Title: t) text …</information>`` appended inline, and ends with
 ``<answer>a</answer>``. Reward: normalized exact match against the row's
-``reward_model.ground_truth.target``; F1 is reported as a metric. With
-``format_reward > 0`` a well-formed but wrong answer earns that much (an episode with any
-malformed action earns none). A search on the last allowed turn ends the episode as
+``reward_model.ground_truth.target`` (``reward="em"``, Search-R1's), or the token F1 of the
+answer (``reward="f1"``: partial credit, so more groups have reward variance); both are
+reported as metrics. With ``format_reward > 0`` a well-formed answer earns at least that
+much (an episode with any malformed action earns only its score). A search on the last allowed turn ends the episode as
 truncated; a retriever failure becomes an ``<information>`` observation saying so.
 """
 
@@ -57,6 +58,7 @@ class SearchEnv(AgentEnv):
         topk: passages per search.
         max_turns: actions per episode (searches plus the answer).
         format_reward: reward for a well-formed but wrong answer (0 disables).
+        reward: ``em`` (exact match, 0 or 1) or ``f1`` (token F1, partial credit).
         timeout: seconds per retrieval request.
         retriever: an object with ``retrieve(list[str]) -> list[list[dict]]``; overrides
             ``retriever_url`` (used by tests to inject faults).
@@ -66,10 +68,14 @@ class SearchEnv(AgentEnv):
     stop_strings = ("</search>", "</answer>")
 
     def __init__(self, retriever_url: str | None = None, topk: int = 3, max_turns: int = 4,
-                 format_reward: float = 0.0, timeout: float = 5.0, retriever=None) -> None:
+                 format_reward: float = 0.0, timeout: float = 5.0, retriever=None,
+                 reward: str = "em") -> None:
         super().__init__(max_turns=max_turns)
         if topk < 1:
             raise ValueError(f"topk must be >= 1, got {topk}")
+        if reward not in ("em", "f1"):
+            raise ValueError(f"reward={reward!r}; valid: em, f1")
+        self.reward = reward
         self.topk, self.timeout, self.format_reward = topk, timeout, format_reward
         self._url = retriever_url
         self._retriever = retriever
@@ -102,10 +108,10 @@ class SearchEnv(AgentEnv):
     def _step(self, action, last_turn):
         kind, content = parse_action(action)
         if kind == "answer":
-            em = exact_match(content, self._targets)
-            reward = em if em or not self._well_formed else self.format_reward
-            return [], reward, True, {"em": em, "f1": f1_score(content, self._targets),
-                                      "answer": content}
+            em, f1 = exact_match(content, self._targets), f1_score(content, self._targets)
+            score = em if self.reward == "em" else f1
+            reward = max(score, self.format_reward) if self._well_formed else score
+            return [], reward, True, {"em": em, "f1": f1, "answer": content}
         if kind == "search" and content:
             self.count("tool_calls")
             if last_turn:  # no turn left to use the result

@@ -43,7 +43,7 @@ def _args(tmp_path, name, retriever_url) -> list[str]:
     return ["env=search", "model=tiny", "trainer.total_steps=2", "trainer.prompts_per_step=2",
             "n=2", "rollout.max_tokens_per_turn=24", "rollout.max_response_tokens=256",
             "trainer.eval_limit=0", "trainer.lr=1e-3", "backend=fsdp", "trainer.nprocs=1",
-            "algo.entropy_coef=0.001",
+            "algo.entropy_coef=0.001", "trainer.cold_start=off",
             f"retriever.url={retriever_url}", f"run_dir={tmp_path / name}"]
 
 

@@ -70,7 +70,7 @@ def test_ppo_on_search_through_the_cli(tmp_path, retriever_url, capsys):
     rc = main(["train", "env=search", "algo=ppo", "model=tiny", "trainer.total_steps=2",
                "trainer.prompts_per_step=3", "rollout.max_tokens_per_turn=24",
                "rollout.max_response_tokens=256", "trainer.eval_limit=0",
-               f"retriever.url={retriever_url}", f"run_dir={run}"])
+               "trainer.cold_start=off", f"retriever.url={retriever_url}", f"run_dir={run}"])
     assert rc == 0
     out = capsys.readouterr().out
     assert "step    2 | reward" in out and " vf " in out
@@ -170,7 +170,7 @@ def test_dynamic_sampling_drops_flat_groups_and_refills(tmp_path):
                                       "algo.max_sampling_rounds": 10, "trainer.total_steps": 1})
     run = train(cfg)
     # the same walk over the shuffled data, by hand: keep sampling until 2 groups vary
-    order = load_rows(cfg.env, cfg.data, 0)
+    order = load_rows(cfg.env, cfg.data.name, 0)
     random.Random(cfg.trainer.seed).shuffle(order)
     cursor = kept = rounds = 0
     while kept < 2:

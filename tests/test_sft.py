@@ -302,7 +302,8 @@ def test_rft_loop_rollout_filter_sft_then_rl(tmp_path, tiny_tokenizer, retriever
     rl = tmp_path / "rl"
     assert cli(["train", "env=search", f"model={ckpt}", f"run_dir={rl}", f"retriever.url={retriever_url}",
                 "trainer.total_steps=1", "trainer.prompts_per_step=1", "n=2", "trainer.eval_limit=0",
-                "rollout.max_tokens_per_turn=16", "rollout.max_turns=2"]) == 0
+                "rollout.max_tokens_per_turn=16", "rollout.max_turns=2",
+                "trainer.cold_start=off"]) == 0
     config = json.loads((rl / "config.json").read_text())
     assert config["model"]["name"] == str(ckpt)
     assert (rl / "checkpoints" / "step_1" / "model.safetensors").exists()

@@ -222,7 +222,8 @@ def test_bad_client_settings_fail_clearly(tiny_tokenizer):
 def _train_args(run, extra=()):
     return ["env=search", "model=tiny", "trainer.total_steps=2", "trainer.prompts_per_step=2",
             "n=2", "rollout.max_tokens_per_turn=24", "rollout.max_response_tokens=256",
-            "trainer.eval_limit=2", "trainer.lr=1e-3", f"run_dir={run}", *extra]
+            "trainer.eval_limit=2", "trainer.lr=1e-3", "trainer.cold_start=off",
+            f"run_dir={run}", *extra]
 
 
 def test_train_through_agentgym_serve_matches_the_in_process_engine(tmp_path, tiny_path,

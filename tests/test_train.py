@@ -22,7 +22,8 @@ def test_cli_train_two_steps_leaves_checkpoint_metrics_and_png(tmp_path, retriev
     rc = main(["train", "env=search", "model=tiny", "trainer.total_steps=2",
                "trainer.prompts_per_step=2", "n=2", "rollout.max_tokens_per_turn=24",
                "rollout.max_response_tokens=256", "trainer.eval_limit=2",
-               "algo.entropy_coef=0.001", f"retriever.url={retriever_url}", f"run_dir={run}"])
+               "algo.entropy_coef=0.001", "trainer.cold_start=off",
+               f"retriever.url={retriever_url}", f"run_dir={run}"])
     assert rc == 0
     out = capsys.readouterr().out
     assert "step    1 | reward" in out and "step    2 | reward" in out

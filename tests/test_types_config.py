@@ -63,6 +63,18 @@ def test_config_overrides_and_shorthands():
     assert cfg.rollout.temperature == 0.5 and cfg.engine.urls == ["http://a", "http://b"]
 
 
+def test_yaml_boolean_words_stay_words_for_text_keys():
+    """YAML 1.1 reads off/on/yes/no as booleans; a text key keeps the word, a boolean key
+    still takes it."""
+    cfg = build_config(parse_overrides(["trainer.cold_start=off", "engine.prefix_cache=off",
+                                        "engine.continuous_batching=No", "data=nq",
+                                        "data.answerable_only=false"]))
+    assert cfg.trainer.cold_start == "off"
+    assert cfg.engine.prefix_cache is False and cfg.engine.continuous_batching is False
+    assert cfg.data.name == "nq" and cfg.data.answerable_only is False
+    assert build_config(parse_overrides(["engine.prefix_cache=yes"])).engine.prefix_cache is True
+
+
 def test_config_errors_name_the_bad_value():
     cfg = Config()
     with pytest.raises(KeyError, match="did you mean 'rollout.temperature'"):

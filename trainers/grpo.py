@@ -43,7 +43,7 @@ from typing import Any, Callable
 import torch
 
 from agentgym.config import Config
-from agentgym.data import load_rows
+from agentgym.data import load_rows, training_rows
 from agentgym.manager import summarize
 from agentgym.metrics import MetricsLogger
 from agentgym.models import load_model, load_tokenizer, resolve_model
@@ -186,9 +186,16 @@ def collect(cfg: Config, rollout, rows: list[dict], cursor: int,
 
 
 def rollout_metrics(trajs: list[Trajectory]) -> dict:
-    """``rollout/*``: means over the trajectories, and the oldest policy version."""
+    """``rollout/*``: means over the trajectories, the oldest policy version, and (with
+    groups) ``rollout/signal_groups``: the fraction of groups whose rewards are not all
+    equal, the only ones a group-relative advantage learns from."""
     m = {f"rollout/{k}": v for k, v in summarize(trajs).items()}
     m["rollout/policy_version"] = float(min(tr.policy_version for tr in trajs))
+    uids = [tr.uid for tr in trajs]
+    if len(set(uids)) < len(uids):
+        signal = groups_with_signal([tr.reward for tr in trajs], uids)
+        with_signal = {u for u, s in zip(uids, signal) if s}
+        m["rollout/signal_groups"] = len(with_signal) / len(set(uids))
     return m
 
 
@@ -493,7 +500,9 @@ def open_session(cfg: Config, hooks: Hooks | None = None,
     hooks = hooks or Hooks()
     t = cfg.trainer
     run_dir = start_run(cfg)
-    rows = load_rows(cfg.env, cfg.data, cfg.limit)
+    found = training_rows(cfg)
+    hooks.announce(found.describe(cfg.data.name))
+    rows = found.rows
     random.Random(t.seed).shuffle(rows)
     eval_rows = load_rows(cfg.env, t.eval_data, t.eval_limit) if t.eval_limit else []
     path, tokenizer, backend, rollout, ref, cluster = setup(cfg)

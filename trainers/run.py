@@ -34,6 +34,9 @@ class Hooks:
     def phase(self, name: str, total: int) -> None: ...
     def advance(self, k: int = 1) -> None: ...
     def step_end(self, step: int, metrics: dict) -> None: ...
+    def announce(self, text: str) -> None:
+        """A stage starts, or a fact the user should see (the CLI prints it)."""
+        logger.info("%s", text)
 
 
 def resolve_run_dir(cfg: Config) -> Path:

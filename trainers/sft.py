@@ -45,9 +45,9 @@ MEGA_BATCHES = 16  # batches per length-sorted mega-batch (HF's group_by_length 
 
 
 def load_sft_data(cfg: Config, tokenizer) -> tuple[list[Trajectory], int]:
-    """The records of ``cfg.data`` as trajectories for this tokenizer; those longer than
+    """The records of ``cfg.data.name`` as trajectories for this tokenizer; those longer than
     ``sft.max_length`` are left out. Returns ``(trajectories, number left out)``."""
-    path = dataset_path(cfg.env, cfg.data)
+    path = dataset_path(cfg.env, cfg.data.name)
     records = read_jsonl(path)
     if cfg.limit:
         records = records[:cfg.limit]
