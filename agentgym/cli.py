@@ -2,7 +2,8 @@
 
     agentgym train env=search [model=tiny trainer.total_steps=2 run_dir=runs/x]
     agentgym rollout env=search model=tiny n=4 limit=8 out=traj.jsonl
-    agentgym eval env=search model=smollm2-135m data=nq limit=50
+    agentgym eval env=search model=smollm2-135m data=nq limit=50 out=before.json
+    agentgym compare before.json after.json          # paired exact McNemar on the same questions
     agentgym check-env [ENV_ID ...]
     agentgym demos env=search out=demos.jsonl        # demonstrations played through the env
     agentgym filter data=traj.jsonl out=kept.jsonl   # rejection sampling of rollouts
@@ -122,7 +123,13 @@ def cmd_eval(args: list[str]) -> int:
               "format_valid": s["format_valid"], "answered": s["answered"],
               "mean_turns": s["turns"], "mean_tool_calls": s["tool_calls"],
               "tool_failures": s["tool_failures"], "response_length": s["response_length"],
-              "seconds": elapsed, "temperature": cfg.rollout.temperature}
+              "seconds": elapsed, "temperature": cfg.rollout.temperature,
+              # per question, for paired comparisons of two models (agentgym.stats.mcnemar)
+              "episodes": [{"uid": t.uid, "em": float(t.info.get("em", 0.0)),
+                            "f1": float(t.info.get("f1", 0.0)), "reward": t.reward,
+                            "format_valid": bool(t.terminated
+                                                 and t.metrics["malformed_actions"] == 0)}
+                           for t in trajs]}
     print(f"{cfg.env} / {result['model']} / {cfg.data.name}: {n} questions in {elapsed:.0f}s")
     lo, hi = result["em_ci95"]
     print(f"  EM {s['em']:.3f} [{lo:.3f}, {hi:.3f}] (95% CI)   F1 {s['f1']:.3f}   "
@@ -132,6 +139,31 @@ def cmd_eval(args: list[str]) -> int:
         Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.out).write_text(json.dumps(result, indent=2) + "\n")
         print(f"  wrote {cfg.out}")
+    return 0
+
+
+def cmd_compare(args: list[str]) -> int:
+    """``agentgym compare BEFORE.json AFTER.json [metric=em]``: the paired exact McNemar test
+    of two ``agentgym eval ... out=`` results on the same questions."""
+    from agentgym.stats import mcnemar
+
+    paths = [a for a in args if "=" not in a]
+    opts = dict(a.split("=", 1) for a in args if "=" in a)
+    metric = opts.pop("metric", "em")
+    if len(paths) != 2 or opts or metric not in ("em", "format_valid"):
+        raise ValueError(f"usage: agentgym compare BEFORE.json AFTER.json [metric=em|"
+                         f"format_valid]; got {args}")
+    outcomes = []
+    for p in paths:
+        result = json.loads(Path(p).read_text())
+        if "episodes" not in result:
+            raise ValueError(f"{p} has no per-question episodes; write it with this version's "
+                             f"`agentgym eval ... out={p}`")
+        outcomes.append({e["uid"]: bool(e[metric]) for e in result["episodes"]})
+    r = mcnemar(*outcomes)
+    print(f"{metric} on {r.n} shared questions: {r.before:.3f} -> {r.after:.3f} "
+          f"({100 * r.delta:+.1f} points); gained {r.gained}, lost {r.lost}; "
+          f"exact McNemar p = {r.p_value:.4g}")
     return 0
 
 
@@ -215,8 +247,13 @@ def cmd_train(args: list[str]) -> int:
     check_algo(cfg)  # unknown estimator / loss names fail before any model loads
     run_dir = train(cfg, _BarHooks())
     _print_comparison(Path(run_dir), cfg)
-    print(f"run directory: {run_dir} (metrics.jsonl, reward_curve.png, tensorboard/, "
-          f"checkpoints/{', cold_start/' if (Path(run_dir) / 'cold_start').is_dir() else ''})")
+    run = Path(run_dir)
+    curves = [f"{run / 'reward_curve.png'} (RL reward)"]
+    if (run / "cold_start" / "loss_curve.png").exists():
+        curves.append(f"{run / 'cold_start' / 'loss_curve.png'} (cold-start SFT loss)")
+    print(f"curves: {', '.join(curves)}; TensorBoard: tensorboard --logdir {run}")
+    print(f"run directory: {run_dir} (metrics.jsonl, checkpoints/"
+          f"{', cold_start/' if (run / 'cold_start').is_dir() else ''})")
     return 0
 
 
@@ -244,7 +281,10 @@ def _print_comparison(run_dir: Path, cfg: Config) -> None:
         rows.append((f"after RL (step {last['step']})", last["eval/format_valid"],
                      last["eval/em"], last["eval/count"]))
     n = int(rows[0][3]) if rows else 0
-    print(f"held-out: {n} questions of {cfg.trainer.eval_data} (greedy); 95% intervals")
+    from agentgym.data import heldout_rows
+    which = (" whose answer is in the corpus (data.answerable_only)"
+             if heldout_rows(cfg).answerable is not None else "")
+    print(f"held-out: {n} questions of {cfg.trainer.eval_data}{which} (greedy); 95% intervals")
     print(f"  {'model':28s} {'format-valid':>24s} {'EM':>24s}")
     for label, fv, em, count in rows:
         cells = []
@@ -491,7 +531,8 @@ def cmd_sandbox(args: list[str]) -> int:
 
 #: ``key=value`` commands (take config overrides).
 COMMANDS = {"train": cmd_train, "rollout": cmd_rollout, "eval": cmd_eval, "check-env": cmd_check_env,
-            "config": cmd_config, "sft": cmd_sft, "demos": cmd_demos, "filter": cmd_filter}
+            "config": cmd_config, "sft": cmd_sft, "demos": cmd_demos, "filter": cmd_filter,
+            "compare": cmd_compare}
 #: Commands with their own ``--flag`` arguments (each parses its raw argv).
 FLAG_COMMANDS: dict = {"index": cmd_index, "serve-retriever": cmd_serve_retriever,
                        "serve": cmd_serve, "sandbox": cmd_sandbox}

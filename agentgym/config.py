@@ -271,7 +271,7 @@ class TrainerConfig:
     cold_start_threshold: float = 0.5  # auto: probe format-validity below which it runs
     cold_start_probe: int = 8  # auto: greedy probe episodes (training questions)
     cold_start_demos: int = 64  # demonstrations the SFT trains on (sft.epochs, sft.batch_size)
-    cold_start_lr: float = 5e-5  # the SFT's peak learning rate (cosine decay)
+    cold_start_lr: float = 1e-4  # the SFT's peak learning rate (cosine decay)
 
     def __post_init__(self) -> None:
         if self.max_staleness < 0:

@@ -92,10 +92,10 @@ class TrainingRows:
     total: int  # rows of the dataset
     answerable: int | None = None  # of them, answerable (None: not filtered)
 
-    def describe(self, name: str) -> str:
+    def describe(self, name: str, what: str = "training") -> str:
         if self.answerable is None:
-            return f"{len(self.rows)} training rows from {name}"
-        return (f"{len(self.rows)} training rows from {name}: {self.answerable} of "
+            return f"{len(self.rows)} {what} rows from {name}"
+        return (f"{len(self.rows)} {what} rows from {name}: {self.answerable} of "
                 f"{self.total} questions have a gold answer in the corpus "
                 f"(data.answerable_only=true)")
 
@@ -104,20 +104,35 @@ def training_rows(cfg) -> TrainingRows:
     """The rows a training run draws from: ``data.name``, filtered to answerable questions
     (:mod:`agentgym.answerable`) when ``data.answerable_only`` applies (the search env
     with the shipped corpus), then the first ``limit``."""
+    return question_rows(cfg, cfg.data.name, cfg.limit)
+
+
+def heldout_rows(cfg) -> TrainingRows:
+    """The held-out rows a training run evaluates on: the first ``trainer.eval_limit`` of
+    ``trainer.eval_data``, filtered like the training rows (a question whose answer is
+    nowhere in the corpus measures the corpus, not the policy)."""
+    if not cfg.trainer.eval_limit:
+        return TrainingRows([], 0)
+    return question_rows(cfg, cfg.trainer.eval_data, cfg.trainer.eval_limit)
+
+
+def question_rows(cfg, name: str, limit: int = 0) -> TrainingRows:
+    """The rows of dataset ``name``, answerable ones only when ``data.answerable_only``
+    applies, then the first ``limit`` (0: all)."""
     import envs
     from agentgym.paths import shipped_corpus
-    rows = load_rows(cfg.env, cfg.data.name)
+    rows = load_rows(cfg.env, name)
     total = len(rows)
     if envs.short_name(envs.resolve_env_id(cfg.env)) != "search" or not cfg.data.answerable_only:
-        return TrainingRows(rows[:cfg.limit] if cfg.limit else rows, total)
+        return TrainingRows(rows[:limit] if limit else rows, total)
     if cfg.retriever.url or cfg.retriever.index:
         logger.info("data.answerable_only applies to the shipped corpus; with retriever.url/"
-                    "retriever.index every question of %s is used", cfg.data.name)
-        return TrainingRows(rows[:cfg.limit] if cfg.limit else rows, total)
+                    "retriever.index every question of %s is used", name)
+        return TrainingRows(rows[:limit] if limit else rows, total)
     from agentgym.answerable import answerable
     keep = answerable(rows, shipped_corpus())
     kept = [row for row, ok in zip(rows, keep) if ok]
     if not kept:
-        raise ValueError(f"no question of {cfg.data.name} has a gold answer in the shipped "
-                         f"corpus; set data.answerable_only=false to train on them anyway")
-    return TrainingRows(kept[:cfg.limit] if cfg.limit else kept, total, len(kept))
+        raise ValueError(f"no question of {name} has a gold answer in the shipped "
+                         f"corpus; set data.answerable_only=false to use them anyway")
+    return TrainingRows(kept[:limit] if limit else kept, total, len(kept))

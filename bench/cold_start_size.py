@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -25,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from agentgym.cli import main as cli, wilson_ci95  # noqa: E402
 from agentgym.config import build_config, parse_overrides  # noqa: E402
-from bench.report import write_section  # noqa: E402
+from bench.report import machine, write_section  # noqa: E402
 from trainers.run import Hooks  # noqa: E402
 
 
@@ -53,7 +51,7 @@ def main() -> None:
         cfg = prepare(build_config(over), _Print())
         stage = time.perf_counter() - t0
         record = json.loads((run / "cold_start" / "cold_start.json").read_text())
-        out = run / "eval_nq.json"
+        out = run / f"eval_nq_{record['key']}.json"  # this cold start's model, no other
         # the eval shares the run's engine and budgets, never its model, data or output
         evals = [o for o in a.overrides if not o.startswith(
             ("trainer.", "sft.", "model", "data", "limit", "env", "run_dir", "out"))]
@@ -64,22 +62,22 @@ def main() -> None:
         r = json.loads(out.read_text())
         rows.append((n, record, r, stage))
         print(f"{n} demos: format-valid {r['format_valid']:.3f} EM {r['em']:.3f}", flush=True)
-    body = [f"Machine: {platform.machine()} ({platform.processor() or 'cpu'}), "
-            f"{os.cpu_count()} CPUs. Command: `python bench/cold_start_size.py "
+    body = [f"Machine: {machine()}. Command: `python bench/cold_start_size.py "
             f"{' '.join(sys.argv[1:])}`. Each size: the cold start of `agentgym train "
             f"env={a.env}` (demonstrations from the answerable training questions, SFT with "
             f"lr `trainer.cold_start_lr` cosine), then `agentgym eval env={a.env} data=nq "
             f"limit={a.eval_limit}` (greedy) of its model. Intervals: Wilson 95%.\n",
-            "| demonstrations | rows looked at | SFT steps | SFT loss first → last | "
+            "| demonstrations | lr | epochs | rows looked at | SFT steps | SFT loss first → last | "
             "demos (s) | SFT (s) | probe format-valid (train q.) | held-out format-valid "
             "[95% CI] | held-out EM [95% CI] | eval (s) |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for n, rec, r, _ in rows:
         fv = wilson_ci95(r["format_valid"], r["n"])
         em = wilson_ci95(r["em"], r["n"])
         sec = rec.get("seconds", {})
         body.append(
-            f"| {n} | {rec.get('rows_looked_at', '')} | {rec['sft']['steps']} | "
+            f"| {n} | {rec['sft']['lr']:g} | {rec['sft']['epochs']} | "
+            f"{rec.get('rows_looked_at', '')} | {rec['sft']['steps']} | "
             f"{rec['sft']['loss_first']:.3f} → {rec['sft']['loss_last']:.3f} | "
             f"{sec.get('demos', float('nan')):.0f} | {sec.get('sft', float('nan')):.0f} | "
             f"{rec['probe_after']['format_valid']:.2f} | {r['format_valid']:.3f} "
@@ -89,7 +87,10 @@ def main() -> None:
     body.append("")
     body.append(f"Smallest size with held-out format-valid >= 0.9: "
                 f"{min(ok) if ok else 'none of these'}.")
-    write_section(f"Cold start size: {cfg.model.name} on {a.env}", "\n".join(body))
+    # one section per SFT setting: the default one, or the overrides that change the SFT
+    sft_over = [o for o in a.overrides if o.startswith(("trainer.cold_start_lr", "sft."))]
+    write_section(f"Cold start size: {cfg.model.name} on {a.env}"
+                  + (f" ({', '.join(sft_over)})" if sft_over else ""), "\n".join(body))
 
 
 if __name__ == "__main__":

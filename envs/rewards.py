@@ -18,20 +18,29 @@ def normalize_answer(s: str) -> str:
     return " ".join(s.split())
 
 
+def _normalize_pair(prediction: str, gold: str) -> tuple[str, str]:
+    """SQuAD normalization of both, except where it would erase the gold answer (``"A+"``,
+    ``"---"`` become ``""``, which an empty or article-only answer would then match): there
+    both keep their punctuation and articles, lowercased with whitespace collapsed."""
+    g = normalize_answer(gold)
+    if g or not gold.strip():
+        return normalize_answer(prediction), g
+    return " ".join(prediction.lower().split()), " ".join(gold.lower().split())
+
+
 def exact_match(prediction: str, golds: list[str] | str) -> float:
     """1.0 if the normalized prediction equals any normalized gold answer, else 0.0."""
     golds = [golds] if isinstance(golds, str) else golds
-    p = normalize_answer(prediction)
-    return float(any(p == normalize_answer(g) for g in golds))
+    return float(any(p == g for p, g in (_normalize_pair(prediction, g) for g in golds)))
 
 
 def f1_score(prediction: str, golds: list[str] | str) -> float:
     """Best token-level F1 between the prediction and any gold answer."""
     golds = [golds] if isinstance(golds, str) else golds
-    p_tokens = normalize_answer(prediction).split()
     best = 0.0
-    for g in golds:
-        g_tokens = normalize_answer(g).split()
+    for gold in golds:
+        p, g = _normalize_pair(prediction, gold)
+        p_tokens, g_tokens = p.split(), g.split()
         common = collections.Counter(p_tokens) & collections.Counter(g_tokens)
         same = sum(common.values())
         if same == 0:

@@ -89,7 +89,7 @@ def test_auto_runs_below_the_threshold_and_a_second_run_reuses_the_cache(
 
     # another SFT setting is another key: it runs again
     other = prepare(_cfg(tmp_path, tiny_path, retriever_url, "third",
-                         **{"trainer.cold_start_lr": 1e-4}),
+                         **{"trainer.cold_start_lr": 2e-4}),
                     probe_engine=_scripted(tiny_tokenizer, "No tags."))
     assert other.model.path != str(model)
     third = json.loads((tmp_path / "third" / "cold_start" / "cold_start.json").read_text())
@@ -177,6 +177,22 @@ def test_training_rows_keep_the_answerable_questions_with_the_shipped_corpus():
     assert limited.rows == on.rows[:7]  # the first answerable ones
 
 
+def test_heldout_rows_are_filtered_like_the_training_rows():
+    from agentgym.answerable import answerable
+    from agentgym.data import heldout_rows
+    from agentgym.paths import shipped_corpus
+    cfg = build_config({"env": "search", "trainer.eval_limit": 30})
+    held = heldout_rows(cfg)
+    nq = load_rows("search", cfg.trainer.eval_data)
+    expected = [r for r, ok in zip(nq, answerable(nq, shipped_corpus())) if ok][:30]
+    assert held.rows == expected and held.total == len(nq) and held.answerable < len(nq)
+    assert "30 held-out rows from nq" in held.describe("nq", "held-out")
+    unfiltered = heldout_rows(build_config({"env": "search", "trainer.eval_limit": 30,
+                                            "data.answerable_only": False}))
+    assert unfiltered.rows == nq[:30] and unfiltered.answerable is None
+    assert heldout_rows(build_config({"env": "search", "trainer.eval_limit": 0})).rows == []
+
+
 def test_f1_reward_gives_partial_credit():
     from envs.search import SearchEnv, search_row
     row = search_row("who painted the mona lisa", ["Leonardo da Vinci"])
@@ -196,3 +212,17 @@ def test_signal_groups_is_the_share_of_groups_whose_rewards_differ():
     trajs = [Trajectory(uid=uid, reward=r, terminated=True, metrics={"malformed_actions": 0})
              for uid, rs in rewards.items() for r in rs]
     assert rollout_metrics(trajs)["rollout/signal_groups"] == 0.5
+
+
+def test_a_gold_answer_that_normalization_erases_is_not_matched_by_an_empty_answer():
+    # SQuAD normalization turns "A+" (a blood type in the shipped training data) into "",
+    # which an empty or article-only answer also becomes: no reward for saying nothing
+    from envs.rewards import exact_match, f1_score
+    for empty in ("", "the", "A", " a "):
+        assert exact_match(empty, ["A+", "AB+"]) == 0.0
+        assert f1_score(empty, ["A+", "AB+"]) == 0.0
+    assert exact_match("a+", ["A+", "AB+"]) == 1.0 and f1_score(" A+ ", ["A+"]) == 1.0
+    assert exact_match("AB+", ["A+", "AB+"]) == 1.0
+    # ordinary answers keep SQuAD normalization
+    assert exact_match("The Beatles!", ["beatles"]) == 1.0
+    assert f1_score("the Beatles band", ["Beatles"]) == pytest.approx(2 * 0.5 * 1 / 1.5)

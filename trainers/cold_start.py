@@ -204,11 +204,11 @@ def _eval_before(cfg: Config, base: Path, inputs: dict, store: Path, hooks: Hook
     """The starting model on the held-out rows RL evaluates on (``trainer.eval_data``, first
     ``trainer.eval_limit``), for the before / after-SFT / after-RL comparison; cached like
     the probe."""
-    from agentgym.data import load_rows
+    from agentgym.data import heldout_rows
     t = cfg.trainer
     if not t.eval_limit:
         return None
-    rows = load_rows(cfg.env, t.eval_data, t.eval_limit)
+    rows = heldout_rows(cfg).rows
     path = store / f"eval-{_digest({**inputs, 'eval_rows': rows})}.json"
     found = None if probe_engine is not None else _read(path)
     if found is not None:

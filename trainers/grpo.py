@@ -43,7 +43,7 @@ from typing import Any, Callable
 import torch
 
 from agentgym.config import Config
-from agentgym.data import load_rows, training_rows
+from agentgym.data import heldout_rows, training_rows
 from agentgym.manager import summarize
 from agentgym.metrics import MetricsLogger
 from agentgym.models import load_model, load_tokenizer, resolve_model
@@ -504,7 +504,10 @@ def open_session(cfg: Config, hooks: Hooks | None = None,
     hooks.announce(found.describe(cfg.data.name))
     rows = found.rows
     random.Random(t.seed).shuffle(rows)
-    eval_rows = load_rows(cfg.env, t.eval_data, t.eval_limit) if t.eval_limit else []
+    held_out = heldout_rows(cfg)
+    if t.eval_limit:
+        hooks.announce(held_out.describe(t.eval_data, "held-out"))
+    eval_rows = held_out.rows
     path, tokenizer, backend, rollout, ref, cluster = setup(cfg)
     critic = make_critic(path, cluster) if make_critic else None
     if cluster is not None:

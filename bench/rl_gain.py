@@ -1,0 +1,136 @@
+"""Does RL add to the cold start? The SFT checkpoint against the SFT+GRPO checkpoint of one
+`agentgym train` run, on the same held-out questions, with the exact McNemar test.
+
+    python bench/rl_gain.py --env search --steps 60 --eval-data nq --eval-limit 500 \\
+        engine.dtype=bfloat16 trainer.mixed_precision=bf16
+    python bench/rl_gain.py --env code --steps 40 --eval-data gsm8k --eval-limit 200
+
+1. ``agentgym train env=ENV trainer.total_steps=STEPS run_dir=WORK/ENV`` with the cold start
+   on (``trainer.cold_start=auto``): demonstrations + SFT, then GRPO from the SFT model. A
+   killed run resumes from its last checkpoint when the command is run again.
+2. ``agentgym eval`` (greedy) of the SFT model and of the last GRPO checkpoint on the first
+   EVAL_LIMIT questions of EVAL_DATA, each written with its per-question outcomes.
+3. The paired test (:func:`agentgym.stats.mcnemar`) of their EM, and the run's training
+   signals over its steps (reward, share of groups whose rewards differ, advantage size,
+   entropy, KL, response length), written to docs/BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from agentgym.cli import wilson_ci95  # noqa: E402
+from agentgym.stats import mcnemar  # noqa: E402
+from bench.report import machine, write_section  # noqa: E402
+
+#: training signals shown over the run's steps: (metrics.jsonl key, column)
+SIGNALS = [("rollout/reward", "reward"), ("rollout/signal_groups", "groups with signal"),
+           ("rollout/adv_abs", "mean |advantage|"), ("train/entropy", "entropy"),
+           ("train/kl", "KL to ref"), ("rollout/drift_max", "max drift"),
+           ("rollout/format_valid", "format-valid"),
+           ("rollout/response_length", "response tokens"), ("train/grad_norm", "grad norm")]
+
+
+def _agentgym(*argv: str) -> None:
+    cmd = [sys.executable, "-m", "agentgym.cli", *argv]
+    print("$", " ".join(cmd[2:]), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def _evaluate(env: str, model: str, data: str, limit: int, out: Path, extra: list[str]) -> dict:
+    if not out.exists():  # a finished eval is kept: re-running the command only reports
+        _agentgym("eval", f"env={env}", f"model={model}", f"data={data}", f"limit={limit}",
+                  f"out={out}", *extra)
+    return json.loads(out.read_text())
+
+
+def _over_steps(metrics: list[dict], parts: int = 4) -> list[tuple[str, dict]]:
+    """Mean of each signal over consecutive slices of the RL steps."""
+    steps = [m for m in metrics if "rollout/reward" in m]
+    if not steps:
+        return []
+    size = max(1, -(-len(steps) // parts))
+    out = []
+    for i in range(0, len(steps), size):
+        chunk = steps[i:i + size]
+        means = {}
+        for key, _ in SIGNALS:
+            vals = [m[key] for m in chunk if key in m]
+            means[key] = sum(vals) / len(vals) if vals else None
+        out.append((f"{chunk[0]['step']}–{chunk[-1]['step']}", means))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--env", default="search")
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--eval-data", default="nq")
+    ap.add_argument("--eval-limit", type=int, default=500)
+    ap.add_argument("--work", default="runs/rl_gain")
+    ap.add_argument("overrides", nargs="*", help="key=value overrides for the training run")
+    a = ap.parse_args()
+    run = Path(a.work) / a.env
+    t0 = time.perf_counter()
+    _agentgym("train", f"env={a.env}", f"trainer.total_steps={a.steps}", f"run_dir={run}",
+              "trainer.eval_limit=0", *a.overrides)
+    train_s = time.perf_counter() - t0
+    record = json.loads((run / "cold_start" / "cold_start.json").read_text())
+    sft_model = record.get("model")
+    if not sft_model:
+        raise SystemExit(f"the run did not cold-start ({record.get('decision')}): nothing to "
+                         f"compare GRPO against")
+    rl_model = run / "checkpoints" / f"step_{a.steps}"
+    # the eval uses the run's engine and budgets, never its model, data or trainer settings
+    extra = [o for o in a.overrides if o.startswith(("engine.", "rollout.", "search.", "code."))]
+    sft_eval = _evaluate(a.env, sft_model, a.eval_data, a.eval_limit, run / "eval_sft.json", extra)
+    rl_eval = _evaluate(a.env, str(rl_model), a.eval_data, a.eval_limit, run / "eval_rl.json",
+                        extra)
+    paired = {k: mcnemar({e["uid"]: bool(e[k]) for e in sft_eval["episodes"]},
+                         {e["uid"]: bool(e[k]) for e in rl_eval["episodes"]})
+              for k in ("em", "format_valid")}
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    cs = record.get("sft", {})
+    n = paired["em"].n
+    body = [
+        f"Machine: {machine()}. Command: `python bench/rl_gain.py {' '.join(sys.argv[1:])}` "
+        f"({train_s / 60:.0f} min of training in this invocation; a resumed run counts only "
+        f"its own part). The cold start: {record.get('demos')} demonstrations, SFT "
+        f"{cs.get('steps')} steps (loss {cs.get('loss_first', float('nan')):.3f} → "
+        f"{cs.get('loss_last', float('nan')):.3f}); then {a.steps} GRPO steps from it. Both "
+        f"checkpoints played greedily on the same first {n} questions of "
+        f"`{a.eval_data}`; intervals Wilson 95%, p-values exact McNemar (two-sided) on the "
+        f"questions where the two disagree.\n",
+        "| metric | SFT [95% CI] | SFT+GRPO [95% CI] | Δ points | gained / lost | p |",
+        "|---|---|---|---|---|---|"]
+    for key, label in (("em", "EM"), ("format_valid", "format-valid")):
+        p = paired[key]
+        cells = []
+        for v in (p.before, p.after):
+            lo, hi = wilson_ci95(v, n)
+            cells.append(f"{v:.3f} [{lo:.3f}, {hi:.3f}]")
+        body.append(f"| {label} | {cells[0]} | {cells[1]} | {100 * p.delta:+.1f} | "
+                    f"{p.gained} / {p.lost} | {p.p_value:.3g} |")
+    body.append(f"| F1 (mean) | {sft_eval['f1']:.3f} | {rl_eval['f1']:.3f} | "
+                f"{100 * (rl_eval['f1'] - sft_eval['f1']):+.1f} | | |")
+    body += ["", "Training signals over the GRPO steps (means over each quarter of the run):", "",
+             "| steps | " + " | ".join(c for _, c in SIGNALS) + " |",
+             "|---|" + "---|" * len(SIGNALS)]
+    for span, means in _over_steps(metrics):
+        body.append(f"| {span} | " + " | ".join(
+            "–" if means[k] is None else f"{means[k]:.3g}" for k, _ in SIGNALS) + " |")
+    text = "\n".join(body)
+    print(text)
+    write_section(f"RL over the cold start: {a.env}, {a.eval_data}", text)
+
+
+if __name__ == "__main__":
+    main()
