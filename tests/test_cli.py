@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from agentgym.cli import main
 
 
@@ -32,6 +34,13 @@ def test_eval_prints_em_and_format_validity(tmp_path, retriever_url, capsys):
     assert result["n"] == 3 and 0.0 <= result["em"] <= 1.0 and result["temperature"] == 0.0
     lo, hi = result["em_ci95"]
     assert 0.0 <= lo <= result["em"] <= hi <= 1.0
+    # one outcome per question, keyed by the row's id, for `agentgym compare`
+    episodes = result["episodes"]
+    assert len({e["uid"] for e in episodes}) == 3
+    assert sum(e["em"] for e in episodes) / 3 == pytest.approx(result["em"])
+    assert sum(e["format_valid"] for e in episodes) / 3 == pytest.approx(result["format_valid"])
+    assert main(["compare", str(out), str(out)]) == 0  # a model against itself: no change
+    assert "gained 0, lost 0; exact McNemar p = 1" in capsys.readouterr().out
 
 
 def test_check_env_passes_every_registered_env(capsys):
