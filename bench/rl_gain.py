@@ -33,7 +33,7 @@ from bench.report import machine, write_section  # noqa: E402
 
 #: training signals shown over the run's steps: (metrics.jsonl key, column)
 SIGNALS = [("rollout/reward", "reward"), ("rollout/signal_groups", "groups with signal"),
-           ("rollout/adv_abs", "mean |advantage|"), ("train/entropy", "entropy"),
+           ("rollout/adv_abs", "mean abs. advantage"), ("train/entropy", "entropy"),
            ("train/kl", "KL to ref"), ("rollout/drift_max", "max drift"),
            ("rollout/format_valid", "format-valid"),
            ("rollout/response_length", "response tokens"), ("train/grad_norm", "grad norm")]
