@@ -240,11 +240,10 @@ class _BarHooks:
 
 def cmd_train(args: list[str]) -> int:
     from trainers import train
-    from trainers.grpo import check_algo
 
     # Group-based estimators need n > 1; Search-R1 samples 5 (algo=ppo's preset sets 1).
+    # train() checks the algorithm's settings before any model loads.
     cfg = _config(args, {"rollout.n": 5})
-    check_algo(cfg)  # unknown estimator / loss names fail before any model loads
     run_dir = train(cfg, _BarHooks())
     _print_comparison(Path(run_dir), cfg)
     run = Path(run_dir)
@@ -281,9 +280,9 @@ def _print_comparison(run_dir: Path, cfg: Config) -> None:
         rows.append((f"after RL (step {last['step']})", last["eval/format_valid"],
                      last["eval/em"], last["eval/count"]))
     n = int(rows[0][3]) if rows else 0
-    from agentgym.data import heldout_rows
+    from agentgym.data import answerable_filter_applies
     which = (" whose answer is in the corpus (data.answerable_only)"
-             if heldout_rows(cfg).answerable is not None else "")
+             if answerable_filter_applies(cfg) else "")
     print(f"held-out: {n} questions of {cfg.trainer.eval_data}{which} (greedy); 95% intervals")
     print(f"  {'model':28s} {'format-valid':>24s} {'EM':>24s}")
     for label, fv, em, count in rows:

@@ -116,18 +116,26 @@ def heldout_rows(cfg) -> TrainingRows:
     return question_rows(cfg, cfg.trainer.eval_data, cfg.trainer.eval_limit)
 
 
-def question_rows(cfg, name: str, limit: int = 0) -> TrainingRows:
-    """The rows of dataset ``name``, answerable ones only when ``data.answerable_only``
-    applies, then the first ``limit`` (0: all)."""
+def answerable_filter_applies(cfg) -> bool:
+    """``data.answerable_only`` on, the search env, and the shipped corpus (with
+    ``retriever.url`` / ``retriever.index`` the answers' presence is unknown)."""
     import envs
+    if envs.short_name(envs.resolve_env_id(cfg.env)) != "search" or not cfg.data.answerable_only:
+        return False
+    if cfg.retriever.url or cfg.retriever.index:
+        logger.info("data.answerable_only applies to the shipped corpus; with retriever.url/"
+                    "retriever.index every question is used")
+        return False
+    return True
+
+
+def question_rows(cfg, name: str, limit: int = 0) -> TrainingRows:
+    """The rows of dataset ``name``, answerable ones only when
+    :func:`answerable_filter_applies`, then the first ``limit`` (0: all)."""
     from agentgym.paths import shipped_corpus
     rows = load_rows(cfg.env, name)
     total = len(rows)
-    if envs.short_name(envs.resolve_env_id(cfg.env)) != "search" or not cfg.data.answerable_only:
-        return TrainingRows(rows[:limit] if limit else rows, total)
-    if cfg.retriever.url or cfg.retriever.index:
-        logger.info("data.answerable_only applies to the shipped corpus; with retriever.url/"
-                    "retriever.index every question of %s is used", name)
+    if not answerable_filter_applies(cfg):
         return TrainingRows(rows[:limit] if limit else rows, total)
     from agentgym.answerable import answerable
     keep = answerable(rows, shipped_corpus())

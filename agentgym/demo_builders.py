@@ -22,6 +22,7 @@ import re
 from typing import Callable
 
 from envs.rewards import normalize_answer
+from envs.search import gold_answers
 
 logger = logging.getLogger(__name__)
 
@@ -56,9 +57,7 @@ def find_answer(information: str, golds: list[str]) -> tuple[int, str, str] | No
 def search_demo(row: dict, env, max_searches: int = 2) -> dict | None:
     """One search demonstration for ``row`` (played through ``env``), or None."""
     question = row["extra_info"]["question"].strip()
-    target = row["reward_model"]["ground_truth"]
-    golds = target["target"] if isinstance(target, dict) else target
-    golds = [golds] if isinstance(golds, str) else list(golds)
+    golds = gold_answers(row)
     queries = []
     for q in (question, keyword_rewrite(question)):
         if q and q not in queries:

@@ -28,10 +28,6 @@ from agentgym.config import build_config, parse_overrides  # noqa: E402
 from bench.report import machine, write_section  # noqa: E402
 
 
-def share_with_signal(groups: dict[str, list[float]]) -> float:
-    return sum(1 for r in groups.values() if max(r) > min(r)) / max(len(groups), 1)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="model folder (an SFT model)")
@@ -42,6 +38,7 @@ def main() -> None:
     a = ap.parse_args()
     from agentgym.data import training_rows
     from agentgym.runtime import build_manager
+    from trainers.algos import signal_share
     settings = [(True, float(t)) for t in a.temperatures.split(",")] + [(False, 1.0)]
     results = []
     for answerable_only, temperature in settings:
@@ -65,11 +62,9 @@ def main() -> None:
         for metric in ("em", "f1"):
             row[f"mean_{metric}"] = sum(float(t.info.get(metric, 0.0)) for t in trajs) / len(trajs)
             for n in (4, a.n):
-                groups: dict[str, list[float]] = {}
-                for t in trajs:
-                    if t.sample_index < n:
-                        groups.setdefault(t.uid, []).append(float(t.info.get(metric, 0.0)))
-                row[f"{metric}_n{n}"] = share_with_signal(groups)
+                first = [t for t in trajs if t.sample_index < n]
+                row[f"{metric}_n{n}"] = signal_share(
+                    [float(t.info.get(metric, 0.0)) for t in first], [t.uid for t in first])
         results.append(row)
         print(row, flush=True)
     body = [f"Machine: {machine()}. Command: `python bench/group_signal.py {' '.join(sys.argv[1:])}`. "

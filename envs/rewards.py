@@ -7,14 +7,14 @@ import re
 import string
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
-_PUNCT = set(string.punctuation)
+_DROP_PUNCT = str.maketrans("", "", string.punctuation)
 
 
 def normalize_answer(s: str) -> str:
-    """Lowercase, drop punctuation and articles, collapse whitespace (SQuAD v1.1)."""
-    s = s.lower()
-    s = "".join(ch for ch in s if ch not in _PUNCT)
-    s = _ARTICLES.sub(" ", s)
+    """Lowercase, drop punctuation and articles, collapse whitespace (SQuAD v1.1).
+    ``str.translate`` drops the punctuation: fast enough to normalize a whole corpus
+    (:mod:`agentgym.answerable`)."""
+    s = _ARTICLES.sub(" ", s.lower().translate(_DROP_PUNCT))
     return " ".join(s.split())
 
 

@@ -43,6 +43,15 @@ def search_row(question: str, answers: list[str], source: str = "builtin") -> di
             "extra_info": {"question": question}, "env": "search"}
 
 
+def gold_answers(row: dict) -> list[str]:
+    """A search row's gold answers (``reward_model.ground_truth``: a string, a list, or
+    ``{"target": …}`` as in Search-R1's parquet)."""
+    target = row["reward_model"]["ground_truth"]
+    if isinstance(target, dict):
+        target = target["target"]
+    return [target] if isinstance(target, str) else list(target)
+
+
 def parse_action(text: str) -> tuple[str | None, str]:
     """The first ``<search>``/``<answer>`` block: ``("search"|"answer"|None, content)``."""
     m = _ACTION.search(text)
@@ -89,8 +98,8 @@ class SearchEnv(AgentEnv):
             url = self._url
             if url is None:
                 from tools.local_retriever import ensure_local_retriever
-                from agentgym.paths import data_dir
-                url = ensure_local_retriever(data_dir() / "corpus" / "wiki_passages.jsonl.gz")
+                from agentgym.paths import shipped_corpus
+                url = ensure_local_retriever(shipped_corpus())
             self._retriever = RetrieverClient(url, topk=self.topk, timeout=self.timeout)
         return self._retriever
 
@@ -98,10 +107,7 @@ class SearchEnv(AgentEnv):
         if row is None:
             q, a = BUILTIN_QUESTIONS[int(self.np_random.integers(len(BUILTIN_QUESTIONS)))]
             row = search_row(q, a)
-        target = row["reward_model"]["ground_truth"]
-        if isinstance(target, dict):
-            target = target["target"]
-        self._targets = [target] if isinstance(target, str) else list(target)
+        self._targets = gold_answers(row)
         self._well_formed = True
         return [dict(m) for m in row["prompt"]], {"ground_truth": self._targets}
 

@@ -299,6 +299,13 @@ def groups_with_signal(rewards: Sequence[float], group_ids: Sequence) -> list[bo
     return (~flat).tolist()
 
 
+def signal_share(rewards: Sequence[float], group_ids: Sequence) -> float:
+    """The fraction of groups whose rewards are not all equal (the groups a
+    group-relative advantage learns from)."""
+    with_signal = {g for g, s in zip(group_ids, groups_with_signal(rewards, group_ids)) if s}
+    return len(with_signal) / max(len(set(group_ids)), 1)
+
+
 def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int,
                      factor: float = 1.0) -> torch.Tensor:
     """DAPO's soft overlong punishment, ``(B,)`` → ``(B,)`` values in ``[-factor, 0]``.

@@ -145,6 +145,16 @@ def _auto(cfg: Config, env: str, stage_dir: Path, hooks: Hooks, probe_engine) ->
     hooks.announce(f"cold start: format-valid {before['format_valid']:.2f} on {before['count']} "
                    f"training questions < trainer.cold_start_threshold={t.cold_start_threshold}; "
                    f"building {t.cold_start_demos} demonstrations, then SFT")
+    model_dir = _run_stage(cfg, env, rows, probe_rows, base, stage_dir, cached, record, hooks)
+    return _start_from(cfg, str(model_dir))
+
+
+def _run_stage(cfg: Config, env: str, rows: list[dict], probe_rows: list[dict], base: Path,
+               stage_dir: Path, cached: Path, record: dict, hooks: Hooks) -> Path:
+    """Demonstrations, SFT, the probe of its result; the model published to ``cached`` and
+    the record written. Returns the published model's folder."""
+    t = cfg.trainer
+    before = record["probe_before"]
     t0 = time.perf_counter()
     demos, looked_at, over = build_demos(cfg, env, rows, base, t.cold_start_demos, hooks)
     if not demos:
@@ -173,7 +183,7 @@ def _auto(cfg: Config, env: str, stage_dir: Path, hooks: Hooks, probe_engine) ->
     _write_record(stage_dir, {**done, "decision": "ran", "cache": str(cached),
                               "model": str(model_dir)})
     shutil.rmtree(stage_dir / "checkpoints", ignore_errors=True)  # the model is in the cache
-    return _start_from(cfg, str(model_dir))
+    return model_dir
 
 
 # --- the stages ------------------------------------------------------------------------

@@ -54,7 +54,7 @@ from trainers.algos import (ADVANTAGES, POLICY_LOSSES, aggregate, behaviour_weig
                             compute_advantages,
                             compute_policy_loss, groups_with_signal, kl_estimate,
                             masked_mean, needs_critic, needs_groups,
-                            overlong_penalty)
+                            overlong_penalty, signal_share)
 from trainers.backends.base import batched_logprobs, first_needed_position, sequence_logprobs
 from trainers.backends.single import SingleBackend
 from trainers.batch import Batch, collate
@@ -193,9 +193,7 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict:
     m["rollout/policy_version"] = float(min(tr.policy_version for tr in trajs))
     uids = [tr.uid for tr in trajs]
     if len(set(uids)) < len(uids):
-        signal = groups_with_signal([tr.reward for tr in trajs], uids)
-        with_signal = {u for u, s in zip(uids, signal) if s}
-        m["rollout/signal_groups"] = len(with_signal) / len(set(uids))
+        m["rollout/signal_groups"] = signal_share([tr.reward for tr in trajs], uids)
     return m
 
 
