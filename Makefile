@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install sysdeps demo test test-stress bench bench-trl clean
+.PHONY: gpu-check install sysdeps demo test test-stress bench bench-trl clean
 
 # bubblewrap isolates the code sandbox (tools/sandbox.py). Installed from Debian when we are
 # root (CI, containers); otherwise the sandbox falls back to `unshare`, with a logged warning.
@@ -60,6 +60,11 @@ test: $(STAMP) sysdeps
 STRESS_CPUS ?= $(shell nproc)
 test-stress: $(STAMP) sysdeps
 	$(BIN)/python scripts/under_load.py --cpus $(STRESS_CPUS) -- $(BIN)/python -m pytest -q
+
+# On a machine with a CUDA GPU: the tests marked gpu, generation / update throughput, MFU,
+# peak memory and drift, written to docs/GPU.md. Without CUDA it says so and exits 0.
+gpu-check: $(STAMP)
+	$(BIN)/python scripts/gpu_check.py
 
 bench: $(STAMP)
 	$(BIN)/python bench/rollout_throughput.py

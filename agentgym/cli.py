@@ -470,7 +470,10 @@ def cmd_serve(args: list[str]) -> int:
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (no authentication: "
                    "bind others deliberately)")
     p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default="", choices=["", "float32", "bfloat16"],
+                   help="weights (default: bfloat16 on a GPU, float32 on the CPU)")
+    p.add_argument("--device", default="auto",
+                   help="auto (CUDA when available) | cpu | cuda | cuda:N")
     p.add_argument("--max-batch-size", type=int, default=32, help="requests decoded together")
     p.add_argument("--seed", type=int, default=0, help="sampler seed of unseeded requests")
     p.add_argument("--skip-tokenizer-init", action="store_true",
@@ -483,7 +486,14 @@ def cmd_serve(args: list[str]) -> int:
     except SystemExit as e:
         return int(e.code or 0)
     _setup_logging(ns.log_level)
-    serve(ns.model, host=ns.host, port=ns.port, dtype=ns.dtype, max_batch_size=ns.max_batch_size,
+    from agentgym.device import check_device
+    try:
+        check_device(ns.device)
+    except ValueError as e:
+        print(f"agentgym serve: {str(e).replace('trainer.device', '--device')}", file=sys.stderr)
+        return 2
+    serve(ns.model, host=ns.host, port=ns.port, dtype=ns.dtype, device=ns.device,
+          max_batch_size=ns.max_batch_size,
           seed=ns.seed, skip_tokenizer_init=ns.skip_tokenizer_init,
           weight_version=ns.weight_version, log_level=ns.log_level.lower())
     return 0

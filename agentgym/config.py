@@ -45,6 +45,7 @@ class ModelConfig:
     name: str = "smollm2-135m"  # tiny | smollm2-135m | a local HF folder
     path: str = ""  # a local HF folder; overrides name when set
     dtype: str = "float32"  # float32 | bfloat16
+    gradient_checkpointing: bool = False  # recompute each layer's activations in the backward (less memory)
     lora: LoraConfig = field(default_factory=LoraConfig)
 
     def __post_init__(self) -> None:
@@ -179,6 +180,7 @@ class AlgoConfig:
     dual_clip: float = 3.0  # policy_loss=dual_clip: bound on the loss of negative advantages
     loss_agg_mode: str = "token-mean"
     kl_coef: float = 0.0  # 0 disables the reference model
+    ref_offload: bool = False  # the reference model on the CPU (host memory) instead of the policy's device
     kl_estimator: str = "k3"  # k1 | k2 | k3 | abs
     kl_mode: str = "loss"  # loss (GRPO) | reward (a per-token penalty in the reward, PPO / REINFORCE++; use k1)
     entropy_coef: float = 0.0
@@ -255,7 +257,9 @@ class TrainerConfig:
     eval_every: int = 0  # steps between evals on data.eval (0 = only before and after)
     eval_limit: int = 50
     eval_data: str = "nq"
-    mixed_precision: str = ""  # "" (fp32) | bf16 (autocast; fp32 master weights)
+    mixed_precision: str = ""  # "" (bf16 on a GPU, fp32 on the CPU) | bf16 (autocast; fp32 master weights) | fp32
+    device: str = "auto"  # auto (CUDA when available) | cpu | cuda | cuda:N (agentgym.device)
+    logprob_chunk: int = 1024  # tokens whose vocabulary logits exist at once in log-prob passes (0: all)
     seed: int = 0
     resume: str = "auto"  # auto (latest checkpoint in run_dir) | never | a checkpoint path
     backend: str = "single"  # single (this process) | fsdp (FSDP2) | deepspeed (ZeRO)
@@ -295,13 +299,18 @@ class TrainerConfig:
         if self.cold_start_probe < 1 or self.cold_start_demos < 1:
             raise ValueError(f"trainer.cold_start_probe and trainer.cold_start_demos must be "
                              f">= 1; got {self.cold_start_probe}, {self.cold_start_demos}")
-        choices = {"lr_schedule": ("constant", "cosine"), "mixed_precision": ("", "bf16"),
+        choices = {"lr_schedule": ("constant", "cosine"), "mixed_precision": ("", "bf16", "fp32"),
                    "backend": ("single", "fsdp", "deepspeed"), "zero_stage": (1, 2, 3),
                    "mode": ("sync", "async")}
         for name, valid in choices.items():
             if getattr(self, name) not in valid:
                 raise ValueError(f"trainer.{name}={getattr(self, name)!r}; valid: "
                                  f"{', '.join(repr(v) for v in valid)}")
+        from agentgym.device import check_device
+        check_device(self.device)
+        if self.logprob_chunk < 0:
+            raise ValueError(f"trainer.logprob_chunk must be >= 0 (0: no chunking), got "
+                             f"{self.logprob_chunk}")
         if self.backend == "single" and (self.nprocs > 1 or self.offload):
             raise ValueError(f"trainer.nprocs={self.nprocs} / trainer.offload={self.offload} "
                              f"need a sharded backend: trainer.backend=fsdp or deepspeed")

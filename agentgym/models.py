@@ -326,13 +326,16 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu") -> PreTrainedModel:
+def load_model(path: str | Path, dtype: str = "float32", device=None) -> PreTrainedModel:
     """``AutoModelForCausalLM`` from a local folder.
 
     Args:
         path: a folder from :func:`resolve_model`.
         dtype: ``"float32"`` or ``"bfloat16"``.
-        device: torch device string, e.g. ``"cpu"`` or ``"cuda:0"``.
+        device: a ``torch.device`` from :func:`agentgym.device.resolve_device`, or a
+            ``trainer.device`` value (default ``auto``: CUDA when available, else the CPU).
+            On a GPU the attention kernel is flash attention 2 or SDPA
+            (:func:`agentgym.device.attn_implementation`).
 
     Returns:
         The model on ``device`` (in eval mode, as ``from_pretrained`` leaves it).
@@ -345,8 +348,24 @@ def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu") ->
     auto = AutoModelForCausalLM
     if is_vision_language(path):
         from transformers import AutoModelForImageTextToText as auto
-    model = auto.from_pretrained(path, dtype=getattr(torch, dtype), local_files_only=True)
+    device = _device(device)
+    model = auto.from_pretrained(path, dtype=getattr(torch, dtype), local_files_only=True,
+                                 **_attn_kwargs(device, dtype))
     return model.to(device)
+
+
+def _device(device):
+    """A ``torch.device`` as is; None or a ``trainer.device`` value through the resolver."""
+    if device is None or isinstance(device, str):
+        from agentgym.device import resolve_device
+        return resolve_device(device or "auto")
+    return device
+
+
+def _attn_kwargs(device, dtype: str) -> dict:
+    from agentgym.device import attn_implementation
+    impl = attn_implementation(device, dtype)
+    return {"attn_implementation": impl} if impl else {}
 
 
 def is_vision_language(path: str | Path) -> bool:
@@ -356,7 +375,7 @@ def is_vision_language(path: str | Path) -> bool:
     return "vision_config" in cfg
 
 
-def load_value_model(path: str | Path, dtype: str = "float32", device: str = "cpu") -> PreTrainedModel:
+def load_value_model(path: str | Path, dtype: str = "float32", device=None) -> PreTrainedModel:
     """A value model (PPO's critic) from a local folder: the architecture's
     ``AutoModelForTokenClassification`` with one output, as verl builds its critic. A
     causal-LM checkpoint loads its backbone and a fresh head (``score``); dropout is off
@@ -369,6 +388,8 @@ def load_value_model(path: str | Path, dtype: str = "float32", device: str = "cp
 
     config = AutoConfig.from_pretrained(path, num_labels=1, local_files_only=True)
     config.classifier_dropout = 0.0
+    device = _device(device)
     model = AutoModelForTokenClassification.from_pretrained(
-        path, config=config, dtype=getattr(torch, dtype), local_files_only=True)
+        path, config=config, dtype=getattr(torch, dtype), local_files_only=True,
+        **_attn_kwargs(device, dtype))
     return model.to(device)

@@ -18,11 +18,14 @@ logger = logging.getLogger(__name__)
 
 def load_policy(cfg: Config):
     """Resolve ``model.path``/``model.name`` to an HF folder; load model and tokenizer."""
+    from agentgym.device import engine_dtype, resolve_device
     from agentgym.models import load_model, load_tokenizer, resolve_model
     path = resolve_model(cfg.model.path or cfg.model.name)
-    dtype = cfg.engine.dtype or cfg.model.dtype  # rollout-only commands serve the engine's
-    logger.info("loading policy from %s (%s)", path, dtype)
-    return load_model(path, dtype=dtype), load_tokenizer(path), path
+    device = resolve_device(cfg.trainer.device)
+    # rollout-only commands (eval, rollout, demos) play the engine's copy
+    dtype = engine_dtype(cfg.engine.dtype, cfg.model.dtype, device)
+    logger.info("loading policy from %s (%s, %s)", path, dtype, device)
+    return load_model(path, dtype=dtype, device=device), load_tokenizer(path), path
 
 
 def build_engine(cfg: Config, model, tokenizer) -> Engine:
@@ -36,8 +39,11 @@ def engine_for(cfg: Config, path, tokenizer) -> Engine:
     (``engine=sglang``)."""
     model = None
     if ENGINES.get(cfg.engine.name).needs_model:
+        from agentgym.device import engine_dtype, resolve_device
         from agentgym.models import load_model
-        model = load_model(path, dtype=cfg.engine.dtype or cfg.model.dtype)
+        device = resolve_device(cfg.trainer.device)
+        model = load_model(path, dtype=engine_dtype(cfg.engine.dtype, cfg.model.dtype, device),
+                           device=device)
     return build_engine(cfg, model, tokenizer)
 
 

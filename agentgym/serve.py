@@ -500,20 +500,23 @@ def _weight_routes(app: FastAPI, state: ServeState) -> None:
                          "/update_weights_from_distributed")
 
 
-def serve(model: str, host: str = "127.0.0.1", port: int = 30000, dtype: str = "float32",
-          max_batch_size: int = 32, seed: int = 0, skip_tokenizer_init: bool = False,
+def serve(model: str, host: str = "127.0.0.1", port: int = 30000, dtype: str = "",
+          device: str = "auto", max_batch_size: int = 32, seed: int = 0, skip_tokenizer_init: bool = False,
           weight_version: str = "default", log_level: str = "info") -> None:
     """Load ``model`` (zoo name or HF folder) into an HF engine and serve it until SIGTERM."""
     import uvicorn
 
     from agentgym.engines.hf import HFEngine
+    from agentgym.device import engine_dtype, resolve_device
     from agentgym.models import load_model, load_tokenizer, resolve_model
 
     path = resolve_model(model)
-    engine = HFEngine(load_model(path, dtype=dtype), load_tokenizer(path),
+    where = resolve_device(device)
+    dtype = engine_dtype(dtype, "float32", where)
+    engine = HFEngine(load_model(path, dtype=dtype, device=where), load_tokenizer(path),
                       max_batch_size=max_batch_size, seed=seed)
     state = ServeState(engine, str(path), skip_tokenizer_init, weight_version)
-    logger.info("serving %s (%s) on http://%s:%d", path, dtype, host, port)
+    logger.info("serving %s (%s, %s) on http://%s:%d", path, dtype, where, host, port)
     try:
         uvicorn.run(create_app(state), host=host, port=port, log_level=log_level,
                     timeout_graceful_shutdown=10)

@@ -7,7 +7,10 @@
 
 1. ``agentgym train env=ENV trainer.total_steps=STEPS run_dir=WORK/ENV`` with the cold start
    on (``trainer.cold_start=auto``): demonstrations + SFT, then GRPO from the SFT model. A
-   killed run resumes from its last checkpoint when the command is run again.
+   killed run resumes from its last checkpoint when the command is run again. With
+   ``--minutes M`` the training stops after M minutes (the learning rate is constant, so
+   stopping early changes no schedule) and the last saved checkpoint is the RL one: pass
+   ``trainer.save_every`` small enough that little is lost.
 2. ``agentgym eval`` (greedy) of the SFT model and of the last GRPO checkpoint on the first
    EVAL_LIMIT questions of EVAL_DATA, each written with its per-question outcomes.
 3. The paired test (:func:`agentgym.stats.mcnemar`) of their EM, and the run's training
@@ -19,6 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -43,6 +49,41 @@ def _agentgym(*argv: str) -> None:
     cmd = [sys.executable, "-m", "agentgym.cli", *argv]
     print("$", " ".join(cmd[2:]), flush=True)
     subprocess.run(cmd, check=True)
+
+
+def _train(argv: list[str], minutes: float | None) -> bool:
+    """Run ``agentgym train``; with a time budget, stop it (its whole process group, so the
+    retriever server it started goes too) when the budget is spent. True if it was stopped."""
+    cmd = [sys.executable, "-m", "agentgym.cli", "train", *argv]
+    print("$", " ".join(cmd[2:]), flush=True)
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    try:
+        proc.wait(timeout=None if minutes is None else minutes * 60)
+    except subprocess.TimeoutExpired:
+        print(f"time budget of {minutes:g} min spent: stopping the training run", flush=True)
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        return True
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    if proc.returncode:
+        raise SystemExit(f"training failed with exit code {proc.returncode}")
+    return False
+
+
+def _last_checkpoint(run: Path) -> tuple[int, Path]:
+    steps = [(int(m.group(1)), d) for d in (run / "checkpoints").glob("step_*")
+             if (m := re.fullmatch(r"step_(\d+)", d.name)) and (d / "state.json").exists()]
+    if not steps:
+        raise SystemExit(f"no GRPO checkpoint under {run / 'checkpoints'}: raise the time "
+                         f"budget or lower trainer.save_every")
+    return max(steps)
 
 
 def _evaluate(env: str, model: str, data: str, limit: int, out: Path, extra: list[str]) -> dict:
@@ -76,19 +117,22 @@ def main() -> None:
     ap.add_argument("--eval-data", default="nq")
     ap.add_argument("--eval-limit", type=int, default=500)
     ap.add_argument("--work", default="runs/rl_gain")
+    ap.add_argument("--minutes", type=float, default=None,
+                    help="stop training after this many minutes and compare the last "
+                         "saved checkpoint (default: train all --steps)")
     ap.add_argument("overrides", nargs="*", help="key=value overrides for the training run")
     a = ap.parse_args()
     run = Path(a.work) / a.env
     t0 = time.perf_counter()
-    _agentgym("train", f"env={a.env}", f"trainer.total_steps={a.steps}", f"run_dir={run}",
-              "trainer.eval_limit=0", *a.overrides)
+    stopped = _train([f"env={a.env}", f"trainer.total_steps={a.steps}", f"run_dir={run}",
+                      "trainer.eval_limit=0", *a.overrides], a.minutes)
     train_s = time.perf_counter() - t0
     record = json.loads((run / "cold_start" / "cold_start.json").read_text())
     sft_model = record.get("model")
     if not sft_model:
         raise SystemExit(f"the run did not cold-start ({record.get('decision')}): nothing to "
                          f"compare GRPO against")
-    rl_model = run / "checkpoints" / f"step_{a.steps}"
+    rl_steps, rl_model = _last_checkpoint(run)
     # the eval uses the run's engine and budgets, never its model, data or trainer settings
     extra = [o for o in a.overrides if o.startswith(("engine.", "rollout.", "search.", "code."))]
     sft_eval = _evaluate(a.env, sft_model, a.eval_data, a.eval_limit, run / "eval_sft.json", extra)
@@ -97,7 +141,9 @@ def main() -> None:
     paired = {k: mcnemar({e["uid"]: bool(e[k]) for e in sft_eval["episodes"]},
                          {e["uid"]: bool(e[k]) for e in rl_eval["episodes"]})
               for k in ("em", "format_valid")}
-    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    metrics = [m for m in (json.loads(line) for line in
+                           (run / "metrics.jsonl").read_text().splitlines())
+               if m.get("step", 0) <= rl_steps]
     cs = record.get("sft", {})
     n = paired["em"].n
     body = [
@@ -105,7 +151,8 @@ def main() -> None:
         f"({train_s / 60:.0f} min of training in this invocation; a resumed run counts only "
         f"its own part). The cold start: {record.get('demos')} demonstrations, SFT "
         f"{cs.get('steps')} steps (loss {cs.get('loss_first', float('nan')):.3f} → "
-        f"{cs.get('loss_last', float('nan')):.3f}); then {a.steps} GRPO steps from it. Both "
+        f"{cs.get('loss_last', float('nan')):.3f}); then {rl_steps} GRPO steps from it"
+        f"{f' (stopped by the {a.minutes:g}-minute budget)' if stopped else ''}. Both "
         f"checkpoints played greedily on the same first {n} questions of "
         f"`{a.eval_data}`; intervals Wilson 95%, p-values exact McNemar (two-sided) on the "
         f"questions where the two disagree.\n",

@@ -86,8 +86,9 @@ class Critic:
         self.cfg = cfg
         path = resolve_model(cfg.critic.model) if cfg.critic.model else Path(policy_path)
         logger.info("critic from %s", path)
-        self.backend = make_backend(cfg, ModelSpec(str(path), cfg.model.dtype, "value"),
-                                    cfg.critic.lr, cluster)
+        spec = ModelSpec(str(path), cfg.model.dtype, "value", device=cfg.trainer.device,
+                         gradient_checkpointing=cfg.model.gradient_checkpointing)
+        self.backend = make_backend(cfg, spec, cfg.critic.lr, cluster)
 
     def values(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """``(values (B, T), last_values (B,))`` of the current critic, no grad."""

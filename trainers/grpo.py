@@ -46,6 +46,7 @@ from agentgym.config import Config
 from agentgym.data import heldout_rows, training_rows
 from agentgym.manager import summarize
 from agentgym.metrics import MetricsLogger
+from agentgym.device import peak_memory_gb
 from agentgym.models import load_model, load_tokenizer, resolve_model
 from agentgym.engines.base import ENGINES
 from agentgym.runtime import engine_for
@@ -125,7 +126,11 @@ def setup(cfg: Config):
     tokenizer = load_tokenizer(path)
     backend = make_backend(cfg, policy_spec(cfg, path), cfg.trainer.lr, cluster)
     rollout = make_rollout(cfg, path, tokenizer, cluster)
-    ref = load_model(path, dtype=cfg.model.dtype).eval() if cfg.algo.kl_coef > 0 else None
+    ref = None
+    if cfg.algo.kl_coef > 0:  # on the policy's device, or in host memory (algo.ref_offload)
+        from agentgym.device import HOST
+        ref = load_model(path, dtype=cfg.model.dtype,
+                         device=HOST if cfg.algo.ref_offload else cfg.trainer.device).eval()
     if ref is not None:
         ref.requires_grad_(False)
     return path, tokenizer, backend, rollout, ref, cluster
@@ -252,7 +257,8 @@ def score(cfg: Config, backend: SingleBackend, ref, trajs: list[Trajectory], tok
         rewards[torch.arange(len(trajs)), last] += pen
         m["rollout/overlong_penalty"] = float(pen.mean())
     if ref is not None:
-        ref_logp, _ = batched_logprobs(ref, batch, temperature, cfg.trainer.micro_batch_tokens)
+        ref_logp, _ = batched_logprobs(ref, batch, temperature, cfg.trainer.micro_batch_tokens,
+                                       chunk=cfg.trainer.logprob_chunk)
         batch.extra["ref_logp"] = ref_logp
         if a.kl_mode == "reward":
             kl_tok = kl_estimate(batch.extra["old_logp"], ref_logp, mask, a.kl_estimator)
@@ -292,6 +298,7 @@ class PolicyLoss:
     norm_len: int
     #: tokens the metrics average over when zero-gradient rows are left out (0: num_tokens)
     metric_tokens: float = 0.0
+    logprob_chunk: int = 0  # trainer.logprob_chunk
 
     def __call__(self, model, mb: Batch):
         a, num_tokens = self.algo, self.num_tokens
@@ -303,7 +310,8 @@ class PolicyLoss:
         share = float(mask.sum()) / (self.metric_tokens or num_tokens)
         logp, entropy = sequence_logprobs(model, ids, attn, self.temperature, with_entropy=True,
                                           start=first_needed_position(mb.loss_mask),
-                                          entropy_grad=a.entropy_coef > 0, images=mb.images)
+                                          entropy_grad=a.entropy_coef > 0, images=mb.images,
+                                          chunk=self.logprob_chunk)
         metrics = {"entropy": float(masked_mean(entropy.detach(), mask)) * share}
         old = mb.extra.get("old_logp")
         if old is None:
@@ -337,7 +345,8 @@ class PolicyLoss:
 def make_loss_fn(cfg: Config, temperature: float, num_tokens: float, num_seqs: int,
                  norm_len: int) -> PolicyLoss:
     """The policy loss of one mini-batch (its token and sequence totals)."""
-    return PolicyLoss(cfg.algo, temperature, num_tokens, num_seqs, norm_len)
+    return PolicyLoss(cfg.algo, temperature, num_tokens, num_seqs, norm_len,
+                      logprob_chunk=cfg.trainer.logprob_chunk)
 
 
 def minibatch_updates(cfg: Config, backend: SingleBackend, batch: Batch,
@@ -567,6 +576,8 @@ def train(cfg: Config, hooks: Hooks | None = None) -> Path:
             m.update({"time/rollout_s": t1 - t0, "time/train_s": t2 - t1, "time/sync_s": t3 - t2,
                       "time/generate_s": m["rollout/generate_s"], "time/env_s": m["rollout/env_s"],
                       "time/step_s": time.perf_counter() - t0})
+            if (peak := peak_memory_gb(getattr(s.backend, "device", None))) is not None:
+                m["perf/peak_memory_gb"] = peak  # this process's GPU: policy, engine, ref
             s.end_step(step + 1, m)
         s.finish()
     finally:

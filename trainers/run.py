@@ -221,9 +221,11 @@ def make_backend(cfg: Config, spec, lr: float, cluster=None, total_steps: int | 
     ``spec`` (a :class:`~trainers.backends.base.ModelSpec`) describes. The LR schedule
     counts optimizer steps: by default ``trainer.total_steps`` / ``trainer.warmup_steps``
     times the optimizer steps per training step (``ppo_epochs x mini_batches``)."""
+    from agentgym.device import mixed_precision, resolve_device
     from trainers.backends.single import SingleBackend
     t = cfg.trainer
     k = t.ppo_epochs * t.mini_batches
+    precision = mixed_precision(t.mixed_precision, resolve_device(t.device))
     total = total_steps if total_steps is not None else t.total_steps * k
     warmup = warmup_steps if warmup_steps is not None else t.warmup_steps * k
     if t.backend == "single":
@@ -231,19 +233,20 @@ def make_backend(cfg: Config, spec, lr: float, cluster=None, total_steps: int | 
                              warmup_steps=warmup, total_steps=total,
                              schedule=t.lr_schedule, max_grad_norm=t.max_grad_norm,
                              micro_batch_tokens=t.micro_batch_tokens,
-                             mixed_precision=t.mixed_precision)
+                             mixed_precision=precision, logprob_chunk=t.logprob_chunk)
     from trainers.backends.distributed import DistributedBackend
     from trainers.backends.ranks import OptimSpec
     optim = OptimSpec(lr=lr, weight_decay=t.weight_decay, warmup_steps=warmup,
                       total_steps=total, schedule=t.lr_schedule,
-                      max_grad_norm=t.max_grad_norm, mixed_precision=t.mixed_precision,
+                      max_grad_norm=t.max_grad_norm, mixed_precision=precision,
                       zero_stage=t.zero_stage, offload=t.offload)
     ranks = None
     if cluster is not None:
         from trainers.ray_cluster import RayRanks
         ranks = RayRanks(cluster, t.nprocs, t.backend, spec, optim,
                          "critic" if spec.kind == "value" else "policy")
-    return DistributedBackend(t.backend, spec, optim, t.nprocs, t.micro_batch_tokens, ranks)
+    return DistributedBackend(t.backend, spec, optim, t.nprocs, t.micro_batch_tokens, ranks,
+                              logprob_chunk=t.logprob_chunk)
 
 
 def policy_spec(cfg: Config, path):
@@ -253,4 +256,5 @@ def policy_spec(cfg: Config, path):
     from trainers.lora import LoraSpec
     lo = cfg.model.lora
     return ModelSpec(str(path), cfg.model.dtype, lora=LoraSpec(
-        lo.rank, lo.alpha, lo.dropout, lo.target_modules, cfg.trainer.seed) if lo.rank else None)
+        lo.rank, lo.alpha, lo.dropout, lo.target_modules, cfg.trainer.seed) if lo.rank else None,
+        device=cfg.trainer.device, gradient_checkpointing=cfg.model.gradient_checkpointing)

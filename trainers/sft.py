@@ -99,17 +99,18 @@ class NLLLoss:
     gradient accumulation, like the RL losses' ``token-mean``); picklable."""
 
     num_tokens: float
+    chunk: int = 0  # trainer.logprob_chunk
 
     def __call__(self, model, mb: Batch):
         dev = next(model.parameters()).device
         mask = mb.loss_mask.to(dev)
         logp, _ = sequence_logprobs(model, mb.input_ids.to(dev), mb.attention_mask.to(dev),
-                                    start=first_needed_position(mb.loss_mask))
+                                    start=first_needed_position(mb.loss_mask), chunk=self.chunk)
         return aggregate(-logp, mask, "token-mean", num_tokens=self.num_tokens), {}
 
 
-def sft_loss_fn(num_tokens: float) -> NLLLoss:
-    return NLLLoss(num_tokens)
+def sft_loss_fn(num_tokens: float, chunk: int = 0) -> NLLLoss:
+    return NLLLoss(num_tokens, chunk)
 
 
 def padding_stats(micro: list[Batch]) -> tuple[int, int]:
@@ -173,7 +174,7 @@ def _sft_steps(cfg: Config, run_dir: Path, backend, tokenizer, trajs, plan, per_
             batch = collate([trajs[i] for i in plan[step]], tokenizer.pad_token_id)
             micro = backend.split(batch)
             num_tokens = float(batch.loss_mask.sum().clamp(min=1))
-            out = backend.train_step(micro, sft_loss_fn(num_tokens))
+            out = backend.train_step(micro, sft_loss_fn(num_tokens, t.logprob_chunk))
             real, padded = padding_stats(micro)
             elapsed = time.perf_counter() - t0
             m = {"train/loss": out["loss"], "train/grad_norm": out["grad_norm"],

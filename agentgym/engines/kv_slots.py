@@ -65,7 +65,7 @@ class Slots:
         self.end = 0
         self.layouts = 0  # how many times the live rows were copied to a new layout
         self._heads: list[tuple[int, int]] = []  # per layer (kv_heads, head_dim)
-        self._dtype, self._device = torch.float32, torch.device("cpu")
+        self._dtype, self._device = torch.float32, None  # the first row sets them
 
     @property
     def live(self) -> int:

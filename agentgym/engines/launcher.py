@@ -61,8 +61,8 @@ def launch_sglang(model_path: str, port: int | None = None, host: str = "127.0.0
                            "sglang is not installed (pip install \"sglang[all]\" on a GPU "
                            "machine); or point engine.urls at running servers (SGLang, or "
                            "`agentgym serve --model ... --port ...` on CPU)")
-    import torch
-    if not torch.cuda.is_available():
+    from agentgym.device import cuda_available
+    if not cuda_available():
         raise RuntimeError("SGLang servers need a CUDA GPU and this machine has none; run "
                            "`agentgym serve --model ... --port ...` and pass engine.urls=[...]")
     port = port or free_port()

@@ -52,6 +52,7 @@ import time
 import uuid
 from urllib.parse import urlparse
 
+from agentgym.device import is_accelerator
 from agentgym.engines.sglang_api import SGLangServerError
 
 logger = logging.getLogger(__name__)
@@ -208,7 +209,7 @@ class WeightSyncMixin:
         from agentgym.engines.weight_group import broadcast
         try:
             if self._group is None:
-                self._init_group("nccl" if any(v.is_cuda for v in tensors.values())
+                self._init_group("nccl" if any(is_accelerator(v.device) for v in tensors.values())
                                  else "gloo")
             names = list(tensors)
             body = {"names": names, "dtypes": [str(tensors[n].dtype).removeprefix("torch.")

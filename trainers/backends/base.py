@@ -43,12 +43,24 @@ class ModelSpec:
     dtype: str = "float32"
     kind: str = "causal_lm"
     lora: Any = None  # trainers.lora.LoraSpec: train adapters only (causal_lm)
+    device: str = "auto"  # trainer.device (agentgym.device.resolve_device)
+    gradient_checkpointing: bool = False  # model.gradient_checkpointing
 
-    def load(self):
+    def load(self, device=None):
+        """The model on ``device`` (a rank's own), else on ``self.device`` resolved here."""
         from agentgym.models import load_model, load_value_model
         if self.kind not in ("causal_lm", "value"):
             raise ValueError(f"model kind {self.kind!r}; valid: causal_lm, value")
-        model = (load_model if self.kind == "causal_lm" else load_value_model)(self.path, self.dtype)
+        loader = load_model if self.kind == "causal_lm" else load_value_model
+        model = loader(self.path, self.dtype, device=device or self.device)
+        if self.gradient_checkpointing:
+            # non-reentrant: exact gradients, and it works with frozen inputs (LoRA)
+            if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x
+                model.activation_checkpointing_enable(
+                    activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(
+                    gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.lora is not None:
             from trainers.lora import wrap
             model = wrap(model, self.lora)
@@ -101,9 +113,89 @@ def _accepts_logits_to_keep(model) -> bool:
     return _KEEPS_LOGITS[cls]
 
 
+def _decoder_and_head(model):
+    """``(decoder, lm_head)`` of a plain transformers causal LM (LoRA-wrapped or not) whose
+    logits are exactly ``lm_head(decoder(...).last_hidden_state)``; None for anything else
+    (FSDP2-sharded modules, whose root hooks gather the head's weights only inside the
+    root's forward; DeepSpeed engines; soft-capped or scaled logits), which then take the
+    plain path."""
+    from transformers import PreTrainedModel
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not isinstance(base, PreTrainedModel) or _is_sharded(model):
+        return None
+    cfg = base.config
+    if getattr(cfg, "final_logit_softcapping", None) or \
+            getattr(cfg, "logit_scale", None) not in (None, 1, 1.0):
+        return None
+    decoder = getattr(base, base.base_model_prefix, None)
+    head = base.get_output_embeddings()
+    if decoder is None or decoder is base or head is None:
+        return None
+    return decoder, head
+
+
+def _is_sharded(model) -> bool:
+    """Whether any of the model's weights is sharded: FSDP2 DTensors (the wrapped root may
+    be a LoRA wrapper around the transformers model) or ZeRO-3 partitions."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch without distributed
+        DTensor = ()
+    return any(isinstance(p, DTensor) or hasattr(p, "ds_id") for p in model.parameters())
+
+
+def _chunk_logprobs(head, temperature: float, with_entropy: bool, entropy_grad: bool,
+                    hidden: torch.Tensor, targets: torch.Tensor):
+    """Log-probabilities (and entropies) of ``targets`` from ``hidden`` rows ``(N, H)``:
+    one chunk's vocabulary logits, in fp32, freed when it returns."""
+    logits = head(hidden).float() / (temperature or 1.0)
+    lse = torch.logsumexp(logits, dim=-1)
+    logp = logits.gather(-1, targets[:, None])[:, 0] - lse
+    if not with_entropy:
+        return logp, None
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    return logp, entropy
+
+
+def _chunked(model, parts, input_ids, attention_mask, temperature, with_entropy, s,
+             entropy_grad, chunk):
+    """:func:`sequence_logprobs` through the decoder's hidden states, projecting ``chunk``
+    positions at a time; under grad each chunk is checkpointed, so the backward recomputes
+    its logits instead of keeping them (peak: one chunk's ``(chunk, vocab)`` fp32 logits,
+    not the whole micro-batch's)."""
+    import functools
+
+    from torch.utils.checkpoint import checkpoint
+    decoder, head = parts
+    B, T = input_ids.shape
+    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    hidden = hidden[:, s - 1:-1]  # predicts tokens s .. T-1
+    flat_h = hidden.reshape(-1, hidden.shape[-1])
+    flat_t = input_ids[:, s:].reshape(-1)
+    fn = functools.partial(_chunk_logprobs, head, temperature, with_entropy, entropy_grad)
+    lps, ents = [], []
+    for i in range(0, flat_h.shape[0], chunk):
+        h, t = flat_h[i:i + chunk], flat_t[i:i + chunk]
+        if torch.is_grad_enabled():
+            lp, ent = checkpoint(fn, h, t, use_reentrant=False)
+        else:
+            lp, ent = fn(h, t)
+        lps.append(lp)
+        ents.append(ent)
+    logp = torch.zeros((B, T), dtype=torch.float32, device=input_ids.device)
+    entropy = torch.zeros_like(logp) if with_entropy else None
+    if lps:
+        logp[:, s:] = torch.cat(lps).view(B, T - s)
+        if with_entropy:
+            entropy[:, s:] = torch.cat(ents).view(B, T - s)
+    return logp, entropy
+
+
 def sequence_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       temperature: float = 1.0, with_entropy: bool = False,
-                      start: int = 0, entropy_grad: bool = False, images: list | None = None):
+                      start: int = 0, entropy_grad: bool = False, images: list | None = None,
+                      chunk: int = 0):
     """Per-token logprobs aligned with ``input_ids`` (``[:, 0]`` is 0), shape ``(B, T)``.
 
     Right-padded input; logits are divided by ``temperature`` (as the rollout engine's
@@ -112,7 +204,10 @@ def sequence_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     (``logits_to_keep``), so a long prompt costs no logits; earlier positions hold 0.
     The entropy (when asked) is differentiable only with ``entropy_grad``. ``images``:
     per row, the prompt's processed images (VL models: pixel values and the 3-D positions
-    the engine used, :func:`agentgym.vision.vl_forward_kwargs`).
+    the engine used, :func:`agentgym.vision.vl_forward_kwargs`). ``chunk`` > 0: at most
+    that many positions' vocabulary logits exist at once (``trainer.logprob_chunk``;
+    plain transformers text models; the same values and gradients, see
+    :func:`_chunked`).
     """
     B, T = input_ids.shape
     s = max(start, 1)
@@ -120,6 +215,9 @@ def sequence_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     if images is not None or getattr(getattr(model, "config", None), "vision_config", None):
         from agentgym.vision import vl_forward_kwargs
         kw = vl_forward_kwargs(model, input_ids, attention_mask, images)
+    if chunk > 0 and not kw and s < T and (parts := _decoder_and_head(model)) is not None:
+        return _chunked(model, parts, input_ids, attention_mask, temperature, with_entropy, s,
+                        entropy_grad, chunk)
     if _accepts_logits_to_keep(model):
         logits = model(input_ids=input_ids, attention_mask=attention_mask,
                        logits_to_keep=T - s + 1, **kw).logits
@@ -172,17 +270,19 @@ class LogprobFn:
 
     temperature: float
     with_entropy: bool = False
+    chunk: int = 0  # trainer.logprob_chunk
 
     def __call__(self, model, mb: Batch, device):
         lp, ent = sequence_logprobs(model, mb.input_ids.to(device), mb.attention_mask.to(device),
                                     self.temperature, self.with_entropy,
                                     start=first_needed_position(mb.loss_mask),
-                                    images=mb.images)
+                                    images=mb.images, chunk=self.chunk)
         return (lp, ent) if self.with_entropy else (lp,)
 
 
 def batched_logprobs(model, batch: Batch, temperature: float, micro_batch_tokens: int,
-                     with_entropy: bool = False):
+                     with_entropy: bool = False, chunk: int = 0):
     """:func:`sequence_logprobs` over a whole batch in token-budgeted micro-batches."""
-    out = batched_apply(model, batch, micro_batch_tokens, LogprobFn(temperature, with_entropy))
+    out = batched_apply(model, batch, micro_batch_tokens,
+                        LogprobFn(temperature, with_entropy, chunk))
     return out[0], (out[1] if with_entropy else None)

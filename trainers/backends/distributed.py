@@ -69,10 +69,11 @@ def init_rank(rank: int, world: int, addr: str, port: int, kind: str, threads: i
     """Process-group set-up of one rank (also used by Ray actors)."""
     os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=os.environ.get("LOCAL_RANK", str(rank)))
-    if not torch.cuda.is_available():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from agentgym.device import HOST, cuda_available
+    if not cuda_available():
+        os.environ.setdefault("DS_ACCELERATOR", HOST)
         torch.set_num_threads(threads)
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    backend = "nccl" if cuda_available() else "gloo"
     if kind == "deepspeed":
         # DeepSpeed builds its CPU shared-memory op on first use, under a lock file that a
         # process killed mid-build leaves behind (every later build then waits on it for
@@ -244,9 +245,10 @@ class DistributedBackend:
     """
 
     def __init__(self, kind: str, spec: ModelSpec, optim: OptimSpec, nprocs: int,
-                 micro_batch_tokens: int, ranks=None) -> None:
+                 micro_batch_tokens: int, ranks=None, logprob_chunk: int = 0) -> None:
         self.kind, self.n = kind, nprocs
         self.micro_batch_tokens = micro_batch_tokens
+        self.logprob_chunk = logprob_chunk
         self.ranks = ranks or ProcessRanks(nprocs, kind, spec, optim)
 
     def split(self, batch: Batch) -> list[Batch]:
@@ -311,7 +313,7 @@ class DistributedBackend:
         return result or []
 
     def logprobs(self, batch: Batch, temperature: float, with_entropy: bool = False):
-        out = self.apply(LogprobFn(temperature, with_entropy), batch)
+        out = self.apply(LogprobFn(temperature, with_entropy, self.logprob_chunk), batch)
         return out[0], (out[1] if with_entropy else None)
 
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from agentgym.device import HOST, is_accelerator, resolve_device
 from trainers import lora
 from trainers.backends.base import LossFn, ModelSpec
 from trainers.batch import Batch
@@ -45,12 +46,10 @@ class OptimSpec:
     offload: bool = False  # fsdp: params/grads/optimizer on CPU (GPU runs); deepspeed: optimizer on CPU
 
 
-def device_for(local_rank: int) -> torch.device:
-    """``cuda:<local rank>`` when this machine has GPUs, else the CPU."""
-    if torch.cuda.is_available():
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
+def device_for(spec: ModelSpec, rank: int) -> torch.device:
+    """The rank's device: ``trainer.device`` resolved with the rank's local index
+    (``cuda:<LOCAL_RANK>`` on a GPU machine under ``auto``, else the CPU)."""
+    return resolve_device(spec.device, int(os.environ.get("LOCAL_RANK", rank)))
 
 
 def _trainable(model) -> list[torch.nn.Parameter]:
@@ -173,11 +172,11 @@ class FSDPRank(RankBackend):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
         self.rank, self.world, self.o = rank, world, o
-        self.device = device_for(int(os.environ.get("LOCAL_RANK", rank)))
-        if o.offload and self.device.type != "cuda":
+        self.device = device_for(spec, rank)
+        if o.offload and not is_accelerator(self.device):
             raise ValueError("trainer.offload with trainer.backend=fsdp moves parameters to "
                              "the CPU, so it needs a GPU run; on CPU leave trainer.offload=false")
-        model = spec.load().to(self.device)
+        model = spec.load(self.device)
         mesh = init_device_mesh(self.device.type, (world,))
         kw = {"mesh": mesh}
         if o.mixed_precision == "bf16":
@@ -252,18 +251,18 @@ class DeepSpeedRank(RankBackend):
     def __init__(self, spec: ModelSpec, o: OptimSpec, rank: int, world: int) -> None:
         import deepspeed
         self.rank, self.world, self.o = rank, world, o
-        self.device = device_for(int(os.environ.get("LOCAL_RANK", rank)))
+        self.device = device_for(spec, rank)
         if o.zero_stage not in (1, 2, 3):
             raise ValueError(f"trainer.zero_stage={o.zero_stage}; valid: 1, 2, 3")
         zero = {"stage": o.zero_stage}
         if o.offload:
-            zero["offload_optimizer"] = {"device": "cpu"}
+            zero["offload_optimizer"] = {"device": HOST}
         config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
                   "managed_gradient_accumulation": False, "zero_optimization": zero,
                   "gradient_clipping": o.max_grad_norm, "bf16": {"enabled": o.mixed_precision == "bf16"},
                   "zero_allow_untested_optimizer": True, "steps_per_print": 1 << 30,
                   "wall_clock_breakdown": False}
-        model = spec.load().to(self.device)
+        model = spec.load(self.device)
         if o.offload:  # ZeRO-offload steps on the CPU with DeepSpeed's own Adam
             from deepspeed.ops.adam import DeepSpeedCPUAdam
             opt = DeepSpeedCPUAdam(_trainable(model), lr=o.lr, betas=o.betas,

@@ -40,12 +40,16 @@ class SingleBackend:
         warmup_steps, total_steps, schedule: the learning-rate schedule.
         max_grad_norm: gradient clipping (0 disables).
         micro_batch_tokens: padded-token budget of one forward/backward.
+        mixed_precision: ``""`` (fp32) or ``bf16`` autocast.
+        logprob_chunk: positions projected to the vocabulary at once in :meth:`logprobs`
+            (0: all; :func:`~trainers.backends.base.sequence_logprobs`).
     """
 
     def __init__(self, model, lr: float = 1e-6, weight_decay: float = 0.0,
                  betas: tuple[float, float] = (0.9, 0.999), warmup_steps: int = 0,
                  total_steps: int = 1, schedule: str = "constant", max_grad_norm: float = 1.0,
-                 micro_batch_tokens: int = 8192, mixed_precision: str = "") -> None:
+                 micro_batch_tokens: int = 8192, mixed_precision: str = "",
+                 logprob_chunk: int = 0) -> None:
         if mixed_precision not in ("", "bf16"):
             raise ValueError(f"mixed_precision={mixed_precision!r}; valid: '' (off), bf16")
         self.model = model
@@ -53,6 +57,7 @@ class SingleBackend:
         self.device = next(model.parameters()).device
         self.max_grad_norm = max_grad_norm
         self.micro_batch_tokens = micro_batch_tokens
+        self.logprob_chunk = logprob_chunk
         self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
                                            lr=lr, betas=betas, weight_decay=weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -73,7 +78,7 @@ class SingleBackend:
             return batched_apply(self.model, batch, self.micro_batch_tokens, fn)
 
     def logprobs(self, batch: Batch, temperature: float, with_entropy: bool = False):
-        out = self.apply(LogprobFn(temperature, with_entropy), batch)
+        out = self.apply(LogprobFn(temperature, with_entropy, self.logprob_chunk), batch)
         return out[0], (out[1] if with_entropy else None)
 
     def close(self) -> None:

@@ -1,0 +1,113 @@
+"""One device resolver (agentgym.device): its answers on this machine, and a walk over the
+library code that fails on a device named anywhere else."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentgym import device as dev
+from agentgym.config import build_config, parse_overrides
+
+ROOT = Path(__file__).resolve().parents[1]
+LIBRARY = ("agentgym", "trainers", "envs", "tools", "retriever_server")
+#: device names; "meta" (shape-only construction) is not a placement and stays allowed
+NAMES = {"cpu", "cuda", "mps", "xpu", "npu", "hpu"}
+
+
+def _named_devices(path: Path) -> list[str]:
+    """``line: what`` for each place ``path`` names a device: a string literal that is a
+    device ("cpu", "cuda", "cuda:1"), a ``torch.device(...)`` call (but ``"meta"``),
+    ``.cuda(...)``, ``torch.cuda.*`` or ``.is_cuda``. ``torch.device`` as a type annotation
+    names no device."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if node.value.split(":")[0] in NAMES:
+                found.append(f"{node.lineno}: {node.value!r}")
+        elif isinstance(node, ast.Call) and ast.unparse(node.func) == "torch.device":
+            if [ast.unparse(a) for a in node.args] != ["'meta'"]:
+                found.append(f"{node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.Attribute):
+            if ast.unparse(node) == "torch.cuda" or node.attr in ("cuda", "is_cuda"):
+                found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_device_named_outside_the_resolver():
+    offenders = {}
+    for package in LIBRARY:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if path == ROOT / "agentgym" / "device.py":
+                continue
+            if hits := _named_devices(path):
+                offenders[str(path.relative_to(ROOT))] = hits
+    assert not offenders, f"devices named outside agentgym/device.py: {offenders}"
+
+
+def test_the_walk_sees_each_way_of_naming_a_device(tmp_path):
+    """The check above can fail: each form it looks for is caught in a sample file."""
+    sample = tmp_path / "sample.py"
+    sample.write_text("import torch\n"
+                      "a = torch.zeros(1, device='cpu')\n"
+                      "b = torch.device(0)\n"
+                      "c = a.cuda()\n"
+                      "d = torch.cuda.is_available()\n"
+                      "e = a.is_cuda\n"
+                      "f = 'cuda:1'\n"
+                      "g = torch.device('meta')\n")
+    lines = sorted({int(h.split(":")[0]) for h in _named_devices(sample)})
+    assert lines == [2, 3, 4, 5, 6, 7]  # not line 8: "meta" places nothing
+
+
+def test_resolve_device_on_this_machine():
+    cpu = torch.device("cpu")
+    assert dev.resolve_device("cpu") == cpu
+    if torch.cuda.is_available():
+        assert dev.resolve_device("auto").type == "cuda"
+        assert dev.resolve_device("cuda:0") == torch.device("cuda", 0)
+        with pytest.raises(ValueError, match="cuda:99"):
+            dev.resolve_device("cuda:99")
+    else:
+        assert dev.resolve_device("auto") == cpu
+        assert dev.resolve_device("auto", local_rank=3) == cpu
+        for spec in ("cuda", "cuda:0"):
+            with pytest.raises(ValueError, match=r"no CUDA device.*trainer.device=auto or cpu"):
+                dev.resolve_device(spec)
+
+
+@pytest.mark.parametrize("bad", ["gpu", "CUDA", "cuda:", "cuda:x", "cpu:0", "", "tpu"])
+def test_bad_device_names_the_value_and_the_valid_ones(bad):
+    with pytest.raises(ValueError, match=r"trainer.device=.*valid: auto \| cpu \| cuda \| cuda:N"):
+        dev.resolve_device(bad)
+    with pytest.raises(ValueError, match="trainer.device"):
+        build_config(parse_overrides([f"trainer.device={bad}"]))
+
+
+def test_what_goes_with_the_device():
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)  # no GPU needed to ask
+    assert dev.engine_dtype("", "float32", cpu) == "float32"
+    assert dev.engine_dtype("", "float32", gpu) == "bfloat16"
+    assert dev.engine_dtype("float32", "float32", gpu) == "float32"  # set: kept
+    assert dev.mixed_precision("", cpu) == "" and dev.mixed_precision("", gpu) == "bf16"
+    assert dev.mixed_precision("fp32", gpu) == "" and dev.mixed_precision("bf16", cpu) == "bf16"
+    with pytest.raises(ValueError, match="fp16"):
+        dev.mixed_precision("fp16", cpu)
+    assert dev.attn_implementation(cpu, "float32") is None
+    assert dev.attn_implementation(gpu, "float32") == "sdpa"
+    assert dev.attn_implementation(gpu, "bfloat16") in ("sdpa", "flash_attention_2")
+
+
+def test_models_load_where_the_resolver_says(tiny_path):
+    from agentgym.models import load_model
+    from trainers.backends.base import ModelSpec
+    expected = dev.resolve_device("auto")
+    assert next(load_model(tiny_path).parameters()).device == expected
+    assert next(ModelSpec(str(tiny_path)).load().parameters()).device == expected
+    assert next(load_model(tiny_path, device="cpu").parameters()).device.type == "cpu"
+    with pytest.raises(ValueError, match="trainer.device='gpu'"):
+        load_model(tiny_path, device="gpu")
