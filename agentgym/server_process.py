@@ -72,6 +72,36 @@ def exit_cleanly_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
 
 
+#: set by :class:`ServerProcess` in its child's environment: the pid that started it, and
+#: the temporary folder that holds its log (removed by :meth:`ServerProcess.stop`)
+PARENT_PID_ENV, TMP_DIR_ENV = "AGENTGYM_PARENT_PID", "AGENTGYM_SERVER_TMP_DIR"
+
+
+def watch_parent(poll_s: float = 1.0) -> threading.Thread | None:
+    """In a server that :class:`ServerProcess` started: end this process (SIGTERM to itself,
+    so the server shuts down as on ``stop()``) and remove its temporary log folder when the
+    process that started it is gone, however that one died (a SIGKILL runs no cleanup of
+    its own; the server would otherwise run on, orphaned). A daemon thread polling the
+    parent pid; None when not started by a :class:`ServerProcess`."""
+    parent = os.environ.get(PARENT_PID_ENV)
+    if not parent:
+        return None
+    parent_pid, tmp_dir = int(parent), os.environ.get(TMP_DIR_ENV)
+
+    def run() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(poll_s)
+        logger.warning("the process that started this server (pid %d) is gone: stopping",
+                       parent_pid)
+        if tmp_dir:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=run, name="watch-parent", daemon=True)
+    thread.start()
+    return thread
+
+
 class ServerProcess:
     """One server subprocess, healthy once ``GET url + health_path`` answers 200.
 
@@ -135,9 +165,11 @@ class ServerProcess:
             self._tmp_dir = Path(tempfile.mkdtemp(prefix=f"agentgym-{slug}-"))
             self.log_path = self._tmp_dir / "server.log"
         with open(self.log_path, "ab") as log:
+            watch = {PARENT_PID_ENV: str(os.getpid()),
+                     TMP_DIR_ENV: str(self._tmp_dir) if self._tmp_dir else ""}
             self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL,
-                                         env={**os.environ, **self.env},
+                                         env={**os.environ, **self.env, **watch},
                                          start_new_session=True)
         try:
             self._wait_healthy()

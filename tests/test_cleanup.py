@@ -113,12 +113,14 @@ DRIVER = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
 def test_a_signalled_process_takes_its_servers_along(private_tmp, small_corpus, tiny_path,
                                                      tmp_path, sig):
     """A script that started both servers and is then sent SIGTERM (which by default
     skips exit handlers) or SIGINT (Ctrl-C, which its servers never see: they lead their
-    own sessions) stops them and removes their folders on the way out."""
+    own sessions) stops them and removes their folders on the way out. SIGKILL (the OOM
+    killer's) runs nothing in the script: the servers notice their parent is gone
+    (``watch_parent``), remove their folders and stop."""
     proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(small_corpus),
                              str(tmp_path / "ix"), str(tiny_path)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -136,6 +138,8 @@ def test_a_signalled_process_takes_its_servers_along(private_tmp, small_corpus, 
             proc.kill()
             proc.wait()
     assert proc.returncode == (128 + signal.SIGTERM if sig == signal.SIGTERM else -sig)
+    if sig == signal.SIGKILL:  # the servers' own watch, polling each second
+        _wait(lambda: not _live_with_tmpdir(private_tmp), 60, "the orphaned servers' exit")
     assert _leftovers(private_tmp) == []
     assert _live_with_tmpdir(private_tmp) == []
 
