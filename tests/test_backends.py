@@ -116,3 +116,26 @@ def test_sharded_lora_matches_single(lora_reference, kind, stage):
     assert d_weights.keys() == weights.keys() and not any("lora" in k for k in weights)
     for k in weights:
         torch.testing.assert_close(d_weights[k], weights[k], atol=WATOL, rtol=0), k
+
+
+@pytest.mark.parametrize("kind", ["fsdp", "deepspeed"])
+def test_sharded_reference_lives_in_the_ranks(tiny_path, tiny_tokenizer, kind):
+    """The KL reference of a sharded backend (loaded in the ranks, sharded as the policy
+    is) gives the local reference's logprobs, and stays put while the policy trains."""
+    from trainers.backends.base import batched_logprobs
+    from agentgym.models import load_model
+    cfg = build_config({})
+    batches = _batches(tiny_tokenizer)
+    local, _ = batched_logprobs(load_model(tiny_path, device="cpu"), batches[0], 0.7, 64)
+    backend = DistributedBackend(kind, ModelSpec(str(tiny_path)),
+                                 OptimSpec(lr=1e-2, zero_stage=2), 2, 64, logprob_chunk=5)
+    try:
+        before = backend.reference_logprobs(batches[0], 0.7)
+        _run(backend, batches, cfg)  # the policy moves ...
+        policy, _ = backend.logprobs(batches[0], 0.7)
+        after = backend.reference_logprobs(batches[0], 0.7)
+    finally:
+        backend.close()
+    torch.testing.assert_close(before, local, atol=LPTOL, rtol=0)
+    torch.testing.assert_close(after, before, atol=0, rtol=0)  # ... the reference does not
+    assert (policy - local).abs().max() > 100 * LPTOL

@@ -111,3 +111,16 @@ def test_models_load_where_the_resolver_says(tiny_path):
     assert next(load_model(tiny_path, device="cpu").parameters()).device.type == "cpu"
     with pytest.raises(ValueError, match="trainer.device='gpu'"):
         load_model(tiny_path, device="gpu")
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_the_kl_reference_follows_the_policy_or_is_offloaded(tiny_path, offload):
+    from trainers.grpo import reference
+    cfg = build_config(parse_overrides(["model.name=tiny", "algo.kl_coef=0.1",
+                                        f"algo.ref_offload={str(offload).lower()}"]))
+    ref = reference(cfg, tiny_path, backend=None)
+    where = next(ref.model.parameters()).device
+    assert where == (torch.device("cpu") if offload else dev.resolve_device("auto"))
+    assert not any(p.requires_grad for p in ref.model.parameters())
+    sharded = build_config(parse_overrides(["trainer.backend=fsdp", "algo.kl_coef=0.1"]))
+    assert reference(sharded, tiny_path, backend="the ranks").backend == "the ranks"

@@ -126,14 +126,40 @@ def setup(cfg: Config):
     tokenizer = load_tokenizer(path)
     backend = make_backend(cfg, policy_spec(cfg, path), cfg.trainer.lr, cluster)
     rollout = make_rollout(cfg, path, tokenizer, cluster)
-    ref = None
-    if cfg.algo.kl_coef > 0:  # on the policy's device, or in host memory (algo.ref_offload)
-        from agentgym.device import HOST
-        ref = load_model(path, dtype=cfg.model.dtype,
-                         device=HOST if cfg.algo.ref_offload else cfg.trainer.device).eval()
-    if ref is not None:
-        ref.requires_grad_(False)
+    ref = reference(cfg, path, backend) if cfg.algo.kl_coef > 0 else None
     return path, tokenizer, backend, rollout, ref, cluster
+
+
+@dataclass
+class Reference:
+    """The frozen KL reference: a model in this process (``model``), or the one the
+    sharded backend's ranks hold (``backend``), sharded as the policy is."""
+
+    model: Any = None
+    backend: Any = None
+    micro_batch_tokens: int = 4096
+    chunk: int = 0
+
+    def logprobs(self, batch: Batch, temperature: float) -> torch.Tensor:
+        if self.backend is not None:
+            return self.backend.reference_logprobs(batch, temperature)
+        return batched_logprobs(self.model, batch, temperature, self.micro_batch_tokens,
+                                chunk=self.chunk)[0]
+
+
+def reference(cfg: Config, path, backend) -> Reference:
+    """Where the reference lives: with a sharded backend (fsdp, deepspeed), in its ranks
+    beside the policy; with the single backend, on the policy's device; in host memory
+    with ``algo.ref_offload`` (either backend)."""
+    from agentgym.device import HOST
+    t = cfg.trainer
+    if t.backend != "single" and not cfg.algo.ref_offload:
+        return Reference(backend=backend)
+    model = load_model(path, dtype=cfg.model.dtype,
+                       device=HOST if cfg.algo.ref_offload else t.device).eval()
+    model.requires_grad_(False)
+    return Reference(model=model, micro_batch_tokens=t.micro_batch_tokens,
+                     chunk=t.logprob_chunk)
 
 
 def make_rollout(cfg: Config, path, tokenizer, cluster=None):
@@ -257,8 +283,7 @@ def score(cfg: Config, backend: SingleBackend, ref, trajs: list[Trajectory], tok
         rewards[torch.arange(len(trajs)), last] += pen
         m["rollout/overlong_penalty"] = float(pen.mean())
     if ref is not None:
-        ref_logp, _ = batched_logprobs(ref, batch, temperature, cfg.trainer.micro_batch_tokens,
-                                       chunk=cfg.trainer.logprob_chunk)
+        ref_logp = ref.logprobs(batch, temperature)
         batch.extra["ref_logp"] = ref_logp
         if a.kl_mode == "reward":
             kl_tok = kl_estimate(batch.extra["old_logp"], ref_logp, mask, a.kl_estimator)
@@ -444,7 +469,7 @@ class Session:
     tokenizer: Any
     backend: SingleBackend
     rollout: Any  # trainers.run.LocalRollout or trainers.ray_cluster.RayRollout
-    ref: Any  # frozen reference model, or None
+    ref: Any  # the frozen KL reference (Reference), or None
     metrics_log: MetricsLogger
     critic: Any  # trainers.critic.Critic, or None
     cluster: Any  # trainers.ray_cluster.RayCluster, or None

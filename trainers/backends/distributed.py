@@ -285,14 +285,16 @@ class DistributedBackend:
                     out[k] = out.get(k, 0.0) + v
         return out
 
-    def apply(self, fn, batch: Batch) -> list[torch.Tensor]:
+    def apply(self, fn, batch: Batch, model: str = "policy") -> list[torch.Tensor]:
         """``fn(model, micro_batch, device)`` over the batch on all ranks, no grad; the
-        outputs (``(b, t)`` padded to the batch width, or ``(b,)``) in row order."""
+        outputs (``(b, t)`` padded to the batch width, or ``(b,)``) in row order.
+        ``model="reference"``: on the frozen KL reference the ranks hold, sharded as the
+        policy is (loaded on first use)."""
         lengths = batch.attention_mask.sum(-1).tolist()
         index = micro_batches(lengths, self.micro_batch_tokens)
         micro = [batch.select(ix) for ix in index]
         parts, where = self._deal(micro)
-        outs = self.ranks.call("apply", [(fn, p, dummy_like(batch)) for p in parts])
+        outs = self.ranks.call("apply", [(fn, p, dummy_like(batch), model) for p in parts])
         B, width = batch.input_ids.shape
         result: list[torch.Tensor] | None = None
         for r in range(self.n):
@@ -315,6 +317,12 @@ class DistributedBackend:
     def logprobs(self, batch: Batch, temperature: float, with_entropy: bool = False):
         out = self.apply(LogprobFn(temperature, with_entropy, self.logprob_chunk), batch)
         return out[0], (out[1] if with_entropy else None)
+
+    def reference_logprobs(self, batch: Batch, temperature: float) -> torch.Tensor:
+        """The frozen reference's logprobs, computed in the ranks (``algo.kl_coef`` > 0
+        without ``algo.ref_offload``)."""
+        return self.apply(LogprobFn(temperature, False, self.logprob_chunk), batch,
+                          model="reference")[0]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The full weights (gathered on rank 0), for weight sync and HF export."""

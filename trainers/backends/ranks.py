@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -73,23 +73,39 @@ class RankBackend:
 
     module: torch.nn.Module  # what forward passes call
     world: int
+    spec: ModelSpec
+    _reference: torch.nn.Module | None = None
 
     def autocast(self):
         return torch.autocast(self.device.type, enabled=False)
 
+    def reference(self) -> torch.nn.Module:
+        """The frozen KL reference, loaded on first use and placed as the policy is
+        (:meth:`wrap_reference`): the starting weights, without LoRA adapters."""
+        if self._reference is None:
+            ref = replace(self.spec, lora=None, gradient_checkpointing=False).load(self.device)
+            ref.requires_grad_(False)
+            self._reference = self.wrap_reference(ref).eval()
+        return self._reference
+
     @torch.no_grad()
-    def apply(self, fn, micro: list[Batch | None], dummy: Batch) -> list[tuple | None]:
+    def apply(self, fn, micro: list[Batch | None], dummy: Batch,
+              model: str = "policy") -> list[tuple | None]:
         """``fn(model, mb, device)`` on each micro-batch (``None``: run on ``dummy`` to join
-        the collectives, return None)."""
-        self.module.eval()
+        the collectives, return None); ``model``: ``policy`` or ``reference``."""
+        if model not in ("policy", "reference"):
+            raise ValueError(f"model={model!r}; valid: policy, reference")
+        module = self.module if model == "policy" else self.reference()
+        module.eval()
         out = []
         try:
             for mb in micro:
                 with self.autocast():
-                    res = fn(self.module, mb if mb is not None else dummy, self.device)
+                    res = fn(module, mb if mb is not None else dummy, self.device)
                 out.append(None if mb is None else tuple(r.detach().cpu() for r in res))
         finally:
-            self.module.train()
+            if model == "policy":
+                self.module.train()
         return out
 
     def train_step(self, micro: list[Batch | None], loss_fn: LossFn,
@@ -140,6 +156,7 @@ class RankBackend:
     def step(self) -> tuple[float, float]: ...
     def gathered_state_dict(self) -> dict[str, torch.Tensor] | None: ...
     def hf_module(self): ...
+    def wrap_reference(self, model: torch.nn.Module) -> torch.nn.Module: ...
     def save(self, path: str) -> None: ...
     def load(self, path: str) -> None: ...
 
@@ -171,7 +188,7 @@ class FSDPRank(RankBackend):
     def __init__(self, spec: ModelSpec, o: OptimSpec, rank: int, world: int) -> None:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-        self.rank, self.world, self.o = rank, world, o
+        self.rank, self.world, self.o, self.spec = rank, world, o, spec
         self.device = device_for(spec, rank)
         if o.offload and not is_accelerator(self.device):
             raise ValueError("trainer.offload with trainer.backend=fsdp moves parameters to "
@@ -184,13 +201,21 @@ class FSDPRank(RankBackend):
                                                    reduce_dtype=torch.float32)
         if o.offload:
             kw["offload_policy"] = CPUOffloadPolicy()
-        for layer in _decoder_layers(model):
-            fully_shard(layer, **kw)
-        fully_shard(model, **kw)
-        self.module = model
+        self._shard_kw = kw
+        self.module = self.wrap_reference(model)
         self.optimizer = torch.optim.AdamW(_trainable(model), lr=o.lr, betas=o.betas,
                                            weight_decay=o.weight_decay)
         self.scheduler = _scheduler(self.optimizer, o)
+
+    def wrap_reference(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Shard ``model`` as the policy is: each decoder layer, then the root (the policy
+        goes through here too, so the reference is sharded over the same mesh, precision
+        and offload)."""
+        from torch.distributed.fsdp import fully_shard
+        for layer in _decoder_layers(model):
+            fully_shard(layer, **self._shard_kw)
+        fully_shard(model, **self._shard_kw)
+        return model
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -250,7 +275,7 @@ class DeepSpeedRank(RankBackend):
 
     def __init__(self, spec: ModelSpec, o: OptimSpec, rank: int, world: int) -> None:
         import deepspeed
-        self.rank, self.world, self.o = rank, world, o
+        self.rank, self.world, self.o, self.spec = rank, world, o, spec
         self.device = device_for(spec, rank)
         if o.zero_stage not in (1, 2, 3):
             raise ValueError(f"trainer.zero_stage={o.zero_stage}; valid: 1, 2, 3")
@@ -278,6 +303,14 @@ class DeepSpeedRank(RankBackend):
     def autocast(self):
         # DeepSpeed's bf16 mode keeps bf16 weights; the loss code's fp32 casts stay as is
         return torch.autocast(self.device.type, enabled=False)
+
+    def wrap_reference(self, model: torch.nn.Module) -> torch.nn.Module:
+        """A whole copy per rank, in the policy's weight precision. ZeRO-1/2 keep whole
+        weights on every rank anyway; under ZeRO-3 this copy is not partitioned (an
+        inference-only ZeRO-3 engine for it is not built here)."""
+        if self.o.mixed_precision == "bf16":
+            model = model.to(torch.bfloat16)
+        return model
 
     def zero_grad(self) -> None:
         self.engine.zero_grad()

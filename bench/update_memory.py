@@ -1,0 +1,135 @@
+"""Peak memory and tokens/s of one policy update: the plain log-probs against chunked
+log-probs (``trainer.logprob_chunk``) and chunked log-probs with activation checkpointing
+(``model.gradient_checkpointing``), at 1k, 4k and 8k-token sequences.
+
+    python bench/update_memory.py                      # all lengths x settings
+    python bench/update_memory.py --lengths 1024 4096
+
+Each cell is its own process (peak RSS is per process): smollm2-135m, one
+``SingleBackend.train_step`` (GRPO loss, bf16 autocast where the CPU has native bf16, else
+fp32) over one sequence of the given length (24 prompt tokens, the rest sampled); then a
+second step, timed. Figures go to docs/BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+#: setting -> (trainer.logprob_chunk, model.gradient_checkpointing)
+SETTINGS = {"plain": (0, False), "chunked log-probs": (1024, False),
+            "chunked + checkpointing": (1024, True)}
+ROWS = 1  # one sequence: 8k tokens of the plain path already take ~12 GiB here
+
+
+def _native_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def one(length: int, setting: str) -> dict:
+    """One cell, in this process (the first the OOM killer picks, should memory run out)."""
+    import torch
+    try:
+        Path("/proc/self/oom_score_adj").write_text("1000")
+    except OSError:
+        pass
+
+    from agentgym.config import build_config
+    from agentgym.models import resolve_model
+    from agentgym.types import Trajectory
+    from trainers.backends.base import ModelSpec
+    from trainers.backends.single import SingleBackend
+    from trainers.batch import collate
+    from trainers.grpo import make_loss_fn
+    chunk, ckpt = SETTINGS[setting]
+    precision = "bf16" if _native_bf16() else ""
+    model = ModelSpec(str(resolve_model("smollm2-135m")), gradient_checkpointing=ckpt).load()
+    backend = SingleBackend(model, lr=1e-6, micro_batch_tokens=ROWS * length,
+                            mixed_precision=precision, logprob_chunk=chunk)
+    g = torch.Generator().manual_seed(0)
+    trajs = []
+    for i in range(ROWS):
+        t = Trajectory(uid="0", reward=float(i))
+        t.append("prompt", torch.randint(5, 40000, (24,), generator=g).tolist(), 0)
+        n = length - 24
+        t.append("generated", torch.randint(5, 40000, (n,), generator=g).tolist(), 0,
+                 logprobs=[-1.0] * n)
+        trajs.append(t)
+    batch = collate(trajs, 0)
+    mask = batch.loss_mask
+    batch.extra["old_logp"] = -torch.rand(mask.shape, generator=g) * mask
+    batch.extra["adv"] = torch.randn(ROWS, generator=g)[:, None] * mask
+    cfg = build_config({"trainer.logprob_chunk": chunk})
+    loss = make_loss_fn(cfg, 1.0, float(mask.sum()), ROWS, length)
+    backend.train_step(backend.split(batch), loss)  # first step: optimizer state, allocator
+    t0 = time.perf_counter()
+    backend.train_step(backend.split(batch), loss)
+    wall = time.perf_counter() - t0
+    return {"length": length, "setting": setting, "precision": precision or "fp32",
+            "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+            "seconds": wall, "tokens_per_s": ROWS * length / wall}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 8192])
+    ap.add_argument("--one", nargs=2, metavar=("LENGTH", "SETTING"), help=argparse.SUPPRESS)
+    ap.add_argument("--note", default="", help="conditions to record with the figures")
+    a = ap.parse_args()
+    if a.one:
+        print(json.dumps(one(int(a.one[0]), a.one[1])))
+        return
+    from bench.report import machine, write_section
+    results = []
+    for length in a.lengths:
+        for setting in SETTINGS:
+            proc = subprocess.run([sys.executable, __file__, "--one", str(length), setting],
+                                  capture_output=True, text=True, cwd=ROOT,
+                                  env={**os.environ, "PYTHONPATH": str(ROOT)})
+            if proc.returncode:
+                print(f"{length} {setting}: exit {proc.returncode} "
+                      f"{'(killed: out of memory?)' if proc.returncode == -9 else ''}\n"
+                      f"{proc.stderr[-1500:]}", flush=True)
+                results.append({"length": length, "setting": setting, "failed": proc.returncode})
+                continue
+            results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            print(results[-1], flush=True)
+    base = {r["length"]: r for r in results if r["setting"] == "plain" and "failed" not in r}
+    precision = next((r["precision"] for r in results if "precision" in r), "?")
+    body = [f"Machine: {machine()}. Command: `python bench/update_memory.py "
+            f"{' '.join(sys.argv[1:])}`. smollm2-135m, one GRPO `train_step` over {ROWS} "
+            f"sequences of the given length in one micro-batch, {precision}; the second of "
+            f"two steps timed; peak RSS of the process (model, AdamW state and the step). "
+            f"{a.note}\n",
+            "| tokens per sequence | setting | peak RSS (GiB) | vs plain | tokens/s | vs plain |",
+            "|---|---|---|---|---|---|"]
+    for r in results:
+        if "failed" in r:
+            body.append(f"| {r['length']} | {r['setting']} | failed (exit {r['failed']}) | | | |")
+            continue
+        b = base.get(r["length"])
+        mem = f"{r['peak_rss_gb'] / b['peak_rss_gb']:.2f}x" if b else "–"
+        speed = f"{r['tokens_per_s'] / b['tokens_per_s']:.2f}x" if b else "–"
+        body.append(f"| {r['length']} | {r['setting']} | {r['peak_rss_gb']:.2f} | {mem} | "
+                    f"{r['tokens_per_s']:.0f} | {speed} |")
+    text = "\n".join(body)
+    print(text)
+    write_section("Update memory: chunked log-probs and activation checkpointing "
+                  "(smollm2-135m, CPU)", text)
+
+
+if __name__ == "__main__":
+    main()
