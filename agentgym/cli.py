@@ -128,13 +128,16 @@ def cmd_eval(args: list[str]) -> int:
               "episodes": [{"uid": t.uid, "em": float(t.info.get("em", 0.0)),
                             "f1": float(t.info.get("f1", 0.0)), "reward": t.reward,
                             "format_valid": bool(t.terminated
-                                                 and t.metrics["malformed_actions"] == 0)}
+                                                 and t.metrics["malformed_actions"] == 0),
+                            **({"answer_seen": bool(t.info["answer_seen"])}
+                               if "answer_seen" in t.info else {})}
                            for t in trajs]}
     print(f"{cfg.env} / {result['model']} / {cfg.data.name}: {n} questions in {elapsed:.0f}s")
     lo, hi = result["em_ci95"]
     print(f"  EM {s['em']:.3f} [{lo:.3f}, {hi:.3f}] (95% CI)   F1 {s['f1']:.3f}   "
           f"format-valid {s['format_valid']:.3f}   answered {s['answered']:.3f}   "
-          f"turns {s['turns']:.2f}   tool calls {s['tool_calls']:.2f}")
+          f"turns {s['turns']:.2f}   tool calls {s['tool_calls']:.2f}"
+          + (f"   answer in results {s['answer_seen']:.3f}" if "answer_seen" in s else ""))
     if cfg.out:
         Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -181,6 +181,8 @@ def summarize(trajs: list[Trajectory]) -> dict[str, float]:
     out["reward"] = sum(t.reward for t in trajs) / len(trajs)
     for key in ("em", "f1"):
         out[key] = sum(float(t.info.get(key, 0.0)) for t in trajs) / len(trajs)
+    if any("answer_seen" in t.info for t in trajs):  # search: a result held a gold answer
+        out["answer_seen"] = sum(float(t.info.get("answer_seen", 0)) for t in trajs) / len(trajs)
     out["answered"] = sum(t.terminated for t in trajs) / len(trajs)
     out["format_valid"] = sum(t.terminated and t.metrics["malformed_actions"] == 0
                               for t in trajs) / len(trajs)

@@ -39,6 +39,7 @@ from bench.report import machine, write_section  # noqa: E402
 
 #: training signals shown over the run's steps: (metrics.jsonl key, column)
 SIGNALS = [("rollout/reward", "reward"), ("rollout/signal_groups", "groups with signal"),
+           ("rollout/answer_seen", "answer in results"),
            ("rollout/adv_abs", "mean abs. advantage"), ("train/entropy", "entropy"),
            ("train/kl", "KL to ref"), ("rollout/drift_max", "max drift"),
            ("rollout/format_valid", "format-valid"),
@@ -168,6 +169,16 @@ def main() -> None:
                     f"{p.gained} / {p.lost} | {p.p_value:.3g} |")
     body.append(f"| F1 (mean) | {sft_eval['f1']:.3f} | {rl_eval['f1']:.3f} | "
                 f"{100 * (rl_eval['f1'] - sft_eval['f1']):+.1f} | | |")
+    if all("answer_seen" in e for ev in (sft_eval, rl_eval) for e in ev["episodes"]):
+        # search: how often a search result held a gold answer, and EM on those questions
+        seen = [sum(e["answer_seen"] for e in ev["episodes"]) / n for ev in (sft_eval, rl_eval)]
+        cond = [sum(e["em"] for e in ev["episodes"] if e["answer_seen"]) /
+                max(1, sum(e["answer_seen"] for e in ev["episodes"]))
+                for ev in (sft_eval, rl_eval)]
+        body.append(f"| a search result held the answer | {seen[0]:.3f} | {seen[1]:.3f} | "
+                    f"{100 * (seen[1] - seen[0]):+.1f} | | |")
+        body.append(f"| EM where it did | {cond[0]:.3f} | {cond[1]:.3f} | "
+                    f"{100 * (cond[1] - cond[0]):+.1f} | | |")
     body += ["", "Training signals over the GRPO steps (means over each quarter of the run):", "",
              "| steps | " + " | ".join(c for _, c in SIGNALS) + " |",
              "|---|" + "---|" * len(SIGNALS)]

@@ -28,6 +28,14 @@ def _normalize_pair(prediction: str, gold: str) -> tuple[str, str]:
     return " ".join(prediction.lower().split()), " ".join(gold.lower().split())
 
 
+def contains_answer(text: str, golds: list[str] | str) -> bool:
+    """Whether a gold answer occurs in ``text`` as whole words, both SQuAD-normalized (the
+    test the answerable filter and the demonstration builder apply to passages)."""
+    golds = [golds] if isinstance(golds, str) else golds
+    hay = f" {normalize_answer(text)} "
+    return any(g and f" {g} " in hay for g in map(normalize_answer, golds))
+
+
 def exact_match(prediction: str, golds: list[str] | str) -> float:
     """1.0 if the normalized prediction equals any normalized gold answer, else 0.0."""
     golds = [golds] if isinstance(golds, str) else golds

@@ -16,7 +16,7 @@ import logging
 import re
 
 from envs.base import AgentEnv
-from envs.rewards import exact_match, f1_score
+from envs.rewards import contains_answer, exact_match, f1_score
 from envs.search_prompt import make_prompt
 
 logger = logging.getLogger(__name__)
@@ -109,6 +109,8 @@ class SearchEnv(AgentEnv):
             row = search_row(q, a)
         self._targets = gold_answers(row)
         self._well_formed = True
+        self._seen = False  # has a search result held a gold answer (counter answer_seen)?
+        self.count("answer_seen", 0)
         return [dict(m) for m in row["prompt"]], {"ground_truth": self._targets}
 
     def _step(self, action, last_turn):
@@ -122,7 +124,11 @@ class SearchEnv(AgentEnv):
             self.count("tool_calls")
             if last_turn:  # no turn left to use the result
                 return [], 0.0, False, {"em": 0.0, "f1": 0.0}
-            return [self._tool_message(self._search(content))], 0.0, False, {}
+            text = self._search(content)
+            if not self._seen and contains_answer(text, self._targets):
+                self._seen = True  # the episode's counters report it from here on
+                self.count("answer_seen")
+            return [self._tool_message(text)], 0.0, False, {}
         self._well_formed = False
         self.count("malformed_actions")
         return [{"role": "tool", "content": INVALID_ACTION}], 0.0, False, {}

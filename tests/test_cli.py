@@ -39,6 +39,7 @@ def test_eval_prints_em_and_format_validity(tmp_path, retriever_url, capsys):
     assert len({e["uid"] for e in episodes}) == 3
     assert sum(e["em"] for e in episodes) / 3 == pytest.approx(result["em"])
     assert sum(e["format_valid"] for e in episodes) / 3 == pytest.approx(result["format_valid"])
+    assert all(isinstance(e["answer_seen"], bool) for e in episodes)  # search: in results?
     assert main(["compare", str(out), str(out)]) == 0  # a model against itself: no change
     assert "gained 0, lost 0; exact McNemar p = 1" in capsys.readouterr().out
 

@@ -184,3 +184,26 @@ def test_search_format_reward_only_for_well_formed_episodes():
     env.reset(seed=0, options={"row": row})
     _, reward, terminated, _, info = env.step("<answer> the Canberra </answer>")
     assert reward == 1.0 and terminated and info["em"] == 1.0 and info["f1"] == 1.0
+
+
+def test_search_reports_whether_a_result_held_the_answer(retriever_url):
+    """``answer_seen``: 1 once a search result contained a gold answer (whole words,
+    normalized), whatever the model answers; 0 for an episode whose searches never did."""
+    from envs.rewards import contains_answer
+    from envs.search import SearchEnv, search_row
+    assert contains_answer("Doc 1(Title: \"X\") It was the Canberra Times.", ["canberra"])
+    assert not contains_answer("Canberras everywhere", ["Canberra"])  # whole words only
+    row = search_row("what is the capital of australia", ["Canberra"])
+    env = SearchEnv(retriever_url=retriever_url)
+    _, info = env.reset(seed=0, options={"row": row})
+    assert info["answer_seen"] == 0
+    obs, _, _, _, info = env.step("<search> capital of australia canberra </search>")
+    assert "canberra" in obs[0]["content"].lower() and info["answer_seen"] == 1
+    obs, _, _, _, info = env.step("<search> canberra parliament house </search>")
+    assert info["answer_seen"] == 1  # counted once per episode
+    *_, info = env.step("<answer> Sydney </answer>")
+    assert info["answer_seen"] == 1 and info["em"] == 0.0
+    env.reset(seed=0, options={"row": row})
+    obs, _, _, _, info = env.step("<search> zzzz qqqq </search>")
+    assert "canberra" not in obs[0]["content"].lower() and info["answer_seen"] == 0
+    env.close()
