@@ -44,6 +44,7 @@ from typing import Any
 
 from agentgym.config import Config, to_dict
 from agentgym.data import training_rows, write_jsonl
+from agentgym.device import engine_dtype, mixed_precision, resolve_device
 from agentgym.paths import cache_dir, shipped_corpus
 from trainers.run import Hooks, latest_checkpoint, resolve_run_dir
 
@@ -99,7 +100,8 @@ def _auto(cfg: Config, env: str, stage_dir: Path, hooks: Hooks, probe_engine) ->
     rows = found.rows
     inputs = {"model": folder_digest(base), "env": env, "tools": _tool_identity(cfg, env),
               "budgets": to_dict(cfg.rollout) | {"temperature": 0.0, "n": 1},
-              "engine_dtype": cfg.engine.dtype or cfg.model.dtype}
+              "engine_dtype": engine_dtype(cfg.engine.dtype, cfg.model.dtype,
+                                           resolve_device(cfg.trainer.device))}
     probe_rows = rows[:t.cold_start_probe]
     probe_key = _digest({**inputs, "rows": probe_rows})
     key = _digest({**inputs, "rows": rows, "demos": t.cold_start_demos,
@@ -364,7 +366,10 @@ def _sft_settings(cfg: Config) -> dict:
     return {"epochs": s.epochs, "batch_size": s.batch_size, "max_steps": s.max_steps,
             "max_length": s.max_length, "lr": t.cold_start_lr, "seed": t.seed,
             "group_by_length": s.group_by_length, "weight_decay": t.weight_decay,
-            "max_grad_norm": t.max_grad_norm, "mixed_precision": t.mixed_precision,
+            "max_grad_norm": t.max_grad_norm,
+            # as resolved: "" (fp32 on the CPU) stays "", so CPU cache keys are unchanged
+            "mixed_precision": mixed_precision(t.mixed_precision,
+                                               resolve_device(t.device)),
             "model_dtype": cfg.model.dtype, "lora": to_dict(cfg.model.lora),
             "micro_batch_tokens": t.micro_batch_tokens, "backend": t.backend,
             "zero_stage": t.zero_stage, "nprocs": t.nprocs}
