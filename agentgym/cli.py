@@ -181,8 +181,10 @@ def cmd_check_env(args: list[str]) -> int:
     _setup_logging("WARNING")
     ids = args or envs.env_ids()
     failed = 0
-    for env_id in ids:
+    for name in ids:
+        env_id = name
         try:
+            env_id = envs.resolve_env_id(name)  # a short name or a plugin's class spec too
             envs.check_env(envs.make_env(env_id))
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")

@@ -387,6 +387,9 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    # package.module:function with verl's custom-reward signature, replacing the env's
+    # reward at each episode's end (envs.plugins.RewardOverride); "" = the env's own
+    reward: str = ""
     limit: int = 0  # rows to use; 0 = all
     out: str = ""  # output file (rollout: trajectories JSONL; eval: results JSON)
     run_dir: str = ""  # train: default runs/<env>-<model>-<time>

@@ -77,10 +77,13 @@ def load_rows(env: str, name: str, limit: int = 0) -> list[dict]:
     rows = read_jsonl(path)
     if limit:
         rows = rows[:limit]
+    import envs
+    names = envs.env_aliases(env)  # its id and short names (a plugin: its class spec too)
     for i, row in enumerate(rows):
         validate_row(row, f"{path}:{i + 1}")
-        if row["env"] != env:
-            raise ValueError(f"{path}:{i + 1}: row is for env {row['env']!r}, not {env!r}")
+        if row["env"] not in names:
+            raise ValueError(f"{path}:{i + 1}: row is for env {row['env']!r}, not {env!r} "
+                             f"(valid: {', '.join(sorted(names))})")
     return rows
 
 

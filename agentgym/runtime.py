@@ -95,7 +95,12 @@ def env_factory(cfg: Config) -> Callable[[], Any]:
     kwargs = {"max_turns": cfg.rollout.max_turns}
     if short in ENV_KWARGS:
         kwargs.update(ENV_KWARGS[short](cfg))
-    return functools.partial(envs.make_env, env_id, **kwargs)
+    make = functools.partial(envs.make_env, env_id, **kwargs)
+    if cfg.reward:  # the user's reward function replaces the env's (envs.plugins)
+        from envs.plugins import RewardOverride, load_reward
+        load_reward(cfg.reward)  # a bad spec fails here, before any rollout
+        return functools.partial(RewardOverride.wrap, make, cfg.reward)
+    return make
 
 
 def build_manager(cfg: Config, model=None, tokenizer=None):

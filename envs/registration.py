@@ -40,11 +40,21 @@ def register_env(env_id: str, entry_point: str, short: str | None = None, **kwar
 
 
 def resolve_env_id(name: str) -> str:
-    """Map a short name (``search``) or full id to the registered full id."""
+    """Map a short name (``search``), a full id, or a ``package.module:Class`` plugin
+    spec (registered on first use, :mod:`envs.plugins`) to the registered full id."""
     if name in ENVS:
         return name
     if name in _SHORT:
         return _SHORT[name]
+    from envs.plugins import is_spec, plugin_env_class, plugin_env_id
+    if is_spec(name):
+        cls = plugin_env_class(name)
+        env_id = plugin_env_id(cls, name.partition(":")[0].split(".")[0])
+        if env_id in ENVS:  # the same class registered under another name
+            _SHORT.setdefault(name, env_id)
+            return env_id
+        register_env(env_id, name, short=name)
+        return env_id
     choices = sorted(_SHORT) + ENVS.names()
     raise KeyError(f"unknown environment {name!r}{did_you_mean(name, choices)}; "
                    f"valid: {', '.join(choices)}")
@@ -68,3 +78,35 @@ def short_name(env_id: str) -> str:
 
 def short_names() -> dict[str, str]:
     return dict(_SHORT)
+
+
+def env_aliases(name: str) -> set[str]:
+    """Every name a dataset row's ``env`` field may use for env ``name``: its full id and
+    all its short names (a plugin's class spec among them)."""
+    env_id = resolve_env_id(name)
+    return {env_id, name, *(s for s, i in _SHORT.items() if i == env_id)}
+
+
+def register_entry_points() -> list[str]:
+    """Register the envs of installed packages' ``agentgym.envs`` entry points (name: the
+    short name; value: ``package.module:Class``, imported on first use). A name already
+    taken is skipped with a warning, so one bad package cannot break the others. Returns
+    the ids registered."""
+    import logging
+
+    from envs.plugins import entry_point_envs
+    done = []
+    for short, spec, dist in entry_point_envs():
+        env_id = f"{dist}/{short}-v0".replace(" ", "-")
+        if short in _SHORT or env_id in ENVS:
+            logging.getLogger(__name__).warning(
+                "entry point %s = %s (%s): the name is taken; skipped", short, spec, dist)
+            continue
+        try:
+            register_env(env_id, spec, short=short)
+        except ValueError as e:
+            logging.getLogger(__name__).warning("entry point %s = %s (%s): %s",
+                                                short, spec, dist, e)
+            continue
+        done.append(env_id)
+    return done
