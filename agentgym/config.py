@@ -371,6 +371,21 @@ class DataConfig:
 
 
 @dataclass
+class JudgeConfig:
+    """``reward=judge``: a model behind an OpenAI-compatible endpoint grades each answer
+    (:mod:`envs.judge`)."""
+
+    url: str = ""  # the server (gets /v1/chat/completions): vLLM, SGLang, `agentgym serve`
+    model: str = ""  # the "model" field sent ("" = leave it out: the server's only model)
+    rubric: str = ""  # system prompt text or a file of it; "" = envs.judge.RUBRIC
+    scale: float = 10.0  # the reply's "Score: N" runs 0..scale; the reward is N / scale
+    timeout_s: float = 30.0
+    retries: int = 2  # more attempts after connection errors, timeouts and 429/5xx
+    max_concurrency: int = 8  # requests in flight per process
+    max_tokens: int = 64  # the judge's reply budget
+
+
+@dataclass
 class Config:
     env: str = "search"
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -387,7 +402,8 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     data: DataConfig = field(default_factory=DataConfig)
-    # package.module:function with verl's custom-reward signature, replacing the env's
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    # judge (a model grades: judge.*), or package.module:function with verl's custom-reward signature, replacing the env's
     # reward at each episode's end (envs.plugins.RewardOverride); "" = the env's own
     reward: str = ""
     limit: int = 0  # rows to use; 0 = all

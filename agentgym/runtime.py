@@ -96,8 +96,11 @@ def env_factory(cfg: Config) -> Callable[[], Any]:
     if short in ENV_KWARGS:
         kwargs.update(ENV_KWARGS[short](cfg))
     make = functools.partial(envs.make_env, env_id, **kwargs)
-    if cfg.reward:  # the user's reward function replaces the env's (envs.plugins)
+    if cfg.reward:  # a judge or the user's function replaces the env's reward (envs.plugins)
         from envs.plugins import RewardOverride, load_reward
+        if cfg.reward == "judge":
+            from envs.judge import from_config
+            return functools.partial(RewardOverride.wrap, make, from_config(cfg))
         load_reward(cfg.reward)  # a bad spec fails here, before any rollout
         return functools.partial(RewardOverride.wrap, make, cfg.reward)
     return make

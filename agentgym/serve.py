@@ -24,6 +24,9 @@ http_server.py``; request and response types in ``sglang/srt/managers/io_struct.
   ``stream_output_generation``) and ``DetokenizerManager.trim_matched_stop``
   (``detokenizer_manager.py``) trims the text only. ``text`` input is refused: this
   server is token-in/token-out.
+- ``POST /v1/chat/completions``: OpenAI's chat API, non-streaming, one choice
+  (:meth:`ServeState.chat`), so a judge reward (:mod:`envs.judge`) can grade with a model
+  this server holds.
 - ``GET /health``, ``GET /health_generate`` (one greedy token through the engine),
   ``GET /get_model_info`` (``/model_info``), ``GET /get_server_info`` (``/server_info``;
   like SGLang's, it holds the server arguments: ``tp_size``, ``dp_size`` and ``pp_size``
@@ -76,6 +79,12 @@ SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_p", "top_k", "stop", "sam
                  "spaces_between_special_tokens")
 _DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
            "float16": torch.float16, "half": torch.float16}
+
+
+#: what /v1/chat/completions accepts (ServeState.chat)
+CHAT_KEYS = ("messages", "model", "max_tokens", "max_completion_tokens", "temperature",
+             "top_p", "stop", "seed", "n", "stream")
+CHAT_ROLES = ("system", "user", "assistant", "tool")
 
 
 class BadRequest(ValueError):
@@ -192,6 +201,52 @@ class ServeState:
         if not self.skip_tokenizer_init:
             answer["text"] = self.text(out.ids, finish, no_stop_trim, skip_special_tokens)
         return answer
+
+    async def chat(self, body: dict) -> dict:
+        """OpenAI's ``/v1/chat/completions`` (non-streaming, one choice): the messages
+        through the tokenizer's chat template, one generation, the reply as an assistant
+        message. Supported: ``messages`` (``{role, content}`` with string content),
+        ``max_tokens`` / ``max_completion_tokens`` (default 256), ``temperature``
+        (default 1), ``top_p``, ``stop``, ``seed``, ``n`` (1 only), ``stream`` (false
+        only), ``model`` (any: one model is served); anything else is a 400 naming it."""
+        if self.skip_tokenizer_init:
+            raise BadRequest("/v1/chat/completions needs the server's tokenizer, and this "
+                             "server runs with --skip-tokenizer-init")
+        unknown = sorted(set(body) - set(CHAT_KEYS))
+        if unknown:
+            raise BadRequest(f"{unknown} not supported by agentgym serve's "
+                             f"/v1/chat/completions; supported: {', '.join(CHAT_KEYS)}")
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(
+                isinstance(m, dict) and m.get("role") in CHAT_ROLES
+                and isinstance(m.get("content"), str) for m in messages):
+            raise BadRequest(f"messages must be a non-empty list of {{role, content}} with "
+                             f"role in {CHAT_ROLES} and string content; got "
+                             f"{str(messages)[:120]!r}")
+        if body.get("stream"):
+            raise BadRequest("stream=true is not supported by agentgym serve")
+        if body.get("n", 1) != 1:
+            raise BadRequest(f"n={body.get('n')!r}: agentgym serve answers one choice (n=1)")
+        params = {"max_new_tokens": body.get("max_completion_tokens") or
+                  body.get("max_tokens") or 256,
+                  "temperature": body.get("temperature"), "top_p": body.get("top_p"),
+                  "stop": body.get("stop"), "sampling_seed": body.get("seed")}
+        sampling, _, _, _ = parse_sampling({k: v for k, v in params.items() if v is not None},
+                                           allow_stop=True)
+        tok = self.engine.tokenizer
+        prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = tok.encode(prompt, add_special_tokens=False)
+        rid = f"chatcmpl-{next(self._rid)}"
+        out = await self.generate_one(ids, sampling, no_stop_trim=False, return_logprob=False,
+                                      rid=rid)
+        finish = out["meta_info"]["finish_reason"]["type"]
+        return {"id": rid, "object": "chat.completion", "created": int(time.time()),
+                "model": body.get("model") or self.model_path,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": out["text"]},
+                             "finish_reason": "length" if finish == "length" else "stop"}],
+                "usage": {"prompt_tokens": len(ids),
+                          "completion_tokens": out["meta_info"]["completion_tokens"],
+                          "total_tokens": len(ids) + out["meta_info"]["completion_tokens"]}}
 
     def text(self, ids: list[int], finish: dict, no_stop_trim: bool,
              skip_special_tokens: bool) -> str:
@@ -395,6 +450,10 @@ def _generation_routes(app: FastAPI, state: ServeState) -> None:
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(request: Request):
         return await state.generate(await _body_of(request))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):  # OpenAI's, for judge rewards
+        return await state.chat(await _body_of(request))
 
     @app.get("/health")
     async def health():

@@ -97,14 +97,18 @@ class RewardOverride:
     ``info["reward_error"]`` and the ``reward_failures`` counter, and a logged warning.
     Everything else is the wrapped env's."""
 
-    def __init__(self, env, reward: str) -> None:
-        self.env, self.spec, self.fn = env, reward, load_reward(reward)
+    def __init__(self, env, reward) -> None:
+        """``reward``: a ``package.module:function`` spec, or the function itself (a
+        picklable callable, e.g. :class:`envs.judge.JudgeReward`)."""
+        self.env = env
+        self.fn = reward if callable(reward) else load_reward(reward)
+        self.spec = getattr(reward, "name", None) or str(reward)
         self._row: dict = {}
         self._text: list[str] = []
         self._env_reward = 0.0
 
     @classmethod
-    def wrap(cls, make: Callable[[], Any], reward: str):
+    def wrap(cls, make: Callable[[], Any], reward):
         """A factory's env, wrapped (picklable as ``partial(RewardOverride.wrap, ...)``)."""
         return cls(make(), reward)
 
