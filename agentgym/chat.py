@@ -41,9 +41,33 @@ class ChatTokens:
         #: Text the template writes after assistant content, e.g. "<|im_end|>\n".
         self.assistant_close = base_text[at + len(_PROBE_ASSISTANT):]
 
-    def _render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
+    def _render(self, messages: list[dict], add_generation_prompt: bool = False,
+                tools: list[dict] | None = None) -> str:
+        kw = {"tools": tools} if tools else {}
         return self.tok.apply_chat_template(messages, tokenize=False,
-                                            add_generation_prompt=add_generation_prompt)
+                                            add_generation_prompt=add_generation_prompt, **kw)
+
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the chat template renders ``tools=`` (else they go in a system message,
+        :func:`envs.function_calling.fallback_system_message`)."""
+        if not hasattr(self, "_renders_tools"):
+            from envs.function_calling import function_tool
+            probe = [function_tool("agentgym_probe", "probe", {"x": {"type": "string"}})]
+            base = [{"role": "user", "content": _PROBE_USER}]
+            self._renders_tools = self._render(base, True, probe) != self._render(base, True)
+        return self._renders_tools
+
+    def with_tools(self, messages: list[dict], tools: list[dict] | None):
+        """``(messages, tools)`` to render: as given when the template renders tools; else
+        the tools moved into the system message (merged with one already there)."""
+        if not tools or self.renders_tools:
+            return messages, tools or None
+        from envs.function_calling import fallback_system_message
+        if messages and messages[0].get("role") == "system" and \
+                isinstance(messages[0].get("content"), str):
+            return [fallback_system_message(tools, messages[0]["content"]), *messages[1:]], None
+        return [fallback_system_message(tools), *messages], None
 
     def encode(self, text: str) -> list[int]:
         return list(self.tok.encode(text, add_special_tokens=False))
@@ -51,15 +75,17 @@ class ChatTokens:
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=False)
 
-    def prompt_ids(self, messages: list[dict]) -> list[int]:
-        """Ids of the conversation so far plus the assistant generation prompt."""
-        return self.encode(self._render(messages, add_generation_prompt=True))
+    def prompt_ids(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """Ids of the conversation so far plus the assistant generation prompt; ``tools``
+        (OpenAI function schemas) rendered by the template or in the system message."""
+        messages, tools = self.with_tools(messages, tools)
+        return self.encode(self._render(messages, add_generation_prompt=True, tools=tools))
 
-    def prompt(self, messages: list[dict]):
+    def prompt(self, messages: list[dict], tools: list[dict] | None = None):
         """``(ids, vision)``: :meth:`prompt_ids` with each image placeholder expanded to
         its image's tokens, and the processed images (:class:`agentgym.vision.VisionInputs`;
         None without images or for a text-only model, whose template drops them)."""
-        ids = self.prompt_ids(messages)
+        ids = self.prompt_ids(messages, tools)
         pictures = _images(messages)
         if pictures and self.image_processor is None \
                 and "<|image_pad|>" in self.tok.get_vocab():

@@ -137,10 +137,13 @@ class GeometryConfig:
 class SearchConfig:
     format_reward: float = 0.0  # reward for a well-formed but wrong answer (env=search)
     reward: str = "em"  # em (exact match, Search-R1) | f1 (token F1: partial credit)
+    protocol: str = "tags"  # tags (Search-R1's <search> text) | tools (a search function, Hermes <tool_call>)
 
     def __post_init__(self) -> None:
         if self.reward not in ("em", "f1"):
             raise ValueError(f"search.reward={self.reward!r}; valid: em, f1")
+        if self.protocol not in ("tags", "tools"):
+            raise ValueError(f"search.protocol={self.protocol!r}; valid: tags, tools")
 
 
 @dataclass

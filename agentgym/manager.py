@@ -85,7 +85,7 @@ class GenerationManager:
             obs, info = await self._in_pool(env.reset, seed=seed, options={"row": row})
             m["env_s"] += time.perf_counter() - t0
             fmt = env.observation_format
-            prompt, traj.images = self.chat.prompt(obs)
+            prompt, traj.images = self.chat.prompt(obs, tools=getattr(env, "tools", None))
             if len(prompt) > cfg.max_prompt_tokens:
                 raise ValueError(f"prompt of row {uid!r} has {len(prompt)} tokens, more than "
                                  f"rollout.max_prompt_tokens={cfg.max_prompt_tokens}")

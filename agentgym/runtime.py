@@ -58,7 +58,8 @@ def _search_kwargs(cfg: Config) -> dict[str, Any]:
             url = ensure_local_retriever(shipped_corpus())
         logger.info("started local retriever at %s", url)
     return {"retriever_url": url, "topk": cfg.retriever.topk, "timeout": cfg.retriever.timeout,
-            "format_reward": cfg.search.format_reward, "reward": cfg.search.reward}
+            "format_reward": cfg.search.format_reward, "reward": cfg.search.reward,
+            "protocol": cfg.search.protocol}
 
 
 _SANDBOXES: dict[str, Any] = {}  # sandbox config (JSON) -> the sandbox built for it

@@ -15,6 +15,9 @@ Every AgentGym environment subclasses :class:`AgentEnv` and obeys this contract
   assistant's text, as in Search-R1 / ReTool) or ``"chat"`` (new messages rendered through
   the chat template). After the episode ends the observation is an empty list.
 * ``stop_strings``: generation stops when one of these is produced, so the env can act.
+* ``tools``: OpenAI function schemas; the prompt renders them through the chat template
+  (or a system message) and the env parses Hermes ``<tool_call>`` blocks
+  (:mod:`envs.function_calling`), answering each with a ``tool`` message.
 * A tool failure (timeout, dead server, sandbox error) or a malformed action becomes an
   observation plus a counter in ``info``; it never raises out of ``step``.
 * Rewards are finite Python floats; ``close()`` may be called any number of times.
@@ -108,6 +111,8 @@ class AgentEnv(gymnasium.Env, abc.ABC):
     metadata = {"render_modes": []}
     observation_format: Literal["inline", "chat"] = "inline"
     stop_strings: tuple[str, ...] = ()
+    #: OpenAI function schemas the prompt offers (envs.function_calling); None: no tools
+    tools: list[dict] | None = None
 
     def __init__(self, max_turns: int = 4) -> None:
         if max_turns < 1:

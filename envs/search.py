@@ -16,12 +16,15 @@ import logging
 import re
 
 from envs.base import AgentEnv
+from envs.function_calling import CallError, function_tool, parse_tool_calls, tool_message
 from envs.rewards import contains_answer, exact_match, f1_score
-from envs.search_prompt import make_prompt
+from envs.search_prompt import make_prompt, make_tools_prompt
 
 logger = logging.getLogger(__name__)
 
 _ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
+_THINK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
+_END_TOKEN = re.compile(r"(<\|[\w]+\|>|</s>|<eos>)\s*$")  # the EOS that ended the turn
 INVALID_ACTION = ("\nMy previous action is invalid. If I want to search, I should put the query "
                   "between <search> and </search>. If I want to give the final answer, I should "
                   "put the answer between <answer> and </answer>. Let me try again.\n")
@@ -71,6 +74,10 @@ class SearchEnv(AgentEnv):
         timeout: seconds per retrieval request.
         retriever: an object with ``retrieve(list[str]) -> list[list[dict]]``; overrides
             ``retriever_url`` (used by tests to inject faults).
+        protocol: ``tags`` (Search-R1's ``<search>`` / ``<information>`` text) or ``tools``
+            (a ``search`` function tool: Hermes ``<tool_call>`` blocks, any number per turn,
+            each answered by a ``tool`` message; a turn without a call is the answer, its
+            ``<answer>`` content if it has one, else its text without ``<think>``).
     """
 
     observation_format = "inline"
@@ -78,8 +85,16 @@ class SearchEnv(AgentEnv):
 
     def __init__(self, retriever_url: str | None = None, topk: int = 3, max_turns: int = 4,
                  format_reward: float = 0.0, timeout: float = 5.0, retriever=None,
-                 reward: str = "em") -> None:
+                 reward: str = "em", protocol: str = "tags") -> None:
         super().__init__(max_turns=max_turns)
+        if protocol not in ("tags", "tools"):
+            raise ValueError(f"search.protocol={protocol!r}; valid: tags, tools")
+        self.protocol = protocol
+        if protocol == "tools":
+            self.tools = [function_tool("search", "Search Wikipedia; returns the top passages.",
+                                        {"query": {"type": "string",
+                                                   "description": "what to look up"}})]
+            self.observation_format, self.stop_strings = "chat", ()
         if topk < 1:
             raise ValueError(f"topk must be >= 1, got {topk}")
         if reward not in ("em", "f1"):
@@ -108,12 +123,18 @@ class SearchEnv(AgentEnv):
             q, a = BUILTIN_QUESTIONS[int(self.np_random.integers(len(BUILTIN_QUESTIONS)))]
             row = search_row(q, a)
         self._targets = gold_answers(row)
+        if self.protocol == "tools":  # the row's prompt teaches the tags; ask for tool calls
+            question = (row.get("extra_info") or {}).get("question")
+            if question:
+                row = {**row, "prompt": [{"role": "user", "content": make_tools_prompt(question)}]}
         self._well_formed = True
         self._seen = False  # has a search result held a gold answer (counter answer_seen)?
         self.count("answer_seen", 0)
         return [dict(m) for m in row["prompt"]], {"ground_truth": self._targets}
 
     def _step(self, action, last_turn):
+        if self.protocol == "tools":
+            return self._tools_step(action, last_turn)
         kind, content = parse_action(action)
         if kind == "answer":
             em, f1 = exact_match(content, self._targets), f1_score(content, self._targets)
@@ -132,6 +153,34 @@ class SearchEnv(AgentEnv):
         self._well_formed = False
         self.count("malformed_actions")
         return [{"role": "tool", "content": INVALID_ACTION}], 0.0, False, {}
+
+    def _tools_step(self, action: str, last_turn: bool):
+        calls = parse_tool_calls(action, self.tools)
+        if not calls:  # no call: this turn is the answer
+            kind, content = parse_action(action)
+            answer = content if kind == "answer" else \
+                _END_TOKEN.sub("", _THINK.sub("", action)).strip()
+            em, f1 = exact_match(answer, self._targets), f1_score(answer, self._targets)
+            score = em if self.reward == "em" else f1
+            reward = max(score, self.format_reward) if self._well_formed else score
+            return [], reward, True, {"em": em, "f1": f1, "answer": answer}
+        messages = []
+        for call in calls:
+            if isinstance(call, CallError):
+                self._well_formed = False
+                self.count("malformed_actions")
+                messages.append(tool_message(call.name or "error", f"Error: {call.message}"))
+                continue
+            self.count("tool_calls")
+            text = self._search(call.arguments["query"]) if call.arguments["query"].strip() \
+                else "Error: the query is empty.\n"
+            if not self._seen and contains_answer(text, self._targets):
+                self._seen = True
+                self.count("answer_seen")
+            messages.append(tool_message("search", text))
+        if last_turn:  # no turn left to use the results
+            return [], 0.0, False, {"em": 0.0, "f1": 0.0}
+        return messages, 0.0, False, {}
 
     def _search(self, query: str) -> str:
         from tools.errors import ToolError

@@ -20,6 +20,25 @@ TEMPLATE = (
 )
 
 
+#: ``search.protocol=tools``: the same task with the search engine as a function tool
+TOOLS_TEMPLATE = (
+    "Answer the given question. "
+    "You must conduct reasoning inside <think> and </think> first every time you get new "
+    "information. "
+    "After reasoning, if you find you lack some knowledge, you can call the search tool; "
+    "its results come back to you. You can search as many times as your want. "
+    "If you find no further external knowledge needed, reply without a tool call and give "
+    "the answer inside <answer> and </answer>, without detailed illustrations. "
+    "For example, <answer> Beijing </answer>. Question: {question}\n"
+)
+
+
+def make_tools_prompt(question: str) -> str:
+    """The user message for ``question`` under ``search.protocol=tools``."""
+    return TOOLS_TEMPLATE.format(question=make_prompt(question).rsplit("Question: ", 1)[1]
+                                 .rstrip("\n"))
+
+
 def make_prompt(question: str) -> str:
     """The user message for ``question``: stripped, with ``?`` appended if missing.
 
