@@ -125,6 +125,11 @@ class SandboxConfig:
 @dataclass
 class CodeConfig:
     obs_bytes: int = 1024  # interpreter output shown to the model (env=code), bytes
+    protocol: str = "tags"  # tags (ReTool's <code> text) | tools (a python function, Hermes <tool_call>)
+
+    def __post_init__(self) -> None:
+        if self.protocol not in ("tags", "tools"):
+            raise ValueError(f"code.protocol={self.protocol!r}; valid: tags, tools")
 
 
 @dataclass

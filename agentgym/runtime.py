@@ -75,6 +75,7 @@ def _code_kwargs(cfg: Config) -> dict[str, Any]:
         atexit.register(_SANDBOXES[key].close)
         logger.info("started %s sandbox (%s)", cfg.sandbox.backend, _SANDBOXES[key].backend)
     return {"sandbox": _SANDBOXES[key], "obs_bytes": cfg.code.obs_bytes,
+            "protocol": cfg.code.protocol,
             "stateful": cfg.sandbox.stateful}
 
 

@@ -24,7 +24,8 @@ import re
 import uuid
 
 from envs.base import AgentEnv
-from envs.code_prompt import make_prompt
+from envs.code_prompt import make_prompt, make_tools_prompt
+from envs.function_calling import CallError, function_tool, parse_tool_calls, tool_message
 from envs.math_reward import extract_boxed, is_equivalent
 
 logger = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ INVALID_ACTION = ("\nMy previous action is invalid. If I want to execute code, I
                   "should put \\boxed{answer} between <answer> and </answer>. "
                   "Let me try again.\n")
 NO_CODE = "No Python code found between <code> and </code>."
+NO_CALL = ("Call the python tool, or give the final answer as <answer>\\boxed{...}</answer>.")
 
 #: Used by ``reset()`` without a dataset row (contract checks, smoke tests).
 BUILTIN_PROBLEMS = [
@@ -94,14 +96,25 @@ class CodeEnv(AgentEnv):
         stateful: each episode runs its cells in one sandbox session (variables persist
             from cell to cell); the session is closed when the episode ends.
         max_turns: actions per episode (code cells plus the answer).
+        protocol: ``tags`` (ReTool's ``<code>`` / ``<interpreter>`` text) or ``tools`` (a
+            ``python`` function tool: Hermes ``<tool_call>`` blocks, any number per turn,
+            each run and answered by a ``tool`` message; a turn without a call must hold
+            the ``\\boxed{}`` answer).
     """
 
     observation_format = "inline"
     stop_strings = ("</code>", "</answer>")
 
     def __init__(self, sandbox=None, obs_bytes: int = 1024, stateful: bool = False,
-                 max_turns: int = 4) -> None:
+                 max_turns: int = 4, protocol: str = "tags") -> None:
         super().__init__(max_turns=max_turns)
+        if protocol not in ("tags", "tools"):
+            raise ValueError(f"code.protocol={protocol!r}; valid: tags, tools")
+        self.protocol = protocol
+        if protocol == "tools":
+            self.tools = [function_tool("python", "Run a Python script; returns its stdout "
+                                        "and stderr.", {"code": {"type": "string"}})]
+            self.observation_format, self.stop_strings = "chat", ()
         if obs_bytes < 64:
             raise ValueError(f"obs_bytes must be >= 64 (room for the truncation marker), "
                              f"got {obs_bytes}")
@@ -126,9 +139,15 @@ class CodeEnv(AgentEnv):
         if self.stateful:
             self._episodes += 1
             self._session = f"code-{self._uid}-{self._episodes}"
+        question = (row.get("extra_info") or {}).get("question")
+        if self.protocol == "tools" and question:  # the row's prompt teaches the tags
+            return [{"role": "user", "content": make_tools_prompt(question)}], \
+                {"ground_truth": self._golds}
         return [dict(m) for m in row["prompt"]], {"ground_truth": self._golds}
 
     def _step(self, action, last_turn):
+        if self.protocol == "tools":
+            return self._tools_step(action, last_turn)
         kind, content = parse_action(action)
         if kind == "answer":
             self._end_session()
@@ -146,6 +165,35 @@ class CodeEnv(AgentEnv):
         if kind == "code":
             return [self._interpreter(NO_CODE)], 0.0, False, info
         return [{"role": "tool", "content": INVALID_ACTION}], 0.0, False, info
+
+    def _tools_step(self, action: str, last_turn: bool):
+        calls = parse_tool_calls(action, self.tools)
+        if not calls:
+            boxed = extract_boxed(_NOT_PROSE.sub("", action))
+            if boxed:
+                self._end_session()
+                em = float(any(is_equivalent(boxed, g) for g in self._golds))
+                return [], em, True, {"em": em, "answer": boxed, "ground_truth": self._golds}
+            self.count("malformed_actions")
+            info = {"em": 0.0, "ground_truth": self._golds} if last_turn else {}
+            if last_turn:
+                self._end_session()
+            return [{"role": "user", "content": NO_CALL}], 0.0, False, info
+        if last_turn:  # no turn left to use the output
+            self._end_session()
+            return [], 0.0, False, {"em": 0.0, "ground_truth": self._golds}
+        messages = []
+        for call in calls:
+            if isinstance(call, CallError):
+                self.count("malformed_actions")
+                messages.append(tool_message(call.name or "error", f"Error: {call.message}"))
+            elif not call.arguments["code"].strip():
+                self.count("malformed_actions")
+                messages.append(tool_message("python", f"Error: {NO_CODE}"))
+            else:
+                self.count("tool_calls")
+                messages.append(tool_message("python", self._run(call.arguments["code"])))
+        return messages, 0.0, False, {}
 
     def _run(self, code: str) -> str:
         try:

@@ -34,6 +34,25 @@ TEMPLATE = (
 )
 
 
+#: ``code.protocol=tools``: the same task with the interpreter as a function tool
+TOOLS_TEMPLATE = (
+    "Solve the following problem step by step. You can call the python tool to run "
+    "executable Python code (complete scripts, including necessary imports); its output "
+    "comes back to you to aid your reasoning.\n"
+    "The last part of your response should be in the following format:\n"
+    "<answer>\n\\boxed{'The final answer goes here.'}\n</answer>\n"
+    "\n"
+    "*user question:*\n"
+    "{question}\n"
+)
+
+
+def make_tools_prompt(question: str) -> str:
+    """The user message for ``question`` under ``code.protocol=tools``."""
+    make_prompt(question)  # the same checks
+    return TOOLS_TEMPLATE.replace("{question}", question.strip())
+
+
 def make_prompt(question: str) -> str:
     """The user message for ``question`` (stripped; otherwise unchanged).
 

@@ -135,3 +135,35 @@ def test_search_protocol_is_checked():
         SearchEnv(retriever_url="http://127.0.0.1:9", protocol="xml")
     with pytest.raises(ValueError, match="search.protocol"):
         build_config(parse_overrides(["search.protocol=json"]))
+
+
+def test_code_protocol_tools_runs_each_call_in_the_sandbox(tiny_tokenizer):
+    from envs.code import CodeEnv, code_row
+    row = code_row("What is 6 times 7?", "42")
+    env = CodeEnv(protocol="tools", max_turns=3)
+    try:
+        first, _ = env.reset(seed=0, options={"row": row})
+        assert "python tool" in first[0]["content"] and "<code>" not in first[0]["content"]
+        obs, _, done, _, info = env.step(call("python", code="print(6*7)") +
+                                         call("python", code="print(1/0)") +
+                                         call("python", script="x"))
+        assert not done and [m["role"] for m in obs] == ["tool"] * 3
+        assert obs[0]["content"].strip() == "42" and "ZeroDivisionError" in obs[1]["content"]
+        assert obs[2]["content"].startswith("Error: python: missing required argument(s)")
+        assert info["tool_calls"] == 2 and info["malformed_actions"] == 1
+        assert info["code_errors"] == 1
+        _, reward, done, _, info = env.step("<answer>\\boxed{42}</answer>")
+        assert done and reward == 1.0 and info["em"] == 1.0
+    finally:
+        env.close()
+
+
+def test_the_tools_variants_pass_the_contract_checker(retriever_url):
+    from envs import check_env
+    from envs.code import CodeEnv
+    for env in (SearchEnv(retriever_url=retriever_url, protocol="tools"),
+                CodeEnv(protocol="tools")):
+        try:
+            check_env(env)
+        finally:
+            env.close()

@@ -70,10 +70,11 @@ def prepare(cfg: Config, hooks: Hooks | None = None, probe_engine=None) -> Confi
     from agentgym.demo_builders import BUILDERS
     import envs
     env = envs.short_name(envs.resolve_env_id(cfg.env))
-    if env == "search" and cfg.search.protocol != "tags":
-        hooks.announce(f"cold start: the search demonstration builder writes Search-R1's "
-                       f"tags, not search.protocol={cfg.search.protocol}; RL starts from the "
-                       f"model as it is (or give trainer.cold_start=PATH)")
+    protocol = {"search": cfg.search.protocol, "code": cfg.code.protocol}.get(env, "tags")
+    if protocol != "tags":
+        hooks.announce(f"cold start: the {env} demonstration builder writes the text tags, "
+                       f"not {env}.protocol={protocol}; RL starts from the model as it is "
+                       f"(or give trainer.cold_start=PATH)")
         return cfg
     if env not in BUILDERS:
         hooks.announce(f"cold start: env {cfg.env} has no demonstration builder "
