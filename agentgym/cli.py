@@ -40,12 +40,15 @@ def _setup_logging(level: str) -> None:
 def _config(args: list[str], command_defaults: dict | None = None) -> Config:
     import envs
 
+    from agentgym.config import env_names
     overrides = parse_overrides(args)
     if "env" in overrides:  # one canonical name: the short one when the env has it
-        # fails fast with "did you mean", before any model loads
-        overrides["env"] = envs.short_name(envs.resolve_env_id(str(overrides["env"])))
+        # fails fast with "did you mean", before any model loads (each env of a mixed run)
+        overrides["env"] = ",".join(envs.short_name(envs.resolve_env_id(e))
+                                    for e in env_names(overrides["env"]))
     cfg = build_config(overrides, command_defaults)
-    envs.resolve_env_id(cfg.env)
+    for e in env_names(cfg.env):
+        envs.resolve_env_id(e)
     _setup_logging(cfg.log_level)
     return cfg
 

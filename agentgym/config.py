@@ -14,6 +14,7 @@ the algorithm's preset (``algo=ppo``, :data:`ALGO_PRESETS`), then the user's ove
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import types
 import typing
@@ -376,6 +377,12 @@ class DataConfig:
     # in the corpus (the others earn 0 from every rollout: no GRPO signal). No effect with
     # retriever.url / retriever.index (another corpus) or other envs.
     answerable_only: bool = True
+    # env=[search,code]: the share of each env's prompts, in env order (empty: equal)
+    mix: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if any(not isinstance(w, (int, float)) or w <= 0 for w in self.mix):
+            raise ValueError(f"data.mix={self.mix!r}: weights must be > 0")
 
 
 @dataclass
@@ -552,12 +559,37 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
     return out
 
 
+def env_names(env: Any) -> list[str]:
+    """The envs of ``env``: one name, or several (``[search,code]``, ``search,code``: a
+    mixed run)."""
+    items = env if isinstance(env, list) else str(env).strip().strip("[]").split(",")
+    return [n for n in (str(x).strip().strip("'\"") for x in items) if n]
+
+
+def is_mixed(cfg: Any) -> bool:
+    """Whether ``cfg`` is a mixed run (several envs)."""
+    return len(env_names(cfg.env)) > 1
+
+
+def sub_config(cfg: Any, env: str) -> Any:
+    """``cfg`` for one env of a mixed run: ``env`` set, and its preset's held-out data."""
+    sub = copy.deepcopy(cfg)
+    sub.env = env
+    preset = ENV_PRESETS.get(env, {})
+    if "trainer.eval_data" in preset:
+        sub.trainer.eval_data = preset["trainer.eval_data"]
+    return sub
+
+
 def build_config(overrides: dict[str, Any], command_defaults: dict[str, Any] | None = None,
                  cls: type = Config) -> Any:
     """Defaults → env preset → command defaults → algorithm preset → user overrides."""
     cfg = cls()
     env = overrides.get("env", cfg.env)
-    layers = [ENV_PRESETS.get(str(env), {}), command_defaults or {}]
+    mixed = len(env_names(env)) > 1
+    if mixed:  # a mixed run: one name for it, and no single env's preset
+        overrides = {**overrides, "env": ",".join(env_names(env))}
+    layers = [{} if mixed else ENV_PRESETS.get(str(env), {}), command_defaults or {}]
     algo = overrides.get("algo.name", overrides.get("algo"))
     if hasattr(cfg, "algo") and isinstance(algo, str):
         set_key(cfg, "algo.name", algo)  # fails with the valid names before the preset

@@ -6,6 +6,8 @@ A row: ``data_source``, ``prompt`` (chat messages), ``ability``,
 
 from __future__ import annotations
 
+import collections
+
 import gzip
 import json
 import logging
@@ -94,8 +96,15 @@ class TrainingRows:
     rows: list[dict]
     total: int  # rows of the dataset
     answerable: int | None = None  # of them, answerable (None: not filtered)
+    parts: dict | None = None  # a mixed run: env -> its TrainingRows
+    source: str = ""  # the dataset's name
 
     def describe(self, name: str, what: str = "training") -> str:
+        if self.parts:
+            counts = collections.Counter(r["env"] for r in self.rows)
+            return f"{len(self.rows)} {what} rows, mixed: " + "; ".join(
+                f"{e}: {counts.get(e, 0)} ({p.describe(p.source or name, what)})"
+                for e, p in self.parts.items())
         if self.answerable is None:
             return f"{len(self.rows)} {what} rows from {name}"
         return (f"{len(self.rows)} {what} rows from {name}: {self.answerable} of "
@@ -106,23 +115,73 @@ class TrainingRows:
 def training_rows(cfg) -> TrainingRows:
     """The rows a training run draws from: ``data.name``, filtered to answerable questions
     (:mod:`agentgym.answerable`) when ``data.answerable_only`` applies (the search env
-    with the shipped corpus), then the first ``limit``."""
-    return question_rows(cfg, cfg.data.name, cfg.limit)
+    with the shipped corpus), then the first ``limit``. A mixed run
+    (``env=[search,code]``): each env's rows, mixed by ``data.mix``
+    (:func:`mix_rows`)."""
+    from agentgym.config import env_names, sub_config
+    names = env_names(cfg.env)
+    if len(names) == 1:
+        return question_rows(cfg, cfg.data.name, cfg.limit)
+    parts = {e: question_rows(sub_config(cfg, e), cfg.data.name, cfg.limit) for e in names}
+    return mixed(parts, mix_rows({e: p.rows for e, p in parts.items()}, cfg.data.mix,
+                                 cfg.trainer.seed))
 
 
 def heldout_rows(cfg) -> TrainingRows:
     """The held-out rows a training run evaluates on: the first ``trainer.eval_limit`` of
     ``trainer.eval_data``, filtered like the training rows (a question whose answer is
-    nowhere in the corpus measures the corpus, not the policy)."""
+    nowhere in the corpus measures the corpus, not the policy). A mixed run: that many of
+    each env's own held-out set (its preset's ``trainer.eval_data``)."""
     if not cfg.trainer.eval_limit:
         return TrainingRows([], 0)
-    return question_rows(cfg, cfg.trainer.eval_data, cfg.trainer.eval_limit)
+    from agentgym.config import env_names, sub_config
+    names = env_names(cfg.env)
+    if len(names) == 1:
+        return question_rows(cfg, cfg.trainer.eval_data, cfg.trainer.eval_limit)
+    parts = {}
+    for e in names:
+        sub = sub_config(cfg, e)
+        parts[e] = question_rows(sub, sub.trainer.eval_data, cfg.trainer.eval_limit)
+    return mixed(parts, [r for p in parts.values() for r in p.rows])
+
+
+def mix_rows(rows: dict[str, list[dict]], weights: list[float], seed: int) -> list[dict]:
+    """One list of rows holding env ``k``'s rows in the share ``weights[k]`` (empty: equal
+    shares): as many rows as all envs have together, each env's cycled (repeated) or cut
+    to its share, shuffled with ``seed``. A row stays whole, so a GRPO group (``n``
+    samples of one row) never mixes envs."""
+    import random
+    names = list(rows)
+    if weights and len(weights) != len(names):
+        raise ValueError(f"data.mix={weights} has {len(weights)} weights for "
+                         f"{len(names)} envs ({', '.join(names)})")
+    w = weights or [1.0] * len(names)
+    total = sum(len(r) for r in rows.values())
+    out = []
+    for name, weight in zip(names, w):
+        if not rows[name]:
+            raise ValueError(f"env {name} has no training rows to mix")
+        count = max(1, round(total * weight / sum(w)))
+        out += [rows[name][i % len(rows[name])] for i in range(count)]
+    random.Random(seed).shuffle(out)
+    return out
+
+
+def mixed(parts: dict[str, "TrainingRows"], rows: list[dict]) -> "TrainingRows":
+    """A mixed run's :class:`TrainingRows`, described env by env."""
+    out = TrainingRows(rows, sum(p.total for p in parts.values()))
+    out.parts = parts
+    return out
 
 
 def answerable_filter_applies(cfg) -> bool:
     """``data.answerable_only`` on, the search env, and the shipped corpus (with
     ``retriever.url`` / ``retriever.index`` the answers' presence is unknown)."""
     import envs
+
+    from agentgym.config import env_names
+    if len(env_names(cfg.env)) > 1:  # a mixed run: decided env by env (sub_config)
+        return False
     if envs.short_name(envs.resolve_env_id(cfg.env)) != "search" or not cfg.data.answerable_only:
         return False
     if cfg.retriever.url or cfg.retriever.index:
@@ -139,11 +198,11 @@ def question_rows(cfg, name: str, limit: int = 0) -> TrainingRows:
     rows = load_rows(cfg.env, name)
     total = len(rows)
     if not answerable_filter_applies(cfg):
-        return TrainingRows(rows[:limit] if limit else rows, total)
+        return TrainingRows(rows[:limit] if limit else rows, total, source=name)
     from agentgym.answerable import answerable
     keep = answerable(rows, shipped_corpus())
     kept = [row for row, ok in zip(rows, keep) if ok]
     if not kept:
         raise ValueError(f"no question of {name} has a gold answer in the shipped "
                          f"corpus; set data.answerable_only=false to use them anyway")
-    return TrainingRows(kept[:limit] if limit else kept, total, len(kept))
+    return TrainingRows(kept[:limit] if limit else kept, total, len(kept), source=name)

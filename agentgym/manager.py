@@ -79,7 +79,9 @@ class GenerationManager:
         traj = Trajectory(uid=uid, sample_index=sample_index,
                           data_source=str(row.get("data_source", "")))
         m = {"turns": 0, "generate_s": 0.0, "env_s": 0.0, "length_stops": 0}
-        env = await self._in_pool(self.env_factory)
+        env = await self._in_pool(self.env_factory, row) \
+            if getattr(self.env_factory, "takes_row", False) \
+            else await self._in_pool(self.env_factory)
         try:
             t0 = time.perf_counter()
             obs, info = await self._in_pool(env.reset, seed=seed, options={"row": row})
@@ -133,6 +135,7 @@ class GenerationManager:
             traj.policy_version = min(traj.turn_versions)
         traj.reward = float(sum(traj.step_rewards))
         traj.info = {k: v for k, v in info.items() if _jsonable(v)}
+        traj.info.setdefault("env", str(row.get("env", "")))  # per-env metrics of mixed runs
         traj.metrics = {
             **{k: float(v) for k, v in m.items()},
             "tool_calls": float(info.get("tool_calls", 0)),

@@ -89,8 +89,32 @@ ENV_KWARGS: dict[str, Callable[[Config], dict[str, Any]]] = {"search": _search_k
                                                              "geometry": _geometry_kwargs}
 
 
+class MixedEnvs:
+    """A mixed run's env factory (``env=[search,code]``): ``factory(row)`` makes the env
+    that ``row["env"]`` names, each with its own settings (:func:`env_factory`)."""
+
+    takes_row = True
+
+    def __init__(self, factories: dict[str, Callable[[], Any]]) -> None:
+        import envs
+        self.factories = factories
+        self._by_name = {alias: name for name in factories for alias in envs.env_aliases(name)}
+
+    def __call__(self, row: dict | None = None):
+        name = (row or {}).get("env")
+        if name not in self._by_name:
+            raise ValueError(f"row for env {name!r} in a run mixing "
+                             f"{', '.join(self.factories)}")
+        return self.factories[self._by_name[name]]()
+
+
 def env_factory(cfg: Config) -> Callable[[], Any]:
-    """A zero-argument factory of fresh envs for ``cfg.env`` (resolves tools once)."""
+    """A zero-argument factory of fresh envs for ``cfg.env`` (resolves tools once); for a
+    mixed run, a :class:`MixedEnvs` that makes the env each row names."""
+    from agentgym.config import env_names, sub_config
+    names = env_names(cfg.env)
+    if len(names) > 1:
+        return MixedEnvs({e: env_factory(sub_config(cfg, e)) for e in names})
     import envs
     env_id = envs.resolve_env_id(cfg.env)
     short = envs.short_name(env_id)

@@ -83,3 +83,40 @@ def test_grpo_learns_toy_env(tmp_path):
     start, end = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     # Measured: about 0.11 at the start (random init), about 0.5 after 20 steps.
     assert end > start + 0.25 and end > 2 * start, (start, end)
+
+
+def test_a_mixed_run_of_two_envs(tmp_path, retriever_url):
+    """``env=[search,code]``: rows of both envs mixed by ``data.mix``, each group one env,
+    metrics and the held-out eval env by env."""
+    import json
+
+    from agentgym.cli import main
+    from agentgym.config import build_config, parse_overrides
+    from agentgym.data import heldout_rows, training_rows
+    overrides = ["env=[search,code]", "data.mix=[3,1]", "limit=40", "trainer.eval_limit=2"]
+    cfg = build_config(parse_overrides(overrides))
+    rows = training_rows(cfg).rows
+    counts = {e: sum(r["env"] == e for r in rows) for e in ("search", "code")}
+    assert counts == {"search": 60, "code": 20}  # 80 rows in the share 3:1
+    held = heldout_rows(cfg).rows
+    assert [r["env"] for r in held] == ["search", "search", "code", "code"]
+    assert held[2]["data_source"] != held[0]["data_source"]  # code's own held-out set
+    run = tmp_path / "mixed"
+    assert main(["train", "env=[search,code]", "model=tiny", f"run_dir={run}",
+                 "trainer.total_steps=2", "trainer.prompts_per_step=4", "n=2", "limit=8",
+                 "trainer.eval_limit=2", f"retriever.url={retriever_url}",
+                 "rollout.max_tokens_per_turn=8", "rollout.max_turns=2"]) == 0
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in metrics if "rollout/reward" in m]
+    assert len(steps) == 2
+    seen = {k.split("/")[0] for m in steps for k in m if k.endswith("/rollout/reward")}
+    assert seen == {"search", "code"}
+    for m in steps:  # every trajectory counted under its env
+        envs_in_step = [e for e in ("search", "code") if f"{e}/rollout/count" in m]
+        assert envs_in_step and m["rollout/count"] == 8
+        assert sum(m[f"{e}/rollout/count"] for e in envs_in_step) == 8
+    evals = [m for m in metrics if "eval/em" in m]
+    assert evals and all(m["search/eval/count"] == 2 and m["code/eval/count"] == 2
+                         for m in evals)
+    config = json.loads((run / "config.json").read_text())
+    assert config["env"] == "search,code"

@@ -67,8 +67,13 @@ def prepare(cfg: Config, hooks: Hooks | None = None, probe_engine=None) -> Confi
     cfg.run_dir = str(resolve_run_dir(cfg))
     if mode != "auto":
         return _from_path(cfg, Path(mode), hooks)
+    from agentgym.config import env_names
     from agentgym.demo_builders import BUILDERS
     import envs
+    if len(env_names(cfg.env)) > 1:
+        hooks.announce(f"cold start: not run for a mixed run (env={cfg.env}); RL starts from "
+                       f"the model as it is (give trainer.cold_start=PATH for an SFT model)")
+        return cfg
     env = envs.short_name(envs.resolve_env_id(cfg.env))
     protocol = {"search": cfg.search.protocol, "code": cfg.code.protocol}.get(env, "tags")
     if protocol != "tags":

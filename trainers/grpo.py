@@ -46,6 +46,7 @@ from agentgym.config import Config
 from agentgym.data import heldout_rows, training_rows
 from agentgym.manager import summarize
 from agentgym.metrics import MetricsLogger
+from agentgym.config import is_mixed
 from agentgym.device import peak_memory_gb
 from agentgym.models import load_model, load_tokenizer, resolve_model
 from agentgym.engines.base import ENGINES
@@ -60,7 +61,7 @@ from trainers.backends.base import batched_logprobs, first_needed_position, sequ
 from trainers.backends.single import SingleBackend
 from trainers.batch import Batch, collate
 from trainers.run import (Hooks, LocalRollout, eval_metrics, make_backend, policy_spec,
-                          resume, save_checkpoint, start_run)
+                          resume, save_checkpoint, split_by_env, start_run)
 
 logger = logging.getLogger(__name__)
 
@@ -204,7 +205,7 @@ def collect(cfg: Config, rollout, rows: list[dict], cursor: int,
         n_kept = len({tr.uid for tr in kept})
         if n_kept >= t.prompts_per_step:
             break
-    m = rollout_metrics(seen)
+    m = rollout_metrics(seen, per_env=is_mixed(cfg))
     if a.dynamic_sampling:
         groups = len({tr.uid for tr in seen})
         m.update({"rollout/sampling_rounds": float(rounds),
@@ -216,7 +217,7 @@ def collect(cfg: Config, rollout, rows: list[dict], cursor: int,
     return kept, cursor, m
 
 
-def rollout_metrics(trajs: list[Trajectory]) -> dict:
+def rollout_metrics(trajs: list[Trajectory], per_env: bool = False) -> dict:
     """``rollout/*``: means over the trajectories, the oldest policy version, and (with
     groups) ``rollout/signal_groups``: the fraction of groups whose rewards are not all
     equal, the only ones a group-relative advantage learns from."""
@@ -225,6 +226,10 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict:
     uids = [tr.uid for tr in trajs]
     if len(set(uids)) < len(uids):
         m["rollout/signal_groups"] = signal_share([tr.reward for tr in trajs], uids)
+    if per_env:  # a mixed run: the same, env by env (search/rollout/reward, ...)
+        for env, part in split_by_env(trajs).items():
+            m.update({f"{env}/{k}": v for k, v in rollout_metrics(part).items()
+                      if k.startswith("rollout/") and k != "rollout/policy_version"})
     return m
 
 
@@ -496,8 +501,9 @@ class Session:
 
     def evaluate(self) -> dict:
         """Greedy single-sample accuracy on the held-out rows."""
-        return eval_metrics(self.rollout.generate(self.eval_rows, 1, self.cfg.trainer.seed,
-                                                  self.hooks, greedy=True))
+        trajs = self.rollout.generate(self.eval_rows, 1, self.cfg.trainer.seed, self.hooks,
+                                      greedy=True)
+        return eval_metrics(trajs, per_env=is_mixed(self.cfg))
 
     def sync(self) -> None:
         """A new policy version: the trainer's full weights, gathered once, into every
@@ -578,7 +584,7 @@ def train(cfg: Config, hooks: Hooks | None = None) -> Path:
             if cfg.trainer.mode == "async":
                 trajs, m = s.rollout.take(step)
                 s.cursor, s.taken = s.rollout.cursor, s.rollout.taken_after_cursor
-                m.update(rollout_metrics(trajs))
+                m.update(rollout_metrics(trajs, per_env=is_mixed(cfg)))
             else:
                 trajs, s.cursor, m = collect(cfg, s.rollout, s.rows, s.cursor, step, s.hooks)
             t1 = time.perf_counter()

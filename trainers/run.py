@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from agentgym.config import Config, to_dict
+from agentgym.config import Config, is_mixed, to_dict
 from agentgym.manager import GenerationManager, summarize
 from agentgym.runtime import env_factory
 
@@ -43,7 +43,9 @@ def resolve_run_dir(cfg: Config) -> Path:
     if cfg.run_dir:
         return Path(cfg.run_dir)
     model = Path(cfg.model.path or cfg.model.name).name
-    return Path("runs") / f"{cfg.env}-{model}-{time.strftime('%Y%m%d-%H%M%S')}"
+    from agentgym.config import env_names
+    env = "+".join(env_names(cfg.env)).replace(":", "-").replace("/", "-")
+    return Path("runs") / f"{env}-{model}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def start_run(cfg: Config) -> Path:
@@ -142,17 +144,31 @@ async def rollouts(manager: GenerationManager, rows: list[dict], n: int, hooks: 
     return await manager.run(rows, n=n, on_done=lambda _t: hooks.advance())
 
 
-def eval_metrics(trajs: list) -> dict:
+def split_by_env(trajs: list) -> dict[str, list]:
+    """Trajectories by the env that played them (``info["env"]``), in first-seen order."""
+    out: dict[str, list] = {}
+    for t in trajs:
+        out.setdefault(str(t.info.get("env", "")), []).append(t)
+    return out
+
+
+def eval_metrics(trajs: list, per_env: bool = False) -> dict:
+    """``eval/*`` over ``trajs``; a mixed run's also env by env (``search/eval/em``, ...)."""
     s = summarize(trajs)
-    return {"eval/em": s["em"], "eval/f1": s["f1"], "eval/format_valid": s["format_valid"],
-            "eval/count": s["count"]}
+    m = {"eval/em": s["em"], "eval/f1": s["f1"], "eval/format_valid": s["format_valid"],
+         "eval/count": s["count"]}
+    if per_env:
+        for env, part in split_by_env(trajs).items():
+            m.update({f"{env}/{k}": v for k, v in eval_metrics(part).items()})
+    return m
 
 
 def evaluate(cfg: Config, engine, tokenizer, rows: list[dict], hooks: Hooks) -> dict:
     """Greedy single-sample accuracy on ``rows`` (the same env, budgets and tools)."""
     rollout = LocalRollout(cfg, engine, tokenizer)
     try:
-        return eval_metrics(rollout.generate(rows, 1, cfg.trainer.seed, hooks, greedy=True))
+        return eval_metrics(rollout.generate(rows, 1, cfg.trainer.seed, hooks, greedy=True),
+                            per_env=is_mixed(cfg))
     finally:
         rollout.close(engine_too=False)
 
