@@ -574,6 +574,8 @@ def main(argv: list[str] | None = None) -> int:
     # re-raises it, so their exit status says SIGTERM (DECISIONS.md, Retriever server).
     if command not in ("serve", "serve-retriever"):
         exit_cleanly_on_sigterm()
+    from agentgym.memory import return_freed_memory
+    return_freed_memory()  # a long run's RSS must not only grow (agentgym.memory)
     try:
         if command in FLAG_COMMANDS:
             return FLAG_COMMANDS[command](rest)

@@ -124,3 +124,16 @@ def test_the_kl_reference_follows_the_policy_or_is_offloaded(tiny_path, offload)
     assert not any(p.requires_grad for p in ref.model.parameters())
     sharded = build_config(parse_overrides(["trainer.backend=fsdp", "algo.kl_coef=0.1"]))
     assert reference(sharded, tiny_path, backend="the ranks").backend == "the ranks"
+
+
+def test_freed_memory_goes_back_to_the_system(monkeypatch):
+    """glibc's mmap threshold is fixed (agentgym.memory); the user's own choice is kept."""
+    import ctypes.util
+    import sys
+
+    from agentgym.memory import return_freed_memory
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    glibc = sys.platform.startswith("linux") and "musl" not in (ctypes.util.find_library("c") or "")
+    assert return_freed_memory() is glibc
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    assert return_freed_memory() is False

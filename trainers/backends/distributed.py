@@ -345,4 +345,6 @@ class DistributedBackend:
 
 
 if __name__ == "__main__":
+    from agentgym.memory import return_freed_memory
+    return_freed_memory()
     _rank_main(sys.argv[1], int(sys.argv[2]))
