@@ -88,14 +88,20 @@ def main() -> None:
     ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 8192])
     ap.add_argument("--one", nargs=2, metavar=("LENGTH", "SETTING"), help=argparse.SUPPRESS)
     ap.add_argument("--note", default="", help="conditions to record with the figures")
+    ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    ap.add_argument("--results", default=str(ROOT / "runs" / "update_memory.json"),
+                    help="cells measured so far: a run replaces the cells it measures and "
+                         "keeps the others, so one cell can be measured again")
     a = ap.parse_args()
     if a.one:
         print(json.dumps(one(int(a.one[0]), a.one[1])))
         return
     from bench.report import machine, write_section
+    store = Path(a.results)
+    kept = json.loads(store.read_text()) if store.exists() else []
     results = []
     for length in a.lengths:
-        for setting in SETTINGS:
+        for setting in a.settings:
             proc = subprocess.run([sys.executable, __file__, "--one", str(length), setting],
                                   capture_output=True, text=True, cwd=ROOT,
                                   env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -107,11 +113,23 @@ def main() -> None:
                 continue
             results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
             print(results[-1], flush=True)
+    measured = {(r["length"], r["setting"]) for r in results}
+    results = [r for r in kept if (r["length"], r["setting"]) not in measured] + results
+    results.sort(key=lambda r: (r["length"], list(SETTINGS).index(r["setting"])))
+    store.parent.mkdir(parents=True, exist_ok=True)
+    store.write_text(json.dumps(results, indent=2) + "\n")
     base = {r["length"]: r for r in results if r["setting"] == "plain" and "failed" not in r}
     precision = next((r["precision"] for r in results if "precision" in r), "?")
+    argv, shown = sys.argv[1:], []
+    while argv:  # the command without its --note text, which follows it
+        arg = argv.pop(0)
+        if arg == "--note":
+            argv = argv[1:]
+            continue
+        shown.append(arg)
     body = [f"Machine: {machine()}. Command: `python bench/update_memory.py "
-            f"{' '.join(sys.argv[1:])}`. smollm2-135m, one GRPO `train_step` over {ROWS} "
-            f"sequences of the given length in one micro-batch, {precision}; the second of "
+            f"{' '.join(shown)}`. smollm2-135m, one GRPO `train_step` over {ROWS} "
+            f"sequence(s) of the given length in one micro-batch, {precision}; the second of "
             f"two steps timed; peak RSS of the process (model, AdamW state and the step). "
             f"{a.note}\n",
             "| tokens per sequence | setting | peak RSS (GiB) | vs plain | tokens/s | vs plain |",
