@@ -46,6 +46,8 @@ def one(length: int, setting: str) -> dict:
         Path("/proc/self/oom_score_adj").write_text("1000")
     except OSError:
         pass
+    from agentgym.memory import return_freed_memory
+    return_freed_memory()  # as agentgym's own processes do
 
     from agentgym.config import build_config
     from agentgym.models import resolve_model
