@@ -14,7 +14,6 @@ the algorithm's preset (``algo=ppo``, :data:`ALGO_PRESETS`), then the user's ove
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import types
 import typing
@@ -569,16 +568,6 @@ def env_names(env: Any) -> list[str]:
 def is_mixed(cfg: Any) -> bool:
     """Whether ``cfg`` is a mixed run (several envs)."""
     return len(env_names(cfg.env)) > 1
-
-
-def sub_config(cfg: Any, env: str) -> Any:
-    """``cfg`` for one env of a mixed run: ``env`` set, and its preset's held-out data."""
-    sub = copy.deepcopy(cfg)
-    sub.env = env
-    preset = ENV_PRESETS.get(env, {})
-    if "trainer.eval_data" in preset:
-        sub.trainer.eval_data = preset["trainer.eval_data"]
-    return sub
 
 
 def build_config(overrides: dict[str, Any], command_defaults: dict[str, Any] | None = None,

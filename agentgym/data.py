@@ -112,13 +112,26 @@ class TrainingRows:
                 f"(data.answerable_only=true)")
 
 
+def sub_config(cfg: Any, env: str) -> Any:
+    """``cfg`` for one env of a mixed run: ``env`` set, and its preset's held-out data."""
+    import copy
+
+    from agentgym.config import ENV_PRESETS
+    sub = copy.deepcopy(cfg)
+    sub.env = env
+    preset = ENV_PRESETS.get(env, {})
+    if "trainer.eval_data" in preset:
+        sub.trainer.eval_data = preset["trainer.eval_data"]
+    return sub
+
+
 def training_rows(cfg) -> TrainingRows:
     """The rows a training run draws from: ``data.name``, filtered to answerable questions
     (:mod:`agentgym.answerable`) when ``data.answerable_only`` applies (the search env
     with the shipped corpus), then the first ``limit``. A mixed run
     (``env=[search,code]``): each env's rows, mixed by ``data.mix``
     (:func:`mix_rows`)."""
-    from agentgym.config import env_names, sub_config
+    from agentgym.config import env_names
     names = env_names(cfg.env)
     if len(names) == 1:
         return question_rows(cfg, cfg.data.name, cfg.limit)
@@ -134,7 +147,7 @@ def heldout_rows(cfg) -> TrainingRows:
     each env's own held-out set (its preset's ``trainer.eval_data``)."""
     if not cfg.trainer.eval_limit:
         return TrainingRows([], 0)
-    from agentgym.config import env_names, sub_config
+    from agentgym.config import env_names
     names = env_names(cfg.env)
     if len(names) == 1:
         return question_rows(cfg, cfg.trainer.eval_data, cfg.trainer.eval_limit)

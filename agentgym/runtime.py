@@ -111,7 +111,8 @@ class MixedEnvs:
 def env_factory(cfg: Config) -> Callable[[], Any]:
     """A zero-argument factory of fresh envs for ``cfg.env`` (resolves tools once); for a
     mixed run, a :class:`MixedEnvs` that makes the env each row names."""
-    from agentgym.config import env_names, sub_config
+    from agentgym.config import env_names
+    from agentgym.data import sub_config
     names = env_names(cfg.env)
     if len(names) > 1:
         return MixedEnvs({e: env_factory(sub_config(cfg, e)) for e in names})

@@ -42,13 +42,12 @@ from typing import Any, Callable
 
 import torch
 
-from agentgym.config import Config
+from agentgym.config import Config, is_mixed
 from agentgym.data import heldout_rows, training_rows
 from agentgym.manager import summarize
 from agentgym.metrics import MetricsLogger
-from agentgym.config import is_mixed
 from agentgym.device import peak_memory_gb
-from agentgym.models import load_model, load_tokenizer, resolve_model
+from agentgym.models import load_tokenizer, resolve_model
 from agentgym.engines.base import ENGINES
 from agentgym.runtime import engine_for
 from agentgym.types import Trajectory
@@ -57,11 +56,11 @@ from trainers.algos import (ADVANTAGES, POLICY_LOSSES, aggregate, behaviour_weig
                             compute_policy_loss, groups_with_signal, kl_estimate,
                             masked_mean, needs_critic, needs_groups,
                             overlong_penalty, signal_share)
-from trainers.backends.base import batched_logprobs, first_needed_position, sequence_logprobs
+from trainers.backends.base import first_needed_position, sequence_logprobs
 from trainers.backends.single import SingleBackend
 from trainers.batch import Batch, collate
 from trainers.run import (Hooks, LocalRollout, eval_metrics, make_backend, policy_spec,
-                          resume, save_checkpoint, split_by_env, start_run)
+                          reference, resume, save_checkpoint, split_by_env, start_run)
 
 logger = logging.getLogger(__name__)
 
@@ -129,38 +128,6 @@ def setup(cfg: Config):
     rollout = make_rollout(cfg, path, tokenizer, cluster)
     ref = reference(cfg, path, backend) if cfg.algo.kl_coef > 0 else None
     return path, tokenizer, backend, rollout, ref, cluster
-
-
-@dataclass
-class Reference:
-    """The frozen KL reference: a model in this process (``model``), or the one the
-    sharded backend's ranks hold (``backend``), sharded as the policy is."""
-
-    model: Any = None
-    backend: Any = None
-    micro_batch_tokens: int = 4096
-    chunk: int = 0
-
-    def logprobs(self, batch: Batch, temperature: float) -> torch.Tensor:
-        if self.backend is not None:
-            return self.backend.reference_logprobs(batch, temperature)
-        return batched_logprobs(self.model, batch, temperature, self.micro_batch_tokens,
-                                chunk=self.chunk)[0]
-
-
-def reference(cfg: Config, path, backend) -> Reference:
-    """Where the reference lives: with a sharded backend (fsdp, deepspeed), in its ranks
-    beside the policy; with the single backend, on the policy's device; in host memory
-    with ``algo.ref_offload`` (either backend)."""
-    from agentgym.device import HOST
-    t = cfg.trainer
-    if t.backend != "single" and not cfg.algo.ref_offload:
-        return Reference(backend=backend)
-    model = load_model(path, dtype=cfg.model.dtype,
-                       device=HOST if cfg.algo.ref_offload else t.device).eval()
-    model.requires_grad_(False)
-    return Reference(model=model, micro_batch_tokens=t.micro_batch_tokens,
-                     chunk=t.logprob_chunk)
 
 
 def make_rollout(cfg: Config, path, tokenizer, cluster=None):

@@ -14,6 +14,7 @@ import re
 import shutil
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -274,3 +275,37 @@ def policy_spec(cfg: Config, path):
     return ModelSpec(str(path), cfg.model.dtype, lora=LoraSpec(
         lo.rank, lo.alpha, lo.dropout, lo.target_modules, cfg.trainer.seed) if lo.rank else None,
         device=cfg.trainer.device, gradient_checkpointing=cfg.model.gradient_checkpointing)
+
+
+@dataclass
+class Reference:
+    """The frozen KL reference: a model in this process (``model``), or the one the
+    sharded backend's ranks hold (``backend``), sharded as the policy is."""
+
+    model: Any = None
+    backend: Any = None
+    micro_batch_tokens: int = 4096
+    chunk: int = 0
+
+    def logprobs(self, batch, temperature: float) -> torch.Tensor:
+        if self.backend is not None:
+            return self.backend.reference_logprobs(batch, temperature)
+        from trainers.backends.base import batched_logprobs
+        return batched_logprobs(self.model, batch, temperature, self.micro_batch_tokens,
+                                chunk=self.chunk)[0]
+
+
+def reference(cfg: Config, path, backend) -> Reference:
+    """Where the reference lives: with a sharded backend (fsdp, deepspeed), in its ranks
+    beside the policy; with the single backend, on the policy's device; in host memory
+    with ``algo.ref_offload`` (either backend)."""
+    from agentgym.device import HOST
+    from agentgym.models import load_model
+    t = cfg.trainer
+    if t.backend != "single" and not cfg.algo.ref_offload:
+        return Reference(backend=backend)
+    model = load_model(path, dtype=cfg.model.dtype,
+                       device=HOST if cfg.algo.ref_offload else t.device).eval()
+    model.requires_grad_(False)
+    return Reference(model=model, micro_batch_tokens=t.micro_batch_tokens,
+                     chunk=t.logprob_chunk)
