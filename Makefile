@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: gpu-check install sysdeps demo test test-stress bench bench-trl clean
+.PHONY: gpu-check install sysdeps browser demo test test-stress bench bench-trl clean
 
 # bubblewrap isolates the code sandbox (tools/sandbox.py). Installed from Debian when we are
 # root (CI, containers); otherwise the sandbox falls back to `unshare`, with a logged warning.
@@ -21,6 +21,17 @@ sysdeps:
 	      echo "warning: could not install bubblewrap; the code sandbox will use unshare"; \
 	  else \
 	    echo "warning: bubblewrap (bwrap) not found; install it (apt-get install bubblewrap) for the code sandbox's full isolation"; \
+	  fi; }
+
+# Chromium renders the inspector page in its browser test (tests/test_inspect.py, through
+# playwright); only `make test` needs it. From Debian when we are root, as bubblewrap.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null || \
+	      echo "warning: could not install chromium; the inspector's browser test will fail"; \
+	  else \
+	    echo "warning: chromium not found; install it (apt-get install chromium) for the inspector's browser test"; \
 	  fi; }
 
 $(STAMP): pyproject.toml requirements/cpu.txt requirements/constraints.txt
@@ -52,13 +63,13 @@ demo: $(STAMP) sysdeps
 		trainer.cold_start_probe=4 trainer.cold_start_demos=64 sft.epochs=1 \
 		trainer.eval_limit=30 $(DEMO_BF16)
 
-test: $(STAMP) sysdeps
+test: $(STAMP) sysdeps browser
 	$(BIN)/python -m pytest -q
 
 # The default tier with every core kept busy by spinning processes (not in CI): the way to
 # hunt timing-dependent tests. STRESS_CPUS=N changes how many.
 STRESS_CPUS ?= $(shell nproc)
-test-stress: $(STAMP) sysdeps
+test-stress: $(STAMP) sysdeps browser
 	$(BIN)/python scripts/under_load.py --cpus $(STRESS_CPUS) -- $(BIN)/python -m pytest -q
 
 # On a machine with a CUDA GPU: the tests marked gpu, generation / update throughput, MFU,

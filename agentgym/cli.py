@@ -3,7 +3,9 @@
     agentgym train env=search [model=tiny trainer.total_steps=2 run_dir=runs/x]
     agentgym rollout env=search model=tiny n=4 limit=8 out=traj.jsonl
     agentgym eval env=search model=smollm2-135m data=nq limit=50 out=before.json
+    agentgym eval env=code k=8 limit=50 out=pass.json  # pass@1..8 and maj@8 from 8 samples each
     agentgym compare before.json after.json          # paired exact McNemar on the same questions
+    agentgym inspect runs/x                          # runs/x/inspect.html: samples per step, curves
     agentgym check-env [ENV_ID ...]
     agentgym demos env=search out=demos.jsonl        # demonstrations played through the env
     agentgym filter data=traj.jsonl out=kept.jsonl   # rejection sampling of rollouts
@@ -21,13 +23,13 @@ import argparse
 import asyncio
 import json
 import logging
-import math
 import sys
 import time
 from pathlib import Path
 
 from agentgym.config import Config, all_keys, build_config, parse_overrides, to_dict
 from agentgym.server_process import exit_cleanly_on_sigterm
+from agentgym.stats import wilson_ci95  # noqa: F401 - benches import it from here
 
 log = logging.getLogger("agentgym")
 
@@ -89,6 +91,7 @@ def cmd_rollout(args: list[str]) -> int:
     def record(t):
         d = t.to_dict()
         d["text"] = tok.decode(t.token_ids[t.prompt_length:], skip_special_tokens=False)
+        d["tokens"] = [tok.decode([i], skip_special_tokens=False) for i in t.token_ids]
         return d
 
     write_jsonl(out, (record(t) for t in trajs))
@@ -102,49 +105,44 @@ def cmd_rollout(args: list[str]) -> int:
     return 0
 
 
-def wilson_ci95(p: float, n: int) -> tuple[float, float]:
-    """95% Wilson score interval of a proportion (sensible at 0 and 1, unlike p ± 1.96·se)."""
-    if n == 0:
-        return float("nan"), float("nan")
-    z = 1.96
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
 def cmd_eval(args: list[str]) -> int:
-    from agentgym.manager import summarize
+    from agentgym.evaluation import eval_result, summary_lines
 
-    cfg = _config(args, {"rollout.temperature": 0.0, "rollout.n": 1})
-    if not _gave_data(args):  # the env's held-out set (nq, gsm8k, …)
+    given = parse_overrides(args)
+    k = int(given.pop("k", 1))
+    if k < 1:
+        raise ValueError(f"k={k}: the samples per question for pass@k must be >= 1")
+    rest = [a for a in args if a.partition("=")[0] != "k"]
+    # k=1: one greedy answer per question; k > 1: k samples at rollout.temperature (1.0 unless set)
+    cfg = _config(rest, {"rollout.temperature": 0.0 if k == 1 else 1.0, "rollout.n": k})
+    if not _gave_data(rest):  # the env's held-out set (nq, gsm8k, …)
         cfg.data.name = cfg.trainer.eval_data
+    if k > 1 and cfg.rollout.temperature == 0:
+        raise ValueError(f"k={k} samples at rollout.temperature=0 are all the same answer; "
+                         f"pass@k needs rollout.temperature > 0 (e.g. 1.0)")
     trajs, _, elapsed = _run_rollouts(cfg, "eval")
-    s = summarize(trajs)
-    n = len(trajs)
-    result = {"env": cfg.env, "model": cfg.model.path or cfg.model.name, "data": cfg.data.name,
-              "n": n, "em": s["em"], "em_ci95": wilson_ci95(s["em"], n), "f1": s["f1"],
-              "format_valid": s["format_valid"], "answered": s["answered"],
-              "mean_turns": s["turns"], "mean_tool_calls": s["tool_calls"],
-              "tool_failures": s["tool_failures"], "response_length": s["response_length"],
-              "seconds": elapsed, "temperature": cfg.rollout.temperature,
-              # per question, for paired comparisons of two models (agentgym.stats.mcnemar)
-              "episodes": [{"uid": t.uid, "em": float(t.info.get("em", 0.0)),
-                            "f1": float(t.info.get("f1", 0.0)), "reward": t.reward,
-                            "format_valid": bool(t.terminated
-                                                 and t.metrics["malformed_actions"] == 0),
-                            **({"answer_seen": bool(t.info["answer_seen"])}
-                               if "answer_seen" in t.info else {})}
-                           for t in trajs]}
-    print(f"{cfg.env} / {result['model']} / {cfg.data.name}: {n} questions in {elapsed:.0f}s")
-    lo, hi = result["em_ci95"]
-    print(f"  EM {s['em']:.3f} [{lo:.3f}, {hi:.3f}] (95% CI)   F1 {s['f1']:.3f}   "
-          f"format-valid {s['format_valid']:.3f}   answered {s['answered']:.3f}   "
-          f"turns {s['turns']:.2f}   tool calls {s['tool_calls']:.2f}"
-          + (f"   answer in results {s['answer_seen']:.3f}" if "answer_seen" in s else ""))
+    result = eval_result(cfg, trajs, elapsed, k)
+    for line in summary_lines(result):
+        print(line)
     if cfg.out:
         Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.out).write_text(json.dumps(result, indent=2) + "\n")
         print(f"  wrote {cfg.out}")
+    return 0
+
+
+def cmd_inspect(args: list[str]) -> int:
+    """``agentgym inspect RUN_DIR|FILE.jsonl [out=PAGE.html]``: one self-contained HTML page
+    of the run's samples per step (or a rollout file), its curves, and filters."""
+    from agentgym.inspector import write_page
+
+    paths = [a for a in args if "=" not in a]
+    opts = dict(a.split("=", 1) for a in args if "=" in a)
+    out = opts.pop("out", None)
+    if len(paths) != 1 or opts:
+        raise ValueError(f"usage: agentgym inspect RUN_DIR|FILE.jsonl [out=PAGE.html]; got {args}")
+    page = write_page(paths[0], out)
+    print(f"wrote {page} (open it in a browser; it needs no server or network)")
     return 0
 
 
@@ -162,6 +160,9 @@ def cmd_compare(args: list[str]) -> int:
     outcomes = []
     for p in paths:
         result = json.loads(Path(p).read_text())
+        if result.get("k", 1) > 1:
+            raise ValueError(f"{p} holds k={result['k']} samples per question; compare pairs "
+                             f"one greedy answer per question (agentgym eval without k)")
         if "episodes" not in result:
             raise ValueError(f"{p} has no per-question episodes; write it with this version's "
                              f"`agentgym eval ... out={p}`")
@@ -260,7 +261,10 @@ def cmd_train(args: list[str]) -> int:
         curves.append(f"{run / 'cold_start' / 'loss_curve.png'} (cold-start SFT loss)")
     print(f"curves: {', '.join(curves)}; TensorBoard: tensorboard --logdir {run}")
     print(f"run directory: {run_dir} (metrics.jsonl, checkpoints/"
-          f"{', cold_start/' if (run / 'cold_start').is_dir() else ''})")
+          f"{', cold_start/' if (run / 'cold_start').is_dir() else ''}"
+          f"{', samples/' if (run / 'samples').is_dir() else ''})")
+    if (run / "samples").is_dir():
+        print(f"what the policy did, step by step: agentgym inspect {run}")
     return 0
 
 
@@ -547,8 +551,8 @@ def cmd_sandbox(args: list[str]) -> int:
 
 
 #: ``key=value`` commands (take config overrides).
-COMMANDS = {"train": cmd_train, "rollout": cmd_rollout, "eval": cmd_eval, "check-env": cmd_check_env,
-            "config": cmd_config, "sft": cmd_sft, "demos": cmd_demos, "filter": cmd_filter,
+COMMANDS = {"train": cmd_train, "rollout": cmd_rollout, "eval": cmd_eval, "inspect": cmd_inspect,
+            "check-env": cmd_check_env, "config": cmd_config, "sft": cmd_sft, "demos": cmd_demos, "filter": cmd_filter,
             "compare": cmd_compare}
 #: Commands with their own ``--flag`` arguments (each parses its raw argv).
 FLAG_COMMANDS: dict = {"index": cmd_index, "serve-retriever": cmd_serve_retriever,

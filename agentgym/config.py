@@ -265,6 +265,8 @@ class TrainerConfig:
     eval_every: int = 0  # steps between evals on data.eval (0 = only before and after)
     eval_limit: int = 50
     eval_data: str = "nq"
+    log_samples: int = 3  # trajectories per step written to run_dir/samples/ (worst, median, best; 0: none)
+    logger: str = ""  # also log to: wandb (metrics, curves, sample tables; JSONL/TensorBoard/PNG always)
     mixed_precision: str = ""  # "" (bf16 on a GPU, fp32 on the CPU) | bf16 (autocast; fp32 master weights) | fp32
     device: str = "auto"  # auto (CUDA when available) | cpu | cuda | cuda:N (agentgym.device)
     logprob_chunk: int = 1024  # tokens whose vocabulary logits exist at once in log-prob passes (0: all)
@@ -292,11 +294,12 @@ class TrainerConfig:
                      "micro_batch_tokens", "save_every", "nprocs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"trainer.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("warmup_steps", "eval_every", "eval_limit"):
+        for name in ("warmup_steps", "eval_every", "eval_limit", "log_samples"):
             if getattr(self, name) < 0:
                 raise ValueError(f"trainer.{name} must be >= 0, got {getattr(self, name)}")
-        if self.lr <= 0:
-            raise ValueError(f"trainer.lr must be > 0, got {self.lr}")
+        if self.lr <= 0 or self.logger not in ("", "tensorboard", "wandb"):
+            raise ValueError(f"trainer.lr must be > 0 and logger one of '', tensorboard, wandb; "
+                             f"got {self.lr}, {self.logger!r}")
         if not self.cold_start:
             raise ValueError("trainer.cold_start is empty; valid: auto, off, or the folder of an "
                              "SFT checkpoint")
@@ -459,7 +462,7 @@ ALGO_PRESETS: dict[str, dict[str, Any]] = {
     "ppo": {"algo.advantage": "gae", "rollout.n": 1},
 }
 ALIASES = {"n": "rollout.n", "seed": "trainer.seed", "backend": "trainer.backend",
-           "placement": "ray.placement"}
+           "placement": "ray.placement", "logger": "trainer.logger"}
 
 
 def _field_names(obj: Any) -> list[str]:

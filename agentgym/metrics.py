@@ -2,6 +2,9 @@
 
 Keys are namespaced like CleanRL's (``rollout/reward``, ``train/loss``, ``time/step_s``);
 the JSONL file is the source the PNG is drawn from, so a resumed run keeps its history.
+``logger=wandb`` logs the same metrics, the step's sample table (``trainer.log_samples``)
+and, at the end, the curve PNGs to Weights & Biases as well (:class:`WandbSink`; the
+``wandb`` extra; ``WANDB_MODE=offline`` writes local files only).
 """
 
 from __future__ import annotations
@@ -9,7 +12,10 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import uuid
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +33,8 @@ class MetricsLogger:
     def __init__(self, run_dir: str | Path,
                  curve_keys: tuple[str, ...] = ("rollout/reward", "eval/em"),
                  resume_step: int = 0, png_name: str = "reward_curve.png",
-                 ylabel: str = "reward / EM") -> None:
+                 ylabel: str = "reward / EM", sink: str = "",
+                 config: dict[str, Any] | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -42,6 +49,7 @@ class MetricsLogger:
             f.writelines(json.dumps(r) + "\n" for r in kept)
         self.tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"),
                                 purge_step=resume_step + 1 if resume_step else None)
+        self.wandb = WandbSink(self.run_dir, config or {}) if sink == "wandb" else None
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         clean = {k: float(v) for k, v in metrics.items()
@@ -52,6 +60,13 @@ class MetricsLogger:
             self.tb.add_scalar(k, v, step)
         self.tb.flush()
         self.plot()
+        if self.wandb is not None:
+            self.wandb.log(step, clean)
+
+    def samples(self, step: int, path: Path) -> None:
+        """A step's sample file (``run_dir/samples/step_N.jsonl``), as a W&B table."""
+        if self.wandb is not None:
+            self.wandb.samples(step, path)
 
     def history(self) -> list[dict]:
         if not self.path.exists():
@@ -84,3 +99,47 @@ class MetricsLogger:
 
     def close(self) -> None:
         self.tb.close()
+        if self.wandb is not None:
+            self.wandb.close([self.png])
+
+
+class WandbSink:
+    """One W&B run per run directory: its id is kept in ``run_dir/wandb_id`` so a resumed
+    run continues it. Project from ``WANDB_PROJECT`` (default ``agentgym``), name from the
+    run directory, config the resolved config."""
+
+    COLUMNS = ["step", "rank", "env", "uid", "reward", "advantage", "em", "response"]
+
+    def __init__(self, run_dir: Path, config: dict[str, Any]) -> None:
+        try:
+            import wandb
+        except ImportError as e:
+            raise ImportError("logger=wandb needs the wandb package: pip install "
+                              "'agentgym[wandb]' (or logger='' for JSONL/TensorBoard only)") from e
+        self.wandb = wandb
+        id_file = run_dir / "wandb_id"
+        run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:8]
+        id_file.write_text(run_id + "\n")
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "agentgym"),
+                              name=run_dir.name, id=run_id, resume="allow", config=config,
+                              dir=str(run_dir))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.run.log(metrics, step=step)
+
+    def samples(self, step: int, path: Path) -> None:
+        table = self.wandb.Table(columns=self.COLUMNS)
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                r = json.loads(line)
+                response = "".join(s["text"] for s in r["segments"] if s["kind"] != "prompt")
+                table.add_data(r["step"], r["rank"], r["env"], r["uid"], r["reward"],
+                               r["advantage"], r["em"], response)
+        self.run.log({"samples": table}, step=step)
+
+    def close(self, pngs: list[Path]) -> None:
+        images = {f"curves/{p.stem}": self.wandb.Image(str(p)) for p in pngs if p.exists()}
+        if images:
+            self.run.log(images)
+        self.run.finish()
+        self.wandb.teardown()  # the W&B service process ends with the run

@@ -55,3 +55,40 @@ def mcnemar(before: dict[str, bool], after: dict[str, bool]) -> Paired:
     return Paired(n=n, before=sum(before.values()) / max(n, 1),
                   after=sum(after.values()) / max(n, 1), gained=gained, lost=lost,
                   p_value=exact_binomial_two_sided(gained, gained + lost))
+
+
+def wilson_ci95(p: float, n: int) -> tuple[float, float]:
+    """95% Wilson score interval of a proportion (sensible at 0 and 1, unlike p ± 1.96·se)."""
+    import math
+    if n == 0:
+        return float("nan"), float("nan")
+    z = 1.96
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k of one question (Chen et al. 2021): the chance that at least one
+    of ``k`` samples drawn without replacement from ``n``, of which ``c`` are correct, is
+    correct, ``1 - C(n-c, k) / C(n, k)``, computed as a product so large ``n`` is exact."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n; got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    prob_all_wrong = 1.0
+    for i in range(n - c + 1, n + 1):
+        prob_all_wrong *= 1.0 - k / i
+    return 1.0 - prob_all_wrong
+
+
+def bootstrap_ci95(values: list[float], resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95% percentile-bootstrap interval of the mean of per-question ``values`` (resampling
+    questions; a fixed seed, so the same values give the same interval)."""
+    import numpy as np
+    if not values:
+        return float("nan"), float("nan")
+    x = np.asarray(values, dtype=float)
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, len(x), size=(resamples, len(x)))].mean(axis=1)
+    return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))

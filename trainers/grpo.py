@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 import torch
 
-from agentgym.config import Config, is_mixed
+from agentgym.config import Config, is_mixed, to_dict
 from agentgym.data import heldout_rows, training_rows
 from agentgym.manager import summarize
 from agentgym.metrics import MetricsLogger
@@ -61,6 +61,7 @@ from trainers.backends.single import SingleBackend
 from trainers.batch import Batch, collate
 from trainers.run import (Hooks, LocalRollout, eval_metrics, make_backend, policy_spec,
                           reference, resume, save_checkpoint, split_by_env, start_run)
+from trainers.samples import write_samples
 
 logger = logging.getLogger(__name__)
 
@@ -466,6 +467,14 @@ class Session:
                             critic=self.critic.backend if self.critic else None)
         self.hooks.step_end(done, m)
 
+    def write_samples(self, step: int, trajs: list[Trajectory], batch: Batch) -> None:
+        """``trainer.log_samples`` of the step's trajectories, for ``agentgym inspect``."""
+        if self.cfg.trainer.log_samples:
+            path = write_samples(self.run_dir, step, self.cfg.trainer.log_samples, trajs, batch,
+                                 self.backend, self.tokenizer, self.temperature)
+            if path is not None:
+                self.metrics_log.samples(step, path)
+
     def evaluate(self) -> dict:
         """Greedy single-sample accuracy on the held-out rows."""
         trajs = self.rollout.generate(self.eval_rows, 1, self.cfg.trainer.seed, self.hooks,
@@ -525,7 +534,8 @@ def open_session(cfg: Config, hooks: Hooks | None = None,
     if version or getattr(rollout, "remote", False):  # servers start from their own copy
         rollout.update_weights(backend.state_dict(), version)
     s = Session(cfg, hooks, run_dir, rows, eval_rows, tokenizer, backend, rollout, ref,
-                MetricsLogger(run_dir, resume_step=start), critic, cluster, start,
+                MetricsLogger(run_dir, resume_step=start, sink=t.logger, config=to_dict(cfg)),
+                critic, cluster, start,
                 state.get("data_cursor", start * t.prompts_per_step), version,
                 cfg.rollout.temperature or 1.0, state.get("data_taken", []))
     if eval_rows and start == 0:
@@ -561,6 +571,7 @@ def train(cfg: Config, hooks: Hooks | None = None) -> Path:
                                            s.temperature)
                 adv, ma = advantages(cfg, batch, rewards)
                 m.update({**mm, **ma, "time/logprobs_s": time.perf_counter() - t1})
+                s.write_samples(step + 1, trajs, batch)
                 # 4. policy update
                 tu = time.perf_counter()
                 m.update(update_policy(cfg, s.backend, batch, s.temperature, step, s.hooks))

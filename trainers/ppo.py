@@ -57,6 +57,7 @@ def train(cfg: Config, hooks: Hooks | None = None) -> Path:
                 # 3. GAE over sampled tokens
                 adv, ma = advantages(cfg, batch, rewards)
                 m.update({**mm, **ma, "time/logprobs_s": tc - t1})
+                s.write_samples(step + 1, trajs, batch)
                 # 4. critic, then policy (after the critic's warm-up)
                 m.update(critic.update(batch, step, s.hooks))
                 tu = time.perf_counter()
