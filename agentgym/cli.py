@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 from agentgym.config import Config, all_keys, build_config, parse_overrides, to_dict
-from agentgym.server_process import exit_cleanly_on_sigterm
-from agentgym.stats import wilson_ci95  # noqa: F401 - benches import it from here
+from agentgym.core.server_process import exit_cleanly_on_sigterm
+from agentgym.reporting.stats import wilson_ci95  # noqa: F401 - benches import it from here
 
 log = logging.getLogger("agentgym")
 
@@ -64,8 +64,8 @@ def _gave_data(args: list[str]) -> bool:
 def _run_rollouts(cfg: Config, desc: str):
     from tqdm import tqdm
 
-    from agentgym.data import load_rows
-    from agentgym.runtime import build_manager
+    from agentgym.data.rows import load_rows
+    from agentgym.rollout.runtime import build_manager
 
     rows = load_rows(cfg.env, cfg.data.name, cfg.limit)
     manager, engine, tokenizer = build_manager(cfg)
@@ -81,8 +81,8 @@ def _run_rollouts(cfg: Config, desc: str):
 
 
 def cmd_rollout(args: list[str]) -> int:
-    from agentgym.data import write_jsonl
-    from agentgym.manager import summarize
+    from agentgym.data.rows import write_jsonl
+    from agentgym.rollout.manager import summarize
 
     cfg = _config(args)
     trajs, tok, elapsed = _run_rollouts(cfg, "rollout")
@@ -106,7 +106,7 @@ def cmd_rollout(args: list[str]) -> int:
 
 
 def cmd_eval(args: list[str]) -> int:
-    from agentgym.evaluation import eval_result, summary_lines
+    from agentgym.reporting.evaluation import eval_result, summary_lines
 
     given = parse_overrides(args)
     k = int(given.pop("k", 1))
@@ -134,7 +134,7 @@ def cmd_eval(args: list[str]) -> int:
 def cmd_inspect(args: list[str]) -> int:
     """``agentgym inspect RUN_DIR|FILE.jsonl [out=PAGE.html]``: one self-contained HTML page
     of the run's samples per step (or a rollout file), its curves, and filters."""
-    from agentgym.inspector import write_page
+    from agentgym.reporting.inspector import write_page
 
     paths = [a for a in args if "=" not in a]
     opts = dict(a.split("=", 1) for a in args if "=" in a)
@@ -149,7 +149,7 @@ def cmd_inspect(args: list[str]) -> int:
 def cmd_compare(args: list[str]) -> int:
     """``agentgym compare BEFORE.json AFTER.json [metric=em]``: the paired exact McNemar test
     of two ``agentgym eval ... out=`` results on the same questions."""
-    from agentgym.stats import mcnemar
+    from agentgym.reporting.stats import mcnemar
 
     paths = [a for a in args if "=" not in a]
     opts = dict(a.split("=", 1) for a in args if "=" in a)
@@ -292,7 +292,7 @@ def _print_comparison(run_dir: Path, cfg: Config) -> None:
         rows.append((f"after RL (step {last['step']})", last["eval/format_valid"],
                      last["eval/em"], last["eval/count"]))
     n = int(rows[0][3]) if rows else 0
-    from agentgym.data import answerable_filter_applies
+    from agentgym.data.rows import answerable_filter_applies
     which = (" whose answer is in the corpus (data.answerable_only)"
              if answerable_filter_applies(cfg) else "")
     print(f"held-out: {n} questions of {cfg.trainer.eval_data}{which} (greedy); 95% intervals")
@@ -346,12 +346,12 @@ def cmd_demos(args: list[str]) -> int:
     """``agentgym demos env=search|code [data=train limit=N out=FILE]``."""
     from tqdm import tqdm
 
-    from agentgym.data import load_rows, write_jsonl
-    from agentgym.demo_builders import build_demos
-    from agentgym.demos import budget_violation, record_to_trajectory
-    from agentgym.chat import ChatTokens
-    from agentgym.models import load_tokenizer, resolve_model
-    from agentgym.runtime import env_factory
+    from agentgym.data.rows import load_rows, write_jsonl
+    from agentgym.data.demo_builders import build_demos
+    from agentgym.data.demos import budget_violation, record_to_trajectory
+    from agentgym.rollout.chat import ChatTokens
+    from agentgym.models.zoo import load_tokenizer, resolve_model
+    from agentgym.rollout.runtime import env_factory
 
     cfg = _config(args)
     rows = load_rows(cfg.env, cfg.data.name, cfg.limit)
@@ -380,8 +380,8 @@ def cmd_demos(args: list[str]) -> int:
 def cmd_filter(args: list[str]) -> int:
     """``agentgym filter data=ROLLOUTS.jsonl out=KEPT.jsonl [sft.min_reward=1.0]``:
     rejection sampling (the RFT loop: rollout → filter → sft)."""
-    from agentgym.data import dataset_path, read_jsonl, write_jsonl
-    from agentgym.demos import filter_trajectories
+    from agentgym.data.rows import dataset_path, read_jsonl, write_jsonl
+    from agentgym.data.demos import filter_trajectories
 
     cfg = _config(args)
     if not _gave_data(args):
@@ -471,7 +471,7 @@ def cmd_serve_retriever(args: list[str]) -> int:
 
 def cmd_serve(args: list[str]) -> int:
     """``agentgym serve --model M --port N``: the HF engine behind SGLang's native API."""
-    from agentgym.serve import serve
+    from agentgym.serving.serve import serve
 
     p = argparse.ArgumentParser(
         prog="agentgym serve",
@@ -498,7 +498,7 @@ def cmd_serve(args: list[str]) -> int:
     except SystemExit as e:
         return int(e.code or 0)
     _setup_logging(ns.log_level)
-    from agentgym.device import check_device
+    from agentgym.core.device import check_device
     try:
         check_device(ns.device)
     except ValueError as e:
@@ -578,8 +578,8 @@ def main(argv: list[str] | None = None) -> int:
     # re-raises it, so their exit status says SIGTERM (DECISIONS.md, Retriever server).
     if command not in ("serve", "serve-retriever"):
         exit_cleanly_on_sigterm()
-    from agentgym.memory import return_freed_memory
-    return_freed_memory()  # a long run's RSS must not only grow (agentgym.memory)
+    from agentgym.core.memory import return_freed_memory
+    return_freed_memory()  # a long run's RSS must not only grow (agentgym.core.memory)
     try:
         if command in FLAG_COMMANDS:
             return FLAG_COMMANDS[command](rest)

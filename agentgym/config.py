@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from agentgym.registry import did_you_mean
+from agentgym.core.registry import did_you_mean
 
 
 @dataclass
@@ -67,7 +67,7 @@ class EngineConfig:
     dtype: str = ""  # weights of the rollout copy; "" = model.dtype (bfloat16: faster, drifts)
     timeout_s: float = 600.0  # sglang: read timeout of one request
     retries: int = 3  # sglang: extra attempts after a connection error, timeout, 429/502/503/504
-    weight_sync: str = "disk"  # sglang: disk | distributed | tensor (see agentgym.engines.sglang)
+    weight_sync: str = "disk"  # sglang: disk | distributed | tensor (see agentgym.rollout.engines.sglang)
     sync_dir: str = ""  # sglang disk sync: folder every server can read; "" = a temp folder
     sync_address: str = ""  # sglang distributed sync: this host as servers reach it; "" = auto
 
@@ -203,7 +203,7 @@ class AlgoConfig:
     is_cap: float = 2.0  # tis: weight cap; decoupled: cap too when > 0 (0 = uncapped)
 
     def __post_init__(self) -> None:
-        from agentgym.registry import did_you_mean as dym
+        from agentgym.core.registry import did_you_mean as dym
         checks = {"name": tuple(ALGO_PRESETS),
                   "loss_agg_mode": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
                                     "seq-mean-token-sum-norm"),
@@ -268,7 +268,7 @@ class TrainerConfig:
     log_samples: int = 3  # trajectories per step written to run_dir/samples/ (worst, median, best; 0: none)
     logger: str = ""  # also log to: wandb (metrics, curves, sample tables; JSONL/TensorBoard/PNG always)
     mixed_precision: str = ""  # "" (bf16 on a GPU, fp32 on the CPU) | bf16 (autocast; fp32 master weights) | fp32
-    device: str = "auto"  # auto (CUDA when available) | cpu | cuda | cuda:N (agentgym.device)
+    device: str = "auto"  # auto (CUDA when available) | cpu | cuda | cuda:N (agentgym.core.device)
     logprob_chunk: int = 1024  # tokens whose vocabulary logits exist at once in log-prob passes (0: all)
     seed: int = 0
     resume: str = "auto"  # auto (latest checkpoint in run_dir) | never | a checkpoint path
@@ -317,7 +317,7 @@ class TrainerConfig:
             if getattr(self, name) not in valid:
                 raise ValueError(f"trainer.{name}={getattr(self, name)!r}; valid: "
                                  f"{', '.join(repr(v) for v in valid)}")
-        from agentgym.device import check_device
+        from agentgym.core.device import check_device
         check_device(self.device)
         if self.logprob_chunk < 0:
             raise ValueError(f"trainer.logprob_chunk must be >= 0 (0: no chunking), got "

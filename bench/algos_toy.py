@@ -71,7 +71,7 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true")
     a = ap.parse_args()
     import envs
-    from agentgym.data import write_jsonl
+    from agentgym.data.rows import write_jsonl
     from toy_envs import letter_rows
     if "agentgym-test/Letter-v0" not in envs.env_ids():
         envs.register_env("agentgym-test/Letter-v0", "toy_envs:LetterEnv")

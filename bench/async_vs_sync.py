@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 import envs  # noqa: E402
 from agentgym.config import build_config  # noqa: E402
-from agentgym.data import write_jsonl  # noqa: E402
+from agentgym.data.rows import write_jsonl  # noqa: E402
 from envs.base import AgentEnv  # noqa: E402
 
 from bench.report import write_section  # noqa: E402

@@ -30,8 +30,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from agentgym.config import build_config  # noqa: E402
-from agentgym.models import load_model, load_tokenizer, resolve_model  # noqa: E402
-from agentgym.types import Trajectory  # noqa: E402
+from agentgym.models.zoo import load_model, load_tokenizer, resolve_model  # noqa: E402
+from agentgym.core.types import Trajectory  # noqa: E402
 from bench.report import write_section  # noqa: E402
 from trainers.backends.base import ModelSpec  # noqa: E402
 from trainers.batch import collate  # noqa: E402

@@ -36,8 +36,8 @@ def main() -> None:
     ap.add_argument("--temperatures", default="1.0,1.2")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
-    from agentgym.data import training_rows
-    from agentgym.runtime import build_manager
+    from agentgym.data.rows import training_rows
+    from agentgym.rollout.runtime import build_manager
     from trainers.algos import signal_share
     settings = [(True, float(t)) for t in a.temperatures.split(",")] + [(False, 1.0)]
     results = []

@@ -43,7 +43,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
-from agentgym.models import resolve_model  # noqa: E402
+from agentgym.models.zoo import resolve_model  # noqa: E402
 from bench.report import write_section  # noqa: E402
 
 
@@ -59,7 +59,7 @@ def e_share(text: str) -> float:
 def run_agentgym(a, model_path: Path, work: Path) -> list[dict]:
     import envs
     from agentgym.config import build_config
-    from agentgym.data import write_jsonl
+    from agentgym.data.rows import write_jsonl
     from toy_envs import letter_rows
     from trainers import train
     if "agentgym-test/Letter-v0" not in envs.env_ids():
@@ -93,7 +93,7 @@ def run_trl(a, model_path: Path, work: Path) -> list[dict]:
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from agentgym.models import load_tokenizer
+    from agentgym.models.zoo import load_tokenizer
 
     steps: list[dict] = []
 

@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agentgym.inspector import write_page  # noqa: E402
+from agentgym.reporting.inspector import write_page  # noqa: E402
 from bench.report import machine, write_section  # noqa: E402
 
 

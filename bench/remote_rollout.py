@@ -5,7 +5,7 @@ loopback) in every mode:
 
 * ``in-process``: the HF engine in this process (the CPU default), 2 torch threads.
 * ``served x1``: one ``agentgym serve`` process (2 torch threads) through
-  :class:`agentgym.engines.sglang.SGLangEngine`: JSON over HTTP per turn.
+  :class:`agentgym.rollout.engines.sglang.SGLangEngine`: JSON over HTTP per turn.
 * ``served x2``: two servers (1 torch thread each), trajectories routed sticky /
   least-loaded by the client.
 
@@ -39,15 +39,15 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from agentgym.config import Config  # noqa: E402
-from agentgym.data import load_rows  # noqa: E402
-from agentgym.engines.base import push_weights  # noqa: E402
-from agentgym.engines.hf import HFEngine  # noqa: E402
-from agentgym.engines.launcher import launch_serve  # noqa: E402
-from agentgym.engines.sglang import SGLangEngine  # noqa: E402
-from agentgym.manager import GenerationManager  # noqa: E402
-from agentgym.models import load_model, load_tokenizer, resolve_model  # noqa: E402
-from agentgym.paths import data_dir  # noqa: E402
-from agentgym.runtime import env_factory  # noqa: E402
+from agentgym.data.rows import load_rows  # noqa: E402
+from agentgym.rollout.engines.base import push_weights  # noqa: E402
+from agentgym.rollout.engines.hf import HFEngine  # noqa: E402
+from agentgym.rollout.engines.launcher import launch_serve  # noqa: E402
+from agentgym.rollout.engines.sglang import SGLangEngine  # noqa: E402
+from agentgym.rollout.manager import GenerationManager  # noqa: E402
+from agentgym.models.zoo import load_model, load_tokenizer, resolve_model  # noqa: E402
+from agentgym.core.paths import data_dir  # noqa: E402
+from agentgym.rollout.runtime import env_factory  # noqa: E402
 from tools.local_retriever import LocalRetriever  # noqa: E402
 
 from bench.report import write_section  # noqa: E402

@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agentgym.paths import cache_dir, data_dir  # noqa: E402
+from agentgym.core.paths import cache_dir, data_dir  # noqa: E402
 from bench.report import write_section  # noqa: E402
 from envs.rewards import normalize_answer  # noqa: E402
 from retriever_server.corpus import read_corpus  # noqa: E402

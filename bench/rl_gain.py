@@ -13,7 +13,7 @@
    ``trainer.save_every`` small enough that little is lost.
 2. ``agentgym eval`` (greedy) of the SFT model and of the last GRPO checkpoint on the first
    EVAL_LIMIT questions of EVAL_DATA, each written with its per-question outcomes.
-3. The paired test (:func:`agentgym.stats.mcnemar`) of their EM, and the run's training
+3. The paired test (:func:`agentgym.reporting.stats.mcnemar`) of their EM, and the run's training
    signals over its steps (reward, share of groups whose rewards differ, advantage size,
    entropy, KL, response length), written to docs/BENCHMARKS.md.
 """
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agentgym.cli import wilson_ci95  # noqa: E402
-from agentgym.stats import mcnemar  # noqa: E402
+from agentgym.reporting.stats import mcnemar  # noqa: E402
 from bench.report import machine, write_section  # noqa: E402
 
 #: training signals shown over the run's steps: (metrics.jsonl key, column)

@@ -40,11 +40,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agentgym.config import RolloutConfig  # noqa: E402
-from agentgym.data import load_rows  # noqa: E402
-from agentgym.engines.hf import HFEngine  # noqa: E402
-from agentgym.manager import GenerationManager  # noqa: E402
-from agentgym.models import load_model, load_tokenizer, resolve_model  # noqa: E402
-from agentgym.paths import data_dir  # noqa: E402
+from agentgym.data.rows import load_rows  # noqa: E402
+from agentgym.rollout.engines.hf import HFEngine  # noqa: E402
+from agentgym.rollout.manager import GenerationManager  # noqa: E402
+from agentgym.models.zoo import load_model, load_tokenizer, resolve_model  # noqa: E402
+from agentgym.core.paths import data_dir  # noqa: E402
 from envs.base import AgentEnv  # noqa: E402
 from tools.local_retriever import LocalRetriever  # noqa: E402
 from tools.retriever import RetrieverClient, format_docs  # noqa: E402
@@ -169,7 +169,7 @@ ENGINE_MODES = {"static, no cache": {"engine.continuous_batching": False,
 def run_engine_mode(name: str, rows: list[dict], args) -> dict:
     """One rollout of ``rows`` through the training path's own manager and engine."""
     from agentgym.config import build_config
-    from agentgym.runtime import engine_for, env_factory
+    from agentgym.rollout.runtime import engine_for, env_factory
     cfg = build_config({"env": "search", "model": args.model, "engine.dtype": args.dtype,
                         "rollout.n": args.n, "rollout.max_turns": args.turns,
                         "rollout.max_tokens_per_turn": args.tokens,

@@ -23,10 +23,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agentgym.chat import ChatTokens  # noqa: E402
-from agentgym.data import read_jsonl  # noqa: E402
-from agentgym.demos import record_to_trajectory  # noqa: E402
-from agentgym.models import load_model, load_tokenizer, resolve_model  # noqa: E402
+from agentgym.rollout.chat import ChatTokens  # noqa: E402
+from agentgym.data.rows import read_jsonl  # noqa: E402
+from agentgym.data.demos import record_to_trajectory  # noqa: E402
+from agentgym.models.zoo import load_model, load_tokenizer, resolve_model  # noqa: E402
 from bench.report import write_section  # noqa: E402
 from trainers.batch import micro_batches  # noqa: E402
 from trainers.sft import epoch_batches  # noqa: E402

@@ -46,12 +46,12 @@ def one(length: int, setting: str) -> dict:
         Path("/proc/self/oom_score_adj").write_text("1000")
     except OSError:
         pass
-    from agentgym.memory import return_freed_memory
+    from agentgym.core.memory import return_freed_memory
     return_freed_memory()  # as agentgym's own processes do
 
     from agentgym.config import build_config
-    from agentgym.models import resolve_model
-    from agentgym.types import Trajectory
+    from agentgym.models.zoo import resolve_model
+    from agentgym.core.types import Trajectory
     from trainers.backends.base import ModelSpec
     from trainers.backends.single import SingleBackend
     from trainers.batch import collate

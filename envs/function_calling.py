@@ -4,7 +4,7 @@ An env that sets ``tools`` (a list of ``{"type": "function", "function": {"name"
 "description", "parameters"}}``) gets them into the prompt through the tokenizer's chat
 template (``apply_chat_template(..., tools=tools)``) when the template renders tools;
 otherwise through :func:`fallback_system_message`, a system message with Qwen2.5's Hermes
-instructions, so the model sees the same protocol either way (:mod:`agentgym.chat`).
+instructions, so the model sees the same protocol either way (:mod:`agentgym.rollout.chat`).
 
 The model calls tools as Hermes / Qwen do, any number per turn::
 

@@ -479,7 +479,7 @@ def annotation_key(ann: dict) -> str:
 def diagram_png(ann: dict, cache: Path | None = None) -> Path:
     """The drawn diagram as a PNG file, drawn once per annotation and cached
     (``$AGENTGYM_CACHE/geometry/diagrams/<hash>.png``)."""
-    from agentgym.paths import cache_dir
+    from agentgym.core.paths import cache_dir
     folder = cache or cache_dir() / "geometry" / "diagrams"
     path = folder / f"{annotation_key(ann)}.png"
     if not path.exists():

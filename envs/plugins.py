@@ -36,7 +36,7 @@ def is_spec(name: str) -> bool:
 
 def load_spec(spec: str, what: str) -> Any:
     """Import ``package.module:attr``; errors name the spec and what was expected."""
-    from agentgym.registry import load_entry_point
+    from agentgym.core.registry import load_entry_point
     if not is_spec(spec):
         raise ValueError(f"{what}={spec!r}: expected 'package.module:attr'")
     try:

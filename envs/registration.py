@@ -12,7 +12,7 @@ import re
 
 import gymnasium
 
-from agentgym.registry import Registry, did_you_mean
+from agentgym.core.registry import Registry, did_you_mean
 
 ENVS: Registry = Registry("environment")
 _SHORT: dict[str, str] = {}

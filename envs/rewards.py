@@ -13,7 +13,7 @@ _DROP_PUNCT = str.maketrans("", "", string.punctuation)
 def normalize_answer(s: str) -> str:
     """Lowercase, drop punctuation and articles, collapse whitespace (SQuAD v1.1).
     ``str.translate`` drops the punctuation: fast enough to normalize a whole corpus
-    (:mod:`agentgym.answerable`)."""
+    (:mod:`agentgym.data.answerable`)."""
     s = _ARTICLES.sub(" ", s.lower().translate(_DROP_PUNCT))
     return " ".join(s.split())
 

@@ -113,7 +113,7 @@ class SearchEnv(AgentEnv):
             url = self._url
             if url is None:
                 from tools.local_retriever import ensure_local_retriever
-                from agentgym.paths import shipped_corpus
+                from agentgym.core.paths import shipped_corpus
                 url = ensure_local_retriever(shipped_corpus())
             self._retriever = RetrieverClient(url, topk=self.topk, timeout=self.timeout)
         return self._retriever

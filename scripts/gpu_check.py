@@ -42,10 +42,10 @@ def _generation(path: str) -> dict:
 
     import torch
 
-    from agentgym.device import peak_memory_gb, resolve_device
-    from agentgym.engines.hf import HFEngine
-    from agentgym.models import load_model, load_tokenizer
-    from agentgym.types import SamplingParams
+    from agentgym.core.device import peak_memory_gb, resolve_device
+    from agentgym.rollout.engines.hf import HFEngine
+    from agentgym.models.zoo import load_model, load_tokenizer
+    from agentgym.core.types import SamplingParams
     device = resolve_device("auto")
     tok = load_tokenizer(path)
     engine = HFEngine(load_model(path, dtype="bfloat16", device=device), tok, max_batch_size=64)
@@ -73,8 +73,8 @@ def _generation(path: str) -> dict:
 def _update(path: str) -> dict:
     import torch
 
-    from agentgym.device import peak_memory_gb, resolve_device
-    from agentgym.types import Trajectory
+    from agentgym.core.device import peak_memory_gb, resolve_device
+    from agentgym.core.types import Trajectory
     from trainers.backends.base import ModelSpec
     from trainers.backends.single import SingleBackend
     from trainers.batch import collate
@@ -133,13 +133,13 @@ def main() -> int:
     a = ap.parse_args()
     import torch
 
-    from agentgym.device import cuda_available
+    from agentgym.core.device import cuda_available
     if not cuda_available():
         print(f"gpu-check: torch {torch.__version__} sees no CUDA device on this machine "
               f"(CUDA build: {torch.version.cuda or 'no'}); nothing measured, "
               f"{Path(a.out).name} left as it is")
         return 0
-    from agentgym.models import resolve_model
+    from agentgym.models.zoo import resolve_model
     name = torch.cuda.get_device_name()
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)

@@ -38,25 +38,25 @@ if "agentgym-test/Talk-v0" not in envs.env_ids():
 
 @pytest.fixture(scope="session")
 def tiny_path():
-    from agentgym.models import resolve_model
+    from agentgym.models.zoo import resolve_model
     return resolve_model("tiny")
 
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_path):
-    from agentgym.models import load_tokenizer
+    from agentgym.models.zoo import load_tokenizer
     return load_tokenizer(tiny_path)
 
 
 @pytest.fixture(scope="session")
 def tiny_model(tiny_path):
-    from agentgym.models import load_model
+    from agentgym.models.zoo import load_model
     return load_model(tiny_path)
 
 
 @pytest.fixture(scope="session")
 def retriever_url():
-    from agentgym.paths import data_dir
+    from agentgym.core.paths import data_dir
     from tools.local_retriever import LocalRetriever
     with LocalRetriever(data_dir() / "corpus" / "wiki_passages.jsonl.gz") as r:
         yield r.url

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from agentgym.types import SamplingParams
+from agentgym.core.types import SamplingParams
 
 PROMPTS = ["<search> capital of france", "hello there, how are you today?",
            "Question: who wrote hamlet?\n", "a", "The answer is", "def f(x):\n    return",
@@ -34,7 +34,7 @@ class EngineCase:
     """An engine under test and what the suite needs to judge it.
 
     Attributes:
-        engine: the :class:`~agentgym.engines.base.Engine`.
+        engine: the :class:`~agentgym.rollout.engines.base.Engine`.
         tokenizer: the policy's tokenizer.
         model: the same weights in this process, for reference forward passes.
         push: ``push(state_dict, version)`` loads weights into the engine the way a

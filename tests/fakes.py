@@ -6,8 +6,8 @@ import asyncio
 
 from fastapi import Request  # module level: FastAPI resolves the proxy's annotation here
 
-from agentgym.engines.base import Engine
-from agentgym.types import GenerateOutput, SamplingParams
+from agentgym.rollout.engines.base import Engine
+from agentgym.core.types import GenerateOutput, SamplingParams
 from tools.errors import ToolTimeout, ToolUnavailable
 
 
@@ -93,7 +93,7 @@ class FlakyProxyFault:
         from fastapi import FastAPI
         from fastapi.responses import Response
 
-        from agentgym.server_process import free_port
+        from agentgym.core.server_process import free_port
         self.upstream, self.left, self.status, self.path = upstream, fail_first, status, path
         self.seen = {"failed": 0, "forwarded": 0}
         app = FastAPI()

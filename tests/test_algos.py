@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from agentgym.config import ALGO_PRESETS, Config, build_config
-from agentgym.types import Trajectory
+from agentgym.core.types import Trajectory
 from trainers.algos import (ADVANTAGES, POLICY_LOSSES, aggregate, compute_advantages,
                             compute_policy_loss, dual_clip_loss, gae_advantages,
                             grpo_advantages, groups_with_signal, gspo_loss, kl_estimate,
@@ -616,7 +616,7 @@ def _update(model, batch, cfg, steps=2):
 
     from trainers.backends.single import SingleBackend
     from trainers.grpo import update_policy
-    from trainers.run import Hooks
+    from trainers.local_rollout import Hooks
     backend = SingleBackend(copy.deepcopy(model), lr=1e-3)
     return backend, [update_policy(cfg, backend, batch, 1.0, s, Hooks()) for s in range(steps)]
 

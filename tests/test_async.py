@@ -11,12 +11,12 @@ import random
 import pytest
 
 from agentgym.config import build_config
-from agentgym.data import write_jsonl
-from agentgym.engines.hf import HFEngine
+from agentgym.data.rows import write_jsonl
+from agentgym.rollout.engines.hf import HFEngine
 from toy_envs import Gate, letter_rows
 from trainers import train
 from trainers.async_rollout import AsyncRollout
-from trainers.run import LocalRollout
+from trainers.local_rollout import LocalRollout
 
 
 def _metrics(run):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from agentgym.config import build_config
-from agentgym.types import Trajectory
+from agentgym.core.types import Trajectory
 from trainers.backends.base import ModelSpec
 from trainers.backends.distributed import DistributedBackend
 from trainers.backends.ranks import OptimSpec
@@ -123,7 +123,7 @@ def test_sharded_reference_lives_in_the_ranks(tiny_path, tiny_tokenizer, kind):
     """The KL reference of a sharded backend (loaded in the ranks, sharded as the policy
     is) gives the local reference's logprobs, and stays put while the policy trains."""
     from trainers.backends.base import batched_logprobs
-    from agentgym.models import load_model
+    from agentgym.models.zoo import load_model
     cfg = build_config({})
     batches = _batches(tiny_tokenizer)
     local, _ = batched_logprobs(load_model(tiny_path, device="cpu"), batches[0], 0.7, 64)

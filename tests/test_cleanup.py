@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from agentgym.engines.launcher import launch_serve
-from agentgym.paths import data_dir
+from agentgym.rollout.engines.launcher import launch_serve
+from agentgym.core.paths import data_dir
 from tools.local_retriever import LocalRetriever
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,7 +103,7 @@ DRIVER = textwrap.dedent("""
     # as when started from a terminal: a shell's background jobs (and so possibly this
     # test's runner) inherit SIGINT ignored, and Python then installs no Ctrl-C handler
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    from agentgym.engines.launcher import launch_serve
+    from agentgym.rollout.engines.launcher import launch_serve
     from tools.local_retriever import LocalRetriever
     retriever = LocalRetriever(sys.argv[1], index_dir=sys.argv[2])
     retriever.start()

@@ -13,7 +13,7 @@ import gymnasium
 import pytest
 
 import envs
-from agentgym.data import load_rows
+from agentgym.data.rows import load_rows
 from envs.code import INVALID_ACTION, NO_CODE, CodeEnv, code_row, parse_action, truncate_utf8
 from envs.math_reward import _symbolic, is_equivalent
 from tools.sandbox import ExecResult, Limits, Sandbox
@@ -282,7 +282,7 @@ def test_cli_rollout_with_the_code_env(tmp_path, capsys, sandbox):
 
 def test_env_factory_shares_one_sandbox_built_from_the_config(sandbox):
     from agentgym.config import build_config
-    from agentgym.runtime import env_factory
+    from agentgym.rollout.runtime import env_factory
     cfg = build_config({"env": "code", "code.obs_bytes": 300, "sandbox.stateful": True,
                         "sandbox.max_concurrency": 2})
     assert cfg.rollout.max_turns == 4 and cfg.trainer.eval_data == "gsm8k"  # the preset

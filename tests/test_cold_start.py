@@ -14,7 +14,7 @@ import random
 import pytest
 
 from agentgym.config import build_config
-from agentgym.data import load_rows, training_rows
+from agentgym.data.rows import load_rows, training_rows
 from fakes import ScriptedEngine
 
 # budgets a demonstration fits (its first action is about 40 tiny-tokenizer tokens); one
@@ -149,8 +149,8 @@ def test_cli_train_runs_the_cold_start_then_rl(tmp_path, tiny_path, retriever_ur
 # --- training data that can reward -------------------------------------------------------
 def test_answerable_rows_hold_a_gold_answer_in_the_corpus():
     """The index's verdict against a brute-force scan of the whole corpus, on a sample."""
-    from agentgym.answerable import CorpusIndex, answerable
-    from agentgym.paths import shipped_corpus
+    from agentgym.data.answerable import CorpusIndex, answerable
+    from agentgym.core.paths import shipped_corpus
     from envs.rewards import normalize_answer
     from envs.search import gold_answers
     rows = random.Random(0).sample(load_rows("search", "train"), 40)
@@ -176,9 +176,9 @@ def test_training_rows_keep_the_answerable_questions_with_the_shipped_corpus():
 
 
 def test_heldout_rows_are_filtered_like_the_training_rows():
-    from agentgym.answerable import answerable
-    from agentgym.data import heldout_rows
-    from agentgym.paths import shipped_corpus
+    from agentgym.data.answerable import answerable
+    from agentgym.data.rows import heldout_rows
+    from agentgym.core.paths import shipped_corpus
     cfg = build_config({"env": "search", "trainer.eval_limit": 30})
     held = heldout_rows(cfg)
     nq = load_rows("search", cfg.trainer.eval_data)
@@ -204,8 +204,8 @@ def test_f1_reward_gives_partial_credit():
 
 
 def test_signal_groups_is_the_share_of_groups_whose_rewards_differ():
-    from agentgym.types import Trajectory
-    from trainers.grpo import rollout_metrics
+    from agentgym.core.types import Trajectory
+    from trainers.sampling import rollout_metrics
     rewards = {"a": [1.0, 0.0], "b": [0.0, 0.0], "c": [1.0, 1.0], "d": [0.5, 0.0]}
     trajs = [Trajectory(uid=uid, reward=r, terminated=True, metrics={"malformed_actions": 0})
              for uid, rs in rewards.items() for r in rs]

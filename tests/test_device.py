@@ -1,4 +1,4 @@
-"""One device resolver (agentgym.device): its answers on this machine, and a walk over the
+"""One device resolver (agentgym.core.device): its answers on this machine, and a walk over the
 library code that fails on a device named anywhere else."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentgym import device as dev
+from agentgym.core import device as dev
 from agentgym.config import build_config, parse_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,7 +46,7 @@ def test_no_device_named_outside_the_resolver():
                 continue
             if hits := _named_devices(path):
                 offenders[str(path.relative_to(ROOT))] = hits
-    assert not offenders, f"devices named outside agentgym/device.py: {offenders}"
+    assert not offenders, f"devices named outside agentgym/core/device.py: {offenders}"
 
 
 def test_the_walk_sees_each_way_of_naming_a_device(tmp_path):
@@ -103,7 +103,7 @@ def test_what_goes_with_the_device():
 
 
 def test_models_load_where_the_resolver_says(tiny_path):
-    from agentgym.models import load_model
+    from agentgym.models.zoo import load_model
     from trainers.backends.base import ModelSpec
     expected = dev.resolve_device("auto")
     assert next(load_model(tiny_path).parameters()).device == expected
@@ -127,11 +127,11 @@ def test_the_kl_reference_follows_the_policy_or_is_offloaded(tiny_path, offload)
 
 
 def test_freed_memory_goes_back_to_the_system(monkeypatch):
-    """glibc's mmap threshold is fixed (agentgym.memory); the user's own choice is kept."""
+    """glibc's mmap threshold is fixed (agentgym.core.memory); the user's own choice is kept."""
     import ctypes.util
     import sys
 
-    from agentgym.memory import return_freed_memory
+    from agentgym.core.memory import return_freed_memory
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
     glibc = sys.platform.startswith("linux") and "musl" not in (ctypes.util.find_library("c") or "")
     assert return_freed_memory() is glibc

@@ -9,8 +9,8 @@ import asyncio
 import pytest
 import torch
 
-from agentgym.engines.hf import HFEngine
-from agentgym.types import SamplingParams
+from agentgym.rollout.engines.hf import HFEngine
+from agentgym.core.types import SamplingParams
 
 PROMPTS = ["<search> capital of france", "hello there, how are you today?",
            "Question: who wrote hamlet?\n", "a"]

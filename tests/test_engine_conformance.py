@@ -28,11 +28,11 @@ import os
 
 import pytest
 
-from agentgym.engines.base import push_weights
-from agentgym.engines.hf import HFEngine
-from agentgym.engines.launcher import launch_serve
-from agentgym.engines.sglang import SGLangEngine
-from agentgym.engines.sglang_weights import unique_tensors
+from agentgym.rollout.engines.base import push_weights
+from agentgym.rollout.engines.hf import HFEngine
+from agentgym.rollout.engines.launcher import launch_serve
+from agentgym.rollout.engines.sglang import SGLangEngine
+from agentgym.rollout.engines.sglang_weights import unique_tensors
 from engine_conformance import EngineCase, EngineConformance, perturbed
 
 
@@ -47,7 +47,7 @@ def _served(tiny_path, tiny_tokenizer, tiny_model, extra_args=()):
 
 
 def _real_sglang():
-    from agentgym.models import load_model, load_tokenizer
+    from agentgym.models.zoo import load_model, load_tokenizer
     url, model_path = os.environ.get("AGENTGYM_SGLANG_URL"), os.environ.get("AGENTGYM_SGLANG_MODEL")
     if not model_path:
         pytest.skip("no SGLang server configured (set AGENTGYM_SGLANG_MODEL, and "
@@ -59,7 +59,7 @@ def _real_sglang():
         import torch
         if importlib.util.find_spec("sglang") is None or not torch.cuda.is_available():
             pytest.skip("launching SGLang needs sglang installed and a CUDA GPU")
-        from agentgym.engines.launcher import launch_sglang
+        from agentgym.rollout.engines.launcher import launch_sglang
         server = launch_sglang(model_path, dtype="bfloat16", deterministic=True)
         url = server.url
         os.environ.setdefault("AGENTGYM_SGLANG_DETERMINISTIC", "1")
@@ -102,7 +102,7 @@ def test_client_side_stops_are_counted(tiny_path, tiny_tokenizer, tiny_model):
     cuts (and counts the tokens it threw away)."""
     server, c = _served(tiny_path, tiny_tokenizer, tiny_model, ["--skip-tokenizer-init"])
     try:
-        from agentgym.types import SamplingParams
+        from agentgym.core.types import SamplingParams
         from engine_conformance import generate
         prompt = tiny_tokenizer.encode("Once upon a time")
         free = generate(c.engine, [prompt], SamplingParams(max_new_tokens=16, seed=1))[0]

@@ -13,9 +13,9 @@ import pytest
 from fakes import ScriptedEngine
 from test_manager import ROW, assert_mask_exact
 
-from agentgym.chat import ChatTokens
+from agentgym.rollout.chat import ChatTokens
 from agentgym.config import RolloutConfig
-from agentgym.manager import GenerationManager
+from agentgym.rollout.manager import GenerationManager
 from envs.function_calling import (CallError, ToolCall, fallback_system_message,
                                    function_tool, parse_tool_calls)
 from envs.search import SearchEnv

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 import envs
-from agentgym.data import load_rows
+from agentgym.data.rows import load_rows
 from envs.geometry import BUILTIN_ROWS, GeometryEnv, calculate, geometry_row, load_image
 from envs.geometry_diagrams import (_Canvas, _classes, _first_user, _marks, check_drawable,
                                     diagram_png, draw_diagram, located_points)

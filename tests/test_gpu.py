@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def cuda_tiny(tiny_path):
-    from agentgym.models import load_model
+    from agentgym.models.zoo import load_model
     model = load_model(tiny_path, device="auto")
     assert next(model.parameters()).is_cuda
     return model
@@ -38,8 +38,8 @@ from engine_conformance import EngineCase, EngineConformance  # noqa: E402
 def case(cuda_tiny, tiny_tokenizer):
     import functools
 
-    from agentgym.engines.base import push_weights
-    from agentgym.engines.hf import HFEngine
+    from agentgym.rollout.engines.base import push_weights
+    from agentgym.rollout.engines.hf import HFEngine
     engine = HFEngine(copy.deepcopy(cuda_tiny), tiny_tokenizer, batch_wait_s=0.02)
     # GPU kernels pick their blocking by batch shape: fp32 agreement to 1e-3, not 1e-4
     yield EngineCase(engine, tiny_tokenizer, copy.deepcopy(cuda_tiny),

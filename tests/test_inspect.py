@@ -177,7 +177,7 @@ def test_inspect_reads_a_rollout_file_and_rejects_other_files(tmp_path, retrieve
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"question": "q"}) + "\n")
     with pytest.raises(ValueError, match="bad.jsonl:1.*token_ids"):
-        from agentgym.inspector import write_page
+        from agentgym.reporting.inspector import write_page
         write_page(bad)
     assert main(["inspect", str(tmp_path / "missing")]) == 2  # a clear error, not a trace
 
@@ -244,7 +244,7 @@ def test_wandb_offline_logs_the_metrics_samples_and_curves(run):
 
 
 def test_pass_at_k_matches_hand_computed_values():
-    from agentgym.stats import pass_at_k
+    from agentgym.reporting.stats import pass_at_k
     assert pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10)  # 1 - C(3,2)/C(5,2)
     assert pass_at_k(10, 3, 5) == pytest.approx(1 - 21 / 252)  # 1 - C(7,5)/C(10,5)
     assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
@@ -254,8 +254,8 @@ def test_pass_at_k_matches_hand_computed_values():
 
 
 def test_majority_vote_over_normalised_answers():
-    from agentgym.evaluation import majority_correct
-    from agentgym.types import Trajectory
+    from agentgym.reporting.evaluation import majority_correct
+    from agentgym.core.types import Trajectory
 
     def t(answer, em, done=True):
         return Trajectory(terminated=done, info={"answer": answer, "em": em})
@@ -267,7 +267,7 @@ def test_majority_vote_over_normalised_answers():
 
 
 def test_eval_k_reports_pass_at_k_and_maj_at_k(tmp_path, retriever_url, capsys):
-    from agentgym.stats import pass_at_k
+    from agentgym.reporting.stats import pass_at_k
     out = tmp_path / "pass.json"
     assert main(["eval", "env=search", "model=tiny", "k=4", "limit=3", f"out={out}",
                  f"retriever.url={retriever_url}", "rollout.max_tokens_per_turn=8",

@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from agentgym.engines.launcher import launch_serve
-from agentgym.server_process import free_port
+from agentgym.rollout.engines.launcher import launch_serve
+from agentgym.core.server_process import free_port
 from envs.judge import JudgeError, JudgeReward, parse_score
 from envs.plugins import RewardOverride
 from fakes import FlakyProxyFault, ScriptedEngine
@@ -52,7 +52,7 @@ def scripted_server(tiny_model, tiny_tokenizer):
     """The real ``agentgym serve`` app (uvicorn, loopback) over a scripted engine."""
     import uvicorn
 
-    from agentgym.serve import ServeState, create_app
+    from agentgym.serving.serve import ServeState, create_app
     servers = []
 
     def start(script, delay_s=0.0):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agentgym.data import write_jsonl
+from agentgym.data.rows import write_jsonl
 from toy_envs import letter_rows
 
 ROOT = Path(__file__).resolve().parents[1]

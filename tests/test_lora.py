@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from agentgym.config import build_config
-from agentgym.data import write_jsonl
+from agentgym.data.rows import write_jsonl
 from toy_envs import letter_rows
 from trainers import train
 

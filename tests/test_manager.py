@@ -10,9 +10,9 @@ import gymnasium
 import pytest
 from fakes import DeadRetrieverFault, ScriptedEngine, TimeoutRetrieverFault
 
-from agentgym.chat import ChatTokens
+from agentgym.rollout.chat import ChatTokens
 from agentgym.config import RolloutConfig
-from agentgym.manager import GenerationManager, summarize
+from agentgym.rollout.manager import GenerationManager, summarize
 from envs.base import MessagesSpace, TextSpace
 from envs.search import INVALID_ACTION, SearchEnv, search_row
 

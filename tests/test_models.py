@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from agentgym import models, paths, tiny_models
+from agentgym.core import paths
+from agentgym.models import tiny as tiny_models, zoo as models
 
 # Varied text the tokenizers must agree on: protocol tags, chat markup, unicode,
 # whitespace runs, digits, code.

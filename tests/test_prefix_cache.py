@@ -14,10 +14,10 @@ from test_engine import trainer_logprobs
 from toy_envs import TalkEnv
 
 from agentgym.config import RolloutConfig
-from agentgym.engines.hf import HFEngine
-from agentgym.engines.prefix_cache import PrefixCache
-from agentgym.manager import GenerationManager
-from agentgym.types import SamplingParams
+from agentgym.rollout.engines.hf import HFEngine
+from agentgym.rollout.engines.prefix_cache import PrefixCache
+from agentgym.rollout.manager import GenerationManager
+from agentgym.core.types import SamplingParams
 
 
 def kv_of(ids):

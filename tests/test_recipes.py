@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 
 from agentgym.cli import main
 from agentgym.config import ALGO_PRESETS, build_config
-from agentgym.data import load_rows, write_jsonl
-from agentgym.types import Trajectory
+from agentgym.data.rows import load_rows, write_jsonl
+from agentgym.core.types import Trajectory
 from toy_envs import letter_rows
 from trainers import train
 from trainers.batch import collate
@@ -213,7 +213,7 @@ def test_group_estimators_and_dynamic_sampling_need_groups(tmp_path):
 
 
 def test_regroup_gives_each_rolled_out_row_its_own_group():
-    from trainers.grpo import regroup
+    from trainers.sampling import regroup
     trajs = [Trajectory(uid=u) for u in ["a", "a", "b", "b", "a", "a"]]  # row "a" twice
     regroup(trajs, 2, {"b"}, "0.1")  # and "b" already rolled out this step
     uids = [t.uid for t in trajs]

@@ -15,15 +15,15 @@ import pytest
 import torch
 from fakes import ScriptedEngine
 
-from agentgym.chat import ChatTokens
+from agentgym.rollout.chat import ChatTokens
 from agentgym.cli import main as cli
 from agentgym.config import RolloutConfig, build_config
-from agentgym.data import load_rows, write_jsonl
-from agentgym.demo_builders import build_demos, find_answer, keyword_rewrite
-from agentgym.demos import (budget_violation, filter_trajectories, record_to_trajectory,
+from agentgym.data.rows import load_rows, write_jsonl
+from agentgym.data.demo_builders import build_demos, find_answer, keyword_rewrite
+from agentgym.data.demos import (budget_violation, filter_trajectories, record_to_trajectory,
                             replay_demo)
-from agentgym.manager import GenerationManager
-from agentgym.models import resolve_model
+from agentgym.rollout.manager import GenerationManager
+from agentgym.models.zoo import resolve_model
 from envs.base import MessagesSpace, TextSpace
 from envs.code import CodeEnv
 from envs.search import SearchEnv, search_row
@@ -218,7 +218,7 @@ def greedy_episodes(model, rows, retriever_url, max_tokens=96):
     cfg = build_config({"env": "search", "model": str(model), "rollout.temperature": 0.0,
                         "rollout.max_tokens_per_turn": max_tokens, "retriever.topk": 1,
                         "retriever.url": retriever_url})
-    from agentgym.runtime import build_manager
+    from agentgym.rollout.runtime import build_manager
     mgr, engine, _ = build_manager(cfg)
     try:
         return asyncio.run(mgr.run(rows, n=1))

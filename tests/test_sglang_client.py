@@ -16,15 +16,15 @@ import httpx
 import pytest
 
 from agentgym.config import Config, EngineConfig, RolloutConfig, build_config, parse_overrides
-from agentgym.engines.base import push_weights
-from agentgym.engines.hf import HFEngine
-from agentgym.engines.launcher import launch_serve, sglang_command
-from agentgym.engines.sglang import (EngineRequestError, SGLangEngine, SGLangServerError,
+from agentgym.rollout.engines.base import push_weights
+from agentgym.rollout.engines.hf import HFEngine
+from agentgym.rollout.engines.launcher import launch_serve, sglang_command
+from agentgym.rollout.engines.sglang import (EngineRequestError, SGLangEngine, SGLangServerError,
                                      ServerUnavailableError)
-from agentgym.engines.sglang_weights import (group_ranks_of, tensor_update_body,
+from agentgym.rollout.engines.sglang_weights import (group_ranks_of, tensor_update_body,
                                              weight_group_ranks)
-from agentgym.manager import GenerationManager
-from agentgym.types import GenerateOutput, SamplingParams
+from agentgym.rollout.manager import GenerationManager
+from agentgym.core.types import GenerateOutput, SamplingParams
 from engine_conformance import forward_logprobs, generate, perturbed
 from fakes import FlakyProxyFault
 
@@ -209,7 +209,7 @@ def test_bad_client_settings_fail_clearly(tiny_tokenizer):
     cfg = Config()
     cfg.engine.name = "sglang"
     cfg.engine.urls = ["http://127.0.0.1:9"]  # nothing listens on port 9
-    from agentgym.runtime import build_engine
+    from agentgym.rollout.runtime import build_engine
     engine = build_engine(cfg, None, tiny_tokenizer)
     engine.retries, engine.backoff_s = 1, 0.01
     try:
@@ -418,7 +418,7 @@ def test_flush_cache_reaches_every_server_and_a_dead_one_is_named(two_servers,
 
 
 def test_the_api_key_comes_from_the_environment(monkeypatch, tiny_tokenizer):
-    from agentgym.runtime import build_engine
+    from agentgym.rollout.runtime import build_engine
     cfg = Config()
     cfg.engine.name, cfg.engine.urls = "sglang", ["http://127.0.0.1:9"]
     monkeypatch.setenv("SGLANG_API_KEY", "sekrit")
@@ -468,7 +468,7 @@ def test_a_matched_eos_stays_in_output_ids(tiny_model, tiny_tokenizer):
     ``output_ids`` and the logprobs keep it."""
     from types import SimpleNamespace
 
-    from agentgym.serve import ServeState
+    from agentgym.serving.serve import ServeState
     eos = tiny_tokenizer.eos_token_id
 
     async def fake_generate(ids, sampling):

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from agentgym.cli import main as cli
-from agentgym.stats import exact_binomial_two_sided, mcnemar
+from agentgym.reporting.stats import exact_binomial_two_sided, mcnemar
 
 
 def test_exact_binomial_matches_hand_computed_tails():

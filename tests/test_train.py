@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from agentgym.cli import main
 from agentgym.config import build_config
-from agentgym.data import write_jsonl
+from agentgym.data.rows import write_jsonl
 from toy_envs import letter_rows
 from trainers.grpo import train
 
@@ -92,7 +92,7 @@ def test_a_mixed_run_of_two_envs(tmp_path, retriever_url):
 
     from agentgym.cli import main
     from agentgym.config import build_config, parse_overrides
-    from agentgym.data import heldout_rows, training_rows
+    from agentgym.data.rows import heldout_rows, training_rows
     overrides = ["env=[search,code]", "data.mix=[3,1]", "limit=40", "trainer.eval_limit=2"]
     cfg = build_config(parse_overrides(overrides))
     rows = training_rows(cfg).rows

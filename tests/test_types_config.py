@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from agentgym.config import Config, build_config, parse_overrides, set_key
-from agentgym.registry import Registry
-from agentgym.types import Trajectory
+from agentgym.core.registry import Registry
+from agentgym.core.types import Trajectory
 
 
 def test_trajectory_mask_follows_segment_kind():
@@ -91,5 +91,5 @@ def test_config_errors_name_the_bad_value():
 
 def test_envs_and_tools_import_without_torch():
     code = ("import sys, envs, envs.search, tools.retriever, tools.local_retriever, "
-            "agentgym.types; assert 'torch' not in sys.modules, 'torch was imported'")
+            "agentgym.core.types; assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code], check=True)

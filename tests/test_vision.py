@@ -10,17 +10,17 @@ import json
 import pytest
 import torch
 
-from agentgym.chat import ChatTokens
-from agentgym.engines.hf import HFEngine
-from agentgym.types import SamplingParams
-from agentgym.vision import IMAGE_PAD, VisionInputs, vision_token_ids
+from agentgym.rollout.chat import ChatTokens
+from agentgym.rollout.engines.hf import HFEngine
+from agentgym.core.types import SamplingParams
+from agentgym.models.vision import IMAGE_PAD, VisionInputs, vision_token_ids
 from envs.geometry import BUILTIN_ROWS, load_image
 from trainers.backends.base import sequence_logprobs
 
 
 @pytest.fixture(scope="module")
 def vl():
-    from agentgym.models import load_model, load_tokenizer, resolve_model
+    from agentgym.models.zoo import load_model, load_tokenizer, resolve_model
     path = resolve_model("tiny-vl")
     return load_model(path).eval(), load_tokenizer(path)
 
@@ -99,7 +99,7 @@ def test_rollout_masks_placeholders_and_trains_on_geometry(tmp_path, capsys):
     assert main(["rollout", "env=geometry", "model=tiny-vl", "n=2", "limit=2",
                  "rollout.max_tokens_per_turn=12", f"out={out}"]) == 0
     rows = [json.loads(x) for x in out.read_text().splitlines()]
-    from agentgym.models import load_tokenizer, resolve_model
+    from agentgym.models.zoo import load_tokenizer, resolve_model
     pad = load_tokenizer(resolve_model("tiny-vl")).convert_tokens_to_ids(IMAGE_PAD)
     for r in rows:
         (t, h, w), = r["image_grid_thw"]
@@ -118,7 +118,7 @@ def test_rollout_masks_placeholders_and_trains_on_geometry(tmp_path, capsys):
     assert all(s["rollout/drift_max"] < 1e-3 for s in steps)  # engine == trainer, with images
     ckpt = run / "checkpoints" / "step_2"
     assert (ckpt / "preprocessor_config.json").exists()  # the checkpoint serves images too
-    from agentgym.vision import load_image_processor
+    from agentgym.models.vision import load_image_processor
     assert load_image_processor(ckpt) is not None
 
 

@@ -23,8 +23,8 @@ import sys
 import threading
 from pathlib import Path
 
-from agentgym.paths import cache_dir  # import-light: no torch
-from agentgym.server_process import ServerProcess, free_port
+from agentgym.core.paths import cache_dir  # import-light: no torch
+from agentgym.core.server_process import ServerProcess, free_port
 
 logger = logging.getLogger(__name__)
 

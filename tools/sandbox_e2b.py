@@ -23,7 +23,7 @@ import os
 import re
 import time
 
-from tools.sandbox import ExecResult, Limits, Sandbox, cap_text
+from tools.sandbox_base import ExecResult, Limits, Sandbox, cap_text
 
 logger = logging.getLogger(__name__)
 

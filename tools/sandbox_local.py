@@ -45,7 +45,7 @@ import weakref
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tools.sandbox import ExecResult, Limits, Sandbox, cap_bytes, cap_text
+from tools.sandbox_base import ExecResult, Limits, Sandbox, cap_bytes, cap_text
 
 logger = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from agentgym.registry import Registry
+from agentgym.core.registry import Registry
 
 ADVANTAGES: Registry = Registry("advantage estimator")
 POLICY_LOSSES: Registry = Registry("policy loss")

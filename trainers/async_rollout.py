@@ -38,8 +38,10 @@ import logging
 import threading
 import time
 
-from agentgym.manager import row_uid
-from agentgym.types import Trajectory
+from agentgym.config import is_mixed
+from agentgym.core.types import Trajectory
+from agentgym.rollout.manager import row_uid
+from trainers.sampling import regroup, rollout_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +49,7 @@ logger = logging.getLogger(__name__)
 class AsyncRollout:
     """Continuous rollouts over ``rows`` from group ``start_group`` on (module docstring).
 
-    Wraps a :class:`~trainers.run.LocalRollout` or a :class:`~trainers.ray_cluster.RayRollout`
+    Wraps a :class:`~trainers.local_rollout.LocalRollout` or a :class:`~trainers.ray_cluster.RayRollout`
     (their ``run_group`` rolls out one group: in this process, or on the rollout worker
     with the fewest groups in flight; their ``generate`` serves evals);
     ``update_weights`` pushes to the engines and opens the schedule.
@@ -187,10 +189,10 @@ class AsyncRollout:
             queued = len(self.done)
         taken.sort()
         out = [t for _, group in taken for t in group]
-        from trainers.grpo import regroup
         regroup(out, self.n, set(), f"{step}.0")
         ages = [self.version - t.policy_version for t in out]
-        return out, {"async/staleness_max": float(max(ages)),
+        return out, {**rollout_metrics(out, per_env=is_mixed(self.cfg)),
+                     "async/staleness_max": float(max(ages)),
                      "async/staleness_mean": sum(ages) / len(ages),
                      "async/dropped_groups": float(len(stale)),
                      "async/queued_groups": float(queued),

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from agentgym.types import Trajectory
+from agentgym.core.types import Trajectory
 
 
 @dataclass
@@ -31,7 +31,7 @@ class Batch:
     token_rewards: torch.Tensor
     truncated: torch.Tensor
     extra: dict[str, torch.Tensor] = field(default_factory=dict)
-    #: per row, the prompt's processed images (VL models; :mod:`agentgym.vision`) or None
+    #: per row, the prompt's processed images (VL models; :mod:`agentgym.models.vision`) or None
     images: list | None = None
 
     def __len__(self) -> int:

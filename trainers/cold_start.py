@@ -12,7 +12,7 @@ earns 0 on every sample, every advantage is 0, and RL has nothing to learn from.
 questions greedily; if the share of format-valid episodes (ended with an answer, no
 malformed action) is below ``trainer.cold_start_threshold``, it
 
-1. builds demonstrations with the env's builder (:mod:`agentgym.demo_builders`) from the
+1. builds demonstrations with the env's builder (:mod:`agentgym.data.demo_builders`) from the
    training rows until it has ``trainer.cold_start_demos`` that fit the rollout budgets;
 2. runs SFT on them (:func:`trainers.sft.sft`: ``sft.epochs``, ``sft.batch_size``, lr
    ``trainer.cold_start_lr`` with cosine decay) in ``RUN_DIR/cold_start/`` (its own
@@ -43,10 +43,11 @@ from pathlib import Path
 from typing import Any
 
 from agentgym.config import Config, to_dict
-from agentgym.data import training_rows, write_jsonl
-from agentgym.device import engine_dtype, mixed_precision, resolve_device
-from agentgym.paths import cache_dir, shipped_corpus
-from trainers.run import Hooks, latest_checkpoint, resolve_run_dir
+from agentgym.data.rows import training_rows, write_jsonl
+from agentgym.core.device import engine_dtype, mixed_precision, resolve_device
+from agentgym.core.paths import cache_dir, shipped_corpus
+from trainers.local_rollout import Hooks
+from trainers.run import latest_checkpoint, resolve_run_dir
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ def prepare(cfg: Config, hooks: Hooks | None = None, probe_engine=None) -> Confi
     if mode != "auto":
         return _from_path(cfg, Path(mode), hooks)
     from agentgym.config import env_names
-    from agentgym.demo_builders import BUILDERS
+    from agentgym.data.demo_builders import BUILDERS
     import envs
     if len(env_names(cfg.env)) > 1:
         hooks.announce(f"cold start: not run for a mixed run (env={cfg.env}); RL starts from "
@@ -104,7 +105,7 @@ def _start_from(cfg: Config, model: str | None) -> Config:
 
 
 def _auto(cfg: Config, env: str, stage_dir: Path, hooks: Hooks, probe_engine) -> Config:
-    from agentgym.models import resolve_model
+    from agentgym.models.zoo import resolve_model
     t = cfg.trainer
     base = resolve_model(cfg.model.path or cfg.model.name)
     found = training_rows(cfg)
@@ -203,9 +204,9 @@ def _run_stage(cfg: Config, env: str, rows: list[dict], probe_rows: list[dict], 
 def _probe(cfg: Config, model_path: Path, rows: list[dict], hooks: Hooks, engine) -> dict:
     """Greedy episodes of ``rows`` with the model at ``model_path`` (or ``engine``) in the
     in-process HF engine: format validity and EM, with the run's budgets and tools."""
-    from agentgym.models import load_tokenizer
-    from agentgym.runtime import engine_for
-    from trainers.run import evaluate
+    from agentgym.models.zoo import load_tokenizer
+    from agentgym.rollout.runtime import engine_for
+    from trainers.local_rollout import evaluate
     tokenizer = load_tokenizer(model_path)
     own = engine is None
     if own:  # in this process, whatever engine RL uses: servers would hold other weights
@@ -227,7 +228,7 @@ def _eval_before(cfg: Config, base: Path, inputs: dict, store: Path, hooks: Hook
     """The starting model on the held-out rows RL evaluates on (``trainer.eval_data``, first
     ``trainer.eval_limit``), for the before / after-SFT / after-RL comparison; cached like
     the probe."""
-    from agentgym.data import heldout_rows
+    from agentgym.data.rows import heldout_rows
     t = cfg.trainer
     if not t.eval_limit:
         return None
@@ -249,11 +250,11 @@ def build_demos(cfg: Config, env: str, rows: list[dict], model_path, want: int,
                 hooks: Hooks) -> tuple[list[dict], int, int]:
     """Demonstrations from ``rows`` in order until ``want`` fit the rollout budgets in this
     model's tokens. Returns ``(demos, rows looked at, demos over the budgets)``."""
-    from agentgym.chat import ChatTokens
-    from agentgym.demo_builders import build_demos as build
-    from agentgym.demos import budget_violation, record_to_trajectory
-    from agentgym.models import load_tokenizer
-    from agentgym.runtime import env_factory
+    from agentgym.rollout.chat import ChatTokens
+    from agentgym.data.demo_builders import build_demos as build
+    from agentgym.data.demos import budget_violation, record_to_trajectory
+    from agentgym.models.zoo import load_tokenizer
+    from agentgym.rollout.runtime import env_factory
     chat = ChatTokens(load_tokenizer(model_path))
     make_env = env_factory(cfg)
     kept: list[dict] = []

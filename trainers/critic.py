@@ -2,7 +2,7 @@
 
 The value model is the policy's architecture with a scalar head: transformers'
 ``AutoModelForTokenClassification`` with one label, as verl builds its critic
-(``agentgym.models.load_value_model``). Its
+(``agentgym.models.zoo.load_value_model``). Its
 backbone starts from the policy's checkpoint (``critic.model`` empty) or from another
 model (``critic.model=tiny|smollm2-135m|/path``); the head (``score``) starts fresh.
 Dropout is off, so the values the update trains are those the advantages were computed
@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from agentgym.config import Config
-from agentgym.models import resolve_model
+from agentgym.models.zoo import resolve_model
 from trainers.algos import aggregate, explained_variance, masked_mean, value_loss
 from trainers.backends.base import ModelSpec
 from trainers.batch import Batch

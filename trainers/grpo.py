@@ -42,28 +42,31 @@ from typing import Any, Callable
 
 import torch
 
+from agentgym._compat import deprecated_attributes
 from agentgym.config import Config, is_mixed, to_dict
-from agentgym.data import heldout_rows, training_rows
-from agentgym.manager import summarize
-from agentgym.metrics import MetricsLogger
-from agentgym.device import peak_memory_gb
-from agentgym.models import load_tokenizer, resolve_model
-from agentgym.engines.base import ENGINES
-from agentgym.runtime import engine_for
-from agentgym.types import Trajectory
+from agentgym.data.rows import heldout_rows, training_rows
+from agentgym.reporting.metrics import MetricsLogger
+from agentgym.core.device import peak_memory_gb
+from agentgym.models.zoo import load_tokenizer, resolve_model
+from agentgym.rollout.engines.base import ENGINES
+from agentgym.rollout.runtime import engine_for
+from agentgym.core.types import Trajectory
 from trainers.algos import (ADVANTAGES, POLICY_LOSSES, aggregate, behaviour_weights,
-                            compute_advantages,
-                            compute_policy_loss, groups_with_signal, kl_estimate,
-                            masked_mean, needs_critic, needs_groups,
-                            overlong_penalty, signal_share)
+                            compute_advantages, compute_policy_loss, kl_estimate,
+                            masked_mean, needs_critic, needs_groups, overlong_penalty)
 from trainers.backends.base import first_needed_position, sequence_logprobs
 from trainers.backends.single import SingleBackend
 from trainers.batch import Batch, collate
-from trainers.run import (Hooks, LocalRollout, eval_metrics, make_backend, policy_spec,
-                          reference, resume, save_checkpoint, split_by_env, start_run)
+from trainers.local_rollout import Hooks, LocalRollout, eval_metrics
+from trainers.run import (make_backend, policy_spec, reference, resume, save_checkpoint,
+                          start_run)
 from trainers.samples import write_samples
+from trainers.sampling import SyncSteps
 
 logger = logging.getLogger(__name__)
+# moved to trainers.sampling; the old path works for one release
+__getattr__ = deprecated_attributes(__name__, "trainers.sampling",
+                                    ("collect", "regroup", "rollout_metrics"))
 
 
 def check_algo(cfg: Config) -> None:
@@ -98,7 +101,7 @@ def check_algo(cfg: Config) -> None:
 def check_vision(cfg: Config, path) -> None:
     """What a vision-language policy runs on so far (images through the single backend,
     the HF engine, the GRPO family); the rest fails here, naming the setting."""
-    from agentgym.models import is_vision_language
+    from agentgym.models.zoo import is_vision_language
     if not is_vision_language(path):
         return
     from trainers.algos import needs_critic
@@ -132,86 +135,13 @@ def setup(cfg: Config):
 
 
 def make_rollout(cfg: Config, path, tokenizer, cluster=None):
-    """Where rollouts run: this process (:class:`~trainers.run.LocalRollout`), or
+    """Where rollouts run: this process (:class:`~trainers.local_rollout.LocalRollout`), or
     ``ray.rollout_workers`` actors of a Ray ``cluster``. Engines whose weights live in
     servers (``engine=sglang``) are driven from this process either way."""
     if cluster is not None and ENGINES.get(cfg.engine.name).needs_model:
         from trainers.ray_cluster import RayRollout
         return RayRollout(cluster, cfg, str(path))
     return LocalRollout(cfg, engine_for(cfg, path, tokenizer), tokenizer)
-
-
-# --- 1. rollouts -----------------------------------------------------------------------
-def collect(cfg: Config, rollout, rows: list[dict], cursor: int,
-            step: int, hooks: Hooks) -> tuple[list[Trajectory], int, dict]:
-    """Roll out this step's prompts from ``rows[cursor:]``; return the trajectories to
-    train on, the next data position and rollout metrics (over *every* sampled
-    trajectory, dropped ones included, so the reward curve shows the policy).
-
-    With ``algo.dynamic_sampling``, groups whose rewards are all equal are dropped and
-    further prompts are rolled out until ``trainer.prompts_per_step`` groups are kept or
-    ``algo.max_sampling_rounds`` rounds have run (then the step trains on what it has).
-    """
-    t, a = cfg.trainer, cfg.algo
-    kept: list[Trajectory] = []
-    seen: list[Trajectory] = []
-    n_kept = rounds = 0
-    for rnd in range(a.max_sampling_rounds if a.dynamic_sampling else 1):
-        need = t.prompts_per_step - n_kept
-        step_rows = [rows[(cursor + i) % len(rows)] for i in range(need)]
-        cursor += need
-        trajs = rollout.generate(step_rows, cfg.rollout.n, t.seed * 1_000_003 + step + 104_729 * rnd,
-                                 hooks)
-        rounds += 1
-        regroup(trajs, cfg.rollout.n, {tr.uid for tr in seen}, f"{step}.{rnd}")
-        seen += trajs
-        if not a.dynamic_sampling:
-            kept = trajs
-            break
-        signal = groups_with_signal([tr.reward for tr in trajs], [tr.uid for tr in trajs])
-        kept += [tr for tr, s in zip(trajs, signal) if s]
-        n_kept = len({tr.uid for tr in kept})
-        if n_kept >= t.prompts_per_step:
-            break
-    m = rollout_metrics(seen, per_env=is_mixed(cfg))
-    if a.dynamic_sampling:
-        groups = len({tr.uid for tr in seen})
-        m.update({"rollout/sampling_rounds": float(rounds),
-                  "rollout/groups_kept": float(n_kept),
-                  "rollout/groups_dropped": float(groups - n_kept)})
-        if n_kept < t.prompts_per_step:
-            logger.warning("step %d: %d of %d groups had reward variance after %d rounds",
-                           step + 1, n_kept, t.prompts_per_step, rounds)
-    return kept, cursor, m
-
-
-def rollout_metrics(trajs: list[Trajectory], per_env: bool = False) -> dict:
-    """``rollout/*``: means over the trajectories, the oldest policy version, and (with
-    groups) ``rollout/signal_groups``: the fraction of groups whose rewards are not all
-    equal, the only ones a group-relative advantage learns from."""
-    m = {f"rollout/{k}": v for k, v in summarize(trajs).items()}
-    m["rollout/policy_version"] = float(min(tr.policy_version for tr in trajs))
-    uids = [tr.uid for tr in trajs]
-    if len(set(uids)) < len(uids):
-        m["rollout/signal_groups"] = signal_share([tr.reward for tr in trajs], uids)
-    if per_env:  # a mixed run: the same, env by env (search/rollout/reward, ...)
-        for env, part in split_by_env(trajs).items():
-            m.update({f"{env}/{k}": v for k, v in rollout_metrics(part).items()
-                      if k.startswith("rollout/") and k != "rollout/policy_version"})
-    return m
-
-
-def regroup(trajs: list[Trajectory], n: int, taken: set[str], tag: str) -> None:
-    """Keep one group per rolled-out row: ``trajs`` come ``n`` per row, in row order; a
-    row whose uid is already ``taken`` (the same prompt again: an earlier round, or data
-    that wrapped around within the step) gets a fresh uid for its ``n`` samples."""
-    for i in range(0, len(trajs), n):
-        uid = trajs[i].uid
-        if uid in taken:
-            uid = f"{uid}#{tag}.{i // n}"
-            for tr in trajs[i:i + n]:
-                tr.uid = uid
-        taken.add(uid)
 
 
 # --- 2. old / reference logprobs, 3. token rewards -------------------------------------
@@ -441,7 +371,7 @@ class Session:
     eval_rows: list[dict]
     tokenizer: Any
     backend: SingleBackend
-    rollout: Any  # trainers.run.LocalRollout or trainers.ray_cluster.RayRollout
+    rollout: Any  # trainers.local_rollout.LocalRollout or trainers.ray_cluster.RayRollout
     ref: Any  # the frozen KL reference (Reference), or None
     metrics_log: MetricsLogger
     critic: Any  # trainers.critic.Critic, or None
@@ -543,6 +473,19 @@ def open_session(cfg: Config, hooks: Hooks | None = None,
     return s
 
 
+def step_source(cfg: Config, s: Session):
+    """Where each step's trajectories come from, behind one interface (``take(step)``,
+    ``cursor``, ``taken_after_cursor``): :class:`~trainers.sampling.SyncSteps`, or with
+    ``trainer.mode=async`` an :class:`~trainers.async_rollout.AsyncRollout` that keeps
+    rolling out while the trainer trains (it then also serves the session's evals and
+    weight pushes)."""
+    if cfg.trainer.mode == "async":
+        from trainers.async_rollout import AsyncRollout
+        s.rollout = AsyncRollout(cfg, s.rollout, s.rows, s.cursor, s.version, s.taken)
+        return s.rollout
+    return SyncSteps(cfg, s.rollout, s.rows, s.cursor, s.hooks)
+
+
 def train(cfg: Config, hooks: Hooks | None = None) -> Path:
     """Run a critic-free algorithm (GRPO, RLOO, REINFORCE++, DAPO, GSPO …) as configured;
     return the run directory."""
@@ -551,19 +494,13 @@ def train(cfg: Config, hooks: Hooks | None = None) -> Path:
                          f"run it with trainers.ppo.train (trainers.train picks the recipe)")
     check_algo(cfg)  # before data and models load
     s = open_session(cfg, hooks)
-    if cfg.trainer.mode == "async":  # rollouts keep going while this loop trains
-        from trainers.async_rollout import AsyncRollout
-        s.rollout = AsyncRollout(cfg, s.rollout, s.rows, s.cursor, s.version, s.taken)
+    source = step_source(cfg, s)
     try:
         for step in range(s.start, cfg.trainer.total_steps):
             t0 = time.perf_counter()
             # 1. rollouts (async: the next finished groups, within the staleness bound)
-            if cfg.trainer.mode == "async":
-                trajs, m = s.rollout.take(step)
-                s.cursor, s.taken = s.rollout.cursor, s.rollout.taken_after_cursor
-                m.update(rollout_metrics(trajs, per_env=is_mixed(cfg)))
-            else:
-                trajs, s.cursor, m = collect(cfg, s.rollout, s.rows, s.cursor, step, s.hooks)
+            trajs, m = source.take(step)
+            s.cursor, s.taken = source.cursor, source.taken_after_cursor
             t1 = time.perf_counter()
             if trajs:
                 # 2. old / reference logprobs; 3. token rewards and advantages

@@ -29,8 +29,9 @@ from pathlib import Path
 from agentgym.config import Config
 from trainers.algos import needs_critic
 from trainers.critic import Critic
-from trainers.grpo import advantages, collect, open_session, score, update_policy
-from trainers.run import Hooks
+from trainers.grpo import advantages, open_session, score, update_policy
+from trainers.sampling import collect
+from trainers.local_rollout import Hooks
 
 
 def train(cfg: Config, hooks: Hooks | None = None) -> Path:

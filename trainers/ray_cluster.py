@@ -93,9 +93,9 @@ class RolloutWorker:
     """A rollout worker as a Ray actor: an engine, a generation manager and its envs."""
 
     def __init__(self, cfg: Config, path: str) -> None:
-        from agentgym.models import load_tokenizer
-        from agentgym.runtime import engine_for
-        from trainers.run import LocalRollout
+        from agentgym.models.zoo import load_tokenizer
+        from agentgym.rollout.runtime import engine_for
+        from trainers.local_rollout import LocalRollout
         tokenizer = load_tokenizer(path)
         self.local = LocalRollout(cfg, engine_for(cfg, path, tokenizer), tokenizer)
 
@@ -104,7 +104,7 @@ class RolloutWorker:
         return ray.get_runtime_context().get_node_id()
 
     def generate(self, rows: list[dict], n: int, seed: int, greedy: bool) -> list:
-        from trainers.run import Hooks
+        from trainers.local_rollout import Hooks
         return self.local.generate(rows, n, seed, Hooks(), greedy)
 
     def run_group(self, row: dict, uid: str, n: int, seed: int) -> list:
@@ -136,7 +136,7 @@ class RayCluster:
             env = {k: os.environ[k] for k in _ENV_VARS if k in os.environ}
             kw: dict[str, Any] = {"runtime_env": {"env_vars": env}, "log_to_driver": True}
             if r.address == "local":
-                from agentgym.paths import cache_dir
+                from agentgym.core.paths import cache_dir
                 # our actors are the run's work (rollouts, train ranks), not background
                 # helpers: Ray's default worker niceness (15) starves them on a busy machine
                 os.environ.setdefault("RAY_worker_niceness", "0")
@@ -221,7 +221,7 @@ class RayRanks:
 
 
 class RayRollout:
-    """Rollouts on ``ray.rollout_workers`` actors, with :class:`~trainers.run.LocalRollout`'s
+    """Rollouts on ``ray.rollout_workers`` actors, with :class:`~trainers.local_rollout.LocalRollout`'s
     interface (``generate``, ``update_weights``, ``close``)."""
 
     def __init__(self, cluster: RayCluster, cfg: Config, path: str) -> None:

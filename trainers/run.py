@@ -1,18 +1,15 @@
 """What every training recipe (GRPO, PPO, SFT) shares: the run directory, atomic
-checkpoints and resume, weight sync into the rollout engine, greedy evaluation and the
-progress hooks the CLI draws from."""
+checkpoints and resume, the training backend (single, FSDP2, DeepSpeed, Ray ranks) and the
+frozen KL reference. Rollouts in this process, the progress hooks and the greedy eval are
+in :mod:`trainers.local_rollout`."""
 
 from __future__ import annotations
 
-import asyncio
-import copy
-import dataclasses
 import json
 import logging
 import random
 import re
 import shutil
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,24 +17,15 @@ from typing import Any
 
 import torch
 
-from agentgym.config import Config, is_mixed, to_dict
-from agentgym.manager import GenerationManager, summarize
-from agentgym.runtime import env_factory
+from agentgym._compat import deprecated_attributes
+from agentgym.config import Config, to_dict
 
 logger = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
-
-
-class Hooks:
-    """Progress callbacks; the CLI draws bars and prints from them (library code logs)."""
-
-    def phase(self, name: str, total: int) -> None: ...
-    def advance(self, k: int = 1) -> None: ...
-    def step_end(self, step: int, metrics: dict) -> None: ...
-    def announce(self, text: str) -> None:
-        """A stage starts, or a fact the user should see (the CLI prints it)."""
-        logger.info("%s", text)
+# moved to trainers.local_rollout; the old path works for one release
+__getattr__ = deprecated_attributes(__name__, "trainers.local_rollout", (
+    "Hooks", "LocalRollout", "evaluate", "eval_metrics", "split_by_env", "rollouts"))
 
 
 def resolve_run_dir(cfg: Config) -> Path:
@@ -140,97 +128,6 @@ def save_checkpoint(run_dir: Path, step: int, backend, tokenizer,
     return final
 
 
-async def rollouts(manager: GenerationManager, rows: list[dict], n: int, hooks: Hooks):
-    hooks.phase("rollout", len(rows) * n)
-    return await manager.run(rows, n=n, on_done=lambda _t: hooks.advance())
-
-
-def split_by_env(trajs: list) -> dict[str, list]:
-    """Trajectories by the env that played them (``info["env"]``), in first-seen order."""
-    out: dict[str, list] = {}
-    for t in trajs:
-        out.setdefault(str(t.info.get("env", "")), []).append(t)
-    return out
-
-
-def eval_metrics(trajs: list, per_env: bool = False) -> dict:
-    """``eval/*`` over ``trajs``; a mixed run's also env by env (``search/eval/em``, ...)."""
-    s = summarize(trajs)
-    m = {"eval/em": s["em"], "eval/f1": s["f1"], "eval/format_valid": s["format_valid"],
-         "eval/count": s["count"]}
-    if per_env:
-        for env, part in split_by_env(trajs).items():
-            m.update({f"{env}/{k}": v for k, v in eval_metrics(part).items()})
-    return m
-
-
-def evaluate(cfg: Config, engine, tokenizer, rows: list[dict], hooks: Hooks) -> dict:
-    """Greedy single-sample accuracy on ``rows`` (the same env, budgets and tools)."""
-    rollout = LocalRollout(cfg, engine, tokenizer)
-    try:
-        return eval_metrics(rollout.generate(rows, 1, cfg.trainer.seed, hooks, greedy=True),
-                            per_env=is_mixed(cfg))
-    finally:
-        rollout.close(engine_too=False)
-
-
-class LocalRollout:
-    """Rollouts in this process: the engine and a generation manager (the default; Ray
-    puts the same in actors, :mod:`trainers.ray_cluster`).
-
-    ``generate(rows, n, seed, hooks, greedy)`` plays ``n`` samples of every row (greedy:
-    temperature 0, one sample; the eval mode); ``update_weights(state_dict, version)``
-    swaps the engine's weights with generation paused.
-    """
-
-    def __init__(self, cfg: Config, engine, tokenizer) -> None:
-        self.cfg, self.engine, self.tokenizer = cfg, engine, tokenizer
-        self._managers: dict = {}  # greedy (bool) or "async" -> manager
-        self._managers_lock = threading.Lock()  # run_group may run in several actor threads
-        #: the engine's weights live in servers (which may hold anything at start)
-        self.remote = not engine.needs_model
-
-    def _manager(self, greedy: bool) -> GenerationManager:
-        if greedy not in self._managers:
-            cfg = self.cfg
-            if greedy:
-                cfg = copy.deepcopy(cfg)
-                cfg.rollout = dataclasses.replace(cfg.rollout, temperature=0.0, n=1)
-            self._managers[greedy] = GenerationManager(self.engine, self.tokenizer,
-                                                       env_factory(cfg), cfg.rollout,
-                                                       seed=cfg.trainer.seed)
-        return self._managers[greedy]
-
-    def generate(self, rows: list[dict], n: int, seed: int, hooks: Hooks,
-                 greedy: bool = False) -> list:
-        manager = self._manager(greedy)
-        manager.seed = seed
-        return asyncio.run(rollouts(manager, rows, n, hooks))
-
-    async def run_group(self, row: dict, uid: str, n: int, seed: int) -> list:
-        """``n`` samples of one row with base seed ``seed`` (asynchronous training: may run
-        across weight updates, each turn tagged with its version)."""
-        with self._managers_lock:
-            if "async" not in self._managers:
-                self._managers["async"] = GenerationManager(
-                    self.engine, self.tokenizer, env_factory(self.cfg), self.cfg.rollout,
-                    seed=self.cfg.trainer.seed, allow_weight_updates=True)
-            manager = self._managers["async"]
-        return list(await asyncio.gather(*(manager.rollout(row, uid, k, base_seed=seed)
-                                           for k in range(n))))
-
-    def update_weights(self, state_dict: dict, version: int) -> None:
-        from agentgym.engines.base import push_weights
-        push_weights(self.engine, state_dict, version)
-
-    def close(self, engine_too: bool = True) -> None:
-        for manager in self._managers.values():
-            manager.close()
-        self._managers = {}
-        if engine_too:
-            self.engine.close()
-
-
 def make_backend(cfg: Config, spec, lr: float, cluster=None, total_steps: int | None = None,
                  warmup_steps: int | None = None):
     """The training backend (``trainer.backend``: single, or fsdp/deepspeed over
@@ -238,7 +135,7 @@ def make_backend(cfg: Config, spec, lr: float, cluster=None, total_steps: int | 
     ``spec`` (a :class:`~trainers.backends.base.ModelSpec`) describes. The LR schedule
     counts optimizer steps: by default ``trainer.total_steps`` / ``trainer.warmup_steps``
     times the optimizer steps per training step (``ppo_epochs x mini_batches``)."""
-    from agentgym.device import mixed_precision, resolve_device
+    from agentgym.core.device import mixed_precision, resolve_device
     from trainers.backends.single import SingleBackend
     t = cfg.trainer
     k = t.ppo_epochs * t.mini_batches
@@ -299,8 +196,8 @@ def reference(cfg: Config, path, backend) -> Reference:
     """Where the reference lives: with a sharded backend (fsdp, deepspeed), in its ranks
     beside the policy; with the single backend, on the policy's device; in host memory
     with ``algo.ref_offload`` (either backend)."""
-    from agentgym.device import HOST
-    from agentgym.models import load_model
+    from agentgym.core.device import HOST
+    from agentgym.models.zoo import load_model
     t = cfg.trainer
     if t.backend != "single" and not cfg.algo.ref_offload:
         return Reference(backend=backend)

@@ -6,7 +6,7 @@ them to ``run_dir/samples/step_<step>.jsonl``, one JSON object a line, with ever
 debugging session needs token by token: ids, each token's decoded text, the loss mask, the
 engine's and the trainer's logprobs of the sampled tokens, the advantages, the rewards and
 the segments (prompt / generated / observation, with their turn). ``agentgym inspect``
-turns these files into one HTML page (:mod:`agentgym.inspector`).
+turns these files into one HTML page (:mod:`agentgym.reporting.inspector`).
 
 The trainer's logprobs are the ones the update starts from (``old_logp``); where the update
 computes them itself (:func:`trainers.grpo.reuses_update_logprobs`) they are computed here,
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from agentgym.types import Trajectory
+from agentgym.core.types import Trajectory
 from trainers.batch import Batch, collate
 
 

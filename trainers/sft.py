@@ -5,7 +5,7 @@
     agentgym train env=search model=runs/sft/checkpoints/step_N   # RL from the SFT result
 
 The data are demonstrations, rollout trajectories or chat conversations
-(:mod:`agentgym.demos`), each turned into the token stream and loss mask a rollout of
+(:mod:`agentgym.data.demos`), each turned into the token stream and loss mask a rollout of
 the same episode would have: the loss is the mean negative log-likelihood over the
 tokens the assistant writes (mask 1) of each optimizer batch; prompt, observations and
 template filler (mask 0) only condition. Same backend, checkpoints (``trainer.resume``),
@@ -27,17 +27,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentgym.chat import ChatTokens
+from agentgym.rollout.chat import ChatTokens
 from agentgym.config import Config
-from agentgym.data import dataset_path, read_jsonl
-from agentgym.demos import record_to_trajectory
-from agentgym.metrics import MetricsLogger
-from agentgym.models import is_vision_language, load_tokenizer, resolve_model
-from agentgym.types import Trajectory
+from agentgym.data.rows import dataset_path, read_jsonl
+from agentgym.data.demos import record_to_trajectory
+from agentgym.reporting.metrics import MetricsLogger
+from agentgym.models.zoo import is_vision_language, load_tokenizer, resolve_model
+from agentgym.core.types import Trajectory
 from trainers.algos import aggregate
 from trainers.backends.base import first_needed_position, sequence_logprobs
 from trainers.batch import Batch, collate
-from trainers.run import Hooks, make_backend, policy_spec, resume, save_checkpoint, start_run
+from trainers.local_rollout import Hooks
+from trainers.run import make_backend, policy_spec, resume, save_checkpoint, start_run
 
 logger = logging.getLogger(__name__)
 
@@ -201,9 +202,9 @@ def evaluate_policy(cfg: Config, backend, tokenizer, path, hooks: Hooks) -> dict
     """Greedy episodes of the env's held-out set (``trainer.eval_data``, first
     ``sft.eval_limit``) with the trained weights (any backend's full state dict, LoRA
     merged, loaded into an engine's copy of the model): format validity and EM."""
-    from agentgym.data import load_rows
-    from agentgym.runtime import engine_for
-    from trainers.run import evaluate
+    from agentgym.data.rows import load_rows
+    from agentgym.rollout.runtime import engine_for
+    from trainers.local_rollout import evaluate
     rows = load_rows(cfg.env, cfg.trainer.eval_data, cfg.sft.eval_limit)
     engine = engine_for(cfg, path, tokenizer)
     try:

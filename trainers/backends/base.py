@@ -34,7 +34,7 @@ class ModelSpec:
     """What a backend trains, loadable in this process or in a rank process.
 
     Attributes:
-        path: a local HF folder (``agentgym.models.resolve_model``).
+        path: a local HF folder (``agentgym.models.zoo.resolve_model``).
         dtype: ``float32`` or ``bfloat16`` weights.
         kind: ``causal_lm`` (the policy) or ``value`` (PPO's critic, one output per token).
     """
@@ -43,12 +43,12 @@ class ModelSpec:
     dtype: str = "float32"
     kind: str = "causal_lm"
     lora: Any = None  # trainers.lora.LoraSpec: train adapters only (causal_lm)
-    device: str = "auto"  # trainer.device (agentgym.device.resolve_device)
+    device: str = "auto"  # trainer.device (agentgym.core.device.resolve_device)
     gradient_checkpointing: bool = False  # model.gradient_checkpointing
 
     def load(self, device=None):
         """The model on ``device`` (a rank's own), else on ``self.device`` resolved here."""
-        from agentgym.models import load_model, load_value_model
+        from agentgym.models.zoo import load_model, load_value_model
         if self.kind not in ("causal_lm", "value"):
             raise ValueError(f"model kind {self.kind!r}; valid: causal_lm, value")
         loader = load_model if self.kind == "causal_lm" else load_value_model
@@ -204,7 +204,7 @@ def sequence_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     (``logits_to_keep``), so a long prompt costs no logits; earlier positions hold 0.
     The entropy (when asked) is differentiable only with ``entropy_grad``. ``images``:
     per row, the prompt's processed images (VL models: pixel values and the 3-D positions
-    the engine used, :func:`agentgym.vision.vl_forward_kwargs`). ``chunk`` > 0: at most
+    the engine used, :func:`agentgym.models.vision.vl_forward_kwargs`). ``chunk`` > 0: at most
     that many positions' vocabulary logits exist at once (``trainer.logprob_chunk``;
     plain transformers text models; the same values and gradients, see
     :func:`_chunked`).
@@ -213,7 +213,7 @@ def sequence_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     s = max(start, 1)
     kw = {}
     if images is not None or getattr(getattr(model, "config", None), "vision_config", None):
-        from agentgym.vision import vl_forward_kwargs
+        from agentgym.models.vision import vl_forward_kwargs
         kw = vl_forward_kwargs(model, input_ids, attention_mask, images)
     if chunk > 0 and not kw and s < T and (parts := _decoder_and_head(model)) is not None:
         return _chunked(model, parts, input_ids, attention_mask, temperature, with_entropy, s,
@@ -225,8 +225,8 @@ def sequence_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
         logits = model(input_ids=input_ids, attention_mask=attention_mask,
                        **kw).logits[:, s - 1:]
     logits = logits[:, :-1].float() / (temperature or 1.0)  # predicts tokens s .. T-1
-    if kw:  # a VL model: the vision special tokens are never sampled (agentgym.vision)
-        from agentgym.vision import suppress_vision_tokens, vision_token_ids
+    if kw:  # a VL model: the vision special tokens are never sampled (agentgym.models.vision)
+        from agentgym.models.vision import suppress_vision_tokens, vision_token_ids
         logits = suppress_vision_tokens(logits, vision_token_ids(model))
     lse = torch.logsumexp(logits, dim=-1)  # avoids a second (B, T, V) log_softmax copy
     logp = torch.zeros((B, T), dtype=torch.float32, device=input_ids.device)

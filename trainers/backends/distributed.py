@@ -69,7 +69,7 @@ def init_rank(rank: int, world: int, addr: str, port: int, kind: str, threads: i
     """Process-group set-up of one rank (also used by Ray actors)."""
     os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=os.environ.get("LOCAL_RANK", str(rank)))
-    from agentgym.device import HOST, cuda_available
+    from agentgym.core.device import HOST, cuda_available
     if not cuda_available():
         os.environ.setdefault("DS_ACCELERATOR", HOST)
         torch.set_num_threads(threads)
@@ -82,7 +82,7 @@ def init_rank(rank: int, world: int, addr: str, port: int, kind: str, threads: i
         import hashlib
         import sys
 
-        from agentgym.paths import cache_dir
+        from agentgym.core.paths import cache_dir
         tag = hashlib.sha1(sys.prefix.encode()).hexdigest()[:12]
         os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache_dir() / "torch_extensions" / tag))
         import deepspeed
@@ -345,6 +345,6 @@ class DistributedBackend:
 
 
 if __name__ == "__main__":
-    from agentgym.memory import return_freed_memory
+    from agentgym.core.memory import return_freed_memory
     return_freed_memory()
     _rank_main(sys.argv[1], int(sys.argv[2]))

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from agentgym.device import HOST, is_accelerator, resolve_device
+from agentgym.core.device import HOST, is_accelerator, resolve_device
 from trainers import lora
 from trainers.backends.base import LossFn, ModelSpec
 from trainers.batch import Batch

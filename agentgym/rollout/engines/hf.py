@@ -5,10 +5,10 @@ Requests from many trajectories queue up; a worker thread runs them. By default
 prompt is prefilled first, in chunks of ``prefill_chunk`` tokens between decode steps so a
 long prompt does not stall the rows already decoding, and every row leaves the batch (its
 caller resumes) the moment it hits EOS, a stop string or its own ``max_new_tokens``
-(:mod:`agentgym.engines.kv_slots`). With ``prefix_cache``, a prompt's longest cached prefix
+(:mod:`agentgym.rollout.engines.kv_slots`). With ``prefix_cache``, a prompt's longest cached prefix
 is not prefilled again: a trajectory's next turn extends its previous turn's ids, the n
 samples of a group share one prompt, and both find their keys/values in a radix tree of
-token ids (:mod:`agentgym.engines.prefix_cache`), emptied on every weight update.
+token ids (:mod:`agentgym.rollout.engines.prefix_cache`), emptied on every weight update.
 
 With ``continuous_batching=False`` (and for vision-language models, whose image tokens
 are not keyed by their ids and whose positions are 3-D) the engine forms static batches:
@@ -37,10 +37,10 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from agentgym.engines.base import Engine
-from agentgym.engines.kv_slots import Slots, buffered_cache
-from agentgym.engines.prefix_cache import PrefixCache
-from agentgym.types import GenerateOutput, SamplingParams
+from agentgym.rollout.engines.base import Engine
+from agentgym.rollout.engines.kv_slots import Slots, buffered_cache
+from agentgym.rollout.engines.prefix_cache import PrefixCache
+from agentgym.core.types import GenerateOutput, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class _Request:
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     generator: torch.Generator | None = None
-    images: Any = None  # agentgym.vision.VisionInputs (VL models)
+    images: Any = None  # agentgym.models.vision.VisionInputs (VL models)
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
 
@@ -122,7 +122,7 @@ class HFEngine(Engine):
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
             else tokenizer.eos_token_id
         self.eos_ids = _eos_ids(model, tokenizer)
-        from agentgym.vision import is_vl_model, vision_token_ids
+        from agentgym.models.vision import is_vl_model, vision_token_ids
         self.vision = is_vl_model(model)  # images in, 3-D (M-RoPE) positions
         self._never = vision_token_ids(model) if self.vision else []  # never sampled
         # stop strings are checked after every token: the Rust tokenizer decodes a window
@@ -290,7 +290,7 @@ class HFEngine(Engine):
         ids, attn = ids.to(self.device), attn.to(self.device)
         cache = buffered_cache(self.model, width + max(r.sampling.max_new_tokens for r in reqs))
         if self.vision:  # pixel values of the rows' images and 3-D positions
-            from agentgym.vision import vl_forward_kwargs
+            from agentgym.models.vision import vl_forward_kwargs
             kw = vl_forward_kwargs(self.model, ids, attn, [r.images for r in reqs])
             last_pos = kw["position_ids"][0, :, -1]  # text from here on: 3 equal components
         else:
@@ -474,7 +474,7 @@ class HFEngine(Engine):
     def _sample(self, logits: torch.Tensor, reqs: list[_Request]):
         """Sample one token per row; return (tokens (B,), logprobs (B,))."""
         if self._never:
-            from agentgym.vision import suppress_vision_tokens
+            from agentgym.models.vision import suppress_vision_tokens
             suppress_vision_tokens(logits, self._never)
         temps = torch.tensor([r.sampling.temperature or 1.0 for r in reqs],
                              device=logits.device)[:, None]

@@ -11,14 +11,14 @@
   ``observations`` has one entry per action but the last (the last action ends the
   episode). Text, not ids, so one file serves any model: SFT tokenizes it with the
   policy's tokenizer, appending the env's observations exactly as a rollout would
-  (:meth:`agentgym.chat.ChatTokens.after_action_ids`), so the token stream and loss
+  (:meth:`agentgym.rollout.chat.ChatTokens.after_action_ids`), so the token stream and loss
   mask are those of the same episode played by the policy.
 * **trajectory** (``agentgym rollout`` / ``agentgym filter`` write them): token ids,
   ``loss_mask`` and segments, used as they are (they must come from this tokenizer).
 * **conversation**: ``{"messages": [{role, content}, …]}`` as in TRL; every assistant
   message is learned, each ended by EOS, other messages are chat-template observations.
 
-The loss mask comes from :class:`agentgym.types.Trajectory` in every case: 1 on action
+The loss mask comes from :class:`agentgym.core.types.Trajectory` in every case: 1 on action
 tokens (what the policy writes), 0 on the prompt, observations and template filler.
 """
 
@@ -27,8 +27,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from agentgym.chat import ChatTokens
-from agentgym.types import Trajectory
+from agentgym.rollout.chat import ChatTokens
+from agentgym.core.types import Trajectory
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ class ChatTokens:
     def __init__(self, tokenizer, image_processor: Any = "auto") -> None:
         self.tok = tokenizer
         if image_processor == "auto":  # the one saved with the model, for VL models
-            from agentgym.vision import load_image_processor
+            from agentgym.models.vision import load_image_processor
             path = getattr(tokenizer, "name_or_path", "") or ""
             image_processor = load_image_processor(path) if path else None
         self.image_processor = image_processor
@@ -83,7 +83,7 @@ class ChatTokens:
 
     def prompt(self, messages: list[dict], tools: list[dict] | None = None):
         """``(ids, vision)``: :meth:`prompt_ids` with each image placeholder expanded to
-        its image's tokens, and the processed images (:class:`agentgym.vision.VisionInputs`;
+        its image's tokens, and the processed images (:class:`agentgym.models.vision.VisionInputs`;
         None without images or for a text-only model, whose template drops them)."""
         ids = self.prompt_ids(messages, tools)
         pictures = _images(messages)
@@ -94,7 +94,7 @@ class ChatTokens:
                              "its images would be dropped")
         if not pictures or self.image_processor is None:
             return ids, None
-        from agentgym.vision import (IMAGE_PAD, encode_images, expand_image_tokens,
+        from agentgym.models.vision import (IMAGE_PAD, encode_images, expand_image_tokens,
                                      image_token_counts)
         vision = encode_images(self.image_processor, pictures)
         counts = image_token_counts(vision, self.image_processor.merge_size)

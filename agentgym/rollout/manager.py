@@ -7,7 +7,7 @@ truncates, or the token budget runs out (then ``truncated``).
 
 Masking rule, applied here and nowhere else: sampled ids go in as ``generated``
 segments (mask 1, with the engine's logprobs); prompt, observation and filler ids go in
-with mask 0 (see :class:`agentgym.types.Trajectory`).
+with mask 0 (see :class:`agentgym.core.types.Trajectory`).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import logging
 import time
 from typing import Any, Callable
 
-from agentgym.chat import ChatTokens
+from agentgym.rollout.chat import ChatTokens
 from agentgym.config import RolloutConfig
-from agentgym.engines.base import Engine
-from agentgym.types import SamplingParams, Trajectory
+from agentgym.rollout.engines.base import Engine
+from agentgym.core.types import SamplingParams, Trajectory
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class GenerationManager:
     """Runs rollouts of an env against an engine.
 
     Args:
-        engine: a token-in/token-out :class:`~agentgym.engines.base.Engine`.
+        engine: a token-in/token-out :class:`~agentgym.rollout.engines.base.Engine`.
         tokenizer: the policy's tokenizer (chat template, observation tokens).
         env_factory: returns a fresh environment; one per trajectory.
         cfg: budgets, sampling and concurrency.

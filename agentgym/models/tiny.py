@@ -5,7 +5,7 @@
 * ``tiny-vl``: a random Qwen2.5-VL with the same tokenizer plus the vision special
   tokens and a PIL image processor (:func:`build_tiny_vl`).
 
-:mod:`agentgym.models` resolves the names, caches the built folders and loads them.
+:mod:`agentgym.models.zoo` resolves the names, caches the built folders and loads them.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from agentgym import paths
+from agentgym.core import paths
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ CHATML_TEMPLATE = (
 )
 
 #: ChatML whose image parts render as Qwen2.5-VL's placeholder (one ``<|image_pad|>``,
-#: expanded to the image's token count by :mod:`agentgym.vision`).
+#: expanded to the image's token count by :mod:`agentgym.models.vision`).
 CHATML_VL_TEMPLATE = CHATML_TEMPLATE.replace(
     "{%- if part['type'] == 'text' %}{{- part['text'] }}{%- endif %}",
     "{%- if part['type'] == 'text' %}{{- part['text'] }}"

@@ -1,6 +1,6 @@
 """Weight sync from the trainer to SGLang servers (the ``engine.weight_sync`` modes).
 
-Mixed into :class:`agentgym.engines.sglang.SGLangEngine`, which supplies the transport
+Mixed into :class:`agentgym.rollout.engines.sglang.SGLangEngine`, which supplies the transport
 (``servers``, ``_call``, ``_each``, ``_post_once``, ``_loop``, ``_with_retries``,
 ``_server_info``). The route bodies follow SGLang's ``io_struct.py``
 (``UpdateWeightFromDiskReqInput``, ``InitWeightsUpdateGroupReqInput``,
@@ -52,8 +52,8 @@ import time
 import uuid
 from urllib.parse import urlparse
 
-from agentgym.device import is_accelerator
-from agentgym.engines.sglang_api import SGLangServerError
+from agentgym.core.device import is_accelerator
+from agentgym.rollout.engines.sglang_api import SGLangServerError
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ def tensor_update_body(payload: str, tp_size: int, version: int) -> dict:
 
 
 class WeightSyncMixin:
-    """``update_weights`` for :class:`~agentgym.engines.sglang.SGLangEngine` (see the
+    """``update_weights`` for :class:`~agentgym.rollout.engines.sglang.SGLangEngine` (see the
     module docstring for the modes)."""
 
     def update_weights(self, state_dict: dict, version: int) -> None:
@@ -191,8 +191,8 @@ class WeightSyncMixin:
         return [group_ranks_of(info, s.url) for s, info in zip(self.servers, infos)]
 
     def _init_group(self, backend: str) -> None:
-        from agentgym.engines.weight_group import init_weight_group
-        from agentgym.server_process import free_port
+        from agentgym.rollout.engines.weight_group import init_weight_group
+        from agentgym.core.server_process import free_port
         world, offsets = weight_group_ranks(self._tp_sizes())
         host, port = self._address(), free_port()
         futs = [asyncio.run_coroutine_threadsafe(self._post_once(
@@ -206,7 +206,7 @@ class WeightSyncMixin:
     def _sync_distributed(self, tensors: dict, version: int) -> None:
         import torch
 
-        from agentgym.engines.weight_group import broadcast
+        from agentgym.rollout.engines.weight_group import broadcast
         try:
             if self._group is None:
                 self._init_group("nccl" if any(is_accelerator(v.device) for v in tensors.values())
@@ -255,7 +255,7 @@ class WeightSyncMixin:
         except Exception as e:  # noqa: BLE001 - a dead server holds no group
             logger.warning("destroy_weights_update_group: %s", e)
         try:
-            from agentgym.engines.weight_group import destroy_weight_group
+            from agentgym.rollout.engines.weight_group import destroy_weight_group
             destroy_weight_group(group)
         except Exception as e:  # noqa: BLE001
             logger.warning("leaving the weight-update group: %s", e)

@@ -2,7 +2,7 @@
 
 A question is *answerable* when one of its gold answers occurs in some passage of the
 corpus as whole words, after SQuAD normalization (the same test the search demonstration
-builder applies to retrieved passages, :func:`agentgym.demo_builders.find_answer`). A
+builder applies to retrieved passages, :func:`agentgym.data.demo_builders.find_answer`). A
 question the corpus cannot answer earns reward 0 from every rollout, so its GRPO group
 has no reward variance and adds nothing to an update; ``data.answerable_only`` (default
 true with the shipped corpus) leaves such questions out of training.

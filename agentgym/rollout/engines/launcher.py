@@ -1,8 +1,8 @@
 """Start rollout servers as subprocesses: SGLang on a GPU machine, ``agentgym serve`` anywhere.
 
-Both come back as a :class:`~agentgym.server_process.ServerProcess` that is healthy
+Both come back as a :class:`~agentgym.core.server_process.ServerProcess` that is healthy
 (``GET /health`` answers 200; SGLang answers 503 until its warm-up generation is done) and
-stops with :meth:`~agentgym.server_process.ServerProcess.stop`.
+stops with :meth:`~agentgym.core.server_process.ServerProcess.stop`.
 
 Example (GPU machine with ``pip install "sglang[all]"``)::
 
@@ -24,8 +24,8 @@ import importlib.util
 import os
 import sys
 
-from agentgym.paths import repo_root
-from agentgym.server_process import ServerProcess, free_port
+from agentgym.core.paths import repo_root
+from agentgym.core.server_process import ServerProcess, free_port
 
 
 def sglang_command(model_path: str, port: int, host: str = "127.0.0.1", dtype: str = "auto",
@@ -61,7 +61,7 @@ def launch_sglang(model_path: str, port: int | None = None, host: str = "127.0.0
                            "sglang is not installed (pip install \"sglang[all]\" on a GPU "
                            "machine); or point engine.urls at running servers (SGLang, or "
                            "`agentgym serve --model ... --port ...` on CPU)")
-    from agentgym.device import cuda_available
+    from agentgym.core.device import cuda_available
     if not cuda_available():
         raise RuntimeError("SGLang servers need a CUDA GPU and this machine has none; run "
                            "`agentgym serve --model ... --port ...` and pass engine.urls=[...]")

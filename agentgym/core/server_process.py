@@ -1,7 +1,7 @@
 """A local HTTP server as a subprocess: start it, wait for its health URL, stop it.
 
 Shared by the local retriever (``tools/local_retriever.py``), ``agentgym serve`` and the
-SGLang launcher (``agentgym/engines/launcher.py``). The server runs in its own process
+SGLang launcher (``agentgym/rollout/engines/launcher.py``). The server runs in its own process
 group; its output goes to a log file whose tail is quoted when it fails to start.
 Import-light: no torch.
 

@@ -14,8 +14,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentgym.paths import data_dir
-from agentgym.registry import did_you_mean
+from agentgym.core.paths import data_dir
+from agentgym.core.registry import did_you_mean
 
 #: env -> dataset name -> file under data/.
 DATASETS: dict[str, dict[str, str]] = {
@@ -112,26 +112,14 @@ class TrainingRows:
                 f"(data.answerable_only=true)")
 
 
-def sub_config(cfg: Any, env: str) -> Any:
-    """``cfg`` for one env of a mixed run: ``env`` set, and its preset's held-out data."""
-    import copy
-
-    from agentgym.config import ENV_PRESETS
-    sub = copy.deepcopy(cfg)
-    sub.env = env
-    preset = ENV_PRESETS.get(env, {})
-    if "trainer.eval_data" in preset:
-        sub.trainer.eval_data = preset["trainer.eval_data"]
-    return sub
-
-
 def training_rows(cfg) -> TrainingRows:
     """The rows a training run draws from: ``data.name``, filtered to answerable questions
-    (:mod:`agentgym.answerable`) when ``data.answerable_only`` applies (the search env
+    (:mod:`agentgym.data.answerable`) when ``data.answerable_only`` applies (the search env
     with the shipped corpus), then the first ``limit``. A mixed run
     (``env=[search,code]``): each env's rows, mixed by ``data.mix``
     (:func:`mix_rows`)."""
     from agentgym.config import env_names
+    from agentgym.rollout.runtime import sub_config
     names = env_names(cfg.env)
     if len(names) == 1:
         return question_rows(cfg, cfg.data.name, cfg.limit)
@@ -148,6 +136,7 @@ def heldout_rows(cfg) -> TrainingRows:
     if not cfg.trainer.eval_limit:
         return TrainingRows([], 0)
     from agentgym.config import env_names
+    from agentgym.rollout.runtime import sub_config
     names = env_names(cfg.env)
     if len(names) == 1:
         return question_rows(cfg, cfg.trainer.eval_data, cfg.trainer.eval_limit)
@@ -207,12 +196,12 @@ def answerable_filter_applies(cfg) -> bool:
 def question_rows(cfg, name: str, limit: int = 0) -> TrainingRows:
     """The rows of dataset ``name``, answerable ones only when
     :func:`answerable_filter_applies`, then the first ``limit`` (0: all)."""
-    from agentgym.paths import shipped_corpus
+    from agentgym.core.paths import shipped_corpus
     rows = load_rows(cfg.env, name)
     total = len(rows)
     if not answerable_filter_applies(cfg):
         return TrainingRows(rows[:limit] if limit else rows, total, source=name)
-    from agentgym.answerable import answerable
+    from agentgym.data.answerable import answerable
     keep = answerable(rows, shipped_corpus())
     kept = [row for row, ok in zip(rows, keep) if ok]
     if not kept:

@@ -10,16 +10,16 @@ import logging
 from typing import Any, Callable
 
 from agentgym.config import Config
-from agentgym.engines.base import ENGINES, Engine
-from agentgym.manager import GenerationManager
+from agentgym.rollout.engines.base import ENGINES, Engine
+from agentgym.rollout.manager import GenerationManager
 
 logger = logging.getLogger(__name__)
 
 
 def load_policy(cfg: Config):
     """Resolve ``model.path``/``model.name`` to an HF folder; load model and tokenizer."""
-    from agentgym.device import engine_dtype, resolve_device
-    from agentgym.models import load_model, load_tokenizer, resolve_model
+    from agentgym.core.device import engine_dtype, resolve_device
+    from agentgym.models.zoo import load_model, load_tokenizer, resolve_model
     path = resolve_model(cfg.model.path or cfg.model.name)
     device = resolve_device(cfg.trainer.device)
     # rollout-only commands (eval, rollout, demos) play the engine's copy
@@ -39,8 +39,8 @@ def engine_for(cfg: Config, path, tokenizer) -> Engine:
     (``engine=sglang``)."""
     model = None
     if ENGINES.get(cfg.engine.name).needs_model:
-        from agentgym.device import engine_dtype, resolve_device
-        from agentgym.models import load_model
+        from agentgym.core.device import engine_dtype, resolve_device
+        from agentgym.models.zoo import load_model
         device = resolve_device(cfg.trainer.device)
         model = load_model(path, dtype=engine_dtype(cfg.engine.dtype, cfg.model.dtype, device),
                            device=device)
@@ -50,7 +50,7 @@ def engine_for(cfg: Config, path, tokenizer) -> Engine:
 def _search_kwargs(cfg: Config) -> dict[str, Any]:
     url = cfg.retriever.url
     if not url:
-        from agentgym.paths import shipped_corpus
+        from agentgym.core.paths import shipped_corpus
         from tools.local_retriever import ensure_local_retriever
         if cfg.retriever.index:
             url = ensure_local_retriever(index_dir=cfg.retriever.index)
@@ -112,7 +112,6 @@ def env_factory(cfg: Config) -> Callable[[], Any]:
     """A zero-argument factory of fresh envs for ``cfg.env`` (resolves tools once); for a
     mixed run, a :class:`MixedEnvs` that makes the env each row names."""
     from agentgym.config import env_names
-    from agentgym.data import sub_config
     names = env_names(cfg.env)
     if len(names) > 1:
         return MixedEnvs({e: env_factory(sub_config(cfg, e)) for e in names})
@@ -139,8 +138,21 @@ def build_manager(cfg: Config, model=None, tokenizer=None):
         if ENGINES.get(cfg.engine.name).needs_model:
             model, tokenizer, _ = load_policy(cfg)
         else:
-            from agentgym.models import load_tokenizer, resolve_model
+            from agentgym.models.zoo import load_tokenizer, resolve_model
             tokenizer = load_tokenizer(resolve_model(cfg.model.path or cfg.model.name))
     engine = build_engine(cfg, model, tokenizer)
     manager = GenerationManager(engine, tokenizer, env_factory(cfg), cfg.rollout, seed=cfg.trainer.seed)
     return manager, engine, tokenizer
+
+
+def sub_config(cfg: Any, env: str) -> Any:
+    """``cfg`` for one env of a mixed run: ``env`` set, and its preset's held-out data."""
+    import copy
+
+    from agentgym.config import ENV_PRESETS
+    sub = copy.deepcopy(cfg)
+    sub.env = env
+    preset = ENV_PRESETS.get(env, {})
+    if "trainer.eval_data" in preset:
+        sub.trainer.eval_data = preset["trainer.eval_data"]
+    return sub

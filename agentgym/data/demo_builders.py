@@ -2,7 +2,7 @@
 
 Every builder drives a real env instance (the same factory rollouts use: the retriever,
 the sandbox), proposes each action, and records the observations the env itself
-returned, so a demonstration replays exactly (:func:`agentgym.demos.replay_demo`). A
+returned, so a demonstration replays exactly (:func:`agentgym.data.demos.replay_demo`). A
 demonstration is kept only if the env rewards its final answer as correct.
 
 * ``search``: search with the question, then (if no retrieved passage holds a gold
@@ -170,7 +170,7 @@ def build_demos(env_name: str, rows: list[dict], make_env: Callable, workers: in
 
     Returns the kept demonstrations in row order, each with a ``uid``.
     """
-    from agentgym.manager import row_uid
+    from agentgym.rollout.manager import row_uid
     if env_name not in BUILDERS:
         raise ValueError(f"no demonstration builder for env {env_name!r}; valid: "
                          f"{', '.join(BUILDERS)} (or rejection-sample: agentgym rollout, "

@@ -7,7 +7,7 @@ re-encoded). The same client talks to ``agentgym serve`` (the HF engine behind t
 API subset), so it runs and is tested on CPU.
 
 Wire format, SGLang source references and error types:
-:mod:`agentgym.engines.sglang_api`. In short: ``output_ids`` and
+:mod:`agentgym.rollout.engines.sglang_api`. In short: ``output_ids`` and
 ``meta_info.output_token_logprobs`` are taken as they are (a matched EOS is sampled and
 kept with mask 1); against a server run with ``--skip-tokenizer-init`` (as verl runs
 it), which refuses ``stop``, the client cuts the output at the first token whose decoded
@@ -30,7 +30,7 @@ that served its first turn (sticky by ``session_id``, so its prefix stays in tha
 radix cache); a new trajectory goes to the server with the fewest requests in flight.
 
 Weight sync (``engine.weight_sync``: ``disk``, ``distributed``, ``tensor``) lives in
-:mod:`agentgym.engines.sglang_weights`. Every update carries ``weight_version``; answers
+:mod:`agentgym.rollout.engines.sglang_weights`. Every update carries ``weight_version``; answers
 from a server whose ``weight_version`` is not the one last pushed fail loudly rather than
 mixing policies. :meth:`SGLangEngine.pause` holds new requests here and pauses every
 server; :meth:`SGLangEngine.resume` continues them and always reopens this client, even
@@ -56,14 +56,14 @@ from urllib.parse import urlparse
 
 import httpx
 
-from agentgym.engines.base import Engine
-from agentgym.engines.sglang_api import (RETRY_STATUSES, EngineRequestError,
+from agentgym.rollout.engines.base import Engine
+from agentgym.rollout.engines.sglang_api import (RETRY_STATUSES, EngineRequestError,
                                          SGLangServerError, ServerUnavailableError,
                                          _Transient, client_stop, combined_error,
                                          error_message, parse_generate, sglang_sampling)
-from agentgym.engines.sglang_weights import (WEIGHT_SYNC_MODES, WeightSyncMixin,
+from agentgym.rollout.engines.sglang_weights import (WEIGHT_SYNC_MODES, WeightSyncMixin,
                                              weight_group_ranks)
-from agentgym.types import GenerateOutput, SamplingParams
+from agentgym.core.types import GenerateOutput, SamplingParams
 
 __all__ = ["EngineRequestError", "SGLangEngine", "SGLangServerError",
            "ServerUnavailableError", "WEIGHT_SYNC_MODES", "sglang_sampling",
@@ -99,7 +99,7 @@ class SGLangEngine(WeightSyncMixin, Engine):
         retries: extra attempts after a transient failure.
         backoff_s: first retry delay; doubles each attempt (with jitter).
         weight_sync: ``disk`` | ``distributed`` | ``tensor``
-            (:mod:`agentgym.engines.sglang_weights`).
+            (:mod:`agentgym.rollout.engines.sglang_weights`).
         sync_dir: where ``disk`` sync writes weights (default: a temporary folder).
         sync_address: address of this process the servers reach for ``distributed``
             sync (default: 127.0.0.1 when every server is on loopback, else this host's).
@@ -174,8 +174,8 @@ class SGLangEngine(WeightSyncMixin, Engine):
         e = cfg.engine
         urls, owned = list(e.urls), []
         if not urls:
-            from agentgym.engines.launcher import launch_sglang
-            from agentgym.models import resolve_model
+            from agentgym.rollout.engines.launcher import launch_sglang
+            from agentgym.models.zoo import resolve_model
             server = launch_sglang(str(resolve_model(cfg.model.path or cfg.model.name)),
                                    dtype=cfg.engine.dtype or cfg.model.dtype,
                                    seed=cfg.trainer.seed)

@@ -5,7 +5,7 @@ EM with its Wilson interval, as before. With ``k=N`` every question is sampled N
 (at ``rollout.temperature``, 1.0 unless set) and the result adds, per question and overall:
 
 - pass@j for j = 1, 2, 4, … and N: the unbiased estimator of Chen et al. (2021) from the
-  question's N samples (:func:`agentgym.stats.pass_at_k`); pass@1 is the mean EM of the
+  question's N samples (:func:`agentgym.reporting.stats.pass_at_k`); pass@1 is the mean EM of the
   samples, which is also what ``em`` is then;
 - maj@N: the answer given by most of the N samples (normalised: lower case, no articles or
   punctuation; ties go to the answer seen first; samples without an answer do not vote)
@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentgym.manager import summarize
-from agentgym.stats import bootstrap_ci95, pass_at_k, wilson_ci95
+from agentgym.rollout.manager import summarize
+from agentgym.reporting.stats import bootstrap_ci95, pass_at_k, wilson_ci95
 
 
 def ks_reported(n: int) -> list[int]:
@@ -65,7 +65,7 @@ def eval_result(cfg, trajs: list, elapsed: float, k: int = 1) -> dict[str, Any]:
         "mean_turns": s["turns"], "mean_tool_calls": s["tool_calls"],
         "tool_failures": s["tool_failures"], "response_length": s["response_length"],
         "seconds": elapsed, "temperature": cfg.rollout.temperature,
-        # per episode (k=1: per question), for paired comparisons (agentgym.stats.mcnemar)
+        # per episode (k=1: per question), for paired comparisons (agentgym.reporting.stats.mcnemar)
         "episodes": [_episode(t) for t in trajs]}
     if "answer_seen" in s:
         result["answer_seen"] = s["answer_seen"]

@@ -1,7 +1,7 @@
 """``agentgym serve``: the in-process HF engine behind a subset of SGLang's native HTTP API.
 
 The point is that remote rollout works without a GPU: the SGLang client
-(:mod:`agentgym.engines.sglang`) talks to this server exactly as it talks to
+(:mod:`agentgym.rollout.engines.sglang`) talks to this server exactly as it talks to
 ``python -m sglang.launch_server``, so the client, its routing, retries and weight
 updates are exercised against a real server on loopback.
 
@@ -67,9 +67,9 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from agentgym.engines.sglang_weights import tied_copies
-from agentgym.engines.weight_group import broadcast, destroy_weight_group, init_weight_group
-from agentgym.types import GenerateOutput, SamplingParams
+from agentgym.rollout.engines.sglang_weights import tied_copies
+from agentgym.rollout.engines.weight_group import broadcast, destroy_weight_group, init_weight_group
+from agentgym.core.types import GenerateOutput, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -565,9 +565,9 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 30000, dtype: str = "
     """Load ``model`` (zoo name or HF folder) into an HF engine and serve it until SIGTERM."""
     import uvicorn
 
-    from agentgym.engines.hf import HFEngine
-    from agentgym.device import engine_dtype, resolve_device
-    from agentgym.models import load_model, load_tokenizer, resolve_model
+    from agentgym.rollout.engines.hf import HFEngine
+    from agentgym.core.device import engine_dtype, resolve_device
+    from agentgym.models.zoo import load_model, load_tokenizer, resolve_model
 
     path = resolve_model(model)
     where = resolve_device(device)
@@ -577,7 +577,7 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 30000, dtype: str = "
     state = ServeState(engine, str(path), skip_tokenizer_init, weight_version)
     logger.info("serving %s (%s, %s) on http://%s:%d", path, dtype, where, host, port)
     try:
-        from agentgym.server_process import watch_parent
+        from agentgym.core.server_process import watch_parent
         watch_parent()  # ends with the process that started it, if one did
         uvicorn.run(create_app(state), host=host, port=port, log_level=log_level,
                     timeout_graceful_shutdown=10)

@@ -29,7 +29,7 @@ Checked against SGLang's source (``python/sglang/srt/managers/io_struct.py``:
   never reads ``text``. A sampled EOS belongs to the trajectory with mask 1.
 - logprobs: SGLang's sampled-token logprob is ``log_softmax(logits / temperature)``
   before top-k / top-p (its sampler; greedy: temperature 1), our engine contract
-  (:class:`agentgym.types.SamplingParams`).
+  (:class:`agentgym.core.types.SamplingParams`).
 - errors: a bad request is a 400 ``{"error": {"message"}}``; 429/502/503/504 mean
   overloaded or restarting.
 """
@@ -41,7 +41,7 @@ from typing import Any
 
 import httpx
 
-from agentgym.types import GenerateOutput, SamplingParams
+from agentgym.core.types import GenerateOutput, SamplingParams
 
 #: Decoded tail examined for stop strings (as in the HF engine).
 STOP_WINDOW = 32

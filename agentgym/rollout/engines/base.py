@@ -10,8 +10,8 @@ from __future__ import annotations
 import abc
 from typing import Any
 
-from agentgym.registry import Registry
-from agentgym.types import GenerateOutput, SamplingParams
+from agentgym.core.registry import Registry
+from agentgym.core.types import GenerateOutput, SamplingParams
 
 ENGINES: Registry = Registry("rollout engine")
 
@@ -73,5 +73,5 @@ def push_weights(engine: Engine, state_dict: dict, version: int) -> None:
     asyncio.run(swap())
 
 
-ENGINES.register("hf", "agentgym.engines.hf:HFEngine")
-ENGINES.register("sglang", "agentgym.engines.sglang:SGLangEngine")
+ENGINES.register("hf", "agentgym.rollout.engines.hf:HFEngine")
+ENGINES.register("sglang", "agentgym.rollout.engines.sglang:SGLangEngine")

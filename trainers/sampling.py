@@ -1,0 +1,105 @@
+"""Step 1 of a recipe, rollouts: ``collect`` (this step's prompts, DAPO's dynamic sampling),
+``rollout_metrics`` and ``regroup``; and the one interface the sync and async paths share,
+``take(step) -> (trajectories, metrics)`` with ``cursor`` / ``taken_after_cursor`` (the data
+position a checkpoint keeps): :class:`SyncSteps` here, :class:`trainers.async_rollout.
+AsyncRollout` when rollouts keep going while the trainer trains.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from agentgym.config import Config, is_mixed
+from agentgym.core.types import Trajectory
+from agentgym.rollout.manager import summarize
+from trainers.algos import groups_with_signal, signal_share
+from trainers.local_rollout import Hooks, split_by_env
+
+logger = logging.getLogger(__name__)
+
+
+def collect(cfg: Config, rollout, rows: list[dict], cursor: int,
+            step: int, hooks: Hooks) -> tuple[list[Trajectory], int, dict]:
+    """Roll out this step's prompts from ``rows[cursor:]``; return the trajectories to
+    train on, the next data position and rollout metrics (over *every* sampled
+    trajectory, dropped ones included, so the reward curve shows the policy).
+
+    With ``algo.dynamic_sampling``, groups whose rewards are all equal are dropped and
+    further prompts are rolled out until ``trainer.prompts_per_step`` groups are kept or
+    ``algo.max_sampling_rounds`` rounds have run (then the step trains on what it has).
+    """
+    t, a = cfg.trainer, cfg.algo
+    kept: list[Trajectory] = []
+    seen: list[Trajectory] = []
+    n_kept = rounds = 0
+    for rnd in range(a.max_sampling_rounds if a.dynamic_sampling else 1):
+        need = t.prompts_per_step - n_kept
+        step_rows = [rows[(cursor + i) % len(rows)] for i in range(need)]
+        cursor += need
+        trajs = rollout.generate(step_rows, cfg.rollout.n, t.seed * 1_000_003 + step + 104_729 * rnd,
+                                 hooks)
+        rounds += 1
+        regroup(trajs, cfg.rollout.n, {tr.uid for tr in seen}, f"{step}.{rnd}")
+        seen += trajs
+        if not a.dynamic_sampling:
+            kept = trajs
+            break
+        signal = groups_with_signal([tr.reward for tr in trajs], [tr.uid for tr in trajs])
+        kept += [tr for tr, s in zip(trajs, signal) if s]
+        n_kept = len({tr.uid for tr in kept})
+        if n_kept >= t.prompts_per_step:
+            break
+    m = rollout_metrics(seen, per_env=is_mixed(cfg))
+    if a.dynamic_sampling:
+        groups = len({tr.uid for tr in seen})
+        m.update({"rollout/sampling_rounds": float(rounds),
+                  "rollout/groups_kept": float(n_kept),
+                  "rollout/groups_dropped": float(groups - n_kept)})
+        if n_kept < t.prompts_per_step:
+            logger.warning("step %d: %d of %d groups had reward variance after %d rounds",
+                           step + 1, n_kept, t.prompts_per_step, rounds)
+    return kept, cursor, m
+
+
+def rollout_metrics(trajs: list[Trajectory], per_env: bool = False) -> dict:
+    """``rollout/*``: means over the trajectories, the oldest policy version, and (with
+    groups) ``rollout/signal_groups``: the fraction of groups whose rewards are not all
+    equal, the only ones a group-relative advantage learns from."""
+    m = {f"rollout/{k}": v for k, v in summarize(trajs).items()}
+    m["rollout/policy_version"] = float(min(tr.policy_version for tr in trajs))
+    uids = [tr.uid for tr in trajs]
+    if len(set(uids)) < len(uids):
+        m["rollout/signal_groups"] = signal_share([tr.reward for tr in trajs], uids)
+    if per_env:  # a mixed run: the same, env by env (search/rollout/reward, ...)
+        for env, part in split_by_env(trajs).items():
+            m.update({f"{env}/{k}": v for k, v in rollout_metrics(part).items()
+                      if k.startswith("rollout/") and k != "rollout/policy_version"})
+    return m
+
+
+def regroup(trajs: list[Trajectory], n: int, taken: set[str], tag: str) -> None:
+    """Keep one group per rolled-out row: ``trajs`` come ``n`` per row, in row order; a
+    row whose uid is already ``taken`` (the same prompt again: an earlier round, or data
+    that wrapped around within the step) gets a fresh uid for its ``n`` samples."""
+    for i in range(0, len(trajs), n):
+        uid = trajs[i].uid
+        if uid in taken:
+            uid = f"{uid}#{tag}.{i // n}"
+            for tr in trajs[i:i + n]:
+                tr.uid = uid
+        taken.add(uid)
+
+
+class SyncSteps:
+    """The synchronous path: each :meth:`take` rolls out the step's prompts with the
+    current weights (:func:`collect`) and returns them with their metrics."""
+
+    taken_after_cursor: list[int] = []  # prompts are taken in order: nothing after the cursor
+
+    def __init__(self, cfg: Config, rollout, rows: list[dict], cursor: int, hooks: Hooks) -> None:
+        self.cfg, self.rollout, self.rows, self.cursor, self.hooks = cfg, rollout, rows, cursor, hooks
+
+    def take(self, step: int) -> tuple[list[Trajectory], dict]:
+        trajs, self.cursor, m = collect(self.cfg, self.rollout, self.rows, self.cursor, step,
+                                        self.hooks)
+        return trajs, m
