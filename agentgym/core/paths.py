@@ -13,7 +13,7 @@ from pathlib import Path
 
 def repo_root() -> Path:
     """The folder that holds the ``agentgym`` package (the repository root in a checkout)."""
-    return Path(__file__).resolve().parent.parent
+    return Path(__file__).resolve().parents[2]  # agentgym/core/paths.py
 
 
 def cache_dir() -> Path:
