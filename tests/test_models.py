@@ -55,7 +55,7 @@ def test_paths_follow_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("AGENTGYM_DATA")
     assert paths.cache_dir() == Path.home() / ".cache" / "agentgym"
     assert paths.data_dir() == paths.repo_root() / "data"
-    assert (paths.repo_root() / "agentgym" / "paths.py").is_file()
+    assert (paths.repo_root() / "agentgym" / "core" / "paths.py").is_file()
 
 
 # --------------------------------------------------------------------------- tiny
