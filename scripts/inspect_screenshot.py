@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 def main() -> None:
     from playwright.sync_api import sync_playwright
 
-    from agentgym.inspector import write_page
+    from agentgym.reporting.inspector import write_page
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("run_dir")
