@@ -297,9 +297,11 @@ class TrainerConfig:
         for name in ("warmup_steps", "eval_every", "eval_limit", "log_samples"):
             if getattr(self, name) < 0:
                 raise ValueError(f"trainer.{name} must be >= 0, got {getattr(self, name)}")
-        if self.lr <= 0 or self.logger not in ("", "tensorboard", "wandb"):
-            raise ValueError(f"trainer.lr must be > 0 and logger one of '', tensorboard, wandb; "
-                             f"got {self.lr}, {self.logger!r}")
+        if self.lr <= 0:
+            raise ValueError(f"trainer.lr must be > 0, got {self.lr}")
+        if self.logger not in ("", "tensorboard", "wandb"):
+            raise ValueError(f"logger={self.logger!r}; valid: '' or tensorboard (JSONL, "
+                             f"TensorBoard, PNG), wandb")
         if not self.cold_start:
             raise ValueError("trainer.cold_start is empty; valid: auto, off, or the folder of an "
                              "SFT checkpoint")
