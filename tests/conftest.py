@@ -1,4 +1,5 @@
-"""Shared fixtures: the tiny model, a real local retriever, the toy env registration.
+"""Shared fixtures: the tiny model, a real local retriever, the toy env registration;
+and ``wait_until``, how a test waits for an effect that lands after its cause.
 
 Models and the BM25 index are built into the normal cache (``$AGENTGYM_CACHE`` or
 ``~/.cache/agentgym``); on a clean machine the first run builds them (seconds)."""
@@ -8,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -34,6 +36,19 @@ if "agentgym-test/Letter-v0" not in envs.env_ids():
     envs.register_env("agentgym-test/Letter-v0", "toy_envs:LetterEnv")
 if "agentgym-test/Talk-v0" not in envs.env_ids():
     envs.register_env("agentgym-test/Talk-v0", "toy_envs:TalkEnv")
+
+
+def wait_until(condition, timeout: float, what: str) -> None:
+    """Poll ``condition()`` until it is true; fail saying ``what`` did not happen after
+    ``timeout`` seconds. For effects that land after the call that caused them (a process
+    exiting after a signal, a line a child is still writing): a test waits on the
+    condition itself, with a deadline generous enough for a loaded machine, never on a
+    fixed sleep. Import it with ``from conftest import wait_until``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout:.0f} s")
+        time.sleep(0.05)
 
 
 @pytest.fixture(scope="session")

@@ -17,13 +17,13 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
 from agentgym.rollout.engines.launcher import launch_serve
 from agentgym.core.paths import data_dir
+from conftest import wait_until
 from tools.local_retriever import LocalRetriever
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,14 +49,6 @@ def _live_with_tmpdir(tmp: Path) -> list[int]:
         except OSError:  # gone meanwhile, or not ours to read
             continue
     return pids
-
-
-def _wait(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout:.0f} s")
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -86,7 +78,7 @@ def test_servers_stopped_or_killed_leave_nothing(private_tmp, small_corpus, tiny
         assert len(_leftovers(private_tmp)) == 2 and retriever.log_path.exists()
         assert set(_live_with_tmpdir(private_tmp)) >= {retriever.pid, serve.pid}
         os.kill(serve.pid, signal.SIGTERM)  # killed from outside: stop() still cleans up
-        _wait(lambda: not serve.alive, 60, "agentgym serve exiting on SIGTERM")
+        wait_until(lambda: not serve.alive, 60, "agentgym serve exiting on SIGTERM")
     finally:
         serve.stop()
         retriever.stop()
@@ -139,7 +131,7 @@ def test_a_signalled_process_takes_its_servers_along(private_tmp, small_corpus, 
             proc.wait()
     assert proc.returncode == (128 + signal.SIGTERM if sig == signal.SIGTERM else -sig)
     if sig == signal.SIGKILL:  # the servers' own watch, polling each second
-        _wait(lambda: not _live_with_tmpdir(private_tmp), 60, "the orphaned servers' exit")
+        wait_until(lambda: not _live_with_tmpdir(private_tmp), 60, "the orphaned servers' exit")
     assert _leftovers(private_tmp) == []
     assert _live_with_tmpdir(private_tmp) == []
 
@@ -160,7 +152,7 @@ def test_a_terminated_training_run_leaves_nothing(private_tmp, tmp_path):
         return bool(logs) and "Application startup complete" in logs[0].read_text()
 
     try:
-        _wait(serving, 300, "the local retriever serving")
+        wait_until(serving, 300, "the local retriever serving")
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)
     finally:

@@ -10,12 +10,12 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from agentgym.data.rows import write_jsonl
+from conftest import wait_until
 from toy_envs import letter_rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,6 +55,15 @@ def _metrics(run: Path) -> list[dict]:
              and k not in ("rollout/generate_s", "rollout/env_s")} for r in rows]
 
 
+def _logged_steps(run: Path) -> list[int]:
+    """The steps in ``metrics.jsonl`` so far, read while the run appends to it: the line
+    being written may be there only in part (no newline yet), and is not read."""
+    f = run / "metrics.jsonl"
+    text = f.read_text() if f.exists() else ""
+    complete = text[:text.rfind("\n") + 1]
+    return [json.loads(x)["step"] for x in complete.splitlines() if x.strip()]
+
+
 def _finish(proc: subprocess.Popen) -> None:
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
@@ -76,11 +85,11 @@ def test_sigkill_at_a_random_step_then_resume(tmp_path, uninterrupted, backend):
     k = random.randint(1, STEPS - 1)  # killed once step k is logged: during step k + 1
     run = tmp_path / "run"
     proc = _start(_args(tmp_path, run, backend))
-    deadline = time.monotonic() + 600
-    while not any(r["step"] >= k for r in _metrics(run)):
+
+    def reached_k() -> bool:
         assert proc.poll() is None, proc.stderr.read()[-3000:]
-        assert time.monotonic() < deadline, "the run did not reach the kill step"
-        time.sleep(0.05)
+        return any(step >= k for step in _logged_steps(run))
+    wait_until(reached_k, 600, "the run reaching the kill step")
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL

@@ -182,11 +182,22 @@ def test_serve_retriever_stops_cleanly_on_sigterm_with_requests_in_flight(dense_
             time.sleep(0.1)
 
         async def load_then_term():
+            sent, all_sent = [], asyncio.Event()
+
+            async def trace(event, info):  # httpcore's hook: a request body is on the wire
+                if event == "http11.send_request_body.complete":
+                    sent.append(info)
+                    if len(sent) == 16:
+                        all_sent.set()
+
             async with httpx.AsyncClient(timeout=30) as client:
                 reqs = [asyncio.create_task(client.post(url + "/retrieve",
-                                                        json={"queries": [f"query {i}"] * 16}))
+                                                        json={"queries": [f"query {i}"] * 16},
+                                                        extensions={"trace": trace}))
                         for i in range(16)]
-                await asyncio.sleep(0.05)
+                # the signal comes once every request has reached the server's socket (so
+                # they are in flight), however long sending them takes
+                await asyncio.wait_for(all_sent.wait(), 60)
                 proc.send_signal(signal.SIGTERM)
                 return await asyncio.gather(*reqs, return_exceptions=True)
 

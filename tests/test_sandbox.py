@@ -8,6 +8,7 @@ still works. The local tests need root and bubblewrap (``apt-get install bubblew
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import io
 import json
@@ -25,6 +26,7 @@ import pytest
 
 from agentgym.cli import main as cli_main
 from agentgym.config import SandboxConfig
+from conftest import wait_until
 from tools import sandbox_local
 from tools.sandbox import E2BSandbox, ExecResult, Limits, LocalSandbox, make_sandbox
 
@@ -81,15 +83,31 @@ def host_pids_with(marker: str) -> list[int]:
     return pids
 
 
-def wait_gone(marker: str, timeout: float = 3.0) -> list[int]:
-    """Poll until no host process carries ``marker``; the survivors after ``timeout``."""
+def most_procs_of_a_sandbox_uid() -> int:
+    """The most host processes running as one sandbox uid (zombies too): the count that
+    RLIMIT_NPROC (max_procs) caps."""
+    counts = collections.Counter()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                uid = int((d / "status").read_text().split("\nUid:")[1].split()[0])
+            except (OSError, IndexError):  # gone meanwhile
+                continue
+            if uid >= sandbox_local.UID_BASE:
+                counts[uid] += 1
+    return max(counts.values(), default=0)
+
+
+def wait_gone(marker: str, timeout: float = 30.0) -> list[int]:
+    """Poll until no host process carries ``marker``; the survivors after ``timeout``
+    (killed processes leave /proc a moment after the kill: the wait is for that)."""
     deadline = time.monotonic() + timeout
     while (pids := host_pids_with(marker)) and time.monotonic() < deadline:
         time.sleep(0.05)
     return pids
 
 
-def wait_present(marker: str, timeout: float = 10.0) -> list[int]:
+def wait_present(marker: str, timeout: float = 60.0) -> list[int]:
     """Poll until a host process carries ``marker`` (an exec in the sandbox may lag)."""
     deadline = time.monotonic() + timeout
     while not (pids := host_pids_with(marker)) and time.monotonic() < deadline:
@@ -215,9 +233,12 @@ def test_fork_bomb_does_not_starve_a_concurrent_execution(make):
     other = ("import os, time\nn = 0\nfor _ in range(8):\n    if os.fork() == 0:\n"
              "        time.sleep(0.5)\n        os._exit(0)\n    n += 1\nprint('forked', n)")
 
+    def bomb_at_quota() -> bool:  # its uid holds max_procs processes: its forks fail now
+        return most_procs_of_a_sandbox_uid() >= sb.limits.max_procs
+
     async def main():
         bombing = asyncio.ensure_future(sb.run(bomb))
-        await asyncio.sleep(0.5)  # let the bomb use up its quota first
+        await asyncio.to_thread(wait_until, bomb_at_quota, 60, "the bomb using up its quota")
         return await asyncio.gather(bombing, sb.run(other))
 
     bombed, r = asyncio.run(main())
@@ -357,10 +378,9 @@ def test_cancelling_an_awaited_run_kills_it(make):
 
     asyncio.run(main())
     assert wait_gone(marker) == []
-    deadline = time.monotonic() + 5  # the slot is released once the kill is reaped
-    while sb.in_flight and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert sb.in_flight == 0
+    # the awaiting task sees the cancellation at once; the sandbox's loop releases the
+    # slot only after it has reaped the killed execution
+    wait_until(lambda: sb.in_flight == 0, 60, "the cancelled run's slot being released")
     assert_still_works(sb)
 
 
