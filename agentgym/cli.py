@@ -29,6 +29,7 @@ from pathlib import Path
 
 from agentgym.config import Config, all_keys, build_config, parse_overrides, to_dict
 from agentgym.core.server_process import exit_cleanly_on_sigterm
+from agentgym.core.supervisor import ServiceFailed
 from agentgym.reporting.stats import wilson_ci95  # noqa: F401 - benches import it from here
 
 log = logging.getLogger("agentgym")
@@ -589,6 +590,19 @@ def main(argv: list[str] | None = None) -> int:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"agentgym {command}: error: {msg}", file=sys.stderr)
         return 2
+    except OSError as e:
+        # a checkpoint the disk could not hold, or none that loads: its message says what
+        # to do; trainers.run is loaded by then (imported here, torch stays out of --help)
+        from trainers.run import CheckpointError
+        if not isinstance(e, CheckpointError):
+            raise
+        log.debug("command failed", exc_info=True)
+        print(f"agentgym {command}: error: {e}", file=sys.stderr)
+        return 2
+    except ServiceFailed as e:  # a local service could not be brought back; checkpointed
+        log.debug("command failed", exc_info=True)
+        print(f"agentgym {command}: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

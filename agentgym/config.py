@@ -67,6 +67,7 @@ class EngineConfig:
     dtype: str = ""  # weights of the rollout copy; "" = model.dtype (bfloat16: faster, drifts)
     timeout_s: float = 600.0  # sglang: read timeout of one request
     retries: int = 3  # sglang: extra attempts after a connection error, timeout, 429/502/503/504
+    retry_window_s: float = 60.0  # sglang: ... and more attempts until this long after the first
     weight_sync: str = "disk"  # sglang: disk | distributed | tensor (see agentgym.rollout.engines.sglang)
     sync_dir: str = ""  # sglang disk sync: folder every server can read; "" = a temp folder
     sync_address: str = ""  # sglang distributed sync: this host as servers reach it; "" = auto
@@ -93,6 +94,11 @@ class RetrieverConfig:
     index: str = ""  # local server: a saved index dir (`agentgym index build`); empty = BM25 of data/corpus
     topk: int = 3
     timeout: float = 5.0
+    max_restarts: int = 5  # local server: restarts by its supervisor within 10 minutes before the run stops
+
+    def __post_init__(self) -> None:
+        if self.max_restarts < 0:
+            raise ValueError(f"retriever.max_restarts must be >= 0, got {self.max_restarts}")
 
 
 @dataclass
@@ -163,12 +169,22 @@ class RolloutConfig:
     top_k: int = 0
     max_concurrency: int = 64  # trajectories in flight
     env_workers: int = 8  # threads for env.reset/step (tool calls)
+    # an episode whose tool failed through no fault of the policy (service down, 5xx, the
+    # service's timeout, sandbox killed): retry (replay it once when the services are back,
+    # drop it if it fails again) | drop (leave it out of the update) | keep (train on it)
+    on_infra_error: str = "retry"
+    infra_wait_s: float = 120.0  # retry: how long to wait for the services to be back
 
     def __post_init__(self) -> None:
         for name in ("n", "max_turns", "max_prompt_tokens", "max_response_tokens",
                      "max_tokens_per_turn", "max_concurrency", "env_workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+        if self.on_infra_error not in ("retry", "drop", "keep"):
+            raise ValueError(f"rollout.on_infra_error={self.on_infra_error!r}; valid: "
+                             f"retry, drop, keep")
+        if not self.infra_wait_s > 0:
+            raise ValueError(f"rollout.infra_wait_s must be > 0, got {self.infra_wait_s}")
 
 
 @dataclass

@@ -19,7 +19,12 @@ Every AgentGym environment subclasses :class:`AgentEnv` and obeys this contract
   (or a system message) and the env parses Hermes ``<tool_call>`` blocks
   (:mod:`envs.function_calling`), answering each with a ``tool`` message.
 * A tool failure (timeout, dead server, sandbox error) or a malformed action becomes an
-  observation plus a counter in ``info``; it never raises out of ``step``.
+  observation plus a counter in ``info``; it never raises out of ``step``. A failure that
+  is not the policy's doing (the service unreachable, a 5xx, the service's own timeout, a
+  sandbox that crashed or was killed by the host) is also reported with
+  :meth:`AgentEnv.infra_failure`: ``info["infra_failures"]`` and ``info["infra_error"]``
+  mark the episode, so training can replay or drop it (``rollout.on_infra_error``) rather
+  than learn from the infrastructure's failure. A malformed call stays the policy's.
 * Rewards are finite Python floats; ``close()`` may be called any number of times.
 
 Subclasses implement :meth:`_reset` and :meth:`_step`; this base class does the
@@ -124,6 +129,7 @@ class AgentEnv(gymnasium.Env, abc.ABC):
         self._ended = True
         self._started = False
         self._counters: dict[str, int] = {}
+        self._infra_error = ""
 
     # -- subclass hooks -----------------------------------------------------------------
     @abc.abstractmethod
@@ -145,7 +151,9 @@ class AgentEnv(gymnasium.Env, abc.ABC):
         self._turn = 0
         self._ended = False
         self._started = True
-        self._counters = {"tool_calls": 0, "tool_failures": 0, "malformed_actions": 0}
+        self._counters = {"tool_calls": 0, "tool_failures": 0, "malformed_actions": 0,
+                          "infra_failures": 0}
+        self._infra_error = ""
         obs, info = self._reset(row)
         return obs, {**info, **self._counters}
 
@@ -165,11 +173,21 @@ class AgentEnv(gymnasium.Env, abc.ABC):
         if self._ended:
             obs = []
         info = {**info, **self._counters, "turn": self._turn}
+        if self._infra_error:
+            info["infra_error"] = self._infra_error
         return obs, float(reward), bool(terminated), truncated, info
 
     def count(self, name: str, k: int = 1) -> None:
         """Increase an episode counter reported in every ``info`` (e.g. tool_failures)."""
         self._counters[name] = self._counters.get(name, 0) + k
+
+    def infra_failure(self, reason: str) -> None:
+        """Mark this episode: a tool failed for a reason that is not the policy's (see the
+        module docstring). Counts ``infra_failures``; the first reason is kept in
+        ``info["infra_error"]``. The caller still counts ``tool_failures`` and answers with
+        an observation as for any tool failure."""
+        self.count("infra_failures")
+        self._infra_error = self._infra_error or reason[:500]
 
     def pick_row(self, rows: list[dict]) -> dict:
         """A deterministic (given the reset seed) choice among built-in example rows."""

@@ -200,6 +200,7 @@ class CodeEnv(AgentEnv):
             r = self._box().run_sync(code, session=self._session)
         except Exception as e:  # noqa: BLE001 - any sandbox fault is an observation
             self.count("tool_failures")
+            self.infra_failure(f"sandbox: {type(e).__name__}: {e}")
             logger.warning("sandbox failed (%s): %s", type(e).__name__, e)
             return f"Sandbox error ({type(e).__name__}): {str(e)[:200]}. The code did not run."
         sep = "\n" if r.stdout and r.stderr and not r.stdout.endswith("\n") else ""
@@ -209,8 +210,10 @@ class CodeEnv(AgentEnv):
             notes = [f"Sandbox error: {r.error[:200]}"]
         elif r.timed_out or r.exit_code == -24:
             notes = [f"Timeout: execution stopped after {r.duration_s:.1f}s (time limit)."]
-        elif r.memory_exceeded or r.exit_code == -9:  # the traceback may already say so
+        elif r.memory_exceeded:  # the traceback may already say so
             notes = [] if "MemoryError" in text else ["MemoryError: stopped at the memory limit."]
+        elif r.exit_code == -9:
+            notes = ["Killed (SIGKILL)."]
         elif r.truncated:
             notes = ["Output limit: the code printed too much and was stopped."]
         elif r.exit_code != 0 and not r.stderr:
@@ -221,9 +224,20 @@ class CodeEnv(AgentEnv):
             notes.append("The interpreter was restarted: earlier variables are gone.")
         if failed:
             self.count("tool_failures")
-        elif r.exit_code != 0:
+        if r.error:  # the sandbox could not run the code (failed to start, broke protocol)
+            self.infra_failure(f"sandbox: {r.error[:300]}")
+        elif r.exit_code == -9 and not r.timed_out and r.duration_s < self._cpu_limit_s():
+            # SIGKILL, yet not the CPU limit's (that takes at least cpu_s) nor the sandbox's
+            self.infra_failure("sandbox: the code's process was killed (SIGKILL) from "
+                               "outside the sandbox (the host's OOM killer or an operator)")
+        elif not failed and r.exit_code != 0:
             self.count("code_errors")
         return "\n".join([text, *notes] if text else notes)
+
+    def _cpu_limit_s(self) -> float:
+        """The sandbox's CPU-seconds limit (its hard limit kills with SIGKILL)."""
+        limits = getattr(self._box(), "limits", None)
+        return float(getattr(limits, "cpu_s", 0.0))
 
     @staticmethod
     def _interpreter(text: str) -> dict:

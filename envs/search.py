@@ -183,12 +183,14 @@ class SearchEnv(AgentEnv):
         return messages, 0.0, False, {}
 
     def _search(self, query: str) -> str:
-        from tools.errors import ToolError
+        from tools.errors import ToolBadRequest, ToolError
         from tools.retriever import format_docs
         try:
             docs = self._client().retrieve([query])[0]
         except ToolError as e:
             self.count("tool_failures")
+            if not isinstance(e, ToolBadRequest):  # a 4xx is the query's fault, the rest not
+                self.infra_failure(f"search: {type(e).__name__}: {e}")
             logger.warning("search failed (%s): %s", type(e).__name__, e)
             return f"Search failed ({type(e).__name__}): {e}. Try again or answer.\n"
         return format_docs(docs)

@@ -119,10 +119,130 @@ class FlakyProxyFault:
                                                      log_level="warning"))
         self._thread = threading.Thread(target=self._server.run, daemon=True)
         self._thread.start()
-        import time
-        while not self._server.started:
-            time.sleep(0.02)
+        from conftest import wait_until
+        wait_until(lambda: self._server.started or not self._thread.is_alive(), 60,
+                   "the fault proxy to start")
+        assert self._server.started, f"the fault proxy could not serve on port {port}"
 
     def close(self):
         self._server.should_exit = True
         self._thread.join(timeout=10)
+
+
+class SearchingEngine(ScriptedEngine):
+    """Scripted model output for whole training runs of the search env: the first turn of
+    every episode searches (``<search>QUERY</search>``), the next answers; even samples
+    answer ``right``, odd ones ``wrong`` (so GRPO groups have reward variance). Sessions
+    tell the episodes apart (the manager passes one per episode).
+
+    ``on_generate(k)`` runs before the k-th reply (from 1): the place a test injects a
+    fault at a known point of the run. Logprobs are a fixed -1.0 per token (the trainer
+    recomputes its own)."""
+
+    needs_model = False
+
+    def __init__(self, tokenizer, query: str = "who wrote the declaration of independence",
+                 right: str = "Thomas Jefferson", wrong: str = "Canberra",
+                 on_generate=None) -> None:
+        self.tok, self.query, self.right, self.wrong = tokenizer, query, right, wrong
+        self.on_generate = on_generate
+        self.calls = 0
+        self._turns: dict[str, int] = {}
+
+    async def generate(self, prompt_ids, sampling: SamplingParams, images=None, session_id=None):
+        self.calls += 1
+        if self.on_generate is not None:
+            self.on_generate(self.calls)
+        turn = self._turns.get(session_id, 0)
+        self._turns[session_id] = turn + 1
+        if turn == 0:
+            text = f"<search> {self.query} </search>"
+        else:
+            sample = int(str(session_id).split("/")[1])
+            text = f"<answer> {self.right if sample % 2 == 0 else self.wrong} </answer>"
+        ids = self.tok.encode(text, add_special_tokens=False) + [self.tok.eos_token_id]
+        return GenerateOutput(ids, [-1.0] * len(ids), "stop")
+
+    @classmethod
+    def from_config(cls, cfg, model, tokenizer):
+        return cls(tokenizer)
+
+
+class DroppingProxyFault:
+    """Injects dropped connections: a TCP proxy on loopback in front of a real server.
+    :meth:`drop_for` cuts every open connection and, for that many seconds, closes each
+    new one at once without an answer (as a restarting load balancer or a flapping link
+    does); otherwise bytes pass both ways unchanged. ``dropped`` counts the connections
+    it refused."""
+
+    def __init__(self, upstream_port: int) -> None:
+        import socket
+        import threading
+        self._socket = socket
+        self.upstream = ("127.0.0.1", upstream_port)
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
+        self.dropped = 0
+        self._until = 0.0
+        self._closed = False
+        self._live: set = set()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._accept, daemon=True)]
+        self._threads[0].start()
+
+    def drop_for(self, seconds: float) -> None:
+        import time
+        with self._lock:
+            self._until = time.monotonic() + seconds
+            live, self._live = list(self._live), set()
+        for s in live:
+            self._cut(s)
+
+    def _cut(self, s) -> None:
+        try:
+            s.shutdown(self._socket.SHUT_RDWR)
+        except OSError:
+            pass
+        s.close()
+
+    def _accept(self) -> None:
+        import threading
+        import time
+        while not self._closed:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return  # closed
+            with self._lock:
+                dropping = time.monotonic() < self._until
+                if dropping:
+                    self.dropped += 1
+            if dropping:
+                self._cut(client)
+                continue
+            try:
+                upstream = self._socket.create_connection(self.upstream)
+            except OSError:
+                self._cut(client)
+                continue
+            with self._lock:
+                self._live |= {client, upstream}
+            for a, b in ((client, upstream), (upstream, client)):
+                t = threading.Thread(target=self._pump, args=(a, b), daemon=True)
+                t.start()
+
+    def _pump(self, a, b) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        with self._lock:
+            self._live -= {a, b}
+        self._cut(a)
+        self._cut(b)
+
+    def close(self) -> None:
+        self._closed = True
+        self._server.close()
+        self.drop_for(0)

@@ -124,19 +124,51 @@ def test_max_turns_truncates(tiny_tokenizer, retriever_url):
 def test_tool_failures_become_observations(tiny_tokenizer, fault, name):
     tok = tiny_tokenizer
     engine = ScriptedEngine(tok, ["<search> x </search>", "<answer>Canberra</answer>"])
-    traj = run(engine, tok, lambda: SearchEnv(retriever=fault()))
+    traj = run(engine, tok, lambda: SearchEnv(retriever=fault()), on_infra_error="keep")
     assert_mask_exact(traj, engine, tok)
     obs = [tok.decode(traj.token_ids[s.start:s.end]) for s in traj.segments
            if s.kind == "observation"]
     assert len(obs) == 1 and f"Search failed ({name})" in obs[0]
     assert traj.metrics["tool_failures"] == 1 and traj.reward == 1.0
+    # not the policy's failure: the episode is marked, with the reason
+    assert traj.metrics["infra_failures"] == 1 and traj.metrics["infra_retried"] == 0
+    assert traj.info["infra_error"].startswith(f"search: {name}: ")
+
+
+def test_an_infra_failed_episode_is_replayed_once_with_the_same_seed(tiny_tokenizer):
+    tok = tiny_tokenizer
+    turns = ["<search> x </search>", "<answer>Canberra</answer>"]
+    engine = ScriptedEngine(tok, turns * 2)
+    traj = run(engine, tok, lambda: SearchEnv(retriever=DeadRetrieverFault()))
+    assert len(engine.produced) == 4 and engine.prompts[2] == engine.prompts[0]
+    assert traj.metrics["infra_retried"] == 1 and traj.metrics["infra_failures"] == 1
+
+
+def test_a_bad_request_is_the_policys_failure_not_the_infrastructures(tiny_tokenizer):
+    from tools.errors import ToolBadRequest
+
+    class RejectingRetriever:  # fault injection: the server answers 4xx to the query
+        def retrieve(self, queries):
+            raise ToolBadRequest("query too long (injected fault)")
+
+        def close(self):
+            pass
+
+    tok = tiny_tokenizer
+    engine = ScriptedEngine(tok, ["<search> x </search>", "<answer>Canberra</answer>"])
+    traj = run(engine, tok, lambda: SearchEnv(retriever=RejectingRetriever()))
+    assert len(engine.produced) == 2  # not replayed
+    assert traj.metrics["tool_failures"] == 1 and traj.metrics["infra_failures"] == 0
+    assert "infra_error" not in traj.info
 
 
 def test_dead_retriever_url_is_an_observation(tiny_tokenizer):
     tok = tiny_tokenizer
     engine = ScriptedEngine(tok, ["<search> x </search>", "<answer>Canberra</answer>"])
-    traj = run(engine, tok, lambda: SearchEnv(retriever_url="http://127.0.0.1:9", timeout=0.5))
+    traj = run(engine, tok, lambda: SearchEnv(retriever_url="http://127.0.0.1:9", timeout=0.5),
+               on_infra_error="keep")
     assert traj.metrics["tool_failures"] == 1 and traj.terminated
+    assert traj.metrics["infra_failures"] == 1
 
 
 class ChatToy(gymnasium.Env):

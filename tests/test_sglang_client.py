@@ -82,7 +82,8 @@ def test_transient_failures_are_retried_and_bad_requests_are_not(two_servers, ti
     sampling = SamplingParams(max_new_tokens=5, temperature=0.0)
     direct = SGLangEngine([two_servers[0].url], tiny_tokenizer)
     flaky = FlakyProxyFault(two_servers[0].url, fail_first=2, status=503)
-    engine = SGLangEngine([flaky.url], tiny_tokenizer, retries=3, backoff_s=0.01)
+    engine = SGLangEngine([flaky.url], tiny_tokenizer, retries=3, retry_window_s=0,
+                          backoff_s=0.01)
     try:
         expected = generate(direct, [prompt], sampling)[0]
         out = generate(engine, [prompt], sampling)[0]
@@ -100,7 +101,8 @@ def test_transient_failures_are_retried_and_bad_requests_are_not(two_servers, ti
         flaky.close()
     # more failures than retries: a clear error that says how many attempts were made
     flaky = FlakyProxyFault(two_servers[0].url, fail_first=5, status=502)
-    engine = SGLangEngine([flaky.url], tiny_tokenizer, retries=2, backoff_s=0.01)
+    engine = SGLangEngine([flaky.url], tiny_tokenizer, retries=2, retry_window_s=0,
+                          backoff_s=0.01)
     try:
         with pytest.raises(RuntimeError, match="failed after 3 attempts.*502"):
             generate(engine, [prompt], sampling)
@@ -211,7 +213,7 @@ def test_bad_client_settings_fail_clearly(tiny_tokenizer):
     cfg.engine.urls = ["http://127.0.0.1:9"]  # nothing listens on port 9
     from agentgym.rollout.runtime import build_engine
     engine = build_engine(cfg, None, tiny_tokenizer)
-    engine.retries, engine.backoff_s = 1, 0.01
+    engine.retries, engine.retry_window_s, engine.backoff_s = 1, 0.0, 0.01
     try:
         with pytest.raises(RuntimeError, match="failed after 2 attempts.*ConnectError"):
             generate(engine, [[1, 2, 3]], SamplingParams(max_new_tokens=2))
@@ -281,7 +283,8 @@ def test_resume_reopens_the_client_when_a_server_is_gone(two_servers, tiny_path,
                                                          tiny_tokenizer):
     doomed = launch_serve(str(tiny_path))
     living = two_servers[1].url
-    engine = SGLangEngine([doomed.url, living], tiny_tokenizer, retries=1, backoff_s=0.01)
+    engine = SGLangEngine([doomed.url, living], tiny_tokenizer, retries=1, retry_window_s=0,
+                          backoff_s=0.01)
     prompt = tiny_tokenizer.encode("resume")
     try:
         asyncio.run(engine.pause())
@@ -306,7 +309,7 @@ def test_a_failed_weight_update_is_the_error_the_caller_sees(two_servers, tiny_p
                                                              tiny_tokenizer, tiny_model):
     doomed = launch_serve(str(tiny_path))
     engine = SGLangEngine([doomed.url, two_servers[1].url], tiny_tokenizer, retries=1,
-                          backoff_s=0.01)
+                          retry_window_s=0, backoff_s=0.01)
     try:
         asyncio.run(engine.pause())
         doomed.kill()
@@ -334,7 +337,7 @@ def test_close_survives_dead_servers_and_stops_what_it_owns(two_servers, tiny_pa
     doomed = launch_serve(str(tiny_path))
     owned = [_Owned(fail=True), _Owned()]
     engine = SGLangEngine([two_servers[1].url, doomed.url], tiny_tokenizer, retries=0,
-                          weight_sync="distributed", owned=owned)
+                          retry_window_s=0, weight_sync="distributed", owned=owned)
     try:
         push_weights(engine, tiny_model.state_dict(), 1)  # a weight-update group exists
         assert engine._group is not None
@@ -382,7 +385,8 @@ def test_an_aborted_request_is_retried(two_servers, tiny_tokenizer):
     prompt = tiny_tokenizer.encode("abort me")
     direct = SGLangEngine([two_servers[0].url], tiny_tokenizer)
     proxy = FlakyProxyFault(two_servers[0].url, fail_first=1, status=200, body=_ABORTED)
-    engine = SGLangEngine([proxy.url], tiny_tokenizer, retries=2, backoff_s=0.01)
+    engine = SGLangEngine([proxy.url], tiny_tokenizer, retries=2, retry_window_s=0,
+                          backoff_s=0.01)
     try:
         expected = _generate_within(direct, prompt)
         out = _generate_within(engine, prompt)
@@ -409,7 +413,8 @@ def test_flush_cache_reaches_every_server_and_a_dead_one_is_named(two_servers,
         assert flushes() == [n + 1 for n in before]
     finally:
         engine.close()
-    dead = SGLangEngine(["http://127.0.0.1:9"], tiny_tokenizer, retries=0)  # port 9: closed
+    dead = SGLangEngine(["http://127.0.0.1:9"], tiny_tokenizer, retries=0,
+                        retry_window_s=0)  # port 9: closed
     try:
         with pytest.raises(ServerUnavailableError, match="127.0.0.1:9/flush_cache"):
             dead.flush_cache()

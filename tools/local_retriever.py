@@ -25,6 +25,7 @@ from pathlib import Path
 
 from agentgym.core.paths import cache_dir  # import-light: no torch
 from agentgym.core.server_process import ServerProcess, free_port
+from agentgym.core.supervisor import Supervisor
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,10 @@ class LocalRetriever:
             None uses the on-disk cache (:func:`default_index_dir`).
         startup_timeout: seconds to wait for ``/health`` before giving up.
         extra_args: more ``python -m retriever_server`` flags (e.g. ``["--batching", "off"]``).
+        supervise: watch the server and restart it on the same port when it dies or stops
+            answering (:class:`agentgym.core.supervisor.Supervisor`); False leaves a dead
+            server dead.
+        max_restarts: the supervisor's restart budget over the server's life.
 
     Attributes:
         url: ``http://127.0.0.1:PORT`` once started, else None.
@@ -62,7 +67,8 @@ class LocalRetriever:
     """
 
     def __init__(self, corpus: Path | str | None = None, index_dir: Path | str | None = None,
-                 startup_timeout: float = 120.0, extra_args: list[str] | tuple = ()) -> None:
+                 startup_timeout: float = 120.0, extra_args: list[str] | tuple = (),
+                 supervise: bool = True, max_restarts: int = 5) -> None:
         self.corpus = Path(corpus).resolve() if corpus is not None else None
         self.index_dir = Path(index_dir) if index_dir is not None else None
         if self.corpus is None and self.index_dir is None:
@@ -81,7 +87,9 @@ class LocalRetriever:
         self.extra_args = list(extra_args)
         self.startup_timeout = startup_timeout
         self.url: str | None = None
+        self.supervise, self.max_restarts = supervise, max_restarts
         self._server: ServerProcess | None = None
+        self.supervisor: Supervisor | None = None
 
     @property
     def alive(self) -> bool:
@@ -108,8 +116,8 @@ class LocalRetriever:
             RuntimeError: the server exited during startup (message holds its log tail).
             TimeoutError: it was not healthy within ``startup_timeout`` seconds.
         """
-        if self.alive:
-            return self.url
+        if self.alive or self.supervisor is not None:
+            return self.url  # running, or its supervisor is bringing it back (same port)
         index_dir = self.index_dir or default_index_dir(self.corpus)
         port = free_port()
         cmd = [sys.executable, "-m", "retriever_server", "--index", str(index_dir),
@@ -122,11 +130,17 @@ class LocalRetriever:
                                      startup_timeout=self.startup_timeout,
                                      env={"PYTHONPATH": pythonpath})
         self.url = self._server.start()
+        if self.supervise:
+            self.supervisor = Supervisor(self._server, max_restarts=self.max_restarts)
         logger.info("local retriever at %s uses index %s", self.url, index_dir)
         return self.url
 
     def stop(self) -> None:
-        """Terminate the server's process group (SIGTERM, then SIGKILL after 5 s). Idempotent."""
+        """Stop watching it, then terminate the server's process group (SIGTERM, then
+        SIGKILL after 5 s). Idempotent."""
+        if self.supervisor is not None:
+            self.supervisor.stop()
+            self.supervisor = None
         if self._server is not None:
             self._server.stop()
         self.url = None
@@ -144,17 +158,19 @@ _servers_lock = threading.Lock()
 
 
 def ensure_local_retriever(corpus: Path | str | None = None,
-                           index_dir: Path | str | None = None) -> str:
+                           index_dir: Path | str | None = None, max_restarts: int = 5) -> str:
     """URL of this process's local server for ``corpus`` and/or a saved ``index_dir``,
-    starting it on first use (arguments as for :class:`LocalRetriever`).
+    starting it on first use (arguments as for :class:`LocalRetriever`; ``max_restarts``
+    applies to the server this call starts).
 
-    One server per (corpus, index) per process, restarted if it died; stopped at exit.
+    One server per (corpus, index) per process, supervised (restarted on the same port
+    when it dies); stopped at exit.
     """
     key = tuple(Path(p).resolve() if p is not None else None for p in (corpus, index_dir))
     with _servers_lock:
         server = _servers.get(key)
         if server is None:
-            server = _servers[key] = LocalRetriever(*key)
+            server = _servers[key] = LocalRetriever(*key, max_restarts=max_restarts)
         return server.start()
 
 

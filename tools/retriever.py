@@ -18,6 +18,7 @@ import uuid
 
 import httpx
 
+from agentgym.core.supervisor import report_down, report_up
 from tools.errors import ToolBadRequest, ToolError, ToolTimeout, ToolUnavailable
 
 logger = logging.getLogger(__name__)
@@ -31,7 +32,9 @@ class RetrieverClient:
 
     Transient failures (connection errors, timeouts, 5xx answers) are retried ``retries``
     times with exponential backoff (``backoff * 2**attempt`` seconds); a 4xx answer raises
-    :class:`ToolBadRequest` at once. Each call sends one ``X-Request-ID`` (uuid4), the same
+    :class:`ToolBadRequest` at once. When every attempt failed the service is reported down
+    (:func:`agentgym.core.supervisor.report_down`: its outage is counted, and a local server
+    is restarted by its supervisor); the next answer reports it up. Each call sends one ``X-Request-ID`` (uuid4), the same
     on its retries, so server logs can tie the attempts together.
 
     One ``httpx.Client`` (documented thread-safe; its pool has its own locking) is shared
@@ -54,6 +57,7 @@ class RetrieverClient:
                              f"timeout={timeout}, retries={retries}, backoff={backoff}")
         base = url.rstrip("/")
         self.url = base if base.endswith("/retrieve") else base + "/retrieve"
+        self.base = self.url[: -len("/retrieve")]  # the service, as its supervisor names it
         self.topk, self.retries, self.backoff = topk, retries, backoff
         self._http = httpx.Client(timeout=httpx.Timeout(timeout))
 
@@ -89,6 +93,7 @@ class RetrieverClient:
                 error = ToolUnavailable(f"cannot reach {self.url} ({type(e).__name__}: {e})")
             else:
                 if resp.status_code < 400:
+                    report_up(self.base)
                     return self._parse(resp, len(queries))
                 if resp.status_code < 500:
                     raise ToolBadRequest(f"{self.url} rejected the request "
@@ -98,6 +103,7 @@ class RetrieverClient:
             if attempt < self.retries:
                 logger.warning("retrieval attempt %d/%d [%s] failed, retrying: %s",
                                attempt + 1, self.retries + 1, headers["X-Request-ID"], error)
+        report_down(self.base, str(error))  # counted in infra/outage_s until it answers
         raise error
 
     def _parse(self, resp: httpx.Response, n_queries: int) -> list[list[dict]]:

@@ -41,7 +41,7 @@ import time
 from agentgym.config import is_mixed
 from agentgym.core.types import Trajectory
 from agentgym.rollout.manager import row_uid
-from trainers.sampling import regroup, rollout_metrics
+from trainers.sampling import infra_metrics, regroup, rollout_metrics, without_infra_failures
 
 logger = logging.getLogger(__name__)
 
@@ -188,10 +188,12 @@ class AsyncRollout:
                 self._consumed_at_version += 1
             queued = len(self.done)
         taken.sort()
-        out = [t for _, group in taken for t in group]
-        regroup(out, self.n, set(), f"{step}.0")
-        ages = [self.version - t.policy_version for t in out]
-        return out, {**rollout_metrics(out, per_env=is_mixed(self.cfg)),
+        sampled = [t for _, group in taken for t in group]
+        regroup(sampled, self.n, set(), f"{step}.0")
+        out = without_infra_failures(sampled, self.cfg.rollout.on_infra_error, self.n)
+        ages = [self.version - t.policy_version for t in sampled]
+        return out, {**rollout_metrics(sampled, per_env=is_mixed(self.cfg)),
+                     **infra_metrics(sampled, len(sampled) - len(out)),
                      "async/staleness_max": float(max(ages)),
                      "async/staleness_mean": sum(ages) / len(ages),
                      "async/dropped_groups": float(len(stale)),

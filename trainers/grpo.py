@@ -47,6 +47,8 @@ from agentgym.config import Config, is_mixed, to_dict
 from agentgym.data.rows import heldout_rows, training_rows
 from agentgym.reporting.metrics import MetricsLogger
 from agentgym.core.device import peak_memory_gb
+from agentgym.core.supervisor import (ServiceFailed, forget_unsupervised, infra_totals,
+                                      raise_if_failed)
 from agentgym.models.zoo import load_tokenizer, resolve_model
 from agentgym.rollout.engines.base import ENGINES
 from agentgym.rollout.runtime import engine_for
@@ -383,19 +385,43 @@ class Session:
     #: async mode: groups after ``cursor`` already trained on or dropped (taken oldest
     #: finished first, so not always a prefix)
     taken: list[int] = field(default_factory=list)
+    #: this process's service counters when the run started (``infra/*`` count from it)
+    infra_base: dict = field(default_factory=infra_totals)
 
     def end_step(self, done: int, m: dict) -> None:
-        """Periodic eval, the step's metrics line, and a checkpoint when one is due."""
+        """Periodic eval, the step's metrics line, and a checkpoint when one is due.
+
+        Raises:
+            ServiceFailed: a local service ran out of restarts (its episodes could only
+                fail from here on): the run stops after a checkpoint of this step, so
+                ``trainer.resume=auto`` continues it once the service is fixed.
+        """
         t = self.cfg.trainer
         if self.eval_rows and t.eval_every and done % t.eval_every == 0 and done < t.total_steps:
             m.update(self.evaluate())
+        # the services this run's tools used: restarts and seconds down since the start
+        m.update({k: round(v - self.infra_base.get(k, 0.0), 3)
+                  for k, v in infra_totals().items()})
         self.metrics_log.log(done, m)
-        if done % t.save_every == 0 or done == t.total_steps:
-            save_checkpoint(self.run_dir, done, self.backend, self.tokenizer,
-                            {"data_cursor": self.cursor, "data_taken": self.taken,
-                             "policy_version": self.version},
-                            critic=self.critic.backend if self.critic else None)
+        due = done % t.save_every == 0 or done == t.total_steps
+        if due:
+            self.save(done)
         self.hooks.step_end(done, m)
+        try:
+            raise_if_failed()
+        except ServiceFailed as e:
+            path = self.run_dir / "checkpoints" / f"step_{done}" if due else self.save(done)
+            raise ServiceFailed(f"{e}. The run stopped after step {done} rather than train on "
+                                f"failed tool calls; checkpoint {path}. Fix the service, then "
+                                f"continue with trainer.resume=auto run_dir={self.run_dir}") \
+                from None
+
+    def save(self, done: int) -> Path:
+        """``checkpoints/step_<done>``: weights, optimizer, data position, policy version."""
+        return save_checkpoint(self.run_dir, done, self.backend, self.tokenizer,
+                               {"data_cursor": self.cursor, "data_taken": self.taken,
+                                "policy_version": self.version},
+                               critic=self.critic.backend if self.critic else None)
 
     def write_samples(self, step: int, trajs: list[Trajectory], batch: Batch) -> None:
         """``trainer.log_samples`` of the step's trajectories, for ``agentgym inspect``."""
@@ -443,6 +469,7 @@ def open_session(cfg: Config, hooks: Hooks | None = None,
     train rank and rollout worker got."""
     hooks = hooks or Hooks()
     t = cfg.trainer
+    forget_unsupervised()  # outages of URLs an earlier run in this process used
     run_dir = start_run(cfg)
     found = training_rows(cfg)
     hooks.announce(found.describe(cfg.data.name))

@@ -222,36 +222,78 @@ class RayRanks:
 
 class RayRollout:
     """Rollouts on ``ray.rollout_workers`` actors, with :class:`~trainers.local_rollout.LocalRollout`'s
-    interface (``generate``, ``update_weights``, ``close``)."""
+    interface (``generate``, ``update_weights``, ``close``).
+
+    A worker that dies during :meth:`generate` (its process killed, its node lost) is
+    replaced: a new actor in the same placement bundle, loaded with the last weights pushed,
+    is given the dead one's prompts with the same seed (so the step's trajectories are the
+    ones it would have had). Each replacement is logged at WARNING and counted in
+    ``infra/restarts``; more than ``MAX_REPLACEMENTS`` in one call raise.
+    """
+
+    MAX_REPLACEMENTS = 3
 
     def __init__(self, cluster: RayCluster, cfg: Config, path: str) -> None:
         import ray
-        cls = ray.remote(RolloutWorker)
+        self.cluster, self.cfg, self.path = cluster, cfg, path
+        self._cls = ray.remote(RolloutWorker)
         # asynchronous training: groups run in the actor's threads while weights update
-        threads = {"max_concurrency": 256} if cfg.trainer.mode == "async" else {}
-        self.workers = [cls.options(**cluster.options("rollout", i), **threads).remote(cfg, path)
-                        for i in range(cfg.ray.rollout_workers)]
+        self._threads = {"max_concurrency": 256} if cfg.trainer.mode == "async" else {}
+        self.workers = [self._spawn(i) for i in range(cfg.ray.rollout_workers)]
         self.in_flight = [0] * len(self.workers)
+        self._weights: tuple[Any, int] | None = None  # the last push: what a replacement loads
         cluster.nodes["rollout_workers"] = _gather([w.node.remote() for w in self.workers],
                                                    self.workers, "rollout workers")
         logger.info("rollout workers on nodes %s", cluster.nodes["rollout_workers"])
 
+    def _spawn(self, i: int):
+        return self._cls.options(**self.cluster.options("rollout", i),
+                                 **self._threads).remote(self.cfg, self.path)
+
+    def _replace(self, i: int, error: Exception) -> None:
+        """Worker ``i`` died: start another in its bundle, with the last weights pushed."""
+        import ray
+        from agentgym.core.supervisor import outage_for
+        version = self._weights[1] if self._weights else 0
+        logger.warning("rollout worker %d died (%s); replacing it (weights of policy version "
+                       "%d) and giving it the same prompts", i, str(error).splitlines()[0],
+                       version)
+        ray.kill(self.workers[i])
+        worker = self._spawn(i)
+        if self._weights is not None:
+            ray.get(worker.update_weights.remote(*self._weights))
+        self.workers[i] = worker
+        outage_for(f"ray://rollout-worker-{i}", f"rollout worker {i}").restarts += 1
+
     def generate(self, rows: list[dict], n: int, seed: int, hooks, greedy: bool = False) -> list:
         """Whole prompts dealt to workers in contiguous chunks; trajectories in row order."""
         import ray
+        from ray.exceptions import RayActorError
         rows = [_with_uid(row, i) for i, row in enumerate(rows)]
         k = len(self.workers)
         chunks = [rows[i * len(rows) // k:(i + 1) * len(rows) // k] for i in range(k)]
         hooks.phase("rollout", len(rows) * (1 if greedy else n))
-        refs = [w.generate.remote(c, n, seed, greedy) for w, c in zip(self.workers, chunks) if c]
-        out: dict[Any, list] = {}
-        pending = list(refs)
+        owner = {self.workers[i].generate.remote(c, n, seed, greedy): i
+                 for i, c in enumerate(chunks) if c}
+        out: dict[int, list] = {}
+        pending, replaced = list(owner), 0
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
             for ref in ready:
-                out[ref] = ray.get(ref)
-                hooks.advance(len(out[ref]))
-        return [t for ref in refs for t in out[ref]]
+                i = owner[ref]
+                try:
+                    out[i] = ray.get(ref)
+                except RayActorError as e:
+                    replaced += 1
+                    if replaced > self.MAX_REPLACEMENTS:
+                        raise
+                    self._replace(i, e)
+                    again = self.workers[i].generate.remote(chunks[i], n, seed, greedy)
+                    owner[again] = i
+                    pending.append(again)
+                    continue
+                hooks.advance(len(out[i]))
+        return [t for i in sorted(out) for t in out[i]]
 
     async def run_group(self, row: dict, uid: str, n: int, seed: int) -> list:
         """One prompt group on the worker with the fewest groups in flight."""
@@ -267,6 +309,7 @@ class RayRollout:
         ref = ray.put(state_dict)  # once; every worker reads the same object
         _gather([w.update_weights.remote(ref, version) for w in self.workers], self.workers,
                 "weight sync")
+        self._weights = (ref, version)  # kept (one copy in the object store) for replacements
 
     def close(self) -> None:
         import ray

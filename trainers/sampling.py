@@ -24,6 +24,9 @@ def collect(cfg: Config, rollout, rows: list[dict], cursor: int,
     train on, the next data position and rollout metrics (over *every* sampled
     trajectory, dropped ones included, so the reward curve shows the policy).
 
+    Episodes marked as infrastructure failures are left out as ``rollout.on_infra_error``
+    says (:func:`without_infra_failures`); no update sees them unless it is ``keep``.
+
     With ``algo.dynamic_sampling``, groups whose rewards are all equal are dropped and
     further prompts are rolled out until ``trainer.prompts_per_step`` groups are kept or
     ``algo.max_sampling_rounds`` rounds have run (then the step trains on what it has).
@@ -31,7 +34,7 @@ def collect(cfg: Config, rollout, rows: list[dict], cursor: int,
     t, a = cfg.trainer, cfg.algo
     kept: list[Trajectory] = []
     seen: list[Trajectory] = []
-    n_kept = rounds = 0
+    n_kept = rounds = infra_dropped = 0
     for rnd in range(a.max_sampling_rounds if a.dynamic_sampling else 1):
         need = t.prompts_per_step - n_kept
         step_rows = [rows[(cursor + i) % len(rows)] for i in range(need)]
@@ -41,6 +44,9 @@ def collect(cfg: Config, rollout, rows: list[dict], cursor: int,
         rounds += 1
         regroup(trajs, cfg.rollout.n, {tr.uid for tr in seen}, f"{step}.{rnd}")
         seen += trajs
+        usable = without_infra_failures(trajs, cfg.rollout.on_infra_error, cfg.rollout.n)
+        infra_dropped += len(trajs) - len(usable)
+        trajs = usable
         if not a.dynamic_sampling:
             kept = trajs
             break
@@ -49,7 +55,7 @@ def collect(cfg: Config, rollout, rows: list[dict], cursor: int,
         n_kept = len({tr.uid for tr in kept})
         if n_kept >= t.prompts_per_step:
             break
-    m = rollout_metrics(seen, per_env=is_mixed(cfg))
+    m = {**rollout_metrics(seen, per_env=is_mixed(cfg)), **infra_metrics(seen, infra_dropped)}
     if a.dynamic_sampling:
         groups = len({tr.uid for tr in seen})
         m.update({"rollout/sampling_rounds": float(rounds),
@@ -59,6 +65,41 @@ def collect(cfg: Config, rollout, rows: list[dict], cursor: int,
             logger.warning("step %d: %d of %d groups had reward variance after %d rounds",
                            step + 1, n_kept, t.prompts_per_step, rounds)
     return kept, cursor, m
+
+
+def infra_failed(tr: Trajectory) -> bool:
+    """A tool failed through no fault of the policy in this episode (after any replay)."""
+    return tr.metrics.get("infra_failures", 0.0) > 0
+
+
+def without_infra_failures(trajs: list[Trajectory], policy: str, n: int) -> list[Trajectory]:
+    """What of ``trajs`` may reach an update under ``rollout.on_infra_error``: everything
+    with ``keep``; else the episodes not marked as infrastructure failures, less the
+    groups that are left with a single member when groups were sampled (``n > 1``): a
+    group-relative advantage has no baseline for one sample (GRPO's group std is 0, RLOO's
+    leave-one-out mean is undefined), and its prompt is not learned from this step."""
+    if policy == "keep":
+        return list(trajs)
+    ok = [tr for tr in trajs if not infra_failed(tr)]
+    if n > 1:
+        sizes: dict[str, int] = {}
+        for tr in ok:
+            sizes[tr.uid] = sizes.get(tr.uid, 0) + 1
+        ok = [tr for tr in ok if sizes[tr.uid] > 1]
+    if len(ok) < len(trajs):
+        logger.warning("%d of %d trajectories left out of the update: %d with an "
+                       "infrastructure failure (rollout.on_infra_error=%s), the rest from "
+                       "groups left with one member", len(trajs) - len(ok), len(trajs),
+                       sum(map(infra_failed, trajs)), policy)
+    return ok
+
+
+def infra_metrics(seen: list[Trajectory], dropped: int) -> dict:
+    """``rollout/infra_failed`` (episodes that hit an infrastructure failure, replayed or
+    not) and ``rollout/infra_dropped`` (``dropped``: episodes left out of the update for
+    it). The services' own counters (``infra/*``) are the session's (``end_step``)."""
+    hit = sum(1 for tr in seen if infra_failed(tr) or tr.metrics.get("infra_retried", 0.0))
+    return {"rollout/infra_failed": float(hit), "rollout/infra_dropped": float(dropped)}
 
 
 def rollout_metrics(trajs: list[Trajectory], per_env: bool = False) -> dict:

@@ -139,6 +139,12 @@ class ServerProcess:
         return self.proc is not None and self.proc.poll() is None
 
     @property
+    def stopped(self) -> bool:
+        """True before ``start`` and after ``stop``: not running on purpose (a process that
+        died by itself is neither alive nor stopped)."""
+        return self.proc is None
+
+    @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
 

@@ -71,8 +71,20 @@ class MetricsLogger:
     def history(self) -> list[dict]:
         if not self.path.exists():
             return []
+        rows = []
         with open(self.path, encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
+            lines = [line for line in f if line.strip()]
+        for i, line in enumerate(lines):
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                if i < len(lines) - 1:
+                    raise ValueError(f"{self.path}:{i + 1} is not JSON: {line[:200]!r}") \
+                        from None
+                # the last line of a run killed while writing it: that step is logged again
+                logger.warning("%s: dropping an unfinished last line (%d bytes)", self.path,
+                               len(line))
+        return rows
 
     def plot(self) -> None:
         """Redraw the reward curve from the JSONL history."""

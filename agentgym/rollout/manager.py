@@ -24,6 +24,7 @@ from typing import Any, Callable
 from agentgym.rollout.chat import ChatTokens
 from agentgym.config import RolloutConfig
 from agentgym.rollout.engines.base import Engine
+from agentgym.core.supervisor import wait_healthy
 from agentgym.core.types import SamplingParams, Trajectory
 
 logger = logging.getLogger(__name__)
@@ -72,7 +73,26 @@ class GenerationManager:
     async def rollout(self, row: dict, uid: str = "0", sample_index: int = 0,
                       base_seed: int | None = None) -> Trajectory:
         """Play one episode of ``row``; return its trajectory. ``base_seed`` overrides the
-        manager's ``seed`` for this episode."""
+        manager's ``seed`` for this episode.
+
+        An episode a tool failure of the infrastructure's marked (``metrics
+        ["infra_failures"] > 0``, the reason in ``info["infra_error"]``) is, with
+        ``rollout.on_infra_error=retry``, played once more with the same seed when the
+        local services are healthy again (``metrics["infra_retried"] = 1``); whether a
+        still-marked episode is trained on is the trainer's choice (``trainers.sampling``).
+        """
+        traj = await self._play(row, uid, sample_index, base_seed)
+        if traj.metrics["infra_failures"] and self.cfg.on_infra_error == "retry":
+            logger.warning("episode %s/%d hit an infrastructure failure (%s); replaying it "
+                           "once the services answer", uid, sample_index,
+                           traj.info.get("infra_error", "?"))
+            await self._in_pool(wait_healthy, self.cfg.infra_wait_s)
+            traj = await self._play(row, uid, sample_index, base_seed)
+            traj.metrics["infra_retried"] = 1.0
+        return traj
+
+    async def _play(self, row: dict, uid: str, sample_index: int,
+                    base_seed: int | None) -> Trajectory:
         cfg = self.cfg
         seed = trajectory_seed(self.seed if base_seed is None else base_seed, uid, sample_index)
         session = f"{uid}/{sample_index}/{seed}/{next(self._sessions)}"  # one per episode
@@ -141,6 +161,8 @@ class GenerationManager:
             "tool_calls": float(info.get("tool_calls", 0)),
             "tool_failures": float(info.get("tool_failures", 0)),
             "malformed_actions": float(info.get("malformed_actions", 0)),
+            "infra_failures": float(info.get("infra_failures", 0)),
+            "infra_retried": 0.0,
             "prompt_length": float(traj.prompt_length),
             "response_length": float(traj.response_length),
             "generated_tokens": float(traj.num_sampled),

@@ -52,10 +52,11 @@ def _search_kwargs(cfg: Config) -> dict[str, Any]:
     if not url:
         from agentgym.core.paths import shipped_corpus
         from tools.local_retriever import ensure_local_retriever
-        if cfg.retriever.index:
-            url = ensure_local_retriever(index_dir=cfg.retriever.index)
+        r = cfg.retriever
+        if r.index:
+            url = ensure_local_retriever(index_dir=r.index, max_restarts=r.max_restarts)
         else:
-            url = ensure_local_retriever(shipped_corpus())
+            url = ensure_local_retriever(shipped_corpus(), max_restarts=r.max_restarts)
         logger.info("started local retriever at %s", url)
     return {"retriever_url": url, "topk": cfg.retriever.topk, "timeout": cfg.retriever.timeout,
             "format_reward": cfg.search.format_reward, "reward": cfg.search.reward,

@@ -138,7 +138,7 @@ class SingleBackend:
         files = sorted(path.glob("*.safetensors"))
         state = {}
         for f in files:
-            state.update(load_file(f))
+            state.update(_read(f, load_file))
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         real_missing = [k for k in missing if not k.endswith("lm_head.weight")]
         if real_missing or unexpected:
@@ -149,6 +149,16 @@ class SingleBackend:
         self._load_trainer_state(path)
 
     def _load_trainer_state(self, path: Path) -> None:
-        st = torch.load(path / "trainer_state.pt", weights_only=False)
+        st = _read(path / "trainer_state.pt", lambda f: torch.load(f, weights_only=False))
         self.optimizer.load_state_dict(st["optimizer"])
         self.scheduler.load_state_dict(st["scheduler"])
+
+
+def _read(path: Path, read):
+    """``read(path)``; bad bytes raise an ``OSError`` that names the file (safetensors'
+    and torch's own errors do not), which ``trainer.resume=auto`` reports as it falls back
+    to an older checkpoint (:func:`trainers.run.resume`)."""
+    try:
+        return read(path)
+    except Exception as e:  # noqa: BLE001 - bad bytes raise each format's own errors
+        raise OSError(f"cannot read {path}: {type(e).__name__}: {e}") from e

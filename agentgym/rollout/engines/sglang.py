@@ -41,6 +41,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
+import itertools
 import logging
 import os
 import random
@@ -63,7 +65,10 @@ from agentgym.rollout.engines.sglang_api import (RETRY_STATUSES, EngineRequestEr
                                          error_message, parse_generate, sglang_sampling)
 from agentgym.rollout.engines.sglang_weights import (WEIGHT_SYNC_MODES, WeightSyncMixin,
                                              weight_group_ranks)
+from agentgym.core.supervisor import ServiceFailed, Supervisor, recovering
 from agentgym.core.types import GenerateOutput, SamplingParams
+
+MAX_BACKOFF_S = 8.0  # the longest wait between two attempts of one request
 
 __all__ = ["EngineRequestError", "SGLangEngine", "SGLangServerError",
            "ServerUnavailableError", "WEIGHT_SYNC_MODES", "sglang_sampling",
@@ -96,8 +101,11 @@ class SGLangEngine(WeightSyncMixin, Engine):
         urls: server base URLs (``http://host:port``).
         tokenizer: the policy's tokenizer (stop strings, EOS names).
         timeout_s: per-request read timeout (a long generation is not an error).
-        retries: extra attempts after a transient failure.
-        backoff_s: first retry delay; doubles each attempt (with jitter).
+        retries: extra attempts after a transient failure, at least.
+        retry_window_s: and more attempts while this many seconds have not passed since
+            the first (a server that drops connections for a while is waited out).
+        backoff_s: first retry delay; doubles each attempt (with jitter), up to
+            ``MAX_BACKOFF_S``.
         weight_sync: ``disk`` | ``distributed`` | ``tensor``
             (:mod:`agentgym.rollout.engines.sglang_weights`).
         sync_dir: where ``disk`` sync writes weights (default: a temporary folder).
@@ -107,15 +115,20 @@ class SGLangEngine(WeightSyncMixin, Engine):
         api_key: sent as ``Authorization: Bearer`` (servers run with ``--api-key``);
             :meth:`from_config` takes it from ``$SGLANG_API_KEY``.
         owned: server processes this engine started and stops on :meth:`close`.
+        supervise: watch the ``owned`` servers and restart one that dies or hangs
+            (:class:`agentgym.core.supervisor.Supervisor`), then load the weights last
+            pushed into it (``weight_sync=disk``: the folder they were pushed from);
+            requests to it wait while it comes back.
     """
 
     needs_model = False
 
     def __init__(self, urls: list[str], tokenizer, *, timeout_s: float = 600.0,
-                 retries: int = 3, backoff_s: float = 0.5, weight_sync: str = "disk",
+                 retries: int = 3, retry_window_s: float = 60.0, backoff_s: float = 0.5,
+                 weight_sync: str = "disk",
                  sync_dir: str | Path | None = None, sync_address: str = "",
                  max_connections: int = 256, api_key: str = "",
-                 owned: list | None = None) -> None:
+                 owned: list | None = None, supervise: bool = False) -> None:
         if not urls:
             raise ValueError("the sglang engine needs at least one server URL (engine.urls="
                              "[http://127.0.0.1:30000]); start one with `agentgym serve` or "
@@ -131,6 +144,7 @@ class SGLangEngine(WeightSyncMixin, Engine):
         self.servers = [_Server(u.rstrip("/")) for u in urls]
         self.tokenizer = tokenizer
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
+        self.retry_window_s = retry_window_s
         self.weight_sync = weight_sync
         self._own_sync_dir = sync_dir is None or str(sync_dir) == ""
         self.sync_dir = Path(tempfile.mkdtemp(prefix="agentgym-weights-")) \
@@ -168,6 +182,8 @@ class SGLangEngine(WeightSyncMixin, Engine):
             self._idle.set()
             return httpx.AsyncClient(timeout=timeout, limits=limits, headers=headers)
         self._http: httpx.AsyncClient = self._call(make_client())
+        self.supervisors = [Supervisor(s, max_restarts=3, on_restart=functools.partial(
+            self._restore_weights, s.url)) for s in self.owned] if supervise else []
 
     @classmethod
     def from_config(cls, cfg, model, tokenizer) -> "SGLangEngine":
@@ -181,9 +197,10 @@ class SGLangEngine(WeightSyncMixin, Engine):
                                    seed=cfg.trainer.seed)
             urls, owned = [server.url], [server]
         return cls(urls, tokenizer, timeout_s=e.timeout_s, retries=e.retries,
+                   retry_window_s=e.retry_window_s,
                    weight_sync=e.weight_sync, sync_dir=e.sync_dir or None,
                    sync_address=e.sync_address, api_key=os.environ.get(API_KEY_ENV, ""),
-                   owned=owned)
+                   owned=owned, supervise=bool(owned))
 
     # -- plumbing -----------------------------------------------------------------------
     def _call(self, coro, timeout: float | None = None):
@@ -227,17 +244,22 @@ class SGLangEngine(WeightSyncMixin, Engine):
             raise ServerUnavailableError(str(e), [server.url]) from None
 
     async def _with_retries(self, fn: Callable[[int], Any], what: str):
-        """``await fn(attempt)`` until it does not raise :class:`_Transient`; after the
-        last attempt, :class:`ServerUnavailableError`."""
-        for attempt in range(self.retries + 1):
+        """``await fn(attempt)`` until it does not raise :class:`_Transient`: at least
+        ``retries`` more attempts, and more while ``retry_window_s`` has not passed since
+        the first (a server that drops connections for a while is waited out; delays
+        double up to ``MAX_BACKOFF_S``); then :class:`ServerUnavailableError`."""
+        t0 = time.monotonic()
+        for attempt in itertools.count():
             try:
                 return await fn(attempt)
             except _Transient as e:
-                if attempt == self.retries:
-                    raise ServerUnavailableError(f"{what} failed after {attempt + 1} "
-                                                 f"attempts; last: {e}", [e.url]) from None
+                delay = min(self.backoff_s * 2 ** attempt, MAX_BACKOFF_S) * (0.5 + random.random())
+                if attempt >= self.retries and not recovering(e.url) and \
+                        time.monotonic() + delay - t0 > self.retry_window_s:
+                    raise ServerUnavailableError(
+                        f"{what} failed after {attempt + 1} attempts over "
+                        f"{time.monotonic() - t0:.1f} s; last: {e}", [e.url]) from None
                 self.stats["retries"] += 1
-                delay = self.backoff_s * 2 ** attempt * (0.5 + random.random())
                 logger.warning("%s: %s; retrying in %.2fs", what, e, delay)
                 await asyncio.sleep(delay)
 
@@ -430,12 +452,37 @@ class SGLangEngine(WeightSyncMixin, Engine):
         requests are running: raises :class:`EngineRequestError` then."""
         self._call(self._each("/flush_cache"))
 
+    def _restore_weights(self, url: str) -> None:
+        """The supervisor restarted the owned server at ``url``: load the weights last
+        pushed, so it answers as the others do (its ``weight_version`` is checked).
+
+        Raises:
+            ServiceFailed: with ``weight_sync`` other than ``disk`` no copy of them is
+                kept to load (the supervisor then gives the server up, and the run stops
+                at the step's end with a checkpoint).
+        """
+        server = next(s for s in self.servers if s.url == url.rstrip("/"))
+        if self.weight_version is not None:
+            if self.weight_sync != "disk":
+                raise ServiceFailed(f"it holds the initial weights, and weight_sync="
+                                    f"{self.weight_sync} keeps no copy of version "
+                                    f"{self.weight_version} to load into it (disk does)")
+            folder = self.sync_dir / f"weights_v{self.policy_version}"
+            body = {"model_path": str(folder.resolve()), "weight_version": self.weight_version,
+                    "flush_cache": True}
+            answer = self._call(self._post(server, "/update_weights_from_disk", body))
+            self._check_one(server, answer, "update_weights_from_disk after a restart")
+        server.down_until = 0.0
+        logger.warning("%s restarted with weights v%s", url, self.weight_version or "0")
+
     def close(self) -> None:
         """Leave the weight-update group, close connections, stop owned servers.
         Idempotent; never raises for a server that is gone (it logs)."""
         if self._closed:
             return
         self._closed = True
+        for sup in self.supervisors:  # before the servers stop, or they would be restarted
+            sup.stop()
         self._drop_group()
         try:
             self._call(self._http.aclose(), timeout=10)

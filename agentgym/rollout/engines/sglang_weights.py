@@ -151,9 +151,13 @@ class WeightSyncMixin:
 
     def _check_all(self, answers: list, what: str) -> None:
         for server, ans in zip(self.servers, answers):
-            if isinstance(ans, dict) and ans.get("success") is False:
-                raise SGLangServerError(f"{server.url} refused {what}: {ans.get('message')}",
-                                        [server.url])
+            self._check_one(server, ans, what)
+
+    @staticmethod
+    def _check_one(server, ans, what: str) -> None:
+        if isinstance(ans, dict) and ans.get("success") is False:
+            raise SGLangServerError(f"{server.url} refused {what}: {ans.get('message')}",
+                                    [server.url])
 
     def _sync_disk(self, tensors: dict, version: int) -> None:
         from safetensors.torch import save_file

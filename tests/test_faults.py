@@ -1,0 +1,639 @@
+"""The fault suite: real processes, real kills, real full disks, and what a run does
+about each (issue 33). Every test injects one fault into real components; the fakes are
+only the fault itself or a scripted model output (``tests/fakes.py``).
+
+Services a run starts or uses:
+* the local retriever SIGKILLed in the middle of ``agentgym train env=search`` (a scripted
+  policy that always searches): restarted by its supervisor on the same port, the hit
+  episodes replayed, no infrastructure failure in any update's batch; with its restart
+  budget spent the run stops with a checkpoint and a clear error;
+* the retriever hung (SIGSTOP): health checks fail, it is replaced;
+* a retriever the user started: not restarted, its outage counted;
+* a sandbox worker SIGKILLed mid-execution: marked, replayed, not trained on;
+* a Ray rollout worker SIGKILLed mid-rollout: replaced with the last weights, the step
+  completes as an undisturbed one;
+* an SGLang-API server (``agentgym serve``) behind a proxy that drops connections for 20 s:
+  requests are retried until it answers, no trajectory lost;
+* a ``metrics.jsonl`` line cut by a kill: dropped on resume.
+
+Checkpoints (the CLI in a subprocess as tests/test_kill_resume.py runs it, whose helpers
+these tests reuse; a real full disk is a small tmpfs, which needs root: skipped
+otherwise): a SIGKILL half-way through a save, a disk that fills during one, and a damaged
+checkpoint file. After each the run resumes from the newest checkpoint that is whole, or
+stops with an error that names the path and what to do."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import errno
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from fakes import SearchingEngine
+from test_kill_resume import _args, _metrics, _start
+
+import tools.local_retriever as local_retriever
+import trainers.grpo as grpo
+from agentgym.cli import main
+from agentgym.models.zoo import load_model
+from agentgym.rollout.engines.base import ENGINES
+from trainers.backends.single import SingleBackend
+from trainers.local_rollout import Hooks
+from trainers.run import (CheckpointError, checkpoint_state, latest_checkpoint, resume,
+                          rng_state, save_checkpoint, set_rng_state)
+
+
+# ---- services ---------------------------------------------------------------------------
+class _RunEngine(SearchingEngine):
+    """The engine a test's run builds: a :class:`SearchingEngine` calling the test's
+    ``fault(k)`` before its k-th reply."""
+
+    fault = None
+    tokenizer = None  # the run's, once built
+
+    @classmethod
+    def from_config(cls, cfg, model, tokenizer):
+        cls.tokenizer = tokenizer
+        return cls(tokenizer, on_generate=cls.fault)
+
+
+if "test-searching" not in ENGINES:
+    ENGINES.register("test-searching", _RunEngine)
+
+
+def _run_retriever() -> local_retriever.LocalRetriever:
+    """The local retriever this process's run started (no ``retriever.url``)."""
+    with local_retriever._servers_lock:
+        servers = [s for s in local_retriever._servers.values() if s.alive]
+    assert len(servers) == 1, servers
+    return servers[0]
+
+
+def _kill_and_wait_refused(server: local_retriever.LocalRetriever) -> None:
+    """SIGKILL the server's process group; return once its port refuses connections."""
+    port = int(server.url.rsplit(":", 1)[1])
+    os.killpg(server.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        except ConnectionRefusedError:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"the killed retriever's port {port} still accepts connections")
+
+
+def _train(run, monkeypatch, kill_at: int, *extra: str) -> tuple[int, list[dict], list[str]]:
+    """Train 3 steps (2 prompts x 2 samples, 2 turns each: 8 replies a step) with the
+    retriever killed before reply ``kill_at``; the exit code, the metrics, and the text of
+    every sequence each update trained on (read from the update's own batch)."""
+    killed = []
+
+    def fault(k: int) -> None:
+        if k == kill_at:
+            server = _run_retriever()
+            killed.append(server.pid)
+            _kill_and_wait_refused(server)
+
+    monkeypatch.setattr(_RunEngine, "fault", staticmethod(fault))
+    trained: list[str] = []
+    update = grpo.update_policy
+
+    def recording_update(cfg, backend, batch, *args, **kwargs):
+        tok = _RunEngine.tokenizer
+        for ids, keep in zip(batch.input_ids, batch.attention_mask):
+            trained.append(tok.decode(ids[keep.bool()].tolist()))
+        return update(cfg, backend, batch, *args, **kwargs)
+
+    monkeypatch.setattr(grpo, "update_policy", recording_update)
+    local_retriever.stop_local_retrievers()  # this run starts (and owns) its own
+    try:
+        code = main(["train", "env=search", "model=tiny", "engine=test-searching",
+                     f"run_dir={run}", "trainer.total_steps=3", "trainer.prompts_per_step=2",
+                     "n=2", "rollout.max_turns=2", "rollout.max_tokens_per_turn=64",
+                     "rollout.max_response_tokens=4096", "retriever.topk=1",
+                     "trainer.eval_limit=0", "trainer.cold_start=off", *extra])
+    finally:
+        local_retriever.stop_local_retrievers()
+    assert killed, "the fault was never injected"
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return code, metrics, trained
+
+
+def test_retriever_killed_mid_training_is_restarted_and_no_failed_episode_is_trained_on(
+        tmp_path, monkeypatch):
+    code, metrics, trained = _train(tmp_path / "run", monkeypatch, kill_at=9)
+    assert code == 0
+    # the updates' own batches: every sequence searched and got passages, none a failure
+    assert len(trained) == 3 * 2 * 2
+    assert all("<information>" in text for text in trained)
+    assert not [text for text in trained if "Search failed" in text]
+    steps = {m["step"]: m for m in metrics if "rollout/reward" in m}
+    assert sorted(steps) == [1, 2, 3]
+    # the kill came before step 2's first search: that episode (at least) failed, was
+    # replayed once the supervisor had the retriever back, and nothing was dropped
+    assert steps[1]["rollout/infra_failed"] == 0
+    assert steps[2]["rollout/infra_failed"] >= 1
+    assert all(m["rollout/infra_dropped"] == 0 for m in steps.values())
+    assert [steps[k]["infra/restarts"] for k in (1, 2, 3)] == [0, 1, 1]
+    assert steps[1]["infra/outage_s"] == 0 and steps[2]["infra/outage_s"] > 0
+
+
+def test_retriever_out_of_restarts_stops_the_run_with_a_checkpoint(tmp_path, monkeypatch,
+                                                                   capsys):
+    run = tmp_path / "run"
+    code, metrics, trained = _train(run, monkeypatch, 9, "retriever.max_restarts=0",
+                                    "trainer.save_every=10")
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "restart budget is spent (0 restarts within 600 s)" in err
+    assert "trainer.resume=auto" in err
+    # step 2 rolled out against a dead retriever: its episodes failed, were replayed,
+    # failed again and were dropped, so it trained on nothing; the run stopped after it
+    steps = {m["step"]: m for m in metrics if "rollout/reward" in m}
+    assert sorted(steps) == [1, 2]
+    assert steps[2]["rollout/infra_dropped"] == 4
+    assert len(trained) == 4  # step 1 only
+    assert not [text for text in trained if "Search failed" in text]
+    assert (run / "checkpoints" / "step_2" / "state.json").is_file()
+
+
+def _kill_sandbox_worker_once(killed: list[int], stop: threading.Event) -> None:
+    """Fault injection: SIGKILL the first sandboxed Python that runs code (a one-shot
+    worker of this process's sandbox), from outside, as the host's OOM killer would."""
+    import psutil
+    me = psutil.Process()
+    while not stop.is_set():
+        for p in me.children(recursive=True):
+            try:
+                cmd = p.cmdline()
+                if os.path.basename(cmd[0]).startswith("python") and cmd[-2:-1] == ["run"]:
+                    p.send_signal(signal.SIGKILL)
+                    killed.append(p.pid)
+                    return
+            except (psutil.Error, IndexError):
+                continue
+        stop.wait(0.01)  # poll interval
+
+
+def test_sandbox_worker_killed_mid_execution_is_replayed_not_trained_on(tiny_tokenizer):
+    from agentgym.config import RolloutConfig
+    from agentgym.rollout.manager import GenerationManager
+    from envs.code import CodeEnv, code_row
+    from fakes import ScriptedEngine
+    from tools.sandbox import Limits, LocalSandbox
+
+    box = LocalSandbox(Limits(cpu_s=5.0, wall_s=60.0))
+    code = "<code>\n```python\nimport time\ntime.sleep(2)\nprint(6 * 7)\n```\n</code>"
+    engine = ScriptedEngine(tiny_tokenizer, [code, "<answer>\\boxed{42}</answer>"] * 2)
+    mgr = GenerationManager(engine, tiny_tokenizer, lambda: CodeEnv(sandbox=box),
+                            RolloutConfig())
+    killed: list[int] = []
+    stop = threading.Event()
+    killer = threading.Thread(target=_kill_sandbox_worker_once, args=(killed, stop))
+    killer.start()
+    try:
+        traj = asyncio.run(mgr.rollout(code_row("what is 6 * 7?", "42"), uid="q0"))
+    finally:
+        stop.set()
+        killer.join()
+        mgr.close()
+        box.close()
+    assert len(killed) == 1
+    # the first play's execution was killed: an infrastructure failure, so it was played
+    # again; the trajectory returned is the second play's, whose code ran
+    assert len(engine.produced) == 4
+    assert traj.metrics["infra_retried"] == 1 and traj.metrics["infra_failures"] == 0
+    obs = [tiny_tokenizer.decode(traj.token_ids[s.start:s.end]) for s in traj.segments
+           if s.kind == "observation"]
+    assert obs == ["\n<interpreter>\n42\n</interpreter>\n\n"]
+    assert traj.reward == 1.0
+
+
+def test_sglang_server_dropping_connections_for_20s_is_waited_out(tiny_path, tiny_tokenizer):
+    from agentgym.rollout.engines.launcher import launch_serve
+    from agentgym.rollout.engines.sglang import SGLangEngine
+    from fakes import DroppingProxyFault
+    from test_sglang_client import _talk_rollouts
+
+    server = launch_serve(str(tiny_path))
+    proxy = DroppingProxyFault(int(server.url.rsplit(":", 1)[1]))
+    engine = SGLangEngine([proxy.url], tiny_tokenizer)  # the defaults: retries over 60 s
+    try:
+        assert len(_talk_rollouts(engine, tiny_tokenizer, rows=2)) == 4  # through the proxy
+        proxy.drop_for(20.0)
+        trajs = _talk_rollouts(engine, tiny_tokenizer, rows=4)
+    finally:
+        engine.close()
+        proxy.close()
+        server.stop()
+    assert proxy.dropped >= 1 and engine.stats["retries"] >= 1
+    assert len(trajs) == 8 and all(t.metrics["turns"] == 3 for t in trajs)
+
+
+class _KillRolloutWorkerAtStep(Hooks):
+    """Fault injection: when step ``at``'s rollout starts, SIGKILL the Ray rollout worker
+    as soon as it is executing ``generate`` (Ray titles the process after its task)."""
+
+    def __init__(self, at: int) -> None:
+        self.at, self.rollouts, self.killed = at, 0, []
+        self._thread: threading.Thread | None = None
+
+    def phase(self, name: str, total: int) -> None:
+        if name != "rollout":
+            return
+        self.rollouts += 1
+        if self.rollouts == self.at:
+            self._thread = threading.Thread(target=self._kill)
+            self._thread.start()
+
+    def _kill(self) -> None:
+        import psutil
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            for p in psutil.process_iter(["cmdline"]):
+                if any("RolloutWorker.generate" in part for part in p.info["cmdline"] or []):
+                    p.send_signal(signal.SIGKILL)
+                    self.killed.append(p.pid)
+                    return
+            time.sleep(0.01)  # poll interval
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+
+
+def test_a_killed_ray_rollout_worker_is_replaced_and_the_step_completes(tmp_path,
+                                                                        retriever_url):
+    pytest.importorskip("ray")
+    from agentgym.config import build_config, parse_overrides
+    from trainers import train
+
+    def run(name: str, hooks: Hooks | None) -> list[dict]:
+        cfg = build_config(parse_overrides([
+            "env=search", "model=tiny", "trainer.total_steps=2", "trainer.prompts_per_step=2",
+            "n=2", "rollout.max_tokens_per_turn=24", "rollout.max_response_tokens=256",
+            "trainer.eval_limit=0", "trainer.cold_start=off", "ray.address=local",
+            # an entropy bonus keeps every update running (the untrained model's rewards
+            # are all zero), so the losses compared below exist
+            "algo.entropy_coef=0.001", "trainer.lr=1e-3",
+            "ray.rollout_workers=1", f"retriever.url={retriever_url}",
+            f"run_dir={tmp_path / name}"]))
+        train(cfg, hooks)
+        return [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text()
+                .splitlines()]
+
+    hooks = _KillRolloutWorkerAtStep(2)
+    try:
+        killed = run("killed", hooks)
+    finally:
+        hooks.join()
+    assert len(hooks.killed) == 1
+    assert [m["infra/restarts"] for m in killed] == [0, 1]
+    # the replacement got the step-1 weights and the same prompts and seed: step 2 is
+    # the step an undisturbed run takes
+    assert killed[1]["rollout/policy_version"] == 1.0
+    calm = run("calm", None)
+    for a, b in zip(killed, calm):
+        for key in ("rollout/reward", "rollout/response_length", "train/pg_loss"):
+            assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), key
+
+
+def test_a_metrics_line_cut_by_a_kill_is_dropped_on_resume(tmp_path):
+    from agentgym.reporting.metrics import MetricsLogger
+    run = tmp_path / "run"
+    log = MetricsLogger(run)
+    log.log(1, {"rollout/reward": 0.5})
+    log.log(2, {"rollout/reward": 0.25})
+    log.close()
+    with open(run / "metrics.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"step": 3, "rollout/rew')  # SIGKILL in the middle of step 3's line
+    again = MetricsLogger(run, resume_step=2)  # the resume from checkpoint step 2
+    assert [r["step"] for r in again.history()] == [1, 2]
+    again.close()
+    (run / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 3}\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl:2 is not JSON"):
+        MetricsLogger(run, resume_step=3)  # a broken line mid-file is not a cut: say so
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory):
+    import gzip
+    import itertools
+
+    from agentgym.core.paths import data_dir
+    path = tmp_path_factory.mktemp("corpus") / "small.jsonl"
+    with gzip.open(data_dir() / "corpus" / "wiki_passages.jsonl.gz", "rt",
+                   encoding="utf-8") as src:
+        path.write_text("".join(itertools.islice(src, 200)), encoding="utf-8")
+    return path
+
+
+def test_a_hung_retriever_is_replaced_on_the_same_port(small_corpus, tmp_path):
+    import psutil
+
+    from conftest import wait_until
+    from tools.retriever import RetrieverClient
+    with local_retriever.LocalRetriever(small_corpus, index_dir=tmp_path / "ix") as r, \
+            RetrieverClient(r.url, timeout=1.0, retries=0) as client:
+        assert len(client.retrieve(["history"])[0]) == 3
+        hung = r.pid
+        os.kill(hung, signal.SIGSTOP)  # alive, but answers nothing: only health checks see it
+        wait_until(lambda: r.pid != hung and r.supervisor.is_healthy(), 120,
+                   "the supervisor to replace the hung retriever")
+        assert len(client.retrieve(["history"])[0]) == 3  # the same URL serves again
+        assert r.supervisor.outage.restarts == 1 and r.supervisor.outage.outage_s > 0
+        assert not psutil.pid_exists(hung) or \
+            psutil.Process(hung).status() == psutil.STATUS_ZOMBIE  # the hung one was killed
+
+
+def test_a_users_service_is_not_restarted_but_its_outage_is_counted(small_corpus, tmp_path,
+                                                                    caplog):
+    from agentgym.core.supervisor import infra_totals, outage_for
+    from tools.errors import ToolUnavailable
+    from tools.retriever import RetrieverClient
+    theirs = local_retriever.LocalRetriever(small_corpus, index_dir=tmp_path / "ix",
+                                            supervise=False)  # as if the user started it
+    url = theirs.start()
+    try:
+        client = RetrieverClient(url, retries=0)
+        client.retrieve(["history"])
+        before = infra_totals()
+        server = theirs._server
+        server.kill()
+        with pytest.raises(ToolUnavailable):
+            client.retrieve(["history"])
+        assert outage_for(url).down  # reported by the client, not restarted by anyone
+        assert "it was started outside AgentGym, so it is not restarted" in caplog.text
+        assert not theirs.alive
+        server.stop()
+        server.start()  # the user brings it back, on the same port
+        client.retrieve(["history"])
+        after = infra_totals()
+        assert not outage_for(url).down
+        assert after["infra/restarts"] == before["infra/restarts"]
+        assert after["infra/outage_s"] > before["infra/outage_s"]
+        client.close()
+    finally:
+        theirs.stop()
+
+
+# ---- checkpoints ------------------------------------------------------------------------
+def _backend(tiny_path) -> SingleBackend:
+    return SingleBackend(load_model(tiny_path), lr=1e-2)
+
+
+def _weights(backend: SingleBackend) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in backend.model.state_dict().items()}
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _contents(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _garble(path: Path) -> None:
+    """The same number of bytes, none of them right (so the size check passes)."""
+    path.write_bytes(random.Random(0).randbytes(path.stat().st_size))
+
+
+def _run(tmp: Path, run: Path, *overrides: str, backend: str = "single"
+         ) -> subprocess.CompletedProcess:
+    proc = _start(_args(tmp, run, backend) + list(overrides))
+    _, err = proc.communicate(timeout=600)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "", err)
+
+
+@pytest.fixture
+def keep_rng():
+    """resume() sets this process's RNGs from the checkpoint; put them back after."""
+    saved = rng_state()
+    yield
+    set_rng_state(saved)
+
+
+@pytest.fixture
+def tmpfs():
+    """``mount(folder, size_bytes)``: a tmpfs of that size at ``folder`` (a disk that
+    really fills), unmounted at teardown; ``mount.resize(folder, size_bytes)``."""
+    mounted: list[Path] = []
+
+    def call(*args: str) -> None:
+        try:
+            r = subprocess.run(["mount", *args], capture_output=True, text=True, timeout=60)
+        except FileNotFoundError:
+            pytest.skip("no mount command: a real full disk needs a tmpfs mount")
+        if r.returncode:
+            pytest.skip(f"cannot mount a tmpfs (needs root): {r.stderr.strip()}")
+
+    def mount(folder: Path, size: int) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        call("-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder))
+        mounted.append(folder)
+
+    mount.resize = lambda folder, size: call("-o", f"remount,size={size}", str(folder))
+    yield mount
+    for folder in reversed(mounted):
+        subprocess.run(["umount", str(folder)], check=True, timeout=60)
+
+
+# --- 1. SIGKILL half-way through writing a checkpoint --------------------------------
+
+def test_sigkill_mid_save_leaves_the_previous_checkpoint_to_resume(tmp_path, tiny_path,
+                                                                    keep_rng):
+    run, ckpts = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    # killed after the backend wrote step 2's weights and optimizer state
+    # (tests/cli_with_faults.py), before state.json and the rename
+    proc = _start(_args(tmp_path, run, "single"), env={"AGENTGYM_TEST_KILL_IN_SAVE": "2"})
+    proc.communicate(timeout=600)
+    assert proc.returncode == -signal.SIGKILL
+    assert (ckpts / "step_2.tmp" / "model.safetensors").is_file()  # half-way indeed
+    assert not (ckpts / "step_2.tmp" / "state.json").exists()
+    assert latest_checkpoint(run) == ckpts / "step_1"
+    backend = _backend(tiny_path)
+    assert resume("auto", run, backend)["step"] == 1  # the previous checkpoint loads
+    on_disk = SingleBackend(load_model(ckpts / "step_1"))
+    assert _same(_weights(backend), _weights(on_disk))
+
+    done = _run(tmp_path, run, "log_level=INFO")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"resumed from {ckpts / 'step_1'} at step 1" in done.stderr
+    assert [r["step"] for r in _metrics(run)] == [1, 2, 3]
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_1", "step_2", "step_3"]
+
+
+# --- 2. the disk fills during a checkpoint -------------------------------------------
+
+@pytest.mark.parametrize("backend", ["single", pytest.param("fsdp", marks=pytest.mark.slow)])
+def test_disk_full_during_a_save_stops_with_a_clear_error(tmp_path, tmpfs, tiny_path,
+                                                         keep_rng, backend):
+    run, ckpts = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    tmpfs(ckpts, 64 * 2**20)
+    first = _run(tmp_path, run, "trainer.total_steps=1", backend=backend)
+    assert first.returncode == 0, first.stderr[-3000:]
+    step_1 = _contents(ckpts / "step_1")
+    size = sum(map(len, step_1.values()))
+    tmpfs.resize(ckpts, shutil.disk_usage(ckpts).used + size // 2)  # half a checkpoint free
+
+    second = _run(tmp_path, run, "trainer.total_steps=2", backend=backend)
+    assert second.returncode == 2, second.stderr[-3000:]
+    assert "Traceback" not in second.stderr
+    # the CLI's one-line error (after a progress bar's carriage return, maybe)
+    error = re.search(r"agentgym train: error: (.*)", second.stderr).group(1)
+    assert error.startswith(f"no space left on device writing checkpoint step_2 to {ckpts}: "
+                            ), error
+    needed, free = map(float, re.search(r"about ([\d.]+) MiB needed, ([\d.]+) MiB free",
+                                        error).groups())
+    assert needed > free and abs(needed - size / 2**20) < 0.1, error
+    assert "run_dir=" in error
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_1"]  # step_2.tmp removed
+    assert _contents(ckpts / "step_1") == step_1
+    if backend == "single":  # (an fsdp checkpoint loads into fsdp ranks only)
+        assert resume("auto", run, _backend(tiny_path))["step"] == 1
+
+
+def test_disk_full_at_the_first_save(tmp_path, tmpfs, tiny_path, tiny_tokenizer):
+    run = tmp_path / "run"
+    tmpfs(run / "checkpoints", 64 * 2**10)  # not even the weights fit
+    backend = _backend(tiny_path)
+    with pytest.raises(CheckpointError, match=r"no space left on device writing checkpoint "
+                       r"step_1 to .*: about 0\.\d MiB needed") as e:
+        save_checkpoint(run, 1, backend, tiny_tokenizer)
+    assert e.value.errno == errno.ENOSPC
+    assert list((run / "checkpoints").iterdir()) == []
+
+
+# --- 3. a damaged checkpoint file -----------------------------------------------------
+
+@pytest.mark.parametrize("backend, file", [
+    ("single", "model.safetensors"),
+    pytest.param("fsdp", "fsdp/__0_0.distcp", marks=pytest.mark.slow)])
+def test_damaged_latest_checkpoint_auto_resumes_from_the_one_before(tmp_path, backend, file):
+    run, ckpts = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    first = _run(tmp_path, run, "trainer.total_steps=2", backend=backend)
+    assert first.returncode == 0, first.stderr[-3000:]
+    bad = ckpts / "step_2" / file  # a file this backend's load reads
+    _truncate(bad)
+
+    done = _run(tmp_path, run, "log_level=INFO", backend=backend)  # resume=auto, 3 steps
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert re.search(rf"WARNING trainers\.run: checkpoint file {re.escape(str(bad))} is \d+ "
+                     rf"bytes; it was \d+ bytes when saved", done.stderr), done.stderr[-3000:]
+    assert f"resumed from {ckpts / 'step_1'} at step 1" in done.stderr
+    assert [r["step"] for r in _metrics(run)] == [1, 2, 3]
+    assert checkpoint_state(ckpts / "step_2")["step"] == 2  # saved again, whole
+
+
+@pytest.fixture
+def two_checkpoints(tmp_path, tiny_path, tiny_tokenizer):
+    """``run_dir/checkpoints/step_1`` and ``step_2`` with different weights (and a real
+    optimizer state); returns the run dir and each step's weights."""
+    backend = _backend(tiny_path)
+    weights = {}
+    for step in (1, 2):
+        with torch.no_grad():
+            for p in backend.model.parameters():
+                p.grad = torch.full_like(p, 0.1 * step)
+        backend.optimizer.step()
+        save_checkpoint(tmp_path / "run", step, backend, tiny_tokenizer)
+        weights[step] = _weights(backend)
+    assert not _same(weights[1], weights[2])
+    return tmp_path / "run", weights
+
+
+def test_fallback_after_a_partial_load_loads_the_older_checkpoint_whole(
+        two_checkpoints, tiny_path, keep_rng, caplog):
+    run, weights = two_checkpoints
+    bad = run / "checkpoints" / "step_2" / "trainer_state.pt"
+    _garble(bad)  # read after the weights: the backend has loaded step 2's weights by then
+    backend = _backend(tiny_path)
+    with caplog.at_level(logging.INFO, logger="trainers.run"):
+        assert resume("auto", run, backend)["step"] == 1
+    warning, = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert f"cannot read {bad}: " in warning.getMessage()
+    assert _same(_weights(backend), weights[1])
+    assert backend.optimizer.state_dict()["state"][0]["step"] == 1  # step 1's optimizer
+
+
+def test_explicit_resume_path_never_falls_back(two_checkpoints, tiny_path, keep_rng):
+    run, _ = two_checkpoints
+    bad = run / "checkpoints" / "step_2" / "model.safetensors"
+    _garble(bad)
+    with pytest.raises(CheckpointError, match=f"cannot read {re.escape(str(bad))}: "
+                       f"SafetensorError"):
+        resume(str(bad.parent), run, _backend(tiny_path))
+
+
+def test_no_checkpoint_loads_is_an_error(two_checkpoints, tiny_path, keep_rng, caplog):
+    run, _ = two_checkpoints
+    _truncate(run / "checkpoints" / "step_2" / "model.safetensors")
+    (run / "checkpoints" / "step_1" / "rng.pt").unlink()
+    with pytest.raises(CheckpointError, match=r"no checkpoint in .* loads \(tried step_2, "
+                       r"step_1;.*trainer.resume=never"):
+        resume("auto", run, _backend(tiny_path))
+    ckpts = run / "checkpoints"
+    assert [r.getMessage().split(" is ")[0] for r in caplog.records
+            if r.levelno == logging.WARNING] == [
+        f"checkpoint file {ckpts / 'step_2' / 'model.safetensors'}",
+        f"checkpoint file {ckpts / 'step_1' / 'rng.pt'}"]
+
+
+def test_an_owned_server_killed_is_restarted_with_the_pushed_weights(tiny_path, tiny_model,
+                                                                      tiny_tokenizer):
+    """The servers an SGLang engine launched itself (``engine=sglang`` without urls) are
+    supervised: one SIGKILLed after a weight push comes back on its port with those
+    weights, and requests wait for it. ``agentgym serve`` stands in for SGLang here."""
+    from agentgym.core.types import SamplingParams
+    from agentgym.rollout.engines.launcher import launch_serve
+    from agentgym.rollout.engines.sglang import SGLangEngine
+    from conftest import wait_until
+    from engine_conformance import forward_logprobs, generate, perturbed
+
+    server = launch_serve(str(tiny_path))
+    engine = SGLangEngine([server.url], tiny_tokenizer, owned=[server], supervise=True)
+    model = copy.deepcopy(tiny_model)
+    try:
+        new = perturbed(model, seed=7)
+        model.load_state_dict(new)
+        asyncio.run(engine.pause())
+        engine.update_weights(new, 1)
+        engine.resume()
+        first = server.pid
+        server.kill()  # SIGKILL: its weights v1 are gone with it
+        prompt = tiny_tokenizer.encode("sync")
+        greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
+        [out] = generate(engine, [prompt], greedy)  # waits while the server comes back
+        wait_until(lambda: engine.supervisors[0].is_healthy(), 60, "the restart to settle")
+        assert server.pid != first and engine.supervisors[0].outage.restarts == 1
+        # answered by the restarted server with the pushed weights: the client checked its
+        # weight_version, and the logprobs are the perturbed model's, not the initial one's
+        assert httpx.get(server.url + "/get_model_info").json()["weight_version"] == "1"
+        assert out.logprobs == pytest.approx(forward_logprobs(model, prompt, out.ids, 0.0),
+                                             abs=1e-4)
+        assert out.logprobs != pytest.approx(forward_logprobs(tiny_model, prompt, out.ids, 0.0),
+                                             abs=1e-4)
+    finally:
+        engine.close()
+    assert not server.alive
