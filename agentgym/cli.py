@@ -590,19 +590,13 @@ def main(argv: list[str] | None = None) -> int:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"agentgym {command}: error: {msg}", file=sys.stderr)
         return 2
-    except OSError as e:
-        # a checkpoint the disk could not hold, or none that loads: its message says what
-        # to do; trainers.run is loaded by then (imported here, torch stays out of --help)
-        from trainers.run import CheckpointError
-        if not isinstance(e, CheckpointError):
+    except (OSError, ServiceFailed) as e:  # a checkpoint (2) or a service (1): says what to do
+        from trainers.run import CheckpointError  # loaded by then; torch stays out of --help
+        if isinstance(e, OSError) and not isinstance(e, CheckpointError):
             raise
         log.debug("command failed", exc_info=True)
         print(f"agentgym {command}: error: {e}", file=sys.stderr)
-        return 2
-    except ServiceFailed as e:  # a local service could not be brought back; checkpointed
-        log.debug("command failed", exc_info=True)
-        print(f"agentgym {command}: error: {e}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(e, CheckpointError) else 1
 
 
 if __name__ == "__main__":

@@ -169,11 +169,7 @@ class RolloutConfig:
     top_k: int = 0
     max_concurrency: int = 64  # trajectories in flight
     env_workers: int = 8  # threads for env.reset/step (tool calls)
-    # an episode whose tool failed through no fault of the policy (service down, 5xx, the
-    # service's timeout, sandbox killed): retry (replay it once when the services are back,
-    # drop it if it fails again) | drop (leave it out of the update) | keep (train on it)
-    on_infra_error: str = "retry"
-    infra_wait_s: float = 120.0  # retry: how long to wait for the services to be back
+    on_infra_error: str = "retry"  # a tool failure not the policy's: retry (replay once, then drop) | drop | keep
 
     def __post_init__(self) -> None:
         for name in ("n", "max_turns", "max_prompt_tokens", "max_response_tokens",
@@ -183,8 +179,6 @@ class RolloutConfig:
         if self.on_infra_error not in ("retry", "drop", "keep"):
             raise ValueError(f"rollout.on_infra_error={self.on_infra_error!r}; valid: "
                              f"retry, drop, keep")
-        if not self.infra_wait_s > 0:
-            raise ValueError(f"rollout.infra_wait_s must be > 0, got {self.infra_wait_s}")
 
 
 @dataclass

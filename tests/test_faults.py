@@ -37,12 +37,12 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 import torch
+from conftest import wait_until
 from fakes import SearchingEngine
 from test_kill_resume import _args, _metrics, _start
 
@@ -87,14 +87,15 @@ def _kill_and_wait_refused(server: local_retriever.LocalRetriever) -> None:
     """SIGKILL the server's process group; return once its port refuses connections."""
     port = int(server.url.rsplit(":", 1)[1])
     os.killpg(server.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+
+    def refused() -> bool:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
         except ConnectionRefusedError:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"the killed retriever's port {port} still accepts connections")
+            return True
+        return False
+
+    wait_until(refused, 60, f"the killed retriever's port {port} to refuse connections")
 
 
 def _train(run, monkeypatch, kill_at: int, *extra: str) -> tuple[int, list[dict], list[str]]:
@@ -263,14 +264,16 @@ class _KillRolloutWorkerAtStep(Hooks):
 
     def _kill(self) -> None:
         import psutil
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
+
+        def killed_one() -> bool:
             for p in psutil.process_iter(["cmdline"]):
                 if any("RolloutWorker.generate" in part for part in p.info["cmdline"] or []):
                     p.send_signal(signal.SIGKILL)
                     self.killed.append(p.pid)
-                    return
-            time.sleep(0.01)  # poll interval
+                    return True
+            return False
+
+        wait_until(killed_one, 120, "a rollout worker executing generate")
 
     def join(self) -> None:
         if self._thread is not None:
@@ -346,7 +349,6 @@ def small_corpus(tmp_path_factory):
 def test_a_hung_retriever_is_replaced_on_the_same_port(small_corpus, tmp_path):
     import psutil
 
-    from conftest import wait_until
     from tools.retriever import RetrieverClient
     with local_retriever.LocalRetriever(small_corpus, index_dir=tmp_path / "ix") as r, \
             RetrieverClient(r.url, timeout=1.0, retries=0) as client:
@@ -608,7 +610,6 @@ def test_an_owned_server_killed_is_restarted_with_the_pushed_weights(tiny_path, 
     from agentgym.core.types import SamplingParams
     from agentgym.rollout.engines.launcher import launch_serve
     from agentgym.rollout.engines.sglang import SGLangEngine
-    from conftest import wait_until
     from engine_conformance import forward_logprobs, generate, perturbed
 
     server = launch_serve(str(tiny_path))

@@ -29,6 +29,10 @@ from agentgym.core.types import SamplingParams, Trajectory
 
 logger = logging.getLogger(__name__)
 
+#: how long a replay waits for the local services to be healthy again (a restart takes
+#: seconds; a supervisor that gives up ends the wait at once)
+INFRA_WAIT_S = 120.0
+
 
 def trajectory_seed(base: int, uid: str, sample_index: int) -> int:
     """A stable per-trajectory seed, independent of scheduling order."""
@@ -86,7 +90,7 @@ class GenerationManager:
             logger.warning("episode %s/%d hit an infrastructure failure (%s); replaying it "
                            "once the services answer", uid, sample_index,
                            traj.info.get("infra_error", "?"))
-            await self._in_pool(wait_healthy, self.cfg.infra_wait_s)
+            await asyncio.to_thread(wait_healthy, INFRA_WAIT_S)  # not an env worker's time
             traj = await self._play(row, uid, sample_index, base_seed)
             traj.metrics["infra_retried"] = 1.0
         return traj
