@@ -263,7 +263,7 @@ class RayRollout:
         if self._weights is not None:
             ray.get(worker.update_weights.remote(*self._weights))
         self.workers[i] = worker
-        outage_for(f"ray://rollout-worker-{i}", f"rollout worker {i}").restarts += 1
+        outage_for(f"ray://rollout-worker-{i}").restarts += 1
 
     def generate(self, rows: list[dict], n: int, seed: int, hooks, greedy: bool = False) -> list:
         """Whole prompts dealt to workers in contiguous chunks; trajectories in row order."""

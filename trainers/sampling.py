@@ -7,6 +7,7 @@ AsyncRollout` when rollouts keep going while the trainer trains.
 
 from __future__ import annotations
 
+import collections
 import logging
 
 from agentgym.config import Config, is_mixed
@@ -82,9 +83,7 @@ def without_infra_failures(trajs: list[Trajectory], policy: str, n: int) -> list
         return list(trajs)
     ok = [tr for tr in trajs if not infra_failed(tr)]
     if n > 1:
-        sizes: dict[str, int] = {}
-        for tr in ok:
-            sizes[tr.uid] = sizes.get(tr.uid, 0) + 1
+        sizes = collections.Counter(tr.uid for tr in ok)
         ok = [tr for tr in ok if sizes[tr.uid] > 1]
     if len(ok) < len(trajs):
         logger.warning("%d of %d trajectories left out of the update: %d with an "

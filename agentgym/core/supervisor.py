@@ -70,8 +70,7 @@ class Outage:
     """Down/up bookkeeping of one service, keyed by its URL: the seconds it was down and
     how often it came back by a restart. Thread-safe."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self) -> None:
         self.restarts = 0
         self._closed_s = 0.0
         self._down_since: float | None = None
@@ -114,12 +113,12 @@ _supervisors: list["Supervisor"] = []
 _registry_lock = threading.Lock()
 
 
-def outage_for(url: str, name: str | None = None) -> Outage:
+def outage_for(url: str) -> Outage:
     """The :class:`Outage` record of the service at ``url`` (created on first use)."""
     key = url.rstrip("/")
     with _registry_lock:
         if key not in _outages:
-            _outages[key] = Outage(name or key)
+            _outages[key] = Outage()
         return _outages[key]
 
 
@@ -245,7 +244,7 @@ class Supervisor:
         self._restarted_at: list[float] = []  # monotonic times of this service's restarts
         self.backoff_s, self.backoff_max_s = backoff_s, backoff_max_s
         self.on_restart = on_restart
-        self.outage = outage_for(self.url, service.name)
+        self.outage = outage_for(self.url)
         self.healthy = threading.Event()
         self.healthy.set()
         self.changed = threading.Condition()
