@@ -393,10 +393,21 @@ class DataConfig:
     answerable_only: bool = True
     # env=[search,code]: the share of each env's prompts, in env order (empty: equal)
     mix: list[float] = field(default_factory=list)
+    # "" (rows in order) | solve_rate (trainers/curriculum.py: prompts whose recent sampled
+    # solve rate is inside curriculum_band, by extra_info.level when rows have one)
+    curriculum: str = ""
+    curriculum_band: list[float] = field(default_factory=lambda: [0.2, 0.8])
 
     def __post_init__(self) -> None:
         if any(not isinstance(w, (int, float)) or w <= 0 for w in self.mix):
             raise ValueError(f"data.mix={self.mix!r}: weights must be > 0")
+        if self.curriculum not in ("", "solve_rate"):
+            raise ValueError(f"data.curriculum={self.curriculum!r}; valid: '' (rows in "
+                             f"order) or solve_rate")
+        band = self.curriculum_band
+        if len(band) != 2 or not 0 <= band[0] < band[1] <= 1:
+            raise ValueError(f"data.curriculum_band={band!r}: give [low, high] with "
+                             f"0 <= low < high <= 1, e.g. [0.2, 0.8]")
 
 
 @dataclass

@@ -52,9 +52,9 @@ BUILTIN_PROBLEMS = [
 
 
 def code_row(question: str, answer: str, source: str = "builtin",
-             extra_info: dict | None = None) -> dict:
-    """A verl-format dataset row for the code env."""
-    return {"data_source": source, "prompt": [{"role": "user", "content": make_prompt(question)}],
+             extra_info: dict | None = None, prompt=make_prompt) -> dict:
+    """A verl-format dataset row for the code env (``prompt``: the user message's maker)."""
+    return {"data_source": source, "prompt": [{"role": "user", "content": prompt(question)}],
             "ability": "math", "reward_model": {"style": "rule", "ground_truth": answer},
             "extra_info": {"question": question, **(extra_info or {})}, "env": "code"}
 

@@ -47,6 +47,23 @@ TOOLS_TEMPLATE = (
 )
 
 
+#: the same protocol in fewer words: ``data=arith``'s prompt (agentgym.data.arith). With
+#: smollm2's chat template a prompt is 99 tokens against ReTool's 229; every sample of a
+#: group carries it through the update, which on a CPU is most of a GRPO step's time.
+SHORT_TEMPLATE = (
+    "Solve the problem with Python. Write code as <code>\n```python\ncode\n```\n</code>; "
+    "its output comes back in <interpreter>output</interpreter>. End with "
+    "<answer>\n\\boxed{answer}\n</answer>.\n\n"
+    "Problem: {question}"
+)
+
+
+def make_short_prompt(question: str) -> str:
+    """The user message for ``question`` under :data:`SHORT_TEMPLATE`."""
+    make_prompt(question)  # the same checks
+    return SHORT_TEMPLATE.replace("{question}", question.strip())
+
+
 def make_tools_prompt(question: str) -> str:
     """The user message for ``question`` under ``code.protocol=tools``."""
     make_prompt(question)  # the same checks

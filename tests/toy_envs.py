@@ -96,3 +96,33 @@ class TalkEnv(AgentEnv):
             import time
             time.sleep(self._delay)
         return [{"role": "user", "content": "\nGo on.\n"}], 0.1, False, {}
+
+
+class LevelEnv(AgentEnv):
+    """One turn, a reward scripted by the row's ``extra_info.level``: level 1 is always
+    solved, level 3 never, level 2 about half the time (the parity of a checksum of the
+    reply, which a random-init model's sampling spreads evenly). A curriculum test's
+    task: level 1 above any band, level 2 inside it, level 3 below it."""
+
+    observation_format = "inline"
+    stop_strings = ("\n\n",)
+
+    def __init__(self, max_turns: int = 1) -> None:
+        super().__init__(max_turns=max_turns)
+
+    def _reset(self, row):
+        self._level = ((row or {}).get("extra_info") or {}).get("level", 2)
+        prompt = row["prompt"] if row else [{"role": "user", "content": "Write something."}]
+        return [dict(m) for m in prompt], {}
+
+    def _step(self, action, last_turn):
+        import zlib
+        solved = {1: 1.0, 3: 0.0}.get(self._level, float(zlib.crc32(action.encode()) % 2))
+        return [], solved, True, {"em": solved}
+
+
+def level_rows(per_level: int, levels=(1, 2, 3)) -> list[dict]:
+    return [{"data_source": "toy", "prompt": [{"role": "user", "content": f"Level {lv} #{i}."}],
+             "ability": "toy", "reward_model": {"style": "rule", "ground_truth": ""},
+             "extra_info": {"index": i, "level": lv}, "env": "agentgym-test/Level-v0"}
+            for lv in levels for i in range(per_level)]

@@ -387,6 +387,7 @@ class Session:
     taken: list[int] = field(default_factory=list)
     #: this process's service counters when the run started (``infra/*`` count from it)
     infra_base: dict = field(default_factory=infra_totals)
+    curriculum: Any = None  # trainers.curriculum.Curriculum (data.curriculum=solve_rate)
 
     def end_step(self, done: int, m: dict) -> None:
         """Periodic eval, the step's metrics line, and a checkpoint when one is due.
@@ -420,7 +421,9 @@ class Session:
         """``checkpoints/step_<done>``: weights, optimizer, data position, policy version."""
         return save_checkpoint(self.run_dir, done, self.backend, self.tokenizer,
                                {"data_cursor": self.cursor, "data_taken": self.taken,
-                                "policy_version": self.version},
+                                "policy_version": self.version,
+                                **({"curriculum": self.curriculum.state()}
+                                   if self.curriculum else {})},
                                critic=self.critic.backend if self.critic else None)
 
     def write_samples(self, step: int, trajs: list[Trajectory], batch: Batch) -> None:
@@ -495,6 +498,10 @@ def open_session(cfg: Config, hooks: Hooks | None = None,
                 critic, cluster, start,
                 state.get("data_cursor", start * t.prompts_per_step), version,
                 cfg.rollout.temperature or 1.0, state.get("data_taken", []))
+    if cfg.data.curriculum:
+        from trainers.curriculum import Curriculum
+        s.curriculum = Curriculum(rows, tuple(cfg.data.curriculum_band), t.seed,
+                                  state.get("curriculum"))
     if eval_rows and start == 0:
         s.metrics_log.log(0, s.evaluate())
     return s
@@ -507,10 +514,13 @@ def step_source(cfg: Config, s: Session):
     rolling out while the trainer trains (it then also serves the session's evals and
     weight pushes)."""
     if cfg.trainer.mode == "async":
+        if s.curriculum:
+            raise ValueError("data.curriculum=solve_rate picks each step's prompts from the "
+                             "last step's outcomes; run it with trainer.mode=sync")
         from trainers.async_rollout import AsyncRollout
         s.rollout = AsyncRollout(cfg, s.rollout, s.rows, s.cursor, s.version, s.taken)
         return s.rollout
-    return SyncSteps(cfg, s.rollout, s.rows, s.cursor, s.hooks)
+    return SyncSteps(cfg, s.rollout, s.rows, s.cursor, s.hooks, s.curriculum)
 
 
 def train(cfg: Config, hooks: Hooks | None = None) -> Path:

@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 
 
 def collect(cfg: Config, rollout, rows: list[dict], cursor: int,
-            step: int, hooks: Hooks) -> tuple[list[Trajectory], int, dict]:
+            step: int, hooks: Hooks, curriculum=None) -> tuple[list[Trajectory], int, dict]:
     """Roll out this step's prompts from ``rows[cursor:]``; return the trajectories to
     train on, the next data position and rollout metrics (over *every* sampled
     trajectory, dropped ones included, so the reward curve shows the policy).
@@ -31,6 +31,9 @@ def collect(cfg: Config, rollout, rows: list[dict], cursor: int,
     With ``algo.dynamic_sampling``, groups whose rewards are all equal are dropped and
     further prompts are rolled out until ``trainer.prompts_per_step`` groups are kept or
     ``algo.max_sampling_rounds`` rounds have run (then the step trains on what it has).
+
+    With a ``curriculum`` (:class:`trainers.curriculum.Curriculum`), it picks the rows and
+    is told how each group did; ``cursor`` then only counts the prompts taken.
     """
     t, a = cfg.trainer, cfg.algo
     kept: list[Trajectory] = []
@@ -38,10 +41,14 @@ def collect(cfg: Config, rollout, rows: list[dict], cursor: int,
     n_kept = rounds = infra_dropped = 0
     for rnd in range(a.max_sampling_rounds if a.dynamic_sampling else 1):
         need = t.prompts_per_step - n_kept
-        step_rows = [rows[(cursor + i) % len(rows)] for i in range(need)]
+        picked = (curriculum.take(need) if curriculum else
+                  [(cursor + i) % len(rows) for i in range(need)])
+        step_rows = [rows[i] for i in picked]
         cursor += need
         trajs = rollout.generate(step_rows, cfg.rollout.n, t.seed * 1_000_003 + step + 104_729 * rnd,
                                  hooks)
+        if curriculum:
+            cm = curriculum.observe(picked, trajs, cfg.rollout.n)
         rounds += 1
         regroup(trajs, cfg.rollout.n, {tr.uid for tr in seen}, f"{step}.{rnd}")
         seen += trajs
@@ -56,7 +63,8 @@ def collect(cfg: Config, rollout, rows: list[dict], cursor: int,
         n_kept = len({tr.uid for tr in kept})
         if n_kept >= t.prompts_per_step:
             break
-    m = {**rollout_metrics(seen, per_env=is_mixed(cfg)), **infra_metrics(seen, infra_dropped)}
+    m = {**rollout_metrics(seen, per_env=is_mixed(cfg)), **infra_metrics(seen, infra_dropped),
+         **(cm if curriculum else {})}
     if a.dynamic_sampling:
         groups = len({tr.uid for tr in seen})
         m.update({"rollout/sampling_rounds": float(rounds),
@@ -110,11 +118,28 @@ def rollout_metrics(trajs: list[Trajectory], per_env: bool = False) -> dict:
     uids = [tr.uid for tr in trajs]
     if len(set(uids)) < len(uids):
         m["rollout/signal_groups"] = signal_share([tr.reward for tr in trajs], uids)
+    m["rollout/reward_ci95"] = reward_ci95(trajs)
     if per_env:  # a mixed run: the same, env by env (search/rollout/reward, ...)
         for env, part in split_by_env(trajs).items():
             m.update({f"{env}/{k}": v for k, v in rollout_metrics(part).items()
                       if k.startswith("rollout/") and k != "rollout/policy_version"})
     return m
+
+
+def reward_ci95(trajs: list[Trajectory]) -> float:
+    """Half-width of the 95% interval of the step's mean reward over its groups (one
+    value per group: its mean; a group's samples are not independent of each other),
+    ``1.96 * sd / sqrt(groups)``; 0 for a single group. The reward curve draws it as a
+    band, so a step's noise is not read as learning."""
+    groups: dict[str, list[float]] = collections.defaultdict(list)
+    for tr in trajs:
+        groups[tr.uid].append(tr.reward)
+    means = [sum(r) / len(r) for r in groups.values()]
+    if len(means) < 2:
+        return 0.0
+    mu = sum(means) / len(means)
+    sd = (sum((x - mu) ** 2 for x in means) / (len(means) - 1)) ** 0.5
+    return 1.96 * sd / len(means) ** 0.5
 
 
 def regroup(trajs: list[Trajectory], n: int, taken: set[str], tag: str) -> None:
@@ -136,10 +161,12 @@ class SyncSteps:
 
     taken_after_cursor: list[int] = []  # prompts are taken in order: nothing after the cursor
 
-    def __init__(self, cfg: Config, rollout, rows: list[dict], cursor: int, hooks: Hooks) -> None:
+    def __init__(self, cfg: Config, rollout, rows: list[dict], cursor: int, hooks: Hooks,
+                 curriculum=None) -> None:
         self.cfg, self.rollout, self.rows, self.cursor, self.hooks = cfg, rollout, rows, cursor, hooks
+        self.curriculum = curriculum
 
     def take(self, step: int) -> tuple[list[Trajectory], dict]:
         trajs, self.cursor, m = collect(self.cfg, self.rollout, self.rows, self.cursor, step,
-                                        self.hooks)
+                                        self.hooks, self.curriculum)
         return trajs, m

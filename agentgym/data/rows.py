@@ -13,6 +13,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from agentgym.core.paths import data_dir
 from agentgym.core.registry import did_you_mean
@@ -21,11 +22,28 @@ from agentgym.core.registry import did_you_mean
 DATASETS: dict[str, dict[str, str]] = {
     "search": {"train": "search/train.jsonl", "nq": "search/nq_eval.jsonl"},
     "code": {"train": "math/gsm8k_train.jsonl.gz", "gsm8k": "math/gsm8k_test.jsonl",
-             "math500": "math/math500.jsonl", "aime24": "math/aime24.jsonl"},
+             "math500": "math/math500.jsonl", "aime24": "math/aime24.jsonl",
+             "arith_test": "arith/test.jsonl"},
     "geometry": {"train": "geometry/train.jsonl.gz", "val": "geometry/val.jsonl",
                  "test": "geometry/test.jsonl"},
 }
 REQUIRED = ("data_source", "prompt", "reward_model", "env")
+
+
+def _arith(name: str) -> Callable[[], list[dict]]:
+    def rows() -> list[dict]:
+        from agentgym.data import arith
+        if name == "arith":
+            return arith.train_rows()
+        level = int(name.rsplit("_l", 1)[1])
+        return arith.level_rows(read_jsonl(data_dir() / arith.TEST_FILE), level)
+    return rows
+
+
+#: env -> dataset name -> a function making its rows (generated, or a view of a file).
+GENERATED: dict[str, dict[str, Callable[[], list[dict]]]] = {
+    "code": {name: _arith(name) for name in ("arith", *(f"arith_test_l{k}" for k in range(1, 6)))},
+}
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +86,7 @@ def dataset_path(env: str, name: str) -> Path:
         return path
     names = DATASETS.get(env, {})
     if name not in names:
+        names = {**names, **GENERATED.get(env, {})}
         raise KeyError(f"unknown dataset {name!r} for env {env!r}{did_you_mean(name, list(names))}"
                        f"; valid: {', '.join(names) or '(none)'} or a path to a .jsonl(.gz) file")
     return data_dir() / names[name]
@@ -75,8 +94,9 @@ def dataset_path(env: str, name: str) -> Path:
 
 def load_rows(env: str, name: str, limit: int = 0) -> list[dict]:
     """Rows of a dataset, validated; the first ``limit`` (0 = all)."""
-    path = dataset_path(env, name)
-    rows = read_jsonl(path)
+    made = GENERATED.get(env, {}).get(name)
+    path = f"data={name}" if made else dataset_path(env, name)
+    rows = made() if made else read_jsonl(path)
     if limit:
         rows = rows[:limit]
     import envs

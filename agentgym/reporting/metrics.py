@@ -87,7 +87,10 @@ class MetricsLogger:
         return rows
 
     def plot(self) -> None:
-        """Redraw the reward curve from the JSONL history."""
+        """Redraw the reward curve from the JSONL history: each key's points; for a key
+        logged with ``<key>_ci95`` (the step's 95% interval over its groups) a band around
+        them, and a moving average over :data:`SMOOTH` steps. With a curriculum, its own
+        curves too (:func:`plot_curriculum`)."""
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
@@ -95,10 +98,19 @@ class MetricsLogger:
         rows = self.history()
         fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
         for key in self.curve_keys:
-            pts = [(r["step"], r[key]) for r in rows if key in r]
-            if pts:
-                xs, ys = zip(*pts)
-                ax.plot(xs, ys, marker="o", markersize=3, label=key)
+            pts = [(r["step"], r[key], r.get(f"{key}_ci95")) for r in rows if key in r]
+            if not pts:
+                continue
+            xs, ys, ci = zip(*pts)
+            line, = ax.plot(xs, ys, marker="o", markersize=3, linewidth=0.8, label=key)
+            if all(c is not None for c in ci) and len(xs) > 1:
+                ax.fill_between(xs, [y - c for y, c in zip(ys, ci)],
+                                [y + c for y, c in zip(ys, ci)], color=line.get_color(),
+                                alpha=0.2, label=f"{key}: 95% interval over the step's groups")
+                if len(xs) >= SMOOTH:
+                    avg = [sum(ys[i - SMOOTH + 1:i + 1]) / SMOOTH for i in range(SMOOTH - 1, len(ys))]
+                    ax.plot(xs[SMOOTH - 1:], avg, color=line.get_color(), linewidth=2,
+                            label=f"{key}: mean of the last {SMOOTH} steps")
         ax.set_xlabel("step")
         ax.set_ylabel(self.ylabel)
         ax.set_title(self.run_dir.name)
@@ -108,11 +120,45 @@ class MetricsLogger:
         fig.tight_layout()
         fig.savefig(self.png)
         plt.close(fig)
+        if any("curriculum/in_band" in r for r in rows):
+            plot_curriculum(rows, self.run_dir / "curriculum_curve.png")
 
     def close(self) -> None:
         self.tb.close()
         if self.wandb is not None:
             self.wandb.close([self.png])
+
+
+SMOOTH = 5  # steps in the reward curve's moving average
+
+
+def plot_curriculum(rows: list[dict], png: Path) -> None:
+    """``data.curriculum=solve_rate``: the recent solve rate of each level, the share of
+    groups inside the band and with reward variance, and the current level (right axis)."""
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    keys = sorted({k for r in rows for k in r if k.startswith("curriculum/solve_rate_")})
+    for key in [*keys, "curriculum/in_band", "rollout/signal_groups"]:
+        pts = [(r["step"], r[key]) for r in rows if key in r]
+        if pts:
+            ax.plot(*zip(*pts), marker="o", markersize=3, linewidth=1,
+                    linestyle="-" if key in keys else ":", label=key.split("/", 1)[1])
+    ax.set_xlabel("step")
+    ax.set_ylabel("share")
+    ax.set_ylim(-0.02, 1.02)
+    level = [(r["step"], r["curriculum/level"]) for r in rows if "curriculum/level" in r]
+    if level:
+        right = ax.twinx()
+        right.step(*zip(*level), where="post", color="black", linewidth=2, label="level")
+        from matplotlib.ticker import MaxNLocator
+        right.yaxis.set_major_locator(MaxNLocator(integer=True))
+        right.set_ylabel("level")
+        right.legend(loc="upper right", fontsize=8)
+    ax.legend(loc="upper left", fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(png)
+    plt.close(fig)
 
 
 class WandbSink:
