@@ -46,22 +46,28 @@ install: $(STAMP) sysdeps
 
 # The main job, kept to minutes on a 2-core CPU: `agentgym train env=search` on the embedded
 # default (smollm2-135m, shipped NQ/HotpotQA questions whose answer is in the shipped
-# corpus, local BM25 retriever). The base model does not follow Search-R1's protocol, so the
-# run first probes it, builds 64 demonstrations and fine-tunes on them (the cold start,
-# cached by content: a second `make demo` reuses it), then takes GRPO steps with the F1
-# reward, and ends with a before / after-SFT / after-RL table on held-out NQ questions.
+# corpus, local BM25 retriever), with the code env's generated arithmetic (data=arith)
+# mixed in: RL on search does not move a 135M model within minutes (docs/BENCHMARKS.md),
+# RL on arith, a tool task within its reach, does. The base model follows neither
+# protocol, so the run first probes it, builds demonstrations for each env and fine-tunes
+# on them (the cold start, cached by content: a second `make demo` reuses it), then takes
+# GRPO steps (search: F1 reward; arith: the solve-rate curriculum over its five levels),
+# and ends with a before / after-SFT / after-RL table per env on held-out questions, the
+# after-RL row with its paired p-value against after-SFT.
 # bf16 (rollout copy and autocast) where the CPU computes it natively (AMX or AVX512-BF16:
 # several times faster than fp32 there); fp32 elsewhere, where bf16 is emulated and slower.
 DEMO_DIR := runs/demo
-DEMO_STEPS := 4
+DEMO_STEPS := 5
 DEMO_BF16 := $(shell grep -qsE 'amx_bf16|avx512_bf16' /proc/cpuinfo && \
 	echo engine.dtype=bfloat16 trainer.mixed_precision=bf16)
 demo: $(STAMP) sysdeps
 	rm -rf $(DEMO_DIR)
-	$(BIN)/agentgym train env=search run_dir=$(DEMO_DIR) trainer.total_steps=$(DEMO_STEPS) \
-		trainer.prompts_per_step=4 n=4 search.reward=f1 rollout.max_tokens_per_turn=128 \
-		trainer.cold_start_probe=4 trainer.cold_start_demos=64 sft.epochs=1 \
-		trainer.eval_limit=30 $(DEMO_BF16)
+	$(BIN)/agentgym train 'env=[search,code]' 'data=[train,arith]' \
+		'trainer.eval_data=[nq,arith_test]' 'data.mix=[1,3]' data.curriculum=solve_rate \
+		run_dir=$(DEMO_DIR) trainer.total_steps=$(DEMO_STEPS) trainer.prompts_per_step=8 n=4 \
+		trainer.lr=2e-5 search.reward=f1 rollout.max_tokens_per_turn=128 \
+		trainer.cold_start_probe=4 trainer.cold_start_demos=32 sft.epochs=1 \
+		trainer.eval_limit=60 $(DEMO_BF16)
 
 test: $(STAMP) sysdeps browser
 	$(BIN)/python -m pytest -q

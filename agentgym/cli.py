@@ -258,6 +258,8 @@ def cmd_train(args: list[str]) -> int:
     _print_comparison(Path(run_dir), cfg)
     run = Path(run_dir)
     curves = [f"{run / 'reward_curve.png'} (RL reward)"]
+    if (run / "curriculum_curve.png").exists():
+        curves.append(f"{run / 'curriculum_curve.png'} (curriculum: solve rate by level)")
     if (run / "cold_start" / "loss_curve.png").exists():
         curves.append(f"{run / 'cold_start' / 'loss_curve.png'} (cold-start SFT loss)")
     print(f"curves: {', '.join(curves)}; TensorBoard: tensorboard --logdir {run}")
@@ -270,40 +272,9 @@ def cmd_train(args: list[str]) -> int:
 
 
 def _print_comparison(run_dir: Path, cfg: Config) -> None:
-    """Held-out format validity and EM (95% Wilson intervals) of the model before the cold
-    start, after it (RL's step 0) and after RL (the last step), when the run evaluated."""
-    metrics = run_dir / "metrics.jsonl"
-    if not metrics.exists():
-        return
-    evals = [r for r in map(json.loads, metrics.read_text().splitlines()) if "eval/count" in r]
-    if not evals:
-        return
-    record_file = run_dir / "cold_start" / "cold_start.json"
-    record = json.loads(record_file.read_text()) if record_file.exists() else {}
-    start = "after SFT (RL step 0)" if record.get("model") else "start (RL step 0)"
-    rows = []
-    before = record.get("eval_before")
-    if before and record.get("model"):
-        rows.append((f"before ({Path(record['base_model']).name})", before["format_valid"],
-                     before["em"], before["count"]))
-    first, last = evals[0], evals[-1]
-    if first["step"] == 0:
-        rows.append((start, first["eval/format_valid"], first["eval/em"], first["eval/count"]))
-    if last["step"] > 0:
-        rows.append((f"after RL (step {last['step']})", last["eval/format_valid"],
-                     last["eval/em"], last["eval/count"]))
-    n = int(rows[0][3]) if rows else 0
-    from agentgym.data.rows import answerable_filter_applies
-    which = (" whose answer is in the corpus (data.answerable_only)"
-             if answerable_filter_applies(cfg) else "")
-    print(f"held-out: {n} questions of {cfg.trainer.eval_data}{which} (greedy); 95% intervals")
-    print(f"  {'model':28s} {'format-valid':>24s} {'EM':>24s}")
-    for label, fv, em, count in rows:
-        cells = []
-        for p in (fv, em):
-            lo, hi = wilson_ci95(p, int(count))
-            cells.append(f"{p:.3f} [{lo:.3f}, {hi:.3f}]")
-        print(f"  {label:28s} {cells[0]:>24s} {cells[1]:>24s}")
+    from agentgym.reporting.evaluation import comparison_lines
+    for line in comparison_lines(run_dir, cfg):
+        print(line)
 
 
 class _SFTHooks(_BarHooks):

@@ -25,6 +25,17 @@ import yaml
 from agentgym.core.registry import did_you_mean
 
 
+def check_choices(section: str, obj: Any, choices: dict[str, tuple]) -> None:
+    """Raise ValueError naming ``section.key``, its value and the valid ones (with a "did
+    you mean") when a field of ``obj`` is not among its ``choices``."""
+    for key, valid in choices.items():
+        value = getattr(obj, key)
+        if value not in valid:
+            names = [repr(v) if v == "" else str(v) for v in valid]
+            raise ValueError(f"{section}.{key}={value!r}{did_you_mean(str(value), names)}; "
+                             f"valid: {', '.join(names)}")
+
+
 @dataclass
 class LoraConfig:
     """``model.lora.*``: LoRA adapters (peft) instead of training every weight."""
@@ -49,8 +60,7 @@ class ModelConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"model.dtype={self.dtype!r}; valid: float32, bfloat16")
+        check_choices("model", self, {"dtype": ("float32", "bfloat16")})
 
 
 @dataclass
@@ -73,12 +83,8 @@ class EngineConfig:
     sync_address: str = ""  # sglang distributed sync: this host as servers reach it; "" = auto
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("", "float32", "bfloat16"):
-            raise ValueError(f"engine.dtype={self.dtype!r}; valid: float32, bfloat16 "
-                             "(or empty for model.dtype)")
-        if self.weight_sync not in ("disk", "distributed", "tensor"):
-            raise ValueError(f"engine.weight_sync={self.weight_sync!r}; valid: disk, "
-                             "distributed, tensor")
+        check_choices("engine", self, {"dtype": ("", "float32", "bfloat16"),
+                                       "weight_sync": ("disk", "distributed", "tensor")})
         if isinstance(self.urls, str):  # engine.urls=http://a:1 (one server, no brackets)
             self.urls = [self.urls]
         if self.retries < 0:
@@ -117,11 +123,8 @@ class SandboxConfig:
     stateful: bool = False  # code env: later cells of an episode see earlier variables
 
     def __post_init__(self) -> None:
-        choices = {"backend": ("local", "e2b"), "isolation": ("auto", "bwrap", "unshare")}
-        for name, valid in choices.items():
-            if getattr(self, name) not in valid:
-                raise ValueError(f"sandbox.{name}={getattr(self, name)!r}; valid: "
-                                 f"{', '.join(valid)}")
+        check_choices("sandbox", self, {"backend": ("local", "e2b"),
+                                        "isolation": ("auto", "bwrap", "unshare")})
         for name in ("cpu_s", "wall_s", "memory_mb", "file_size_mb", "max_procs",
                      "max_output_bytes", "max_concurrency"):
             if getattr(self, name) <= 0:
@@ -134,8 +137,7 @@ class CodeConfig:
     protocol: str = "tags"  # tags (ReTool's <code> text) | tools (a python function, Hermes <tool_call>)
 
     def __post_init__(self) -> None:
-        if self.protocol not in ("tags", "tools"):
-            raise ValueError(f"code.protocol={self.protocol!r}; valid: tags, tools")
+        check_choices("code", self, {"protocol": ("tags", "tools")})
 
 
 @dataclass
@@ -151,10 +153,7 @@ class SearchConfig:
     protocol: str = "tags"  # tags (Search-R1's <search> text) | tools (a search function, Hermes <tool_call>)
 
     def __post_init__(self) -> None:
-        if self.reward not in ("em", "f1"):
-            raise ValueError(f"search.reward={self.reward!r}; valid: em, f1")
-        if self.protocol not in ("tags", "tools"):
-            raise ValueError(f"search.protocol={self.protocol!r}; valid: tags, tools")
+        check_choices("search", self, {"reward": ("em", "f1"), "protocol": ("tags", "tools")})
 
 
 @dataclass
@@ -176,9 +175,7 @@ class RolloutConfig:
                      "max_tokens_per_turn", "max_concurrency", "env_workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
-        if self.on_infra_error not in ("retry", "drop", "keep"):
-            raise ValueError(f"rollout.on_infra_error={self.on_infra_error!r}; valid: "
-                             f"retry, drop, keep")
+        check_choices("rollout", self, {"on_infra_error": ("retry", "drop", "keep")})
 
 
 @dataclass
@@ -213,17 +210,12 @@ class AlgoConfig:
     is_cap: float = 2.0  # tis: weight cap; decoupled: cap too when > 0 (0 = uncapped)
 
     def __post_init__(self) -> None:
-        from agentgym.core.registry import did_you_mean as dym
-        checks = {"name": tuple(ALGO_PRESETS),
-                  "loss_agg_mode": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
-                                    "seq-mean-token-sum-norm"),
-                  "kl_estimator": ("k1", "k2", "k3", "abs"), "kl_mode": ("loss", "reward"),
-                  "off_policy": ("recompute", "decoupled", "tis")}
-        for key, valid in checks.items():
-            value = getattr(self, key)
-            if value not in valid:
-                raise ValueError(f"algo.{key}={value!r}{dym(value, valid)}; "
-                                 f"valid: {', '.join(valid)}")
+        check_choices("algo", self, {
+            "name": tuple(ALGO_PRESETS),
+            "loss_agg_mode": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                              "seq-mean-token-sum-norm"),
+            "kl_estimator": ("k1", "k2", "k3", "abs"), "kl_mode": ("loss", "reward"),
+            "off_policy": ("recompute", "decoupled", "tis")})
         if not 0 < self.gamma <= 1:
             raise ValueError(f"algo.gamma must be in (0, 1], got {self.gamma}")
         if not 0 <= self.lam <= 1:
@@ -309,9 +301,7 @@ class TrainerConfig:
                 raise ValueError(f"trainer.{name} must be >= 0, got {getattr(self, name)}")
         if self.lr <= 0:
             raise ValueError(f"trainer.lr must be > 0, got {self.lr}")
-        if self.logger not in ("", "tensorboard", "wandb"):
-            raise ValueError(f"logger={self.logger!r}; valid: '' or tensorboard (JSONL, "
-                             f"TensorBoard, PNG), wandb")
+        check_choices("trainer", self, {"logger": ("", "tensorboard", "wandb")})
         if not self.cold_start:
             raise ValueError("trainer.cold_start is empty; valid: auto, off, or the folder of an "
                              "SFT checkpoint")
@@ -322,13 +312,10 @@ class TrainerConfig:
         if self.cold_start_probe < 1 or self.cold_start_demos < 1:
             raise ValueError(f"trainer.cold_start_probe and trainer.cold_start_demos must be "
                              f">= 1; got {self.cold_start_probe}, {self.cold_start_demos}")
-        choices = {"lr_schedule": ("constant", "cosine"), "mixed_precision": ("", "bf16", "fp32"),
-                   "backend": ("single", "fsdp", "deepspeed"), "zero_stage": (1, 2, 3),
-                   "mode": ("sync", "async")}
-        for name, valid in choices.items():
-            if getattr(self, name) not in valid:
-                raise ValueError(f"trainer.{name}={getattr(self, name)!r}; valid: "
-                                 f"{', '.join(repr(v) for v in valid)}")
+        check_choices("trainer", self, {
+            "lr_schedule": ("constant", "cosine"), "mixed_precision": ("", "bf16", "fp32"),
+            "backend": ("single", "fsdp", "deepspeed"), "zero_stage": (1, 2, 3),
+            "mode": ("sync", "async")})
         from agentgym.core.device import check_device
         check_device(self.device)
         if self.logprob_chunk < 0:
@@ -351,8 +338,7 @@ class RayConfig:
     gpus: float = 0.0  # GPUs per train rank and per rollout worker (colocated: they share)
 
     def __post_init__(self) -> None:
-        if self.placement not in ("colocated", "split"):
-            raise ValueError(f"ray.placement={self.placement!r}; valid: colocated, split")
+        check_choices("ray", self, {"placement": ("colocated", "split")})
         if self.rollout_workers < 1 or self.cpus <= 0 or self.gpus < 0:
             raise ValueError(f"ray.rollout_workers must be >= 1, ray.cpus > 0, ray.gpus >= 0; "
                              f"got {self.rollout_workers}, {self.cpus}, {self.gpus}")
@@ -393,21 +379,15 @@ class DataConfig:
     answerable_only: bool = True
     # env=[search,code]: the share of each env's prompts, in env order (empty: equal)
     mix: list[float] = field(default_factory=list)
-    # "" (rows in order) | solve_rate (trainers/curriculum.py: prompts whose recent sampled
-    # solve rate is inside curriculum_band, by extra_info.level when rows have one)
-    curriculum: str = ""
-    curriculum_band: list[float] = field(default_factory=lambda: [0.2, 0.8])
+    curriculum: str = ""  # "" (rows in order) | solve_rate (trainers/curriculum.py)
+    curriculum_band: list[float] = field(default_factory=lambda: [0.2, 0.8])  # solve rates kept
 
     def __post_init__(self) -> None:
         if any(not isinstance(w, (int, float)) or w <= 0 for w in self.mix):
             raise ValueError(f"data.mix={self.mix!r}: weights must be > 0")
-        if self.curriculum not in ("", "solve_rate"):
-            raise ValueError(f"data.curriculum={self.curriculum!r}; valid: '' (rows in "
-                             f"order) or solve_rate")
-        band = self.curriculum_band
-        if len(band) != 2 or not 0 <= band[0] < band[1] <= 1:
-            raise ValueError(f"data.curriculum_band={band!r}: give [low, high] with "
-                             f"0 <= low < high <= 1, e.g. [0.2, 0.8]")
+        check_choices("data", self, {"curriculum": ("", "solve_rate")})
+        if len(band := self.curriculum_band) != 2 or not 0 <= band[0] < band[1] <= 1:
+            raise ValueError(f"data.curriculum_band={band!r}: give [low, high], 0 <= low < high <= 1")
 
 
 @dataclass
@@ -528,8 +508,8 @@ def _coerce(key: str, raw: Any, hint: Any) -> Any:
                 pass
         elif isinstance(raw, (int, float)) and not isinstance(raw, bool):
             return float(raw)
-    elif hint is str:
-        return "" if raw is None else str(raw)
+    elif hint is str:  # a list: names, one per env of a mixed run (data=[train,arith])
+        return ",".join(map(str, raw)) if isinstance(raw, list) else "" if raw is None else str(raw)
     else:
         return raw
     raise ValueError(f"{key}={raw!r} is not a valid {hint.__name__}")

@@ -36,10 +36,12 @@ from agentgym.reporting.stats import mcnemar, wilson_ci95  # noqa: E402
 from bench.report import machine, write_section  # noqa: E402
 from bench.rl_gain import _agentgym, _train  # noqa: E402
 
+#: rollout budgets (training and eval): a demonstration is one code cell and the answer,
+#: each under 40 tokens; a step's update computes every token of every sample
+BUDGETS = ["rollout.max_turns=2", "rollout.max_tokens_per_turn=64"]
 #: the settings every arm shares (the recipe; an arm's overrides come after them)
 RECIPE = ["env=code", "data=arith", "data.curriculum=solve_rate", "rollout.n=8",
-          "trainer.prompts_per_step=4", "rollout.max_tokens_per_turn=128",
-          "rollout.max_turns=3", "trainer.mini_batches=2",
+          "trainer.prompts_per_step=4", *BUDGETS,
           "trainer.eval_limit=0", "trainer.eval_data=arith_test", "trainer.total_steps=1000",
           "trainer.save_every=3", "trainer.cold_start_demos=32", "sft.epochs=1"]
 LEVEL = re.compile(r"-L(\d+)-")
@@ -65,11 +67,13 @@ def cold_start(work: Path) -> str:
 
 
 def evaluate(model: str, data: str, limit: int, out: Path) -> dict:
-    """A greedy eval (kept: re-running the command only reports)."""
+    """A greedy eval (kept: re-running the command only reports). GSM8K with the code
+    env's own budgets (4 turns of 128 tokens: its solutions take several cells)."""
+    budgets = ["rollout.max_turns=4", "rollout.max_tokens_per_turn=128"] if data == "gsm8k" \
+        else BUDGETS
     if not out.exists():
         _agentgym("eval", "env=code", f"model={model}", f"data={data}", f"limit={limit}",
-                  f"out={out}", "rollout.max_tokens_per_turn=128", "rollout.max_turns=3",
-                  *_bf16()[:1])
+                  f"out={out}", *budgets, *_bf16()[:1])
     return json.loads(out.read_text())
 
 
@@ -87,10 +91,17 @@ def checkpoints(run: Path) -> list[tuple[int, Path]]:
 def run_arm(a, work: Path) -> dict:
     sft = a.sft or cold_start(work)
     run = work / a.name
-    t0 = time.perf_counter()
-    stopped = _train([*RECIPE, *_bf16(), f"run_dir={run}", f"trainer.cold_start={sft}",
-                      *a.overrides], a.minutes)
-    minutes = (time.perf_counter() - t0) / 60
+    earlier = run / "result.json"
+    if a.minutes:
+        t0 = time.perf_counter()
+        stopped = _train([*RECIPE, *_bf16(), f"run_dir={run}", f"trainer.cold_start={sft}",
+                          *a.overrides], a.minutes)
+        minutes = (time.perf_counter() - t0) / 60
+    elif earlier.exists():  # --minutes 0: report on the run as it is (add --gsm8k, say)
+        old = json.loads(earlier.read_text())
+        stopped, minutes, a.overrides = old["stopped"], old["minutes"], old["overrides"]
+    else:
+        raise SystemExit(f"--minutes 0 reports on an earlier run, and {earlier} is missing")
     ckpts = checkpoints(run)
     if not ckpts:
         raise SystemExit(f"no checkpoint under {run / 'checkpoints'}: raise --minutes")
@@ -113,7 +124,8 @@ def run_arm(a, work: Path) -> dict:
               "paired": {k: vars(p) | {"delta": p.delta}
                          for k, p in paired.items()},
               "level_reached": max((m.get("curriculum/level", 0) for m in metrics), default=0),
-              "step_s": _mean([m["time/step_s"] for m in metrics if "time/step_s" in m])}
+              "step_s": _mean([m["time/step_s"] for m in metrics if "time/step_s" in m]),
+              "rl_minutes": rl_minutes(run, ckpts[-1][0])}
     if a.gsm8k:
         g = [evaluate(m, "gsm8k", a.gsm8k, p) for m, p in
              ((sft, work / "eval_sft_gsm8k.json"), (str(ckpts[-1][1]), run / "eval_gsm8k.json"))]
@@ -122,6 +134,13 @@ def run_arm(a, work: Path) -> dict:
     (run / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     _plot(result, ROOT / "docs" / f"arith_rl_{a.name}.png")
     return result
+
+
+def rl_minutes(run: Path, step: int) -> float:
+    """Minutes of GRPO steps up to the evaluated checkpoint (``step``): what it cost, not
+    counting the steps the time budget cut off after it."""
+    metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x]
+    return sum(m.get("time/step_s", 0.0) for m in metrics if m["step"] <= step) / 60
 
 
 def _head_em(result: dict, limit: int) -> float:
@@ -161,8 +180,10 @@ def _cell(p: dict) -> str:
 def section(result: dict, argv: list[str]) -> str:
     p = result["paired"]
     body = [f"Machine: {machine()}. Command: `python bench/arith_rl.py {' '.join(argv)}`. "
-            f"GRPO from the cold-start model for {result['minutes']:.1f} min "
-            f"({result['steps']} steps saved, {result['step_s']:.0f} s per step; the "
+            f"GRPO from the cold-start model for {result['minutes']:.1f} min of wall clock; "
+            f"the last checkpoint, step {result['steps']}, after "
+            f"{result['rl_minutes']:.1f} min of GRPO steps "
+            f"({result['step_s']:.0f} s per step; the "
             f"curriculum reached level {result['level_reached']:g}). Greedy EM on the same "
             f"{p['all']['n']} held-out `arith_test` questions before (SFT) and after; "
             f"gained/lost questions and exact McNemar p (two-sided).", "",
@@ -178,15 +199,18 @@ def section(result: dict, argv: list[str]) -> str:
 
 
 def table(work: Path, names: list[str]) -> str:
-    rows = ["| arm | settings | minutes | steps | s/step | held-out EM SFT → GRPO | "
-            "Δ points | p | points per minute |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| arm | settings | steps | s/step | GRPO minutes to it | held-out EM SFT → GRPO | "
+            "Δ points | gained/lost | p | points per minute |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for name in names:
         r = json.loads((work / name / "result.json").read_text())
         p = r["paired"]["all"]
+        minutes = rl_minutes(work / name, r["steps"])
         rows.append(f"| {name} | {' '.join(r['overrides']) or 'recipe defaults'} | "
-                    f"{r['minutes']:.1f} | {r['steps']} | {r['step_s']:.0f} | "
+                    f"{r['steps']} | {r['step_s']:.0f} | {minutes:.1f} | "
                     f"{p['before']:.3f} → {p['after']:.3f} | {100 * p['delta']:+.1f} | "
-                    f"{p['p_value']:.2g} | {100 * p['delta'] / r['minutes']:+.2f} |")
+                    f"{p['gained']}/{p['lost']} | {p['p_value']:.2g} | "
+                    f"{100 * p['delta'] / minutes:+.2f} |")
     return "\n".join(rows)
 
 

@@ -78,3 +78,29 @@ def test_eval_defaults_to_the_envs_held_out_set(tmp_path, capsys):
     result = json.loads(out.read_text())
     assert result["data"] == "gsm8k" and result["n"] == 1
     assert "code / " in capsys.readouterr().out
+
+
+def test_the_train_table_prints_the_paired_p_value_of_rl_against_sft(tmp_path, capsys):
+    """The after-RL row's p-value is the exact McNemar test of the per-question outcomes
+    the run wrote (eval/step_N.json), not of the two rates."""
+    from agentgym.cli import _print_comparison
+    from agentgym.config import build_config
+    from agentgym.reporting.stats import exact_binomial_two_sided
+    run = tmp_path / "run"
+    (run / "eval").mkdir(parents=True)
+    # 40 questions: 10 right at both steps, 12 gained, 2 lost, 16 wrong at both
+    before = [True] * 10 + [False] * 12 + [True] * 2 + [False] * 16
+    after = [True] * 10 + [True] * 12 + [False] * 2 + [False] * 16
+    for step, outcomes in ((0, before), (6, after)):
+        (run / "eval" / f"step_{step}.json").write_text(json.dumps(
+            {f"q{i}": {"em": ok, "format_valid": True, "env": "code"}
+             for i, ok in enumerate(outcomes)}))
+    (run / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "eval/count": 40.0, "eval/format_valid": 1.0,
+                    "eval/em": sum(o) / 40}) + "\n" for s, o in ((0, before), (6, after))))
+    _print_comparison(run, build_config({"env": "code", "trainer.eval_data": "arith_test"}))
+    out = capsys.readouterr().out
+    rl_row = next(line for line in out.splitlines() if "after RL (step 6)" in line)
+    p = exact_binomial_two_sided(12, 14)
+    assert p < 0.05 and f"{p:.3g} (+12/-2)" in rl_row
+    assert "0.300 [" in out and "0.550 [" in rl_row  # the two EMs, 12/40 and 22/40

@@ -224,3 +224,23 @@ def test_a_gold_answer_that_normalization_erases_is_not_matched_by_an_empty_answ
     # ordinary answers keep SQuAD normalization
     assert exact_match("The Beatles!", ["beatles"]) == 1.0
     assert f1_score("the Beatles band", ["Beatles"]) == pytest.approx(2 * 0.5 * 1 / 1.5)
+
+
+def test_a_mixed_run_cold_starts_every_env_from_its_own_data(
+        tmp_path, tiny_path, tiny_tokenizer, retriever_url, cache):
+    """``env=[search,code] data=[train,arith]``: each env probed on its own training rows,
+    demonstrations built by each env's builder, one SFT over all of them."""
+    from trainers.cold_start import prepare
+    cfg = _cfg(tmp_path, tiny_path, retriever_url, env="search,code", **{
+        "data.name": "train,arith", "trainer.eval_data": "nq,arith_test"})
+    out = prepare(cfg, probe_engine=_scripted(tiny_tokenizer, "No tags here.", episodes=4))
+    stage = tmp_path / "run" / "cold_start"
+    record = json.loads((stage / "cold_start.json").read_text())
+    assert record["decision"] == "ran" and out.model.path == record["model"]
+    before = record["probe_before"]
+    assert set(before["envs"]) == {"search", "code"} and before["count"] == 4
+    assert all(p["format_valid"] == 0.0 and p["count"] == 2 for p in before["envs"].values())
+    demos = [json.loads(line) for line in (stage / "demos.jsonl").read_text().splitlines()]
+    assert [d["env"] for d in demos] == ["search"] * 4 + ["code"] * 4
+    assert all(d["row"]["data_source"] == "arith" for d in demos[4:])  # data=[train,arith]
+    assert set(record["probe_after"]["envs"]) == {"search", "code"}

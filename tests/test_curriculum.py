@@ -123,3 +123,20 @@ def test_a_curriculum_run_on_tiny_climbs_to_the_level_in_the_band(tmp_path):
     assert all(r["curriculum/solve_rate_L2"] <= 0.8 for r in rows[2:])
     state = json.loads((run / "checkpoints" / "step_4" / "state.json").read_text())
     assert state["curriculum"]["at"] == 1
+
+
+def test_a_mixed_run_has_a_sampler_per_env_by_its_own_rows():
+    from trainers.curriculum import MixedCurriculum, make_curriculum
+    levelled = level_rows(4, levels=(1, 2))  # 8 rows with levels
+    plain = [{"prompt": [], "env": "search", "extra_info": {"index": i}} for i in range(3)]
+    rows = [levelled[0], plain[0], levelled[1], plain[1], levelled[2], plain[2], *levelled[3:]]
+    cur = make_curriculum(rows, (0.2, 0.8), seed=0)
+    assert isinstance(cur, MixedCurriculum)
+    picked = cur.take(4)  # the slots follow the row order: level env, search, level, search
+    assert [rows[i]["env"] for i in picked] == ["agentgym-test/Level-v0", "search"] * 2
+    assert [rows[i]["extra_info"]["level"] for i in picked[::2]] == [1, 1]
+    m = cur.observe(picked, _groups([1.0, 0.0, 1.0, 0.5]), 4)
+    assert m["agentgym-test/Level-v0/curriculum/solve_rate_L1"] == 1.0
+    assert m["search/curriculum/retired"] == 0.0 and m["search/curriculum/in_band"] == 0.5
+    again = make_curriculum(rows, (0.2, 0.8), seed=0, state=json.loads(json.dumps(cur.state())))
+    assert again.take(6) == cur.take(6)

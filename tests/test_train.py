@@ -105,7 +105,8 @@ def test_a_mixed_run_of_two_envs(tmp_path, retriever_url):
     assert main(["train", "env=[search,code]", "model=tiny", f"run_dir={run}",
                  "trainer.total_steps=2", "trainer.prompts_per_step=4", "n=2", "limit=8",
                  "trainer.eval_limit=2", f"retriever.url={retriever_url}",
-                 "rollout.max_tokens_per_turn=8", "rollout.max_turns=2"]) == 0
+                 "rollout.max_tokens_per_turn=8", "rollout.max_turns=2",
+                 "trainer.cold_start=off"]) == 0
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in metrics if "rollout/reward" in m]
     assert len(steps) == 2

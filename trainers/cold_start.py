@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentgym.config import Config, to_dict
+from agentgym.config import Config, env_names, to_dict
 from agentgym.data.rows import training_rows, write_jsonl
 from agentgym.core.device import engine_dtype, mixed_precision, resolve_device
 from agentgym.core.paths import cache_dir, shipped_corpus
@@ -68,25 +68,26 @@ def prepare(cfg: Config, hooks: Hooks | None = None, probe_engine=None) -> Confi
     cfg.run_dir = str(resolve_run_dir(cfg))
     if mode != "auto":
         return _from_path(cfg, Path(mode), hooks)
-    from agentgym.config import env_names
     from agentgym.data.demo_builders import BUILDERS
+    from agentgym.rollout.runtime import sub_config
     import envs
-    if len(env_names(cfg.env)) > 1:
-        hooks.announce(f"cold start: not run for a mixed run (env={cfg.env}); RL starts from "
-                       f"the model as it is (give trainer.cold_start=PATH for an SFT model)")
-        return cfg
-    env = envs.short_name(envs.resolve_env_id(cfg.env))
-    protocol = {"search": cfg.search.protocol, "code": cfg.code.protocol}.get(env, "tags")
-    if protocol != "tags":
-        hooks.announce(f"cold start: the {env} demonstration builder writes the text tags, "
-                       f"not {env}.protocol={protocol}; RL starts from the model as it is "
-                       f"(or give trainer.cold_start=PATH)")
-        return cfg
-    if env not in BUILDERS:
-        hooks.announce(f"cold start: env {cfg.env} has no demonstration builder "
-                       f"(builders: {', '.join(BUILDERS)}); RL starts from the model as it is")
-        return cfg
-    return _auto(cfg, env, Path(cfg.run_dir) / "cold_start", hooks, probe_engine)
+    names = env_names(cfg.env)
+    parts: dict[str, Config] = {}  # env -> its config (a mixed run: sub_config)
+    for name in names:
+        sub = sub_config(cfg, name) if len(names) > 1 else cfg
+        env = envs.short_name(envs.resolve_env_id(name))
+        protocol = {"search": cfg.search.protocol, "code": cfg.code.protocol}.get(env, "tags")
+        if protocol != "tags":
+            hooks.announce(f"cold start: the {env} demonstration builder writes the text tags, "
+                           f"not {env}.protocol={protocol}; RL starts from the model as it is "
+                           f"(or give trainer.cold_start=PATH)")
+            return cfg
+        if env not in BUILDERS:
+            hooks.announce(f"cold start: env {name} has no demonstration builder "
+                           f"(builders: {', '.join(BUILDERS)}); RL starts from the model as it is")
+            return cfg
+        parts[env] = sub
+    return _auto(cfg, parts, Path(cfg.run_dir) / "cold_start", hooks, probe_engine)
 
 
 def _from_path(cfg: Config, path: Path, hooks: Hooks) -> Config:
@@ -104,21 +105,34 @@ def _start_from(cfg: Config, model: str | None) -> Config:
     return cfg
 
 
-def _auto(cfg: Config, env: str, stage_dir: Path, hooks: Hooks, probe_engine) -> Config:
+def _auto(cfg: Config, parts: dict[str, Config], stage_dir: Path, hooks: Hooks,
+          probe_engine) -> Config:
+    """The cold start of ``parts`` (env -> its config: one, or each env of a mixed run,
+    whose demonstrations are pooled into one SFT; it runs when any env's probe is below
+    the threshold)."""
     from agentgym.models.zoo import resolve_model
     t = cfg.trainer
     base = resolve_model(cfg.model.path or cfg.model.name)
     found = training_rows(cfg)
-    rows = found.rows
-    inputs = {"model": folder_digest(base), "env": env, "tools": _tool_identity(cfg, env),
+    rows = {e: (found.parts[n].rows if found.parts else found.rows)
+            for e, n in zip(parts, env_names(cfg.env))}
+    single = len(parts) == 1
+    env = next(iter(parts))
+    inputs = {"model": folder_digest(base),
+              "env": env if single else list(parts),
+              "tools": (_tool_identity(cfg, env) if single else
+                        {e: _tool_identity(sub, e) for e, sub in parts.items()}),
               "budgets": to_dict(cfg.rollout) | {"temperature": 0.0, "n": 1},
               "engine_dtype": engine_dtype(cfg.engine.dtype, cfg.model.dtype,
                                            resolve_device(cfg.trainer.device))}
-    probe_rows = rows[:t.cold_start_probe]
+    probe_rows = [r for e in parts for r in rows[e][:t.cold_start_probe]]
     probe_key = _digest({**inputs, "rows": probe_rows})
-    key = _digest({**inputs, "rows": rows, "demos": t.cold_start_demos,
-                   "builder": _builder_options(cfg), "sft": _sft_settings(cfg),
-                   "probe": probe_key, "threshold": t.cold_start_threshold})
+    key = _digest({**inputs, "rows": rows[env] if single else rows,
+                   "demos": t.cold_start_demos,
+                   "builder": (_builder_options(cfg, env) if single else
+                               {e: _builder_options(cfg, e) for e in parts}),
+                   "sft": _sft_settings(cfg), "probe": probe_key,
+                   "threshold": t.cold_start_threshold})
     earlier = _read(stage_dir / _RECORD)
     if (earlier and earlier.get("key") == key and probe_engine is None
             and (not earlier.get("model") or Path(earlier["model"]).is_dir())):
@@ -139,9 +153,10 @@ def _auto(cfg: Config, env: str, stage_dir: Path, hooks: Hooks, probe_engine) ->
         hooks.announce(f"cold start: probe of {base.name} read from the cache ({probe_file})")
     record: dict[str, Any] = {"key": key, "probe_before": before,
                               "threshold": t.cold_start_threshold, "base_model": str(base),
-                              "training_rows": len(rows)}
-    if before["format_valid"] >= t.cold_start_threshold:
-        hooks.announce(f"cold start: not needed: format-valid {before['format_valid']:.2f} on "
+                              "training_rows": sum(len(r) for r in rows.values())}
+    lowest = _lowest(before)
+    if lowest >= t.cold_start_threshold:
+        hooks.announce(f"cold start: not needed: format-valid {_show(before)} on "
                        f"{before['count']} training questions >= trainer.cold_start_threshold="
                        f"{t.cold_start_threshold}")
         _write_record(stage_dir, {**record, "decision": "skipped", "model": None})
@@ -150,31 +165,49 @@ def _auto(cfg: Config, env: str, stage_dir: Path, hooks: Hooks, probe_engine) ->
     cached = store / key
     if _complete(cached):
         done = _read(cached / _RECORD)
-        hooks.announce(f"cold start: format-valid {before['format_valid']:.2f} < "
+        hooks.announce(f"cold start: format-valid {_show(before)} < "
                        f"{t.cold_start_threshold}; reusing the cached SFT model {cached / 'model'} "
-                       f"(format-valid after it: {done['probe_after']['format_valid']:.2f})")
+                       f"(format-valid after it: {_show(done['probe_after'])})")
         _write_record(stage_dir, {**done, **record, "decision": "reused", "cache": str(cached),
                                   "model": str(cached / "model")})
         return _start_from(cfg, str(cached / "model"))
-    hooks.announce(f"cold start: format-valid {before['format_valid']:.2f} on {before['count']} "
+    hooks.announce(f"cold start: format-valid {_show(before)} on {before['count']} "
                    f"training questions < trainer.cold_start_threshold={t.cold_start_threshold}; "
-                   f"building {t.cold_start_demos} demonstrations, then SFT")
-    model_dir = _run_stage(cfg, env, rows, probe_rows, base, stage_dir, cached, record, hooks)
+                   f"building {t.cold_start_demos} demonstrations"
+                   f"{'' if single else ' per env'}, then SFT")
+    model_dir = _run_stage(cfg, parts, rows, probe_rows, base, stage_dir, cached, record, hooks)
     return _start_from(cfg, str(model_dir))
 
 
-def _run_stage(cfg: Config, env: str, rows: list[dict], probe_rows: list[dict], base: Path,
-               stage_dir: Path, cached: Path, record: dict, hooks: Hooks) -> Path:
-    """Demonstrations, SFT, the probe of its result; the model published to ``cached`` and
-    the record written. Returns the published model's folder."""
+def _lowest(probe: dict) -> float:
+    """The lowest format validity of a probe: its own, or a mixed run's worst env's."""
+    return min([probe["format_valid"], *(p["format_valid"] for p in probe.get("envs", {}).values())])
+
+
+def _show(probe: dict) -> str:
+    """A probe's format validity in words (a mixed run's env by env)."""
+    if not probe.get("envs"):
+        return f"{probe['format_valid']:.2f}"
+    return ", ".join(f"{e} {p['format_valid']:.2f}" for e, p in probe["envs"].items())
+
+
+def _run_stage(cfg: Config, parts: dict[str, Config], rows: dict[str, list[dict]],
+               probe_rows: list[dict], base: Path, stage_dir: Path, cached: Path, record: dict,
+               hooks: Hooks) -> Path:
+    """Demonstrations (each env's), SFT, the probe of its result; the model published to
+    ``cached`` and the record written. Returns the published model's folder."""
     t = cfg.trainer
     before = record["probe_before"]
     t0 = time.perf_counter()
-    demos, looked_at, over = build_demos(cfg, env, rows, base, t.cold_start_demos, hooks)
-    if not demos:
-        raise ValueError(f"cold start: no demonstration could be built from {looked_at} "
-                         f"training rows of {cfg.data.name}; train from an SFT checkpoint "
-                         f"(trainer.cold_start=PATH) or set trainer.cold_start=off")
+    demos, looked_at, over = [], 0, 0
+    for env, sub in parts.items():
+        got, at, too_long = build_demos(sub, env, rows[env], base, t.cold_start_demos, hooks)
+        if not got:
+            raise ValueError(f"cold start: no {env} demonstration could be built from {at} "
+                             f"training rows of {sub.data.name}; train from an SFT "
+                             f"checkpoint (trainer.cold_start=PATH) or set "
+                             f"trainer.cold_start=off")
+        demos, looked_at, over = demos + got, looked_at + at, over + too_long
     stage_dir.mkdir(parents=True, exist_ok=True)
     demos_file = stage_dir / "demos.jsonl"
     write_jsonl(demos_file, demos)
@@ -185,8 +218,8 @@ def _run_stage(cfg: Config, env: str, rows: list[dict], probe_rows: list[dict], 
     t2 = time.perf_counter()
     after = _probe(cfg, sft_model, probe_rows, hooks, None)
     t3 = time.perf_counter()
-    hooks.announce(f"cold start: format-valid {before['format_valid']:.2f} -> "
-                   f"{after['format_valid']:.2f} on the {after['count']} probe questions "
+    hooks.announce(f"cold start: format-valid {_show(before)} -> "
+                   f"{_show(after)} on the {after['count']} probe questions "
                    f"(SFT loss {sft_summary['loss_first']:.3f} -> {sft_summary['loss_last']:.3f}, "
                    f"{sft_summary['steps']} steps, {t2 - t1:.0f}s)")
     done = {**record, "probe_after": after, "demos": len(demos), "rows_looked_at": looked_at,
@@ -219,8 +252,13 @@ def _probe(cfg: Config, model_path: Path, rows: list[dict], hooks: Hooks, engine
     finally:
         if own:
             engine.close()
-    return {"format_valid": m["eval/format_valid"], "em": m["eval/em"],
-            "count": int(m["eval/count"]), "seconds": time.perf_counter() - t0}
+    out = {"format_valid": m["eval/format_valid"], "em": m["eval/em"],
+           "count": int(m["eval/count"]), "seconds": time.perf_counter() - t0}
+    envs = sorted({k.split("/", 1)[0] for k in m if k.endswith("/eval/count")})
+    if envs:  # a mixed run: env by env too
+        out["envs"] = {e: {"format_valid": m[f"{e}/eval/format_valid"], "em": m[f"{e}/eval/em"],
+                           "count": int(m[f"{e}/eval/count"])} for e in envs}
+    return out
 
 
 def _eval_before(cfg: Config, base: Path, inputs: dict, store: Path, hooks: Hooks,
@@ -265,7 +303,7 @@ def build_demos(cfg: Config, env: str, rows: list[dict], model_path, want: int,
         # about a quarter of the rows yield one on the shipped search data; ask for more
         chunk = rows[at:at + max(16, 4 * (want - len(kept)))]
         for demo in build(env, chunk, make_env, workers=cfg.rollout.env_workers,
-                          **_builder_options(cfg)):
+                          **_builder_options(cfg, env)):
             if len(kept) == want:
                 break
             if budget_violation(record_to_trajectory(demo, chat, env), cfg.rollout) is None:
@@ -366,9 +404,7 @@ def _tool_identity(cfg: Config, env: str) -> Any:
     return {}
 
 
-def _builder_options(cfg: Config) -> dict:
-    import envs
-    env = envs.short_name(envs.resolve_env_id(cfg.env))
+def _builder_options(cfg: Config, env: str) -> dict:
     return {"search": {"max_searches": cfg.sft.max_searches},
             "code": {"max_cells": cfg.sft.max_cells}}.get(env, {})
 

@@ -19,6 +19,11 @@ solved the prompt: ``info["em"]`` when the env reports it, else ``reward >= 1``)
   again), and one whose last group solved less than the band's bottom sits out the next
   pass over the data; when nothing is left to draw, every row is back.
 
+A mixed run (rows of several envs, ``env=[search,code]``): each env has its own sampler
+over its own rows, by level or by row as its rows say; a step's slots go to the envs in
+the order of the mixed rows (``data.mix``'s shares), and each env's metrics are prefixed
+with its name (``code/curriculum/level``).
+
 Step metrics: ``curriculum/level`` (the current level), ``curriculum/solve_rate_L<k>``
 (the recent solve rate of each level seen), ``curriculum/in_band`` (the share of this
 step's groups inside the band) and, by row, ``curriculum/retired`` (the share of rows
@@ -162,3 +167,50 @@ class Curriculum:
         else:
             m["curriculum/retired"] = sum(v > self.hi for v in self.rate.values()) / len(self.rows)
         return m
+
+
+class MixedCurriculum:
+    """One :class:`Curriculum` per env of a mixed run; :meth:`take` fills each slot from
+    the env the mixed row order gives it."""
+
+    def __init__(self, rows: list[dict], band: tuple[float, float], seed: int,
+                 state: dict | None = None) -> None:
+        st = state or {}
+        self.rows, self.slot = rows, st.get("slot", 0)
+        self.index = {}  # env -> global row indices of its rows
+        for i, row in enumerate(rows):
+            self.index.setdefault(row["env"], []).append(i)
+        self.parts = {env: Curriculum([rows[i] for i in idx], band, seed,
+                                      st.get("parts", {}).get(env))
+                      for env, idx in self.index.items()}
+
+    def state(self) -> dict:
+        return {"slot": self.slot, "parts": {e: c.state() for e, c in self.parts.items()}}
+
+    def take(self, k: int) -> list[int]:
+        out = []
+        for _ in range(k):
+            env = self.rows[self.slot % len(self.rows)]["env"]
+            self.slot += 1
+            out.append(self.index[env][self.parts[env].take(1)[0]])
+        return out
+
+    def observe(self, picked: list[int], trajs: list, n: int) -> dict:
+        m = {}
+        local = {i: j for idx in self.index.values() for j, i in enumerate(idx)}
+        for env, cur in self.parts.items():
+            mine = [g for g, i in enumerate(picked) if self.rows[i]["env"] == env]
+            if not mine:
+                continue
+            got = cur.observe([local[picked[g]] for g in mine],
+                              [tr for g in mine for tr in trajs[g * n:(g + 1) * n]], n)
+            m.update({f"{env}/{k}": v for k, v in got.items()})
+        return m
+
+
+def make_curriculum(rows: list[dict], band: tuple[float, float], seed: int,
+                    state: dict | None = None):
+    """The sampler for ``rows``: :class:`MixedCurriculum` when they hold several envs."""
+    if len({row.get("env") for row in rows}) > 1:
+        return MixedCurriculum(rows, band, seed, state)
+    return Curriculum(rows, band, seed, state)

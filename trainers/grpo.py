@@ -45,6 +45,7 @@ import torch
 from agentgym._compat import deprecated_attributes
 from agentgym.config import Config, is_mixed, to_dict
 from agentgym.data.rows import heldout_rows, training_rows
+from agentgym.reporting.evaluation import write_outcomes
 from agentgym.reporting.metrics import MetricsLogger
 from agentgym.core.device import peak_memory_gb
 from agentgym.core.supervisor import (ServiceFailed, forget_unsupervised, infra_totals,
@@ -399,7 +400,7 @@ class Session:
         """
         t = self.cfg.trainer
         if self.eval_rows and t.eval_every and done % t.eval_every == 0 and done < t.total_steps:
-            m.update(self.evaluate())
+            m.update(self.evaluate(done))
         # the services this run's tools used: restarts and seconds down since the start
         m.update({k: round(v - self.infra_base.get(k, 0.0), 3)
                   for k, v in infra_totals().items()})
@@ -434,10 +435,13 @@ class Session:
             if path is not None:
                 self.metrics_log.samples(step, path)
 
-    def evaluate(self) -> dict:
-        """Greedy single-sample accuracy on the held-out rows."""
+    def evaluate(self, step: int) -> dict:
+        """Greedy single-sample accuracy on the held-out rows; each question's outcome in
+        ``eval/step_<step>.json`` (for the paired test of two steps,
+        :func:`agentgym.reporting.evaluation.paired_steps`)."""
         trajs = self.rollout.generate(self.eval_rows, 1, self.cfg.trainer.seed, self.hooks,
                                       greedy=True)
+        write_outcomes(self.run_dir / "eval" / f"step_{step}.json", trajs)
         return eval_metrics(trajs, per_env=is_mixed(self.cfg))
 
     def sync(self) -> None:
@@ -450,7 +454,7 @@ class Session:
         """The final held-out eval (when configured and a step ran)."""
         t = self.cfg.trainer
         if self.eval_rows and self.start < t.total_steps:
-            final = self.evaluate()
+            final = self.evaluate(t.total_steps)
             self.metrics_log.log(t.total_steps, final)
             self.hooks.step_end(t.total_steps, final)
 
@@ -499,11 +503,11 @@ def open_session(cfg: Config, hooks: Hooks | None = None,
                 state.get("data_cursor", start * t.prompts_per_step), version,
                 cfg.rollout.temperature or 1.0, state.get("data_taken", []))
     if cfg.data.curriculum:
-        from trainers.curriculum import Curriculum
-        s.curriculum = Curriculum(rows, tuple(cfg.data.curriculum_band), t.seed,
+        from trainers.curriculum import make_curriculum
+        s.curriculum = make_curriculum(rows, tuple(cfg.data.curriculum_band), t.seed,
                                   state.get("curriculum"))
     if eval_rows and start == 0:
-        s.metrics_log.log(0, s.evaluate())
+        s.metrics_log.log(0, s.evaluate(0))
     return s
 
 

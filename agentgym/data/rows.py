@@ -143,7 +143,8 @@ def training_rows(cfg) -> TrainingRows:
     names = env_names(cfg.env)
     if len(names) == 1:
         return question_rows(cfg, cfg.data.name, cfg.limit)
-    parts = {e: question_rows(sub_config(cfg, e), cfg.data.name, cfg.limit) for e in names}
+    subs = {e: sub_config(cfg, e) for e in names}
+    parts = {e: question_rows(sub, sub.data.name, cfg.limit) for e, sub in subs.items()}
     return mixed(parts, mix_rows({e: p.rows for e, p in parts.items()}, cfg.data.mix,
                                  cfg.trainer.seed))
 

@@ -18,6 +18,8 @@ samples are written under ``questions`` for paired comparisons.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from agentgym.rollout.manager import summarize
@@ -116,4 +118,94 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         lo, hi = result[f"maj@{k}_ci95"]
         parts.append(f"maj@{k} {result[f'maj@{k}']:.3f} [{lo:.3f}, {hi:.3f}]")
         lines.append("  " + "   ".join(parts) + " (95% CI)")
+    return lines
+
+
+def write_outcomes(path: Path, trajs: list) -> None:
+    """Each question's greedy outcome (``{uid: {em, format_valid, env}}``), written whole
+    (a temporary file renamed into place)."""
+    out = {t.uid: {"em": float(t.info.get("em", 0.0)) >= 1.0,
+                   "format_valid": bool(t.terminated and t.metrics["malformed_actions"] == 0),
+                   "env": str(t.info.get("env", ""))} for t in trajs}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(out) + "\n")
+    tmp.replace(path)
+
+
+def paired_steps(run_dir: Path, first: int, last: int, key: str = "em",
+                 env: str | None = None):
+    """The exact McNemar test (:func:`agentgym.reporting.stats.mcnemar`) of ``key`` between
+    two evaluated steps of a run, on their shared questions (one env's, with ``env``);
+    None when either step's outcomes were not written."""
+    from agentgym.reporting.stats import mcnemar
+    files = [Path(run_dir) / "eval" / f"step_{s}.json" for s in (first, last)]
+    if not all(f.exists() for f in files):
+        return None
+    a, b = (json.loads(f.read_text()) for f in files)
+    pick = [u for u in a if env is None or a[u].get("env") == env]
+    return mcnemar({u: bool(a[u][key]) for u in pick}, {u: bool(b[u][key]) for u in pick})
+
+
+def comparison_lines(run_dir: Path, cfg) -> list[str]:
+    """Held-out format validity and EM (95% Wilson intervals) of the model before the cold
+    start, after it (RL's step 0) and after RL (the last step), when the run evaluated;
+    beside the after-RL row, the exact McNemar p-value of its EM against step 0's on the
+    same questions (from each question's outcome, ``eval/step_N.json``). A mixed run: a
+    table per env."""
+    from agentgym.config import env_names
+    from agentgym.rollout.runtime import sub_config
+    metrics = Path(run_dir) / "metrics.jsonl"
+    if not metrics.exists():
+        return []
+    evals = [r for r in map(json.loads, metrics.read_text().splitlines()) if "eval/count" in r]
+    if not evals:
+        return []
+    record_file = Path(run_dir) / "cold_start" / "cold_start.json"
+    record = json.loads(record_file.read_text()) if record_file.exists() else {}
+    names = env_names(cfg.env)
+    if len(names) == 1:
+        return _comparison_table(run_dir, cfg, evals, record, record.get("eval_before"), None)
+    lines = []
+    for env in names:
+        before = (record.get("eval_before") or {}).get("envs", {}).get(env)
+        lines += _comparison_table(run_dir, sub_config(cfg, env), evals, record, before, env)
+    return lines
+
+
+def _comparison_table(run_dir: Path, cfg, evals: list[dict], record: dict,
+                      before: dict | None, env: str | None) -> list[str]:
+    from agentgym.data.rows import answerable_filter_applies
+    pre = f"{env}/" if env else ""
+    evals = [r for r in evals if f"{pre}eval/count" in r]
+    if not evals:
+        return []
+    start = "after SFT (RL step 0)" if record.get("model") else "start (RL step 0)"
+    rows = []
+    if before and record.get("model"):
+        rows.append((f"before ({Path(record['base_model']).name})", before["format_valid"],
+                     before["em"], before["count"], ""))
+    first, last = evals[0], evals[-1]
+    if first["step"] == 0:
+        rows.append((start, first[f"{pre}eval/format_valid"], first[f"{pre}eval/em"],
+                     first[f"{pre}eval/count"], ""))
+    if last["step"] > 0:
+        paired = paired_steps(run_dir, 0, last["step"], env=env) if first["step"] == 0 else None
+        rows.append((f"after RL (step {last['step']})", last[f"{pre}eval/format_valid"],
+                     last[f"{pre}eval/em"], last[f"{pre}eval/count"],
+                     "" if paired is None else f"{paired.p_value:.3g} "
+                     f"(+{paired.gained}/-{paired.lost})"))
+    n = int(rows[0][3]) if rows else 0
+    which = (" whose answer is in the corpus (data.answerable_only)"
+             if answerable_filter_applies(cfg) else "")
+    lines = [f"{env + ': ' if env else ''}held-out: {n} questions of {cfg.trainer.eval_data}"
+          f"{which} (greedy); 95% intervals; p: exact McNemar of EM against step 0 "
+          f"(questions gained/lost)",
+             f"  {'model':28s} {'format-valid':>24s} {'EM':>24s}   {'p (EM vs step 0)'}"]
+    for label, fv, em, count, p in rows:
+        cells = []
+        for x in (fv, em):
+            lo, hi = wilson_ci95(x, int(count))
+            cells.append(f"{x:.3f} [{lo:.3f}, {hi:.3f}]")
+        lines.append(f"  {label:28s} {cells[0]:>24s} {cells[1]:>24s}   {p}".rstrip())
     return lines

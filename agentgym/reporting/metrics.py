@@ -120,7 +120,7 @@ class MetricsLogger:
         fig.tight_layout()
         fig.savefig(self.png)
         plt.close(fig)
-        if any("curriculum/in_band" in r for r in rows):
+        if any(k.endswith("curriculum/in_band") for r in rows for k in r):
             plot_curriculum(rows, self.run_dir / "curriculum_curve.png")
 
     def close(self) -> None:
@@ -137,19 +137,22 @@ def plot_curriculum(rows: list[dict], png: Path) -> None:
     groups inside the band and with reward variance, and the current level (right axis)."""
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
-    keys = sorted({k for r in rows for k in r if k.startswith("curriculum/solve_rate_")})
-    for key in [*keys, "curriculum/in_band", "rollout/signal_groups"]:
+    found = {k for r in rows for k in r}
+    keys = sorted(k for k in found if "curriculum/solve_rate_" in k)
+    shares = sorted(k for k in found if k.endswith(("curriculum/in_band", "rollout/signal_groups")))
+    for key in [*keys, *shares]:
         pts = [(r["step"], r[key]) for r in rows if key in r]
-        if pts:
-            ax.plot(*zip(*pts), marker="o", markersize=3, linewidth=1,
-                    linestyle="-" if key in keys else ":", label=key.split("/", 1)[1])
+        ax.plot(*zip(*pts), marker="o", markersize=3, linewidth=1,
+                linestyle="-" if key in keys else ":", label=key.replace("curriculum/", ""))
     ax.set_xlabel("step")
     ax.set_ylabel("share")
     ax.set_ylim(-0.02, 1.02)
-    level = [(r["step"], r["curriculum/level"]) for r in rows if "curriculum/level" in r]
-    if level:
+    levels = sorted(k for k in found if k.endswith("curriculum/level"))
+    if levels:
         right = ax.twinx()
-        right.step(*zip(*level), where="post", color="black", linewidth=2, label="level")
+        for key in levels:
+            right.step(*zip(*[(r["step"], r[key]) for r in rows if key in r]), where="post",
+                       linewidth=2, label=key.replace("curriculum/", ""))
         from matplotlib.ticker import MaxNLocator
         right.yaxis.set_major_locator(MaxNLocator(integer=True))
         right.set_ylabel("level")

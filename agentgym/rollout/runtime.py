@@ -147,13 +147,26 @@ def build_manager(cfg: Config, model=None, tokenizer=None):
 
 
 def sub_config(cfg: Any, env: str) -> Any:
-    """``cfg`` for one env of a mixed run: ``env`` set, and its preset's held-out data."""
+    """``cfg`` for one env of a mixed run: ``env`` set; its own dataset when ``data`` names
+    one per env (``data=[train,arith]``, in env order), else the shared name; its own
+    held-out set when ``trainer.eval_data`` names one per env, else its preset's."""
     import copy
 
-    from agentgym.config import ENV_PRESETS
+    from agentgym.config import ENV_PRESETS, env_names
+    names = env_names(cfg.env)
     sub = copy.deepcopy(cfg)
     sub.env = env
     preset = ENV_PRESETS.get(env, {})
     if "trainer.eval_data" in preset:
         sub.trainer.eval_data = preset["trainer.eval_data"]
+    data, evals = env_names(cfg.data.name), env_names(cfg.trainer.eval_data)
+    for key, given in (("data", data), ("trainer.eval_data", evals)):
+        if len(given) > 1 and len(given) != len(names):
+            raise ValueError(f"{key}={','.join(given)} names {len(given)} datasets for "
+                             f"{len(names)} envs ({','.join(names)}); give one, or one per "
+                             f"env in env order")
+    if len(data) > 1:
+        sub.data.name = data[names.index(env)]
+    if len(evals) > 1:
+        sub.trainer.eval_data = evals[names.index(env)]
     return sub
