@@ -272,8 +272,15 @@ def cmd_train(args: list[str]) -> int:
 
 
 def _print_comparison(run_dir: Path, cfg: Config) -> None:
+    """The run's before / after-SFT / after-RL table (a table per env of a mixed run)."""
+    from agentgym.config import env_names
+    from agentgym.data.rows import answerable_filter_applies
     from agentgym.reporting.evaluation import comparison_lines
-    for line in comparison_lines(run_dir, cfg):
+    from agentgym.rollout.runtime import sub_config
+    names = env_names(cfg.env)
+    subs = [(None, cfg)] if len(names) == 1 else [(e, sub_config(cfg, e)) for e in names]
+    for line in comparison_lines(run_dir, [(e, c.trainer.eval_data, answerable_filter_applies(c))
+                                           for e, c in subs]):
         print(line)
 
 

@@ -140,3 +140,12 @@ def test_a_mixed_run_has_a_sampler_per_env_by_its_own_rows():
     assert m["search/curriculum/retired"] == 0.0 and m["search/curriculum/in_band"] == 0.5
     again = make_curriculum(rows, (0.2, 0.8), seed=0, state=json.loads(json.dumps(cur.state())))
     assert again.take(6) == cur.take(6)
+
+
+def test_the_reward_band_is_the_interval_of_the_mean_over_groups():
+    from trainers.sampling import reward_ci95
+    # group means 1.0, 0.5, 0.0, 0.5: sd over groups 0.408, 4 groups
+    trajs = _groups([1.0, 0.5, 0.0, 0.5])
+    assert reward_ci95(trajs) == pytest.approx(1.96 * (1 / 6) ** 0.5 / 2)
+    assert reward_ci95(_groups([0.5])) == 0.0  # one group: no spread to show
+    assert reward_ci95(_groups([0.5, 0.5, 0.5])) == 0.0

@@ -46,7 +46,8 @@ def train(cfg: Config, hooks: Hooks | None = None) -> Path:
         for step in range(s.start, cfg.trainer.total_steps):
             t0 = time.perf_counter()
             # 1. rollouts
-            trajs, s.cursor, m = collect(cfg, s.rollout, s.rows, s.cursor, step, s.hooks)
+            trajs, s.cursor, m = collect(cfg, s.rollout, s.rows, s.cursor, step, s.hooks,
+                                         s.curriculum)
             t1 = time.perf_counter()
             policy_updated = False
             if trajs:

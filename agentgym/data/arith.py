@@ -30,8 +30,11 @@ holds a held-out question: its generator skips them.
 
 from __future__ import annotations
 
+import json
 import random
 from typing import Callable
+
+from agentgym.core.paths import data_dir
 
 LEVELS = (1, 2, 3, 4, 5)
 TEST_PER_LEVEL = 200
@@ -153,9 +156,8 @@ def test_rows(per_level: int = TEST_PER_LEVEL) -> list[dict]:
 
 def heldout_questions() -> set[str]:
     """The questions of the shipped held-out set."""
-    from agentgym.core.paths import data_dir
-    from agentgym.data.rows import read_jsonl
-    return {row["extra_info"]["question"] for row in read_jsonl(data_dir() / TEST_FILE)}
+    with open(data_dir() / TEST_FILE, encoding="utf-8") as f:
+        return {json.loads(line)["extra_info"]["question"] for line in f if line.strip()}
 
 
 def train_rows(seed: int = 0, per_level: int = TRAIN_PER_LEVEL) -> list[dict]:
@@ -173,7 +175,6 @@ def level_rows(rows: list[dict], level: int) -> list[dict]:
 
 
 if __name__ == "__main__":  # writes the shipped held-out set
-    from agentgym.core.paths import data_dir
-    from agentgym.data.rows import write_jsonl
-    write_jsonl(data_dir() / TEST_FILE, test_rows())
+    with open(data_dir() / TEST_FILE, "w", encoding="utf-8") as out:
+        out.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in test_rows())
     print(f"wrote {data_dir() / TEST_FILE}")

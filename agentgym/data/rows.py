@@ -17,6 +17,7 @@ from typing import Callable
 
 from agentgym.core.paths import data_dir
 from agentgym.core.registry import did_you_mean
+from agentgym.data import arith
 
 #: env -> dataset name -> file under data/.
 DATASETS: dict[str, dict[str, str]] = {
@@ -32,7 +33,6 @@ REQUIRED = ("data_source", "prompt", "reward_model", "env")
 
 def _arith(name: str) -> Callable[[], list[dict]]:
     def rows() -> list[dict]:
-        from agentgym.data import arith
         if name == "arith":
             return arith.train_rows()
         level = int(name.rsplit("_l", 1)[1])

@@ -147,14 +147,13 @@ def paired_steps(run_dir: Path, first: int, last: int, key: str = "em",
     return mcnemar({u: bool(a[u][key]) for u in pick}, {u: bool(b[u][key]) for u in pick})
 
 
-def comparison_lines(run_dir: Path, cfg) -> list[str]:
+def comparison_lines(run_dir: Path, scopes: list[tuple[str | None, str, bool]]) -> list[str]:
     """Held-out format validity and EM (95% Wilson intervals) of the model before the cold
     start, after it (RL's step 0) and after RL (the last step), when the run evaluated;
     beside the after-RL row, the exact McNemar p-value of its EM against step 0's on the
-    same questions (from each question's outcome, ``eval/step_N.json``). A mixed run: a
-    table per env."""
-    from agentgym.config import env_names
-    from agentgym.rollout.runtime import sub_config
+    same questions (from each question's outcome, ``eval/step_N.json``). ``scopes``: one
+    table per ``(env, held-out set, answerable filter applied)``; env None for a single-env
+    run, each env's name in a mixed one (its ``<env>/eval/*`` metrics)."""
     metrics = Path(run_dir) / "metrics.jsonl"
     if not metrics.exists():
         return []
@@ -163,19 +162,16 @@ def comparison_lines(run_dir: Path, cfg) -> list[str]:
         return []
     record_file = Path(run_dir) / "cold_start" / "cold_start.json"
     record = json.loads(record_file.read_text()) if record_file.exists() else {}
-    names = env_names(cfg.env)
-    if len(names) == 1:
-        return _comparison_table(run_dir, cfg, evals, record, record.get("eval_before"), None)
     lines = []
-    for env in names:
-        before = (record.get("eval_before") or {}).get("envs", {}).get(env)
-        lines += _comparison_table(run_dir, sub_config(cfg, env), evals, record, before, env)
+    for env, data, answerable in scopes:
+        before = record.get("eval_before") or {}
+        before = before.get("envs", {}).get(env) if env else before
+        lines += _comparison_table(run_dir, evals, record, before, env, data, answerable)
     return lines
 
 
-def _comparison_table(run_dir: Path, cfg, evals: list[dict], record: dict,
-                      before: dict | None, env: str | None) -> list[str]:
-    from agentgym.data.rows import answerable_filter_applies
+def _comparison_table(run_dir: Path, evals: list[dict], record: dict, before: dict | None,
+                      env: str | None, data: str, answerable: bool) -> list[str]:
     pre = f"{env}/" if env else ""
     evals = [r for r in evals if f"{pre}eval/count" in r]
     if not evals:
@@ -196,9 +192,8 @@ def _comparison_table(run_dir: Path, cfg, evals: list[dict], record: dict,
                      "" if paired is None else f"{paired.p_value:.3g} "
                      f"(+{paired.gained}/-{paired.lost})"))
     n = int(rows[0][3]) if rows else 0
-    which = (" whose answer is in the corpus (data.answerable_only)"
-             if answerable_filter_applies(cfg) else "")
-    lines = [f"{env + ': ' if env else ''}held-out: {n} questions of {cfg.trainer.eval_data}"
+    which = " whose answer is in the corpus (data.answerable_only)" if answerable else ""
+    lines = [f"{env + ': ' if env else ''}held-out: {n} questions of {data}"
           f"{which} (greedy); 95% intervals; p: exact McNemar of EM against step 0 "
           f"(questions gained/lost)",
              f"  {'model':28s} {'format-valid':>24s} {'EM':>24s}   {'p (EM vs step 0)'}"]
