@@ -8,7 +8,7 @@ import pytest
 
 from agentgym.config import build_config
 from agentgym.core.types import Trajectory
-from agentgym.data import arith
+import agentgym.data.arith as arith
 from agentgym.data.rows import load_rows, write_jsonl
 from trainers import train
 from trainers.curriculum import MIN_GROUPS, Curriculum
@@ -149,3 +149,29 @@ def test_the_reward_band_is_the_interval_of_the_mean_over_groups():
     assert reward_ci95(trajs) == pytest.approx(1.96 * (1 / 6) ** 0.5 / 2)
     assert reward_ci95(_groups([0.5])) == 0.0  # one group: no spread to show
     assert reward_ci95(_groups([0.5, 0.5, 0.5])) == 0.0
+
+
+def test_search_questions_are_ordered_by_difficulty_for_the_curriculum():
+    """Single-hop questions whose answer BM25 ranks first come first, HotpotQA last; the
+    levels are what the retrieval says, checked here against the passages themselves."""
+    from agentgym.core.paths import shipped_corpus
+    from agentgym.data.answerable import MULTI_HOP, TOP1, _bm25, difficulty_levels
+    from agentgym.data.rows import question_rows
+    cfg = build_config({"env": "search", "data.curriculum": "solve_rate"})
+    rows = question_rows(cfg, "train", limit=120).rows
+    levels = [r["extra_info"]["level"] for r in rows]
+    assert levels == difficulty_levels(rows, shipped_corpus())
+    assert set(levels) == {1, 2, 3, 4}
+    assert all((lv == MULTI_HOP) == (r["data_source"] == "hotpotqa") for r, lv in zip(rows, levels))
+    retriever, index = _bm25(str(shipped_corpus()))
+    import bm25s
+    from envs.rewards import normalize_answer
+    from envs.search import gold_answers
+    for row in [r for r, lv in zip(rows, levels) if lv == TOP1][:5]:
+        (top,), _ = retriever.retrieve(bm25s.tokenize([row["extra_info"]["question"]],
+                                                      stopwords="en", show_progress=False),
+                                       k=1, show_progress=False)
+        passage = index.passages[int(top[0])]
+        assert any(f" {normalize_answer(g)} " in passage for g in gold_answers(row))
+    assert "level" not in question_rows(build_config({"env": "search"}), "train", 5).rows[0][
+        "extra_info"]  # only with a curriculum

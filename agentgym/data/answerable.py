@@ -7,6 +7,10 @@ question the corpus cannot answer earns reward 0 from every rollout, so its GRPO
 has no reward variance and adds nothing to an update; ``data.answerable_only`` (default
 true with the shipped corpus) leaves such questions out of training.
 
+With ``data.curriculum=solve_rate``, :func:`difficulty_levels` orders the search questions
+for the curriculum: a single-hop question whose answer BM25 puts in the top passage
+first, then in the top 3, then elsewhere in the corpus, and multi-hop (HotpotQA) last.
+
 Matching uses an inverted index (normalized word -> passages that hold it): a gold
 answer is looked up only in the passages holding all of its words, so 3,000 questions
 against the shipped 21k passages take seconds, not a scan of the corpus per answer.
@@ -75,3 +79,47 @@ def answerable(rows: list[dict], corpus: str | Path) -> list[bool]:
     """Per row: does the corpus hold one of its gold answers?"""
     index = corpus_index(str(corpus))
     return [any(index.contains(g) for g in gold_answers(row)) for row in rows]
+
+
+#: search difficulty levels (``extra_info.level``) for the curriculum
+TOP1, TOP3, IN_CORPUS, MULTI_HOP = 1, 2, 3, 4
+
+
+@functools.lru_cache(maxsize=1)
+def _bm25(path: str):
+    """bm25s over the corpus's ``contents`` as the local retriever indexes it (regex
+    tokens, lowercased, English stopwords, no stemming) and the normalized passages."""
+    import bm25s
+    index = corpus_index(path)
+    texts = []
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                doc = json.loads(line)
+                texts.append(doc.get("contents") or f"{doc.get('title', '')}\n{doc.get('text', '')}")
+    retriever = bm25s.BM25()
+    retriever.index(bm25s.tokenize(texts, lower=True, stopwords="en", show_progress=False),
+                    show_progress=False)
+    return retriever, index
+
+
+def difficulty_levels(rows: list[dict], corpus: str | Path) -> list[int]:
+    """Per search row, its difficulty level: :data:`TOP1` (single-hop, a gold answer in the
+    passage BM25 ranks first for the question), :data:`TOP3` (in the top 3, the env's
+    default ``retriever.topk``), :data:`IN_CORPUS` (elsewhere in the corpus, or nowhere),
+    :data:`MULTI_HOP` (HotpotQA: its answer needs a second search)."""
+    import bm25s
+    retriever, index = _bm25(str(corpus))
+    single = [i for i, row in enumerate(rows) if row.get("data_source") != "hotpotqa"]
+    levels = [MULTI_HOP] * len(rows)
+    if not single:
+        return levels
+    queries = bm25s.tokenize([rows[i]["extra_info"]["question"] for i in single], lower=True,
+                             stopwords="en", show_progress=False)
+    top, _ = retriever.retrieve(queries, k=3, show_progress=False, n_threads=1)
+    for i, ranked in zip(single, top):
+        golds = [f" {g} " for g in map(normalize_answer, gold_answers(rows[i])) if g]
+        hits = [any(g in index.passages[int(d)] for g in golds) for d in ranked]
+        levels[i] = TOP1 if hits[0] else TOP3 if any(hits) else IN_CORPUS
+    return levels

@@ -17,7 +17,7 @@ from typing import Callable
 
 from agentgym.core.paths import data_dir
 from agentgym.core.registry import did_you_mean
-from agentgym.data import arith
+import agentgym.data.arith as arith
 
 #: env -> dataset name -> file under data/.
 DATASETS: dict[str, dict[str, str]] = {
@@ -216,16 +216,22 @@ def answerable_filter_applies(cfg) -> bool:
 
 def question_rows(cfg, name: str, limit: int = 0) -> TrainingRows:
     """The rows of dataset ``name``, answerable ones only when
-    :func:`answerable_filter_applies`, then the first ``limit`` (0: all)."""
+    :func:`answerable_filter_applies`, then the first ``limit`` (0: all). With
+    ``data.curriculum`` there, each row gets its difficulty as ``extra_info.level``
+    (:func:`agentgym.data.answerable.difficulty_levels`), which the curriculum orders by."""
     from agentgym.core.paths import shipped_corpus
     rows = load_rows(cfg.env, name)
     total = len(rows)
     if not answerable_filter_applies(cfg):
         return TrainingRows(rows[:limit] if limit else rows, total, source=name)
-    from agentgym.data.answerable import answerable
+    from agentgym.data.answerable import answerable, difficulty_levels
     keep = answerable(rows, shipped_corpus())
     kept = [row for row, ok in zip(rows, keep) if ok]
     if not kept:
         raise ValueError(f"no question of {name} has a gold answer in the shipped "
                          f"corpus; set data.answerable_only=false to use them anyway")
-    return TrainingRows(kept[:limit] if limit else kept, total, len(kept), source=name)
+    found, kept = len(kept), kept[:limit] if limit else kept
+    if cfg.data.curriculum:
+        kept = [{**row, "extra_info": {**row.get("extra_info", {}), "level": level}}
+                for row, level in zip(kept, difficulty_levels(kept, shipped_corpus()))]
+    return TrainingRows(kept, total, found, source=name)
