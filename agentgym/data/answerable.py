@@ -90,6 +90,7 @@ def _bm25(path: str):
     """bm25s over the corpus's ``contents`` as the local retriever indexes it (regex
     tokens, lowercased, English stopwords, no stemming) and the normalized passages."""
     import bm25s
+    logging.getLogger("bm25s").setLevel(logging.WARNING)  # it sets itself to DEBUG on import
     index = corpus_index(path)
     texts = []
     opener = gzip.open if path.endswith(".gz") else open
