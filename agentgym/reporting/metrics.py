@@ -144,17 +144,21 @@ def plot_curriculum(rows: list[dict], png: Path) -> None:
         pts = [(r["step"], r[key]) for r in rows if key in r]
         ax.plot(*zip(*pts), marker="o", markersize=3, linewidth=1,
                 linestyle="-" if key in keys else ":", label=key.replace("curriculum/", ""))
+    from matplotlib.ticker import MaxNLocator
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step")
     ax.set_ylabel("share")
     ax.set_ylim(-0.02, 1.02)
     levels = sorted(k for k in found if k.endswith("curriculum/level"))
     if levels:
         right = ax.twinx()
-        for key in levels:
+        for key, style in zip(levels, ("-", "--", "-.", ":")):
             right.step(*zip(*[(r["step"], r[key]) for r in rows if key in r]), where="post",
-                       linewidth=2, label=key.replace("curriculum/", ""))
-        from matplotlib.ticker import MaxNLocator
-        right.yaxis.set_major_locator(MaxNLocator(integer=True))
+                       color="black", linestyle=style, linewidth=2,
+                       label=key.replace("curriculum/", ""))
+        top = max(r[k] for r in rows for k in levels if k in r)
+        right.set_ylim(0.5, top + 0.5)
+        right.set_yticks(range(1, int(top) + 1))
         right.set_ylabel("level")
         right.legend(loc="upper right", fontsize=8)
     ax.legend(loc="upper left", fontsize=8)
