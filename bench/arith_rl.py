@@ -2,9 +2,11 @@
 arithmetic, :mod:`agentgym.data.arith`) with the solve-rate curriculum, on the CPU, against
 the cold-start (SFT) model it starts from, on the same held-out questions.
 
-    python bench/arith_rl.py --minutes 30                               # item 5(a): the recipe
-    python bench/arith_rl.py --minutes 10 --name lora8 model.lora.rank=8 trainer.lr=1e-4
-    python bench/arith_rl.py --table full lora1 lora8 lora32            # full vs LoRA
+    python bench/arith_rl.py --minutes 10 --name full trainer.lr=2e-5   # the CPU recipe
+    python bench/arith_rl.py --minutes 0 --name full --gsm8k 200        # + GSM8K (transfer)
+    python bench/arith_rl.py --minutes 10 --name lora8 model.lora.rank=8 model.lora.alpha=32 \
+        trainer.lr=2e-4
+    python bench/arith_rl.py --table full lora32 lora8 lora1            # full vs LoRA
 
 1. The cold start, once per work folder: ``agentgym train env=code data=arith`` for one
    step, whose demonstrations + SFT (``trainer.cold_start_demos``) give the model every arm
@@ -220,7 +222,7 @@ def main() -> None:
     ap.add_argument("--name", default="recipe")
     ap.add_argument("--work", default="runs/arith_rl")
     ap.add_argument("--sft", default="", help="the model arms start from (default: built)")
-    ap.add_argument("--eval-limit", type=int, default=500)
+    ap.add_argument("--eval-limit", type=int, default=250)
     ap.add_argument("--curve-limit", type=int, default=100,
                     help="questions each intermediate checkpoint plays (the curve)")
     ap.add_argument("--gsm8k", type=int, default=0, help="also GSM8K's first N (transfer)")

@@ -20,6 +20,10 @@ malformed action) is below ``trainer.cold_start_threshold``, it
    cold start resumes);
 3. probes the SFT result on the same questions, and starts RL from it.
 
+A mixed run (``env=[search,code]``) probes each env on its own training rows and runs the
+cold start when any env is below the threshold: ``trainer.cold_start_demos``
+demonstrations per env, from each env's builder, and one SFT over all of them.
+
 The probe's result and the SFT model are cached by content under
 ``$AGENTGYM_CACHE/cold_start/`` (default ``~/.cache/agentgym``): the key hashes the
 starting model's files, the env, the training rows, the corpus or tools the
