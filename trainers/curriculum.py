@@ -8,8 +8,8 @@ solved the prompt: ``info["em"]`` when the env reports it, else ``reward >= 1``)
 ``data.curriculum_band`` (default ``[0.2, 0.8]``), and moves on as they are mastered.
 
 * **By level**, when the rows carry ``extra_info.level`` (``data=arith``; search rows
-  ordered by difficulty, :func:`agentgym.data.answerable.difficulty_levels`): a step's prompts come from the *current level*, in a shuffled
-  order per level. The level's recent solve rate is the mean over its last
+  ordered by difficulty, :func:`agentgym.data.answerable.difficulty_levels`): a step's
+  prompts come from the *current level*, in a shuffled order per level. The level's recent solve rate is the mean over its last
   :data:`WINDOW` groups; once at least :data:`MIN_GROUPS` are in and it is above the
   band, the level counts as mastered and the next one becomes current. The run starts at
   the lowest level, so a level the model already masters costs a step or two and the
@@ -180,6 +180,7 @@ class MixedCurriculum:
         self.index = {}  # env -> global row indices of its rows
         for i, row in enumerate(rows):
             self.index.setdefault(row["env"], []).append(i)
+        self.local = {i: j for idx in self.index.values() for j, i in enumerate(idx)}
         self.parts = {env: Curriculum([rows[i] for i in idx], band, seed,
                                       st.get("parts", {}).get(env))
                       for env, idx in self.index.items()}
@@ -197,12 +198,11 @@ class MixedCurriculum:
 
     def observe(self, picked: list[int], trajs: list, n: int) -> dict:
         m = {}
-        local = {i: j for idx in self.index.values() for j, i in enumerate(idx)}
         for env, cur in self.parts.items():
             mine = [g for g, i in enumerate(picked) if self.rows[i]["env"] == env]
             if not mine:
                 continue
-            got = cur.observe([local[picked[g]] for g in mine],
+            got = cur.observe([self.local[picked[g]] for g in mine],
                               [tr for g in mine for tr in trajs[g * n:(g + 1) * n]], n)
             m.update({f"{env}/{k}": v for k, v in got.items()})
         return m

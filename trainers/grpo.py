@@ -505,7 +505,7 @@ def open_session(cfg: Config, hooks: Hooks | None = None,
     if cfg.data.curriculum:
         from trainers.curriculum import make_curriculum
         s.curriculum = make_curriculum(rows, tuple(cfg.data.curriculum_band), t.seed,
-                                  state.get("curriculum"))
+                                       state.get("curriculum"))
     if eval_rows and start == 0:
         s.metrics_log.log(0, s.evaluate(0))
     return s

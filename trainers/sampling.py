@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import statistics
 
 from agentgym.config import Config, is_mixed
 from agentgym.core.types import Trajectory
@@ -134,12 +135,8 @@ def reward_ci95(trajs: list[Trajectory]) -> float:
     groups: dict[str, list[float]] = collections.defaultdict(list)
     for tr in trajs:
         groups[tr.uid].append(tr.reward)
-    means = [sum(r) / len(r) for r in groups.values()]
-    if len(means) < 2:
-        return 0.0
-    mu = sum(means) / len(means)
-    sd = (sum((x - mu) ** 2 for x in means) / (len(means) - 1)) ** 0.5
-    return 1.96 * sd / len(means) ** 0.5
+    means = [statistics.fmean(r) for r in groups.values()]
+    return 1.96 * statistics.stdev(means) / len(means) ** 0.5 if len(means) > 1 else 0.0
 
 
 def regroup(trajs: list[Trajectory], n: int, taken: set[str], tag: str) -> None:

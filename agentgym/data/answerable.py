@@ -30,6 +30,19 @@ from envs.search import gold_answers
 logger = logging.getLogger(__name__)
 
 
+def passage_texts(path: str | Path) -> list[str]:
+    """Each passage's text of a Search-R1 JSONL(.gz) corpus: ``contents``, else title and
+    text (what the local retriever indexes)."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    texts = []
+    with opener(path, "rt", encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                doc = json.loads(line)
+                texts.append(doc.get("contents") or f"{doc.get('title', '')}\n{doc.get('text', '')}")
+    return texts
+
+
 class CorpusIndex:
     """Normalized passages of a Search-R1 JSONL(.gz) corpus (``contents`` or
     ``title``/``text``) and a word -> passage-ids index over them."""
@@ -43,15 +56,7 @@ class CorpusIndex:
 
     @classmethod
     def from_file(cls, path: str | Path) -> "CorpusIndex":
-        opener = gzip.open if str(path).endswith(".gz") else open
-        texts = []
-        with opener(path, "rt", encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    doc = json.loads(line)
-                    texts.append(doc.get("contents") or
-                                 f"{doc.get('title', '')}\n{doc.get('text', '')}")
-        return cls(texts)
+        return cls(passage_texts(path))
 
     def contains(self, answer: str) -> bool:
         """True when ``answer`` (normalized) occurs as whole words in some passage."""
@@ -91,18 +96,10 @@ def _bm25(path: str):
     tokens, lowercased, English stopwords, no stemming) and the normalized passages."""
     import bm25s
     logging.getLogger("bm25s").setLevel(logging.WARNING)  # it sets itself to DEBUG on import
-    index = corpus_index(path)
-    texts = []
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                doc = json.loads(line)
-                texts.append(doc.get("contents") or f"{doc.get('title', '')}\n{doc.get('text', '')}")
     retriever = bm25s.BM25()
-    retriever.index(bm25s.tokenize(texts, lower=True, stopwords="en", show_progress=False),
-                    show_progress=False)
-    return retriever, index
+    retriever.index(bm25s.tokenize(passage_texts(path), lower=True, stopwords="en",
+                                   show_progress=False), show_progress=False)
+    return retriever, corpus_index(path)
 
 
 def difficulty_levels(rows: list[dict], corpus: str | Path) -> list[int]:

@@ -154,10 +154,16 @@ def test_rows(per_level: int = TEST_PER_LEVEL) -> list[dict]:
                        for lv in LEVELS})
 
 
+def shipped_test_rows(level: int | None = None) -> list[dict]:
+    """The shipped held-out set (``data/arith/test.jsonl``), or one level of it."""
+    with open(data_dir() / TEST_FILE, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [r for r in rows if level is None or r["extra_info"]["level"] == level]
+
+
 def heldout_questions() -> set[str]:
     """The questions of the shipped held-out set."""
-    with open(data_dir() / TEST_FILE, encoding="utf-8") as f:
-        return {json.loads(line)["extra_info"]["question"] for line in f if line.strip()}
+    return {row["extra_info"]["question"] for row in shipped_test_rows()}
 
 
 def train_rows(seed: int = 0, per_level: int = TRAIN_PER_LEVEL) -> list[dict]:
@@ -168,10 +174,6 @@ def train_rows(seed: int = 0, per_level: int = TRAIN_PER_LEVEL) -> list[dict]:
     skip = heldout_questions()
     return interleave({lv: [problem_row(lv, p, "train", i) for i, p in
                             enumerate(_stream(lv, seed, per_level, skip))] for lv in LEVELS})
-
-
-def level_rows(rows: list[dict], level: int) -> list[dict]:
-    return [row for row in rows if row["extra_info"].get("level") == level]
 
 
 if __name__ == "__main__":  # writes the shipped held-out set

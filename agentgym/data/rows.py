@@ -7,6 +7,7 @@ A row: ``data_source``, ``prompt`` (chat messages), ``ability``,
 from __future__ import annotations
 
 import collections
+import functools
 
 import gzip
 import json
@@ -31,18 +32,11 @@ DATASETS: dict[str, dict[str, str]] = {
 REQUIRED = ("data_source", "prompt", "reward_model", "env")
 
 
-def _arith(name: str) -> Callable[[], list[dict]]:
-    def rows() -> list[dict]:
-        if name == "arith":
-            return arith.train_rows()
-        level = int(name.rsplit("_l", 1)[1])
-        return arith.level_rows(read_jsonl(data_dir() / arith.TEST_FILE), level)
-    return rows
-
-
 #: env -> dataset name -> a function making its rows (generated, or a view of a file).
 GENERATED: dict[str, dict[str, Callable[[], list[dict]]]] = {
-    "code": {name: _arith(name) for name in ("arith", *(f"arith_test_l{k}" for k in range(1, 6)))},
+    "code": {"arith": arith.train_rows,
+             **{f"arith_test_l{k}": functools.partial(arith.shipped_test_rows, k)
+                for k in arith.LEVELS}},
 }
 
 logger = logging.getLogger(__name__)

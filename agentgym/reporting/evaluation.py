@@ -124,9 +124,9 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
 def write_outcomes(path: Path, trajs: list) -> None:
     """Each question's greedy outcome (``{uid: {em, format_valid, env}}``), written whole
     (a temporary file renamed into place)."""
-    out = {t.uid: {"em": float(t.info.get("em", 0.0)) >= 1.0,
-                   "format_valid": bool(t.terminated and t.metrics["malformed_actions"] == 0),
-                   "env": str(t.info.get("env", ""))} for t in trajs}
+    out = {e["uid"]: {"em": e["em"] >= 1.0, "format_valid": e["format_valid"],
+                      "env": str(t.info.get("env", ""))}
+           for e, t in ((_episode(t), t) for t in trajs)}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(out) + "\n")
@@ -193,9 +193,8 @@ def _comparison_table(run_dir: Path, evals: list[dict], record: dict, before: di
                      f"(+{paired.gained}/-{paired.lost})"))
     n = int(rows[0][3]) if rows else 0
     which = " whose answer is in the corpus (data.answerable_only)" if answerable else ""
-    lines = [f"{env + ': ' if env else ''}held-out: {n} questions of {data}"
-          f"{which} (greedy); 95% intervals; p: exact McNemar of EM against step 0 "
-          f"(questions gained/lost)",
+    lines = [f"{env + ': ' if env else ''}held-out: {n} questions of {data}{which} (greedy); "
+             f"95% intervals; p: exact McNemar of EM against step 0 (questions gained/lost)",
              f"  {'model':28s} {'format-valid':>24s} {'EM':>24s}   {'p (EM vs step 0)'}"]
     for label, fv, em, count, p in rows:
         cells = []
