@@ -57,7 +57,7 @@ install: $(STAMP) sysdeps
 # bf16 (rollout copy and autocast) where the CPU computes it natively (AMX or AVX512-BF16:
 # several times faster than fp32 there); fp32 elsewhere, where bf16 is emulated and slower.
 DEMO_DIR := runs/demo
-DEMO_STEPS := 4
+DEMO_STEPS := 5
 DEMO_BF16 := $(shell grep -qsE 'amx_bf16|avx512_bf16' /proc/cpuinfo && \
 	echo engine.dtype=bfloat16 trainer.mixed_precision=bf16)
 demo: $(STAMP) sysdeps
@@ -65,9 +65,9 @@ demo: $(STAMP) sysdeps
 	$(BIN)/agentgym train 'env=[search,code]' 'data=[train,arith]' \
 		'trainer.eval_data=[nq,arith_test]' 'data.mix=[1,7]' data.curriculum=solve_rate \
 		run_dir=$(DEMO_DIR) trainer.total_steps=$(DEMO_STEPS) trainer.prompts_per_step=8 n=4 \
-		trainer.lr=2e-5 search.reward=f1 rollout.max_turns=2 rollout.max_tokens_per_turn=64 \
-		trainer.cold_start_probe=4 trainer.cold_start_demos=32 sft.epochs=1 \
-		trainer.eval_limit=40 $(DEMO_BF16)
+		trainer.lr=2e-5 search.reward=f1 'rollout.max_turns=[3,2]' \
+		'rollout.max_tokens_per_turn=[128,64]' trainer.cold_start_probe=4 \
+		'trainer.cold_start_demos=[8,32]' sft.epochs=1 'trainer.eval_limit=[20,60]' $(DEMO_BF16)
 
 test: $(STAMP) sysdeps browser
 	$(BIN)/python -m pytest -q

@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from agentgym.core.registry import did_you_mean
+from agentgym.presets import ALGO_PRESETS, ALIASES, ENV_PRESETS, PER_ENV_KEYS  # noqa: F401
 
 
 def check_choices(section: str, obj: Any, choices: dict[str, tuple]) -> None:
@@ -430,42 +431,11 @@ class Config:
     out: str = ""  # output file (rollout: trajectories JSONL; eval: results JSON)
     run_dir: str = ""  # train: default runs/<env>-<model>-<time>
     log_level: str = "WARNING"
+    # a mixed run's values per env, in env order, for presets.PER_ENV_KEYS (set as lists:
+    # rollout.max_turns=[4,2]); the key itself holds the largest
+    per_env: dict[str, list[int]] = field(default_factory=dict)
 
 
-#: Per-environment overrides applied before the user's.
-ENV_PRESETS: dict[str, dict[str, Any]] = {
-    "search": {},  # Search-R1's budgets are the dataclass defaults
-    # ReTool allows many code cells (verl's recipe: 16 turns, 16k tokens). On CPU: 4
-    # actions (up to 3 cells, then the answer) fit the 1024-token response budget when
-    # cells print short results, as GSM8K's do; the manager truncates when they don't.
-    # GPU users raise rollout.max_turns and rollout.max_response_tokens together.
-    "code": {"rollout.max_turns": 4, "trainer.eval_data": "gsm8k"},
-    # an answer, and one retry when it has no \boxed{} (geometry.tool=true: allow more turns)
-    "geometry": {"rollout.max_turns": 2, "trainer.eval_data": "test"},
-}
-#: ``algo=NAME``: the keys each algorithm sets, applied after the env preset and the
-#: command's defaults, before the user's overrides. Names follow verl's estimators.
-ALGO_PRESETS: dict[str, dict[str, Any]] = {
-    "grpo": {},
-    # Dr. GRPO (Liu et al. 2025): no std division, token sums over a constant length
-    "dr_grpo": {"algo.norm_adv_by_std": False, "algo.loss_agg_mode": "seq-mean-token-sum-norm"},
-    "rloo": {"algo.advantage": "rloo"},
-    # REINFORCE++: a KL penalty (when algo.kl_coef > 0) goes into the token rewards, as k1
-    # (in a reward only the score-function gradient flows, and for k3 that one is biased)
-    "reinforce_plus_plus": {"algo.advantage": "reinforce_plus_plus", "algo.kl_mode": "reward",
-                            "algo.kl_estimator": "k1"},
-    "reinforce_plus_plus_baseline": {"algo.advantage": "reinforce_plus_plus_baseline",
-                                     "algo.kl_mode": "reward", "algo.kl_estimator": "k1"},
-    # DAPO (Yu et al. 2025): clip-higher, token-mean, dynamic sampling, overlong shaping
-    "dapo": {"algo.clip_high": 0.28, "algo.loss_agg_mode": "token-mean",
-             "algo.dynamic_sampling": True, "algo.overlong_buffer": 256},
-    "gspo": {"algo.policy_loss": "gspo", "algo.clip_low": 3e-4, "algo.clip_high": 4e-4,
-             "algo.loss_agg_mode": "seq-mean-token-mean"},
-    # PPO with a critic and GAE; one sample per prompt (no groups needed)
-    "ppo": {"algo.advantage": "gae", "rollout.n": 1},
-}
-ALIASES = {"n": "rollout.n", "seed": "trainer.seed", "backend": "trainer.backend",
-           "placement": "ray.placement", "logger": "trainer.logger"}
 
 
 def _field_names(obj: Any) -> list[str]:
@@ -516,8 +486,14 @@ def _coerce(key: str, raw: Any, hint: Any) -> Any:
 
 
 def set_key(cfg: Any, key: str, value: Any) -> None:
-    """Set a dotted key on a config tree (value already parsed from YAML)."""
+    """Set a dotted key on a config tree (value already parsed from YAML). A list for one
+    of :data:`PER_ENV_KEYS` is a mixed run's value per env (``cfg.per_env``)."""
     key = ALIASES.get(key, key)
+    if key in PER_ENV_KEYS and hasattr(cfg, "per_env"):
+        cfg.per_env.pop(key, None)
+        if isinstance(value, list):
+            cfg.per_env[key] = [_coerce(key, v, int) for v in value]
+            value = max(cfg.per_env[key], default=0)
     node, parts = cfg, key.split(".")
     for i, part in enumerate(parts):
         names = _field_names(node)
@@ -593,6 +569,11 @@ def build_config(overrides: dict[str, Any], command_defaults: dict[str, Any] | N
     for layer in layers:
         for k, v in layer.items():
             set_key(cfg, k, v)
+    for key, values in getattr(cfg, "per_env", {}).items():
+        if len(values) != len(env_names(cfg.env)):
+            raise ValueError(f"{key}={values} gives {len(values)} values for the "
+                             f"{len(env_names(cfg.env))} env(s) of env={cfg.env}; a list "
+                             f"gives one per env of a mixed run, in env order")
     return cfg
 
 

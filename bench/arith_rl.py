@@ -69,11 +69,12 @@ def cold_start(work: Path) -> str:
 
 
 def evaluate(model: str, data: str, limit: int, out: Path) -> dict:
-    """A greedy eval (kept: re-running the command only reports). GSM8K with the code
-    env's own budgets (4 turns of 128 tokens: its solutions take several cells)."""
+    """A greedy eval (kept: re-running the command only reports, unless ``limit`` changed).
+    GSM8K with the code env's own budgets (4 turns of 128 tokens: its solutions take
+    several cells)."""
     budgets = ["rollout.max_turns=4", "rollout.max_tokens_per_turn=128"] if data == "gsm8k" \
         else BUDGETS
-    if not out.exists():
+    if not out.exists() or len(json.loads(out.read_text())["episodes"]) != limit:
         _agentgym("eval", "env=code", f"model={model}", f"data={data}", f"limit={limit}",
                   f"out={out}", *budgets, *_bf16()[:1])
     return json.loads(out.read_text())

@@ -6,6 +6,7 @@
 Writes, deterministically (same input, same bytes):
   data/corpus/wiki_passages.jsonl.gz  all 21,012 passages {id, title, text, contents}
   data/search/nq_eval.jsonl           first 500 questions of nq_test_sub1000 (file order)
+  data/search/hotpotqa_eval.jsonl     the 500 two-hop questions of hotpotqa_dev_500 (file order)
   data/search/train.jsonl             2,000 NQ-open dev + 1,000 HotpotQA dev questions,
                                       excluding every evaluation question, shuffled
 """
@@ -87,10 +88,15 @@ def main(argv: list[str] | None = None) -> None:
                           f"nq_test_sub1000.jsonl:{i + 1}")
                  for i, r in enumerate(nq_test[:N_EVAL])]
 
+    hotpot_500 = read_jsonl(search / "hotpotqa_dev_500.jsonl")
+    hotpot_rows = [verl_row("hotpotqa", r["question"], [r["answer"]], "test", i, None,
+                            f"hotpotqa_dev_500.jsonl:{i + 1}")
+                   for i, r in enumerate(hotpot_500)]
+
     # Exclude the whole 1,000-question NQ sample and HotpotQA's 500-question eval subset,
     # not only the 500 shipped: other eval sets drawn from them must stay unseen too.
     held_out = {norm(r["question"]) for r in nq_test}
-    held_out |= {norm(r["question"]) for r in read_jsonl(search / "hotpotqa_dev_500.jsonl")}
+    held_out |= {norm(r["question"]) for r in hotpot_500}
     nq_pool = [("nq", r["question"], r["answer"], f"nq_open_dev.jsonl:{i + 1}")
                for i, r in enumerate(read_jsonl(search / "nq_open_dev.jsonl"))
                if norm(r["question"]) not in held_out]
@@ -105,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
                   for i, (s, q, a, origin) in enumerate(picked)]
 
     overlap = ({norm(r["extra_info"]["question"]) for r in train_rows}
-               & {norm(r["extra_info"]["question"]) for r in eval_rows})
+               & {norm(r["extra_info"]["question"]) for r in eval_rows + hotpot_rows})
     if overlap:
         raise SystemExit(f"train/eval overlap: {sorted(overlap)[:5]}")
     n_unique = len({norm(r["extra_info"]["question"]) for r in train_rows})
@@ -113,8 +119,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"train has duplicate questions: {len(train_rows) - n_unique}")
 
     write_jsonl(out / "search" / "nq_eval.jsonl", eval_rows)
+    write_jsonl(out / "search" / "hotpotqa_eval.jsonl", hotpot_rows)
     write_jsonl(out / "search" / "train.jsonl", train_rows)
-    print(f"corpus: {n_docs} passages; eval: {len(eval_rows)} (nq); train: {len(train_rows)} "
+    print(f"corpus: {n_docs} passages; eval: {len(eval_rows)} (nq), {len(hotpot_rows)} (hotpotqa); train: {len(train_rows)} "
           f"({N_TRAIN_NQ} nq of {len(nq_pool)} eligible, {N_TRAIN_HOTPOT} hotpotqa of "
           f"{len(hp_pool)}); train/eval overlap: {len(overlap)}")
 

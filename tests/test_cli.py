@@ -62,6 +62,33 @@ def test_unknown_env_and_dataset_fail_clearly(capsys):
     assert "did you mean 'nq'" in capsys.readouterr().err
 
 
+def test_a_mixed_run_takes_budgets_per_env_and_checks_their_count(capsys):
+    from agentgym.config import build_config, parse_overrides
+    from agentgym.rollout.runtime import sub_config
+    cfg = build_config(parse_overrides([
+        "env=[search,code]", "rollout.max_turns=[3,2]", "rollout.max_tokens_per_turn=[128,64]",
+        "trainer.cold_start_demos=[8,32]", "trainer.eval_limit=[20,60]"]))
+    # the shared keys hold the largest (the trainer's sequence budgets must fit both envs)
+    assert (cfg.rollout.max_turns, cfg.rollout.max_tokens_per_turn) == (3, 128)
+    assert (cfg.trainer.cold_start_demos, cfg.trainer.eval_limit) == (32, 60)
+    search, code = sub_config(cfg, "search"), sub_config(cfg, "code")
+    assert (search.rollout.max_turns, search.rollout.max_tokens_per_turn,
+            search.trainer.cold_start_demos, search.trainer.eval_limit) == (3, 128, 8, 20)
+    assert (code.rollout.max_turns, code.rollout.max_tokens_per_turn,
+            code.trainer.cold_start_demos, code.trainer.eval_limit) == (2, 64, 32, 60)
+    assert search.per_env == {} and code.per_env == {}
+    # a later single value replaces the list
+    again = build_config(parse_overrides(["env=[search,code]", "rollout.max_turns=[3,2]",
+                                          "rollout.max_turns=4"]))
+    assert again.per_env == {} and again.rollout.max_turns == 4
+    assert main(["train", "env=search", "rollout.max_turns=[3,2]"]) == 2
+    assert "gives 2 values for the 1 env(s) of env=search" in capsys.readouterr().err
+    assert main(["train", "env=[search,code]", "rollout.max_turns=[3,2,1]"]) == 2
+    assert "gives 3 values for the 2 env(s)" in capsys.readouterr().err
+    assert main(["train", "env=[search,code]", "rollout.max_turns=[3,many]"]) == 2
+    assert "rollout.max_turns='many' is not a valid int" in capsys.readouterr().err
+
+
 def test_wilson_interval():
     from agentgym.cli import wilson_ci95
     lo, hi = wilson_ci95(0.0, 200)

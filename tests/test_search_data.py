@@ -18,6 +18,7 @@ DATA = ROOT / "data"
 SHARED = ROOT.parent / "shared" / "data"
 CORPUS = DATA / "corpus" / "wiki_passages.jsonl.gz"
 TRAIN, EVAL = DATA / "search" / "train.jsonl", DATA / "search" / "nq_eval.jsonl"
+HOTPOT = DATA / "search" / "hotpotqa_eval.jsonl"
 needs_shared = pytest.mark.skipif(not (SHARED / "search").is_dir(),
                                   reason="../shared/data not available")
 
@@ -38,13 +39,14 @@ def corpus() -> list[dict]:
 
 
 def test_files_exist_and_stay_small():
-    sizes = {p: p.stat().st_size for p in (CORPUS, TRAIN, EVAL, DATA / "README.md")}
+    sizes = {p: p.stat().st_size for p in (CORPUS, TRAIN, EVAL, HOTPOT, DATA / "README.md")}
     assert sum(sizes.values()) < 15e6, sizes
 
 
 @pytest.mark.parametrize("path, split, n, sources", [
     (TRAIN, "train", 3000, {"nq": 2000, "hotpotqa": 1000}),
     (EVAL, "test", 500, {"nq": 500}),
+    (HOTPOT, "test", 500, {"hotpotqa": 500}),
 ])
 def test_rows_are_verl_search_rows(path, split, n, sources):
     rows = read(path)
@@ -67,8 +69,9 @@ def test_rows_are_verl_search_rows(path, split, n, sources):
 def test_train_and_eval_questions_are_disjoint():
     train = {norm(r["extra_info"]["question"]) for r in read(TRAIN)}
     evals = {norm(r["extra_info"]["question"]) for r in read(EVAL)}
-    assert len(train) == 3000 and len(evals) == 500  # no duplicates either
-    assert not train & evals
+    hotpot = {norm(r["extra_info"]["question"]) for r in read(HOTPOT)}
+    assert len(train) == 3000 and len(evals) == 500 and len(hotpot) == 500  # no duplicates
+    assert not train & evals and not train & hotpot
 
 
 @needs_shared
@@ -79,6 +82,9 @@ def test_train_excludes_every_held_out_question():
     first = read(SHARED / "search" / "nq_test_sub1000.jsonl")[:500]
     assert [(r["extra_info"]["id"], r["extra_info"]["question"]) for r in read(EVAL)] == \
         [(r["id"], r["question"]) for r in first]
+    hotpot = read(SHARED / "search" / "hotpotqa_dev_500.jsonl")
+    assert [(r["extra_info"]["question"], r["reward_model"]["ground_truth"]["target"])
+            for r in read(HOTPOT)] == [(r["question"], [r["answer"]]) for r in hotpot]
 
 
 def test_corpus_passages(corpus):
@@ -104,5 +110,6 @@ def test_rebuild_is_byte_identical(tmp_path):
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     script.main([str(SHARED), "--out", str(tmp_path)])
-    for rel in ("corpus/wiki_passages.jsonl.gz", "search/train.jsonl", "search/nq_eval.jsonl"):
+    for rel in ("corpus/wiki_passages.jsonl.gz", "search/train.jsonl", "search/nq_eval.jsonl",
+                "search/hotpotqa_eval.jsonl"):
         assert (tmp_path / rel).read_bytes() == (DATA / rel).read_bytes(), rel

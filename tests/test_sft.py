@@ -19,7 +19,8 @@ from agentgym.rollout.chat import ChatTokens
 from agentgym.cli import main as cli
 from agentgym.config import RolloutConfig, build_config
 from agentgym.data.rows import load_rows, write_jsonl
-from agentgym.data.demo_builders import build_demos, find_answer, keyword_rewrite
+from agentgym.data.demo_builders import (bridge_entities, build_demos, find_answer,
+                                         keyword_rewrite, search_demo)
 from agentgym.data.demos import (budget_violation, filter_trajectories, record_to_trajectory,
                             replay_demo)
 from agentgym.rollout.manager import GenerationManager
@@ -118,6 +119,38 @@ def test_keyword_rewrite_and_find_answer():
 
 
 # --- the SFT mask is the RL mask --------------------------------------------------------
+def test_bridge_names_are_what_the_passages_add_to_the_question():
+    info = ('\n\n<information>Doc 1(Title: "Alex da Kid") Alex da Kid worked with Eminem and '
+            'Nicki Minaj on Love the Way You Lie.\nDoc 2(Title: "Rihanna") Rihanna sang it; '
+            'Nicki Minaj again.</information>\n\n')
+    got = bridge_entities(info, "Alex da Kid worked on a track with Eminem released in what year?")
+    # names of two words or more that the question lacks, each once, in passage order
+    assert got == [(1, "Alex da Kid", "Nicki Minaj"), (1, "Alex da Kid", "Love the Way You Lie")]
+
+
+def test_a_two_hop_demonstration_searches_the_bridge_and_replays(retriever_url):
+    """A HotpotQA question whose answer is not in the question's own results: the second
+    search is a name the first results mention, and the answer comes from that name's own
+    article (the one such question among the 1,000 HotpotQA training rows the shipped
+    corpus supports: docs/DECISIONS.md)."""
+    row = next(r for r in load_rows("search", "train")
+               if r["extra_info"]["question"].startswith("Alex da Kid worked"))
+    env = SearchEnv(retriever_url=retriever_url)
+    try:
+        demo = search_demo(row, env)
+        assert demo is not None and demo["builder"] == "search-two-hop"
+        first, second, answer = demo["actions"]
+        assert first.endswith(f"<search> {row['extra_info']['question']} </search>")
+        assert "mentions Nicki Minaj" in second and second.endswith("<search> Nicki Minaj </search>")
+        assert find_answer("".join(m["content"] for m in demo["observations"][0]),
+                           ["2010"]) is None  # not in the first search's passages
+        assert "(Nicki Minaj) says the answer is 2010" in answer
+        assert replay_demo(demo, env)["observations"] == demo["observations"]
+        assert search_demo(row, env, max_searches=1) is None  # one search cannot answer it
+    finally:
+        env.close()
+
+
 def test_search_demo_tokenizes_exactly_as_its_rollout(search_demos, tiny_tokenizer,
                                                       retriever_url):
     tok, chat = tiny_tokenizer, ChatTokens(tiny_tokenizer)

@@ -104,8 +104,8 @@ def test_a_mixed_run_of_two_envs(tmp_path, retriever_url):
     run = tmp_path / "mixed"
     assert main(["train", "env=[search,code]", "model=tiny", f"run_dir={run}",
                  "trainer.total_steps=2", "trainer.prompts_per_step=4", "n=2", "limit=8",
-                 "trainer.eval_limit=2", f"retriever.url={retriever_url}",
-                 "rollout.max_tokens_per_turn=8", "rollout.max_turns=2",
+                 "trainer.eval_limit=[2,3]", f"retriever.url={retriever_url}",
+                 "rollout.max_tokens_per_turn=[8,4]", "rollout.max_turns=[2,1]",
                  "trainer.cold_start=off"]) == 0
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in metrics if "rollout/reward" in m]
@@ -116,8 +116,19 @@ def test_a_mixed_run_of_two_envs(tmp_path, retriever_url):
         envs_in_step = [e for e in ("search", "code") if f"{e}/rollout/count" in m]
         assert envs_in_step and m["rollout/count"] == 8
         assert sum(m[f"{e}/rollout/count"] for e in envs_in_step) == 8
-    evals = [m for m in metrics if "eval/em" in m]
-    assert evals and all(m["search/eval/count"] == 2 and m["code/eval/count"] == 2
+    # budgets per env (rollout.max_turns=[2,1], rollout.max_tokens_per_turn=[8,4])
+    code = [m for m in steps if "code/rollout/count" in m]
+    assert code and all(m["code/rollout/turns"] == 1 and m["code/rollout/generated_tokens"] <= 4
+                        for m in code)
+    search = [m for m in steps if "search/rollout/count" in m]
+    assert all(m["search/rollout/turns"] <= 2 and m["search/rollout/generated_tokens"] <= 16
+               for m in search)
+    assert max(m["search/rollout/generated_tokens"] for m in search) > 4  # more than code's
+    evals = [m for m in metrics if "eval/em" in m]  # trainer.eval_limit=[2,3]
+    assert evals and all(m["search/eval/count"] == 2 and m["code/eval/count"] == 3
                          for m in evals)
     config = json.loads((run / "config.json").read_text())
     assert config["env"] == "search,code"
+    assert config["per_env"] == {"trainer.eval_limit": [2, 3], "rollout.max_turns": [2, 1],
+                                 "rollout.max_tokens_per_turn": [8, 4]}
+    assert config["rollout"]["max_turns"] == 2 and config["trainer"]["eval_limit"] == 3

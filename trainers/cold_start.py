@@ -127,6 +127,7 @@ def _auto(cfg: Config, parts: dict[str, Config], stage_dir: Path, hooks: Hooks,
               "tools": (_tool_identity(cfg, env) if single else
                         {e: _tool_identity(sub, e) for e, sub in parts.items()}),
               "budgets": to_dict(cfg.rollout) | {"temperature": 0.0, "n": 1},
+              **({"per_env": cfg.per_env} if cfg.per_env else {}),
               "engine_dtype": engine_dtype(cfg.engine.dtype, cfg.model.dtype,
                                            resolve_device(cfg.trainer.device))}
     probe_rows = [r for e in parts for r in rows[e][:t.cold_start_probe]]
@@ -177,10 +178,16 @@ def _auto(cfg: Config, parts: dict[str, Config], stage_dir: Path, hooks: Hooks,
         return _start_from(cfg, str(cached / "model"))
     hooks.announce(f"cold start: format-valid {_show(before)} on {before['count']} "
                    f"training questions < trainer.cold_start_threshold={t.cold_start_threshold}; "
-                   f"building {t.cold_start_demos} demonstrations"
+                   f"building {_demo_counts(cfg)} demonstrations"
                    f"{'' if single else ' per env'}, then SFT")
     model_dir = _run_stage(cfg, parts, rows, probe_rows, base, stage_dir, cached, record, hooks)
     return _start_from(cfg, str(model_dir))
+
+
+def _demo_counts(cfg: Config) -> str:
+    """``trainer.cold_start_demos`` as given: one count, or one per env (``8/32``)."""
+    counts = cfg.per_env.get("trainer.cold_start_demos", [cfg.trainer.cold_start_demos])
+    return "/".join(map(str, counts))
 
 
 def _lowest(probe: dict) -> float:
@@ -205,7 +212,8 @@ def _run_stage(cfg: Config, parts: dict[str, Config], rows: dict[str, list[dict]
     t0 = time.perf_counter()
     demos, looked_at, over = [], 0, 0
     for env, sub in parts.items():
-        got, at, too_long = build_demos(sub, env, rows[env], base, t.cold_start_demos, hooks)
+        got, at, too_long = build_demos(sub, env, rows[env], base,
+                                        sub.trainer.cold_start_demos, hooks)
         if not got:
             raise ValueError(f"cold start: no {env} demonstration could be built from {at} "
                              f"training rows of {sub.data.name}; train from an SFT "

@@ -6,7 +6,8 @@ returned, so a demonstration replays exactly (:func:`agentgym.data.demos.replay_
 demonstration is kept only if the env rewards its final answer as correct.
 
 * ``search``: search with the question, then (if no retrieved passage holds a gold
-  answer) with a keyword rewrite; when a passage holds a gold answer, answer with it,
+  answer) a second search: for a two-hop question a name the first passages mention (the
+  bridge), else a keyword rewrite; when a passage holds a gold answer, answer with it,
   citing the passage. Reasoning is in ``<think>``, as Search-R1's prompt asks.
 * ``code``: a GSM8K solution carries its arithmetic as ``<<48/2=24>>``; its lines become
   up to ``max_cells`` ``<code>`` cells (the line as a comment, each calculation printed),
@@ -54,38 +55,91 @@ def find_answer(information: str, golds: list[str]) -> tuple[int, str, str] | No
     return None
 
 
-def search_demo(row: dict, env, max_searches: int = 2) -> dict | None:
-    """One search demonstration for ``row`` (played through ``env``), or None."""
-    question = row["extra_info"]["question"].strip()
-    golds = gold_answers(row)
-    queries = []
-    for q in (question, keyword_rewrite(question)):
-        if q and q not in queries:
-            queries.append(q)
+_ENTITY = re.compile(r"[A-Z][\w'-]*(?: (?:(?:of|the|de|von|van) )*[A-Z][\w'-]*)*")
+
+
+def bridge_entities(information: str, question: str, limit: int = 6) -> list[tuple[int, str, str]]:
+    """``(doc number, title, name)`` for the capitalized names of two words or more the
+    retrieved passages mention that the question does not (candidates for a two-hop question's second search), in
+    passage order, at most ``limit``."""
+    asked = f" {normalize_answer(question)} "
+    starts = [(m.start(), m.end(), int(m.group(1)), m.group(2)) for m in _DOC.finditer(information)]
+    out, seen = [], set()
+    for k, (_, text_at, num, title) in enumerate(starts):
+        end = starts[k + 1][0] if k + 1 < len(starts) else len(information)
+        for name in _ENTITY.findall(information[text_at:end]):
+            key = normalize_answer(name)
+            if " " not in key or key in seen or f" {key} " in asked:
+                continue
+            seen.add(key)
+            out.append((num, title.strip('"'), name.strip(".")))
+            if len(out) >= limit:
+                return out
+    return out
+
+
+def _search_episode(row: dict, env, steps: list[tuple[str, str]], golds: list[str],
+                    builder: str, about: str = "") -> dict | None:
+    """Play ``steps`` (``(think, query)`` searches) from a fresh reset; when the last
+    search's passages hold a gold answer (in a passage whose title names ``about``, when
+    given), answer with it: the demonstration, else None."""
     prompt, _ = env.reset(seed=0, options={"row": row})
     actions, observations = [], []
-    for k, query in enumerate(queries[:max_searches]):
-        think = (f"I need to find the answer to: {question}. Let me search for it." if k == 0
-                 else "The results do not contain the answer. Let me search with other words.")
+    for think, query in steps:
         action = f"<think> {think} </think>\n<search> {query} </search>"
         obs, _, terminated, truncated, _ = env.step(action)
         if terminated or truncated:
             return None
         actions.append(action)
         observations.append(obs)
-        hit = find_answer("".join(m["content"] for m in obs), golds)
-        if hit is None:
-            continue
-        num, title, alias = hit
-        action = (f"<think> Doc {num} ({title}) says the answer is {alias}. </think>\n"
-                  f"<answer> {alias} </answer>")
-        _, reward, terminated, _, info = env.step(action)
-        if not terminated or reward < 1.0:
+    hit = find_answer("".join(m["content"] for m in observations[-1]), golds)
+    if hit is None:
+        return None
+    num, title, alias = hit
+    if about and normalize_answer(re.sub(r" \(.*\)$", "", title)) != normalize_answer(about):
+        return None  # a two-hop answer must come from the bridge's own article
+    action = (f"<think> Doc {num} ({title}) says the answer is {alias}. </think>\n"
+              f"<answer> {alias} </answer>")
+    _, reward, terminated, _, _ = env.step(action)
+    if not terminated or reward < 1.0:
+        return None
+    actions.append(action)
+    return {"type": "demonstration", "env": "search", "builder": builder, "prompt": prompt,
+            "actions": actions, "observations": observations, "reward": reward, "row": row}
+
+
+def search_demo(row: dict, env, max_searches: int = 2) -> dict | None:
+    """One search demonstration for ``row`` (played through ``env``), or None.
+
+    The first search is the question. When its passages lack the answer (and
+    ``max_searches`` allows a second), the second search is, for a two-hop (HotpotQA)
+    question, a name the first passages mention that the question does not (the bridge:
+    "Doc 1 (X) mentions Y. I need to know more about Y."), kept only when the answer is in
+    Y's own passage; else (and for other questions) the question's keywords."""
+    question = row["extra_info"]["question"].strip()
+    golds = gold_answers(row)
+    first = (f"I need to find the answer to: {question}. Let me search for it.", question)
+    demo = _search_episode(row, env, [first], golds, "search-retrieval")
+    if demo is not None or max_searches < 2:
+        return demo
+    tries = [("search-retrieval", ("The results do not contain the answer. Let me search "
+                                   "with other words.", keyword_rewrite(question)), "")]
+    if row.get("data_source") == "hotpotqa":
+        env.reset(seed=0, options={"row": row})  # the first search again, for its passages
+        obs, _, terminated, truncated, _ = env.step(f"<think> {first[0]} </think>\n"
+                                                    f"<search> {question} </search>")
+        if terminated or truncated:
             return None
-        actions.append(action)
-        return {"type": "demonstration", "env": "search", "builder": "search-retrieval",
-                "prompt": prompt, "actions": actions, "observations": observations,
-                "reward": reward, "row": row}
+        info = "".join(m["content"] for m in obs)
+        tries[:0] = [("search-two-hop", (f"Doc {num} ({title}) mentions {name}. I need to know "
+                                         f"more about {name} to answer. Let me search for it.",
+                                         name), name)
+                     for num, title, name in bridge_entities(info, question)]
+    for builder, second, about in tries:
+        if second[1] and second[1] != question:
+            demo = _search_episode(row, env, [first, second], golds, builder, about)
+            if demo is not None:
+                return demo
     return None
 
 

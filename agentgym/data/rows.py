@@ -22,7 +22,8 @@ import agentgym.data.arith as arith
 
 #: env -> dataset name -> file under data/.
 DATASETS: dict[str, dict[str, str]] = {
-    "search": {"train": "search/train.jsonl", "nq": "search/nq_eval.jsonl"},
+    "search": {"train": "search/train.jsonl", "nq": "search/nq_eval.jsonl",
+               "hotpotqa": "search/hotpotqa_eval.jsonl"},
     "code": {"train": "math/gsm8k_train.jsonl.gz", "gsm8k": "math/gsm8k_test.jsonl",
              "math500": "math/math500.jsonl", "aime24": "math/aime24.jsonl",
              "arith_test": "arith/test.jsonl"},
@@ -146,8 +147,9 @@ def training_rows(cfg) -> TrainingRows:
 def heldout_rows(cfg) -> TrainingRows:
     """The held-out rows a training run evaluates on: the first ``trainer.eval_limit`` of
     ``trainer.eval_data``, filtered like the training rows (a question whose answer is
-    nowhere in the corpus measures the corpus, not the policy). A mixed run: that many of
-    each env's own held-out set (its preset's ``trainer.eval_data``)."""
+    nowhere in the corpus measures the corpus, not the policy). A mixed run: that many (or
+    its own ``trainer.eval_limit``) of each env's own held-out set (its preset's
+    ``trainer.eval_data``, or its own)."""
     if not cfg.trainer.eval_limit:
         return TrainingRows([], 0)
     from agentgym.config import env_names
@@ -158,7 +160,8 @@ def heldout_rows(cfg) -> TrainingRows:
     parts = {}
     for e in names:
         sub = sub_config(cfg, e)
-        parts[e] = question_rows(sub, sub.trainer.eval_data, cfg.trainer.eval_limit)
+        parts[e] = (question_rows(sub, sub.trainer.eval_data, sub.trainer.eval_limit)
+                    if sub.trainer.eval_limit else TrainingRows([], 0))  # 0: none of this env
     return mixed(parts, [r for p in parts.values() for r in p.rows])
 
 

@@ -117,13 +117,16 @@ class GenerationManager:
                                  f"rollout.max_prompt_tokens={cfg.max_prompt_tokens}")
             traj.append("prompt", prompt, turn=0)
             traj.policy_version = self.engine.policy_version
+            per_turn = cfg.max_tokens_per_turn  # a mixed run: the row's env's own
+            if hasattr(self.env_factory, "tokens_per_turn"):
+                per_turn = self.env_factory.tokens_per_turn(row) or per_turn
             for turn in itertools.count():
                 budget = cfg.max_response_tokens - traj.response_length
                 if budget <= 0:
                     traj.truncated, info = True, {**info, "end": "token_budget"}
                     break
                 sampling = SamplingParams(
-                    max_new_tokens=min(cfg.max_tokens_per_turn, budget),
+                    max_new_tokens=min(per_turn, budget),
                     temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                     stop=env.stop_strings, seed=(seed + 7919 * turn) % 2**31)
                 t0 = time.perf_counter()

@@ -92,21 +92,31 @@ ENV_KWARGS: dict[str, Callable[[Config], dict[str, Any]]] = {"search": _search_k
 
 class MixedEnvs:
     """A mixed run's env factory (``env=[search,code]``): ``factory(row)`` makes the env
-    that ``row["env"]`` names, each with its own settings (:func:`env_factory`)."""
+    that ``row["env"]`` names, each with its own settings (:func:`env_factory`), and
+    :meth:`tokens_per_turn` is that env's ``rollout.max_tokens_per_turn``."""
 
     takes_row = True
 
-    def __init__(self, factories: dict[str, Callable[[], Any]]) -> None:
+    def __init__(self, factories: dict[str, Callable[[], Any]],
+                 turn_tokens: dict[str, int] | None = None) -> None:
         import envs
         self.factories = factories
+        self.turn_tokens = turn_tokens or {}
         self._by_name = {alias: name for name in factories for alias in envs.env_aliases(name)}
 
-    def __call__(self, row: dict | None = None):
+    def _name(self, row: dict | None) -> str:
         name = (row or {}).get("env")
         if name not in self._by_name:
             raise ValueError(f"row for env {name!r} in a run mixing "
                              f"{', '.join(self.factories)}")
-        return self.factories[self._by_name[name]]()
+        return self._by_name[name]
+
+    def __call__(self, row: dict | None = None):
+        return self.factories[self._name(row)]()
+
+    def tokens_per_turn(self, row: dict) -> int | None:
+        """The token budget of one action of ``row``'s env (None: the run's)."""
+        return self.turn_tokens.get(self._name(row))
 
 
 def env_factory(cfg: Config) -> Callable[[], Any]:
@@ -115,7 +125,9 @@ def env_factory(cfg: Config) -> Callable[[], Any]:
     from agentgym.config import env_names
     names = env_names(cfg.env)
     if len(names) > 1:
-        return MixedEnvs({e: env_factory(sub_config(cfg, e)) for e in names})
+        subs = {e: sub_config(cfg, e) for e in names}
+        return MixedEnvs({e: env_factory(sub) for e, sub in subs.items()},
+                         {e: sub.rollout.max_tokens_per_turn for e, sub in subs.items()})
     import envs
     env_id = envs.resolve_env_id(cfg.env)
     short = envs.short_name(env_id)
@@ -149,10 +161,11 @@ def build_manager(cfg: Config, model=None, tokenizer=None):
 def sub_config(cfg: Any, env: str) -> Any:
     """``cfg`` for one env of a mixed run: ``env`` set; its own dataset when ``data`` names
     one per env (``data=[train,arith]``, in env order), else the shared name; its own
-    held-out set when ``trainer.eval_data`` names one per env, else its preset's."""
+    held-out set when ``trainer.eval_data`` names one per env, else its preset's; its own
+    value of each key given per env (``rollout.max_turns=[4,2]``: ``cfg.per_env``)."""
     import copy
 
-    from agentgym.config import ENV_PRESETS, env_names
+    from agentgym.config import ENV_PRESETS, env_names, set_key
     names = env_names(cfg.env)
     sub = copy.deepcopy(cfg)
     sub.env = env
@@ -169,4 +182,6 @@ def sub_config(cfg: Any, env: str) -> Any:
         sub.data.name = data[names.index(env)]
     if len(evals) > 1:
         sub.trainer.eval_data = evals[names.index(env)]
+    for key, values in cfg.per_env.items():
+        set_key(sub, key, values[names.index(env)])  # one value: the sub's per_env drops it
     return sub
