@@ -4,6 +4,7 @@
     python bench/rl_gain.py --env search --steps 60 --eval-data nq --eval-limit 500 \\
         engine.dtype=bfloat16 trainer.mixed_precision=bf16
     python bench/rl_gain.py --env code --steps 40 --eval-data gsm8k --eval-limit 200
+    python bench/rl_gain.py --env search --steps 20 --two-hop 200 data.curriculum=solve_rate …
 
 1. ``agentgym train env=ENV trainer.total_steps=STEPS run_dir=WORK/ENV`` with the cold start
    on (``trainer.cold_start=auto``): demonstrations + SFT, then GRPO from the SFT model. A
@@ -13,7 +14,9 @@
    ``trainer.save_every`` small enough that little is lost.
 2. ``agentgym eval`` (greedy) of the SFT model and of the last GRPO checkpoint on the first
    EVAL_LIMIT questions of EVAL_DATA, each written with its per-question outcomes.
-3. The paired test (:func:`agentgym.reporting.stats.mcnemar`) of their EM, and the run's training
+3. The paired test (:func:`agentgym.reporting.stats.mcnemar`) of their EM (with ``--two-hop
+   N``, on the first N two-hop HotpotQA questions too: ``data=hotpotqa``), searches per
+   episode (mean, and the share of episodes with two or more), and the run's training
    signals over its steps (reward, share of groups whose rewards differ, advantage size,
    entropy, KL, response length), written to docs/BENCHMARKS.md.
 """
@@ -111,6 +114,19 @@ def _over_steps(metrics: list[dict], parts: int = 4) -> list[tuple[str, dict]]:
     return out
 
 
+def _tool_rows(before: dict, after: dict, where: str) -> list[str]:
+    """Searches (tool calls) per episode: the mean, and the share of episodes with two or
+    more (a second hop), SFT against SFT+GRPO."""
+    if not all("tool_calls" in e for ev in (before, after) for e in ev["episodes"]):
+        return []  # evals written before episodes recorded their tool calls
+    calls = [[e["tool_calls"] for e in ev["episodes"]] for ev in (before, after)]
+    mean = [sum(c) / len(c) for c in calls]
+    two = [sum(x >= 2 for x in c) / len(c) for c in calls]
+    return [f"| tool calls per episode{where} | {mean[0]:.2f} | {mean[1]:.2f} | | | |",
+            f"| episodes with 2+ tool calls{where} | {two[0]:.3f} | {two[1]:.3f} | "
+            f"{100 * (two[1] - two[0]):+.1f} | | |"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--env", default="search")
@@ -118,6 +134,9 @@ def main() -> None:
     ap.add_argument("--eval-data", default="nq")
     ap.add_argument("--eval-limit", type=int, default=500)
     ap.add_argument("--work", default="runs/rl_gain")
+    ap.add_argument("--two-hop", type=int, default=0,
+                    help="also evaluate both checkpoints on the first N two-hop questions "
+                         "(search: data=hotpotqa)")
     ap.add_argument("--minutes", type=float, default=None,
                     help="stop training after this many minutes and compare the last "
                          "saved checkpoint (default: train all --steps)")
@@ -169,6 +188,14 @@ def main() -> None:
                     f"{p.gained} / {p.lost} | {p.p_value:.3g} |")
     body.append(f"| F1 (mean) | {sft_eval['f1']:.3f} | {rl_eval['f1']:.3f} | "
                 f"{100 * (rl_eval['f1'] - sft_eval['f1']):+.1f} | | |")
+    body += _tool_rows(sft_eval, rl_eval, "")
+    if a.two_hop:
+        hop = [_evaluate(a.env, m, "hotpotqa", a.two_hop, run / f"eval_{name}_hotpotqa.json",
+                         extra) for name, m in (("sft", sft_model), ("rl", str(rl_model)))]
+        p = mcnemar(*({e["uid"]: bool(e["em"]) for e in ev["episodes"]} for ev in hop))
+        body.append(f"| EM, {p.n} two-hop (hotpotqa) | {p.before:.3f} | {p.after:.3f} | "
+                    f"{100 * p.delta:+.1f} | {p.gained} / {p.lost} | {p.p_value:.3g} |")
+        body += _tool_rows(*hop, ", two-hop")
     if all("answer_seen" in e for ev in (sft_eval, rl_eval) for e in ev["episodes"]):
         # search: how often a search result held a gold answer, and EM on those questions
         seen = [sum(e["answer_seen"] for e in ev["episodes"]) / n for ev in (sft_eval, rl_eval)]

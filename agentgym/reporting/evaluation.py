@@ -53,6 +53,7 @@ def _episode(t) -> dict[str, Any]:
             "f1": float(t.info.get("f1", 0.0)), "reward": t.reward,
             "answer": str(t.info.get("answer", "")),
             "format_valid": bool(t.terminated and t.metrics["malformed_actions"] == 0),
+            "tool_calls": int(t.metrics.get("tool_calls", 0)),
             **({"answer_seen": bool(t.info["answer_seen"])} if "answer_seen" in t.info else {})}
 
 
