@@ -65,9 +65,9 @@ demo: $(STAMP) sysdeps
 	$(BIN)/agentgym train 'env=[search,code]' 'data=[train,arith]' \
 		'trainer.eval_data=[nq,arith_test]' 'data.mix=[1,7]' data.curriculum=solve_rate \
 		run_dir=$(DEMO_DIR) trainer.total_steps=$(DEMO_STEPS) trainer.prompts_per_step=8 n=4 \
-		trainer.lr=2e-5 search.reward=f1 'rollout.max_turns=[3,2]' \
-		'rollout.max_tokens_per_turn=[128,64]' trainer.cold_start_probe=4 \
-		'trainer.cold_start_demos=[8,32]' sft.epochs=1 'trainer.eval_limit=[20,60]' $(DEMO_BF16)
+		trainer.lr=2e-5 search.reward=f1 rollout.max_turns=2 \
+		'rollout.max_tokens_per_turn=[96,64]' trainer.cold_start_probe=4 \
+		'trainer.cold_start_demos=[16,32]' sft.epochs=1 'trainer.eval_limit=[20,60]' $(DEMO_BF16)
 
 test: $(STAMP) sysdeps browser
 	$(BIN)/python -m pytest -q
