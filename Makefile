@@ -53,7 +53,8 @@ install: $(STAMP) sysdeps
 # on them (the cold start, cached by content: a second `make demo` reuses it), then takes
 # GRPO steps (search: F1 reward; arith: the solve-rate curriculum over its five levels),
 # and ends with a before / after-SFT / after-RL table per env on held-out questions, the
-# after-RL row with its paired p-value against after-SFT.
+# after-RL row with its paired p-value against after-SFT. Budgets, demonstrations and
+# held-out questions per env (search's actions and demonstrations are the longer ones).
 # bf16 (rollout copy and autocast) where the CPU computes it natively (AMX or AVX512-BF16:
 # several times faster than fp32 there); fp32 elsewhere, where bf16 is emulated and slower.
 DEMO_DIR := runs/demo

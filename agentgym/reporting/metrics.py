@@ -107,10 +107,11 @@ class MetricsLogger:
                 ax.fill_between(xs, [y - c for y, c in zip(ys, ci)],
                                 [y + c for y, c in zip(ys, ci)], color=line.get_color(),
                                 alpha=0.2, label=f"{key}: 95% interval over the step's groups")
-                if len(xs) >= SMOOTH:
-                    avg = [sum(ys[i - SMOOTH + 1:i + 1]) / SMOOTH for i in range(SMOOTH - 1, len(ys))]
-                    ax.plot(xs[SMOOTH - 1:], avg, color=line.get_color(), linewidth=2,
-                            label=f"{key}: mean of the last {SMOOTH} steps")
+                if len(xs) >= 3:  # trailing mean, over fewer steps at the start
+                    win = [ys[max(0, i - SMOOTH + 1):i + 1] for i in range(len(ys))]
+                    ax.plot(xs, [sum(w) / len(w) for w in win], color=line.get_color(),
+                            linewidth=2, label=f"{key}: mean of the last {SMOOTH} steps "
+                                               f"(fewer at the start)")
         ax.set_xlabel("step")
         ax.set_ylabel(self.ylabel)
         ax.set_title(self.run_dir.name)
