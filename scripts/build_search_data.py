@@ -121,7 +121,8 @@ def main(argv: list[str] | None = None) -> None:
     write_jsonl(out / "search" / "nq_eval.jsonl", eval_rows)
     write_jsonl(out / "search" / "hotpotqa_eval.jsonl", hotpot_rows)
     write_jsonl(out / "search" / "train.jsonl", train_rows)
-    print(f"corpus: {n_docs} passages; eval: {len(eval_rows)} (nq), {len(hotpot_rows)} (hotpotqa); train: {len(train_rows)} "
+    print(f"corpus: {n_docs} passages; eval: {len(eval_rows)} (nq), {len(hotpot_rows)} "
+          f"(hotpotqa); train: {len(train_rows)} "
           f"({N_TRAIN_NQ} nq of {len(nq_pool)} eligible, {N_TRAIN_HOTPOT} hotpotqa of "
           f"{len(hp_pool)}); train/eval overlap: {len(overlap)}")
 

@@ -141,7 +141,8 @@ def test_a_two_hop_demonstration_searches_the_bridge_and_replays(retriever_url):
         assert demo is not None and demo["builder"] == "search-two-hop"
         first, second, answer = demo["actions"]
         assert first.endswith(f"<search> {row['extra_info']['question']} </search>")
-        assert "mentions Nicki Minaj" in second and second.endswith("<search> Nicki Minaj </search>")
+        assert "mentions Nicki Minaj" in second
+        assert second.endswith("<search> Nicki Minaj </search>")
         assert find_answer("".join(m["content"] for m in demo["observations"][0]),
                            ["2010"]) is None  # not in the first search's passages
         assert "(Nicki Minaj) says the answer is 2010" in answer

@@ -58,10 +58,11 @@ def find_answer(information: str, golds: list[str]) -> tuple[int, str, str] | No
 _ENTITY = re.compile(r"[A-Z][\w'-]*(?: (?:(?:of|the|de|von|van) )*[A-Z][\w'-]*)*")
 
 
-def bridge_entities(information: str, question: str, limit: int = 6) -> list[tuple[int, str, str]]:
-    """``(doc number, title, name)`` for the capitalized names of two words or more the
-    retrieved passages mention that the question does not (candidates for a two-hop question's second search), in
-    passage order, at most ``limit``."""
+def bridge_entities(information: str, question: str,
+                    limit: int = 6) -> list[tuple[int, str, str]]:
+    """``(doc number, title, name)`` for the capitalized names of two words or more that
+    the retrieved passages mention and the question does not (candidates for a two-hop
+    question's second search), in passage order, at most ``limit``."""
     asked = f" {normalize_answer(question)} "
     starts = [(m.start(), m.end(), int(m.group(1)), m.group(2)) for m in _DOC.finditer(information)]
     out, seen = [], set()
