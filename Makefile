@@ -53,22 +53,16 @@ install: $(STAMP) sysdeps
 # on them (the cold start, cached by content: a second `make demo` reuses it), then takes
 # GRPO steps (search: F1 reward; arith: the solve-rate curriculum over its five levels),
 # and ends with a before / after-SFT / after-RL table per env on held-out questions, the
-# after-RL row with its paired p-value against after-SFT. Budgets, demonstrations and
-# held-out questions per env (search's actions and demonstrations are the longer ones).
+# after-RL row with its paired p-value against after-SFT. Its keys: recipes/cpu_demo.yaml
+# (`agentgym config recipe=cpu_demo` prints the whole resolved config).
 # bf16 (rollout copy and autocast) where the CPU computes it natively (AMX or AVX512-BF16:
 # several times faster than fp32 there); fp32 elsewhere, where bf16 is emulated and slower.
 DEMO_DIR := runs/demo
-DEMO_STEPS := 5
 DEMO_BF16 := $(shell grep -qsE 'amx_bf16|avx512_bf16' /proc/cpuinfo && \
 	echo engine.dtype=bfloat16 trainer.mixed_precision=bf16)
 demo: $(STAMP) sysdeps
 	rm -rf $(DEMO_DIR)
-	$(BIN)/agentgym train 'env=[search,code]' 'data=[train,arith]' \
-		'trainer.eval_data=[nq,arith_test]' 'data.mix=[1,7]' data.curriculum=solve_rate \
-		run_dir=$(DEMO_DIR) trainer.total_steps=$(DEMO_STEPS) trainer.prompts_per_step=8 n=4 \
-		trainer.lr=2e-5 search.reward=f1 rollout.max_turns=2 \
-		'rollout.max_tokens_per_turn=[96,64]' trainer.cold_start_probe=4 \
-		'trainer.cold_start_demos=[16,32]' sft.epochs=1 'trainer.eval_limit=[20,60]' $(DEMO_BF16)
+	$(BIN)/agentgym train recipe=cpu_demo run_dir=$(DEMO_DIR) $(DEMO_BF16)
 
 test: $(STAMP) sysdeps browser
 	$(BIN)/python -m pytest -q

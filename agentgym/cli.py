@@ -114,8 +114,9 @@ def cmd_eval(args: list[str]) -> int:
     if k < 1:
         raise ValueError(f"k={k}: the samples per question for pass@k must be >= 1")
     rest = [a for a in args if a.partition("=")[0] != "k"]
-    # k=1: one greedy answer per question; k > 1: k samples at rollout.temperature (1.0 unless set)
-    cfg = _config(rest, {"rollout.temperature": 0.0 if k == 1 else 1.0, "rollout.n": k})
+    # k=1: one greedy answer per question; k > 1: k samples at rollout.temperature (1.0 unless
+    # set). What eval means, so above a recipe's sampling keys, below the user's.
+    cfg = _config([f"rollout.temperature={0.0 if k == 1 else 1.0}", f"rollout.n={k}", *rest])
     if not _gave_data(rest):  # the env's held-out set (nq, gsm8k, …)
         cfg.data.name = cfg.trainer.eval_data
     if k > 1 and cfg.rollout.temperature == 0:

@@ -8,8 +8,9 @@ section that has a ``name`` sets that name (``model=tiny`` is ``model.name=tiny`
 ``rollout.n=4``.
 
 Precedence, lowest first: dataclass defaults, the environment's preset
-(:data:`ENV_PRESETS`), the command's own defaults (e.g. greedy decoding for ``eval``),
-the algorithm's preset (``algo=ppo``, :data:`ALGO_PRESETS`), then the user's overrides.
+(:data:`ENV_PRESETS`), the command's own defaults (e.g. ``train``'s group of 5), the
+algorithm's preset (``algo=ppo``, :data:`ALGO_PRESETS`), a recipe's keys
+(``recipe=search_r1_qwen2.5_3b_grpo``: ``recipes/``), then the user's overrides.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from typing import Any
 import yaml
 
 from agentgym.core.registry import did_you_mean
-from agentgym.presets import ALGO_PRESETS, ALIASES, ENV_PRESETS, PER_ENV_KEYS  # noqa: F401
+from agentgym.presets import (ALGO_PRESETS, ALIASES, ENV_PRESETS, PER_ENV_KEYS,  # noqa: F401
+                              load_recipe)
 
 
 def check_choices(section: str, obj: Any, choices: dict[str, tuple]) -> None:
@@ -434,6 +436,7 @@ class Config:
     # a mixed run's values per env, in env order, for presets.PER_ENV_KEYS (set as lists:
     # rollout.max_turns=[4,2]); the key itself holds the largest
     per_env: dict[str, list[int]] = field(default_factory=dict)
+    recipe: str = ""  # recipes/NAME.yaml (or a .yaml path) layered under the user's keys
 
 
 
@@ -554,18 +557,21 @@ def is_mixed(cfg: Any) -> bool:
 
 def build_config(overrides: dict[str, Any], command_defaults: dict[str, Any] | None = None,
                  cls: type = Config) -> Any:
-    """Defaults → env preset → command defaults → algorithm preset → user overrides."""
+    """Defaults → env preset → command defaults → algorithm preset → recipe (``recipe=``,
+    :func:`agentgym.presets.load_recipe`) → user overrides."""
     cfg = cls()
-    env = overrides.get("env", cfg.env)
+    recipe = load_recipe(overrides["recipe"]) if "recipe" in overrides else {}
+    env = overrides.get("env", recipe.get("env", cfg.env))
     mixed = len(env_names(env)) > 1
     if mixed:  # a mixed run: one name for it, and no single env's preset
         overrides = {**overrides, "env": ",".join(env_names(env))}
     layers = [{} if mixed else ENV_PRESETS.get(str(env), {}), command_defaults or {}]
-    algo = overrides.get("algo.name", overrides.get("algo"))
+    algo = overrides.get("algo.name", overrides.get("algo",
+                                                    recipe.get("algo.name", recipe.get("algo"))))
     if hasattr(cfg, "algo") and isinstance(algo, str):
         set_key(cfg, "algo.name", algo)  # fails with the valid names before the preset
         layers.append(ALGO_PRESETS[algo])
-    layers.append(overrides)
+    layers += [recipe, overrides]
     for layer in layers:
         for k, v in layer.items():
             set_key(cfg, k, v)

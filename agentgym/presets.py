@@ -1,10 +1,17 @@
 """The presets a configuration is layered from (:func:`agentgym.config.build_config`):
-each env's, each algorithm's, the key shorthands, and the keys a mixed run may set per env.
+each env's, each algorithm's, the key shorthands, the keys a mixed run may set per env,
+and the recipes (``recipes/*.yaml``: a paper's or the demo's settings as dotted keys).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+import yaml
+
+from agentgym.core.paths import repo_root
+from agentgym.core.registry import did_you_mean
 
 #: Per-environment overrides applied before the user's.
 ENV_PRESETS: dict[str, dict[str, Any]] = {
@@ -47,3 +54,29 @@ ALIASES = {"n": "rollout.n", "seed": "trainer.seed", "backend": "trainer.backend
 #: (the trainer's sequence budget) takes the largest.
 PER_ENV_KEYS = ("rollout.max_turns", "rollout.max_tokens_per_turn",
                 "trainer.cold_start_demos", "trainer.eval_limit")
+
+
+def recipes_dir() -> Path:
+    """The shipped recipes: ``recipes/`` at the repository root."""
+    return repo_root() / "recipes"
+
+
+def recipe_names() -> list[str]:
+    return sorted(p.stem for p in recipes_dir().glob("*.yaml"))
+
+
+def load_recipe(name: str) -> dict[str, Any]:
+    """A recipe's keys: ``recipes/NAME.yaml`` or a ``.yaml`` file, a mapping of the same
+    dotted keys the command line takes (``rollout.n: 5``), values as YAML parses them."""
+    path = Path(name).expanduser() if str(name).endswith((".yaml", ".yml")) \
+        else recipes_dir() / f"{name}.yaml"
+    if not path.is_file():
+        names = recipe_names()
+        raise ValueError(f"recipe={name!r}: no such recipe{did_you_mean(str(name), names)}; "
+                         f"valid: {', '.join(names)} or a path to a .yaml file")
+    keys = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if not isinstance(keys, dict) or any(isinstance(v, dict) for v in keys.values()):
+        raise ValueError(f"recipe {path}: expected a mapping of dotted keys to values "
+                         f"(rollout.n: 5), got {type(keys).__name__}"
+                         f"{' with a nested section' if isinstance(keys, dict) else ''}")
+    return {str(k): v for k, v in keys.items()}

@@ -1,0 +1,72 @@
+"""Recipes (``recipes/*.yaml``, ``recipe=NAME``): a paper's or the demo's settings as the
+command line's dotted keys, layered under the user's overrides."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agentgym.cli import main
+from agentgym.config import all_keys, build_config, parse_overrides, to_dict
+from agentgym.presets import load_recipe, recipe_names
+
+
+@pytest.mark.parametrize("name", recipe_names())
+def test_every_recipe_resolves_to_known_keys(name):
+    keys = load_recipe(name)
+    assert keys, f"recipes/{name}.yaml is empty"
+    cfg = build_config(parse_overrides([f"recipe={name}"]), {"rollout.n": 5})
+    known = set(all_keys(cfg)) | {"env", "model", "data", "algo"}
+    assert set(keys) <= known
+    assert cfg.recipe == name
+
+
+def test_the_demo_recipe_is_the_measured_command_and_later_keys_win():
+    # make demo runs recipe=cpu_demo: the keys measured in docs/BENCHMARKS.md, "make demo"
+    measured = ["env=[search,code]", "data=[train,arith]", "trainer.eval_data=[nq,arith_test]",
+                "data.mix=[1,7]", "data.curriculum=solve_rate", "trainer.total_steps=5",
+                "trainer.prompts_per_step=8", "n=4", "trainer.lr=2e-5", "search.reward=f1",
+                "rollout.max_turns=2", "rollout.max_tokens_per_turn=[96,64]",
+                "trainer.cold_start_probe=4", "trainer.cold_start_demos=[16,32]",
+                "sft.epochs=1", "trainer.eval_limit=[20,60]"]
+    by_hand = to_dict(build_config(parse_overrides(measured), {"rollout.n": 5}))
+    by_recipe = to_dict(build_config(parse_overrides(["recipe=cpu_demo"]), {"rollout.n": 5}))
+    assert by_recipe == {**by_hand, "recipe": "cpu_demo"}
+    # the user's keys come after the recipe's, the command's defaults before
+    cfg = build_config(parse_overrides(["recipe=cpu_demo", "n=8", "trainer.eval_limit=[5,5]"]),
+                       {"rollout.n": 5})
+    assert cfg.rollout.n == 8 and cfg.per_env["trainer.eval_limit"] == [5, 5]
+    assert cfg.trainer.lr == 2e-5  # the recipe's, over the default 1e-6
+
+
+def test_eval_stays_greedy_under_a_recipe(tmp_path):
+    recipe = tmp_path / "hot.yaml"
+    recipe.write_text("env: search\nrollout.temperature: 1.0\nrollout.n: 5\n")
+    out = tmp_path / "eval.json"
+    assert main(["eval", f"recipe={recipe}", "model=tiny", "limit=1", f"out={out}",
+                 "rollout.max_tokens_per_turn=4", "rollout.max_turns=1"]) == 0
+    result = json.loads(out.read_text())
+    assert result["temperature"] == 0.0 and result["n"] == 1
+
+
+def test_bad_recipes_fail_clearly(tmp_path, capsys):
+    assert main(["config", "recipe=cpu_dem"]) == 2
+    assert "recipe='cpu_dem': no such recipe (did you mean 'cpu_demo'?)" in \
+        capsys.readouterr().err
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("rollout:\n  n: 5\n")
+    with pytest.raises(ValueError, match="mapping of dotted keys.*nested section"):
+        load_recipe(str(nested))
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("rollout.temperatur: 0.5\n")
+    with pytest.raises(KeyError, match="did you mean 'rollout.temperature'"):
+        build_config(parse_overrides([f"recipe={unknown}"]))
+
+
+def test_config_prints_the_resolved_recipe(capsys):
+    assert main(["config", "recipe=cpu_demo", "trainer.total_steps=2"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["recipe"] == "cpu_demo" and printed["env"] == "search,code"
+    assert printed["trainer"]["total_steps"] == 2
+    assert printed["per_env"]["trainer.cold_start_demos"] == [16, 32]
