@@ -246,3 +246,9 @@ class DroppingProxyFault:
         self._closed = True
         self._server.close()
         self.drop_for(0)
+
+
+def scripted_length_reward(data_source, solution_str, ground_truth, extra_info=None):
+    """A scripted reward in verl's custom-reward signature (``reward=fakes:…``): the
+    episode's text length, so a random model's samples differ and an update has a signal."""
+    return len(solution_str) / 1000.0

@@ -70,3 +70,39 @@ def test_config_prints_the_resolved_recipe(capsys):
     assert printed["recipe"] == "cpu_demo" and printed["env"] == "search,code"
     assert printed["trainer"]["total_steps"] == 2
     assert printed["per_env"]["trainer.cold_start_demos"] == [16, 32]
+
+
+#: what makes a recipe's step fit a test on the CPU; everything else (the algorithm, its
+#: loss, clip ranges, KL, entropy, learning rate and schedule, turn limits' meaning,
+#: protocol, checkpointing) stays the recipe's
+SHRINK = ["trainer.total_steps=1", "trainer.prompts_per_step=2", "trainer.mini_batches=1",
+          "trainer.nprocs=1", "trainer.offload=false", "trainer.backend=single",
+          "trainer.device=cpu", "trainer.eval_limit=0", "trainer.cold_start=off",
+          "trainer.save_every=1", "limit=4", "rollout.max_tokens_per_turn=8",
+          "rollout.max_response_tokens=64", "rollout.max_turns=2"]
+
+
+@pytest.mark.parametrize("name", [n for n in recipe_names() if n != "cpu_demo"])
+def test_one_step_of_each_paper_recipe_on_its_shrunk_architecture(tmp_path, name,
+                                                                  retriever_url):
+    """The recipe's own keys, its model's family at tiny size (model=tiny:SHAPE), a batch
+    small enough for the CPU, and a scripted reward (a random model's answers are all
+    wrong, which would leave the update nothing to do): one step updates with the recipe's
+    loss and writes a checkpoint."""
+    recipe = load_recipe(name)
+    shape = recipe["model"]
+    group = 1 if recipe.get("algo") == "ppo" else 2
+    run = tmp_path / "run"
+    assert main(["train", f"recipe={name}", f"model=tiny:{shape}", f"rollout.n={group}",
+                 f"run_dir={run}", f"retriever.url={retriever_url}",
+                 "reward=fakes:scripted_length_reward", *SHRINK]) == 0
+    config = json.loads((run / "config.json").read_text())
+    assert config["recipe"] == name and config["algo"]["name"] == recipe["algo"]
+    for key in ("algo.kl_coef", "algo.clip_high", "algo.entropy_coef", "trainer.lr"):
+        section, field = key.split(".")
+        assert config[section][field] == pytest.approx(recipe[key]), key
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    update = [m for m in steps if m.get("step") == 1 and "train/loss" in m]
+    assert update and update[0]["train/skipped_steps"] == 0
+    assert update[0]["train/grad_norm"] > 0 and update[0]["train/loss"] == update[0]["train/loss"]
+    assert (run / "checkpoints" / "step_1" / "state.json").exists()
