@@ -383,6 +383,18 @@ def cmd_config(args: list[str]) -> int:
     return 0
 
 
+def cmd_plan(args: list[str]) -> int:
+    """``agentgym plan recipe=… gpus=8 gpu_memory=80GB``: memory per device, and a verdict."""
+    from agentgym.models.plan import parse_bytes, report
+    given = parse_overrides(args)
+    rest = [a for a in args if a.partition("=")[0] not in ("gpus", "gpu_memory")]
+    cfg = _config(rest)
+    device = "cpu" if cfg.trainer.device == "cpu" else "cuda"
+    gpus = int(given.get("gpus", cfg.trainer.nprocs))
+    print("\n".join(report(cfg, gpus, parse_bytes(given.get("gpu_memory", "80GB")), device)))
+    return 0
+
+
 def cmd_index(args: list[str]) -> int:
     """``agentgym index build --corpus FILE --method dense|bm25 --out DIR``."""
     p = argparse.ArgumentParser(prog="agentgym index", description="Build a retrieval index "
@@ -532,7 +544,7 @@ def cmd_sandbox(args: list[str]) -> int:
 
 #: ``key=value`` commands (take config overrides).
 COMMANDS = {"train": cmd_train, "rollout": cmd_rollout, "eval": cmd_eval, "inspect": cmd_inspect,
-            "check-env": cmd_check_env, "config": cmd_config, "sft": cmd_sft, "demos": cmd_demos, "filter": cmd_filter,
+            "check-env": cmd_check_env, "config": cmd_config, "plan": cmd_plan, "sft": cmd_sft, "demos": cmd_demos, "filter": cmd_filter,
             "compare": cmd_compare}
 #: Commands with their own ``--flag`` arguments (each parses its raw argv).
 FLAG_COMMANDS: dict = {"index": cmd_index, "serve-retriever": cmd_serve_retriever,

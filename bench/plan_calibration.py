@@ -1,0 +1,88 @@
+"""The memory planner (``agentgym plan``, :mod:`agentgym.models.plan`) against measured
+peaks, and its plan for every shipped recipe.
+
+    python bench/plan_calibration.py
+
+1. Calibration: the nine cells of ``bench/update_memory.py`` (smollm2-135m, one GRPO
+   update of one sequence on the CPU, bf16 autocast; docs/BENCHMARKS.md, "Update memory:
+   chunked log-probs and activation checkpointing"), predicted by the planner with the
+   CPU constants (fitted to the 1k and 8k cells; the 4k cells are held out), and the error.
+2. ``agentgym plan recipe=NAME`` for each recipe on 8 x 80 GiB GPUs (the CPU demo on this
+   machine's memory), as printed.
+
+Writes the section "Memory planner" of docs/BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from agentgym.models.plan import DEVICES, GiB, Setting, shape_numbers, total  # noqa: E402
+from agentgym.models.shapes import shape_config  # noqa: E402
+from agentgym.presets import recipe_names  # noqa: E402
+from bench.report import machine, write_section  # noqa: E402
+
+#: docs/BENCHMARKS.md, "Update memory: …" (measured 2026-11-25, Intel Xeon, 2 CPUs, amx_bf16):
+#: (tokens, setting) -> peak RSS in GiB of one process running one update
+MEASURED = {(1024, "plain"): 3.96, (1024, "chunked log-probs"): 3.96,
+            (1024, "chunked + checkpointing"): 2.96, (4096, "plain"): 9.40,
+            (4096, "chunked log-probs"): 6.68, (4096, "chunked + checkpointing"): 3.27,
+            (8192, "plain"): 16.65, (8192, "chunked log-probs"): 10.20,
+            (8192, "chunked + checkpointing"): 3.57}
+SETTINGS = {"plain": (0, False), "chunked log-probs": (1024, False),
+            "chunked + checkpointing": (1024, True)}
+
+
+def calibration() -> list[str]:
+    shape = shape_numbers(shape_config("smollm2-135m"))
+    lines = ["| tokens | setting | measured (GiB) | planned (GiB) | error | fitted on |",
+             "|---|---|---|---|---|---|"]
+    worst = {True: 0.0, False: 0.0}
+    for (tokens, name), measured in MEASURED.items():
+        chunk, ckpt = SETTINGS[name]
+        s = Setting(device="cpu", micro_batch_tokens=tokens, logprob_chunk=chunk,
+                    checkpointing=ckpt, engine=False)
+        planned = total(shape, s) / GiB
+        err = (planned - measured) / measured
+        held = tokens == 4096
+        worst[held] = max(worst[held], abs(err))
+        lines.append(f"| {tokens} | {name} | {measured:.2f} | {planned:.2f} | {100 * err:+.1f}% "
+                     f"| {'held out' if held else 'yes'} |")
+    c = DEVICES["cpu"]
+    lines += ["", f"Largest error: {100 * worst[False]:.1f}% on the six cells the constants were "
+              f"fitted to, {100 * worst[True]:.1f}% on the three held out. CPU constants: "
+              f"process {c.base / GiB:.2f} GiB, {c.act_bytes} bytes per saved activation "
+              f"element, {c.ckpt_bytes} per checkpointed layer-input element, "
+              f"{c.logit_copies:g} fp32 copies of the logits."]
+    return lines
+
+
+def plans() -> list[str]:
+    out = []
+    for name in recipe_names():
+        args = [f"recipe={name}"] + (["trainer.device=cpu", "gpus=1", "gpu_memory=24GiB"]
+                                     if name == "cpu_demo" else ["gpus=8", "gpu_memory=80GB"])
+        cmd = [sys.executable, "-m", "agentgym.cli", "plan", *args]
+        text = subprocess.run(cmd, check=True, capture_output=True, text=True,
+                              env={**os.environ, "PYTHONWARNINGS": "ignore"}).stdout
+        out += [f"`agentgym plan {' '.join(args)}`:", "", "```", text.rstrip(), "```", ""]
+    return out
+
+
+def main() -> None:
+    body = [f"Machine: {machine()}. Command: `python bench/plan_calibration.py`.", "",
+            "**Calibration** against measured peaks (one process, one update):", "",
+            *calibration(), "", "**Plans** of the shipped recipes:", "", *plans()]
+    text = "\n".join(body)
+    print(text)
+    write_section("Memory planner", text)
+
+
+if __name__ == "__main__":
+    main()
