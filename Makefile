@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: gpu-bundle gpu-check install sysdeps browser demo test test-stress test-compat bench bench-trl clean
+.PHONY: gpu-bundle gpu-bundle-check gpu-check install sysdeps browser demo test test-stress test-compat bench bench-trl clean
 
 # bubblewrap isolates the code sandbox (tools/sandbox.py). Installed from Debian when we are
 # root (CI, containers); otherwise the sandbox falls back to `unshare`, with a logged warning.
@@ -99,6 +99,11 @@ test-compat: sysdeps
 # smollm2's GGUF in parts, gpu-bundle/README.md says which call carries which.
 gpu-bundle: $(STAMP)
 	$(BIN)/python scripts/gpu_bundle.py
+
+# The bundle's install.sh here, in a clean venv holding only the image's share of the
+# requirements, with --no-index from the bundle alone (not in CI: minutes, and pip's wheels).
+gpu-bundle-check: $(STAMP)
+	sh scripts/gpu_bundle_check.sh
 
 # On a machine with a CUDA GPU: the tests marked gpu, generation / update throughput, MFU,
 # peak memory and drift, written to docs/GPU.md. Without CUDA it says so and exits 0.
