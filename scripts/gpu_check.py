@@ -1,9 +1,15 @@
 """``make gpu-check``: on a machine with a CUDA GPU, run the tests marked ``gpu`` and
-measure the GPU path, then write docs/GPU.md. Without CUDA it says so and exits 0, writing
-nothing.
+measure the GPU path, writing docs/GPU.md after every stage (a call cut short still leaves
+its figures). Without CUDA it says so and exits 0, writing nothing; ``--cpu-smoke`` runs
+every stage but the tests on the CPU with tiny shapes and short sequences, to a file of
+your choosing, to find a stage's bug before a lent GPU does.
 
-Measured (smollm2-135m, the policy's defaults on a GPU: bf16 rollout copy, bf16 autocast
-over fp32 master weights, SDPA or flash attention):
+In the order that gives the most per minute of a lent GPU: the tests marked gpu; update
+throughput, MFU and peak memory of random-initialised models of the shipped shapes
+(smollm2 135M/360M/1.7B, Qwen2.5 0.5B/1.5B/3B/7B, while the planner says a single-GPU full
+fine-tune fits), each peak beside the memory planner's figure; then, on smollm2-135m's
+real weights (the policy's GPU defaults: bf16 rollout copy, bf16 autocast over fp32
+master weights, SDPA or flash attention):
 
 - generation tokens/s: the HF engine, 64 prompts x up to 256 sampled tokens, continuous
   batching (tokens counted as generated);
@@ -37,60 +43,59 @@ def _peak_flops(name: str) -> float | None:
     return next((v for k, v in PEAK_BF16.items() if k in name), None)
 
 
-def _generation(path: str) -> dict:
+def _generation(path: str, device, prompts: int = 64, new_tokens: int = 256) -> dict:
     import asyncio
 
-    import torch
-
-    from agentgym.core.device import peak_memory_gb, resolve_device
+    from agentgym.core.device import peak_memory_gb
     from agentgym.rollout.engines.hf import HFEngine
     from agentgym.models.zoo import load_model, load_tokenizer
     from agentgym.core.types import SamplingParams
-    device = resolve_device("auto")
     tok = load_tokenizer(path)
-    engine = HFEngine(load_model(path, dtype="bfloat16", device=device), tok, max_batch_size=64)
-    prompts = [tok.encode(f"Question {i}: who wrote the book number {i}? Think, then answer.")
-               for i in range(64)]
-    sampling = SamplingParams(max_new_tokens=256, temperature=1.0, seed=0)
+    engine = HFEngine(load_model(path, dtype="bfloat16", device=device), tok,
+                      max_batch_size=prompts)
+    inputs = [tok.encode(f"Question {i}: who wrote the book number {i}? Think, then answer.")
+              for i in range(prompts)]
+    sampling = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, seed=0)
 
     async def go():
         return await asyncio.gather(*(engine.generate(p, sampling, session_id=f"g{i}")
-                                      for i, p in enumerate(prompts)))
+                                      for i, p in enumerate(inputs)))
     try:
         asyncio.run(go())  # warm-up: kernels, allocator
         peak_memory_gb(device)
         t0 = time.perf_counter()
         outs = asyncio.run(go())
-        torch.cuda.synchronize()
+        _sync(device)
         wall = time.perf_counter() - t0
     finally:
         engine.close()
     tokens = sum(len(o.ids) for o in outs)
     return {"tokens": tokens, "seconds": wall, "tokens_per_s": tokens / wall,
+            "prompts": prompts, "new_tokens": new_tokens,
             "peak_memory_gb": peak_memory_gb(device)}
 
 
-def _update(path: str) -> dict:
+def _update(model, vocab: int, device, rows: int = 8, seq: int = 1000,
+            steps: int = 5) -> dict:
+    """``steps`` timed SFT-style updates (after two warm-ups) over ``rows`` random
+    sequences of ``seq`` tokens: tokens/s, FLOP/s (6 x parameters x tokens/s), peak memory."""
     import torch
 
-    from agentgym.core.device import peak_memory_gb, resolve_device
+    from agentgym.core.device import peak_memory_gb
     from agentgym.core.types import Trajectory
-    from trainers.backends.base import ModelSpec
     from trainers.backends.single import SingleBackend
     from trainers.batch import collate
     from trainers.sft import sft_loss_fn
-    device = resolve_device("auto")
-    model = ModelSpec(path).load(device)
     params = sum(p.numel() for p in model.parameters())
-    backend = SingleBackend(model, lr=1e-6, micro_batch_tokens=8 * 1024, mixed_precision="bf16",
-                            logprob_chunk=1024)
+    backend = SingleBackend(model, lr=1e-6, micro_batch_tokens=rows * (seq + 24),
+                            mixed_precision="bf16", logprob_chunk=1024)
     g = torch.Generator().manual_seed(0)
     trajs = []
-    for i in range(8):
+    for i in range(rows):
         t = Trajectory(uid=str(i))
-        t.append("prompt", torch.randint(5, 40000, (24,), generator=g).tolist(), 0)
-        t.append("generated", torch.randint(5, 40000, (1000,), generator=g).tolist(), 0,
-                 logprobs=[0.0] * 1000)
+        t.append("prompt", torch.randint(5, vocab, (24,), generator=g).tolist(), 0)
+        t.append("generated", torch.randint(5, vocab, (seq,), generator=g).tolist(), 0,
+                 logprobs=[0.0] * seq)
         trajs.append(t)
     batch = collate(trajs, 0)
     tokens = int(batch.attention_mask.sum())
@@ -98,16 +103,81 @@ def _update(path: str) -> dict:
     for _ in range(2):  # warm-up
         backend.train_step(backend.split(batch), loss)
     peak_memory_gb(device)
-    steps = 5
-    torch.cuda.synchronize()
+    _sync(device)
     t0 = time.perf_counter()
     for _ in range(steps):
         backend.train_step(backend.split(batch), loss)
-    torch.cuda.synchronize()
+    _sync(device)
     wall = time.perf_counter() - t0
     tps = steps * tokens / wall
-    return {"params": params, "tokens_per_s": tps, "flops_per_s": 6 * params * tps,
-            "peak_memory_gb": peak_memory_gb(device), "seq_len": batch.input_ids.shape[1]}
+    return {"params": params, "tokens": tokens, "tokens_per_s": tps,
+            "flops_per_s": 6 * params * tps, "peak_memory_gb": peak_memory_gb(device),
+            "seq_len": batch.input_ids.shape[1]}
+
+
+def _gb(value) -> str:
+    """A peak in GiB, or "n/a" where the device reports none (the CPU)."""
+    return "n/a" if value is None else f"{value:.2f} GiB"
+
+
+def _sync(device) -> None:
+    import torch
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _shapes(device, capacity: float, smoke: bool) -> list[tuple[str, str]]:
+    """One row per shipped text shape: a random-initialised model's update figures beside
+    the planner's peak, while the planner says a single-device full fine-tune fits."""
+    import gc
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from agentgym.models import plan
+    from agentgym.models.shapes import is_vision, shape_config, shape_names, shrunk_config
+    rows_, seq = (2, 64) if smoke else (8, 1000)
+    names = sorted((n for n in shape_names() if not is_vision(shape_config(n))),
+                   key=lambda n: plan.shape_numbers(shape_config(n)).params)
+    out = []
+    for name in names:
+        config = shrunk_config(name, 1024) if smoke else \
+            {k: v for k, v in shape_config(name).items() if k not in ("torch_dtype",)}
+        shape = plan.shape_numbers(config)
+        setting = plan.Setting(device="cpu" if smoke else "cuda", engine=False,
+                               micro_batch_tokens=rows_ * (seq + 24))
+        planned = plan.total(shape, setting)
+        label = f"update, random-init {name} ({shape.params / 1e9:.2f}B), {rows_} x {seq}"
+        if planned > 0.9 * capacity:
+            out.append((label, f"skipped: the planner puts it at {planned / plan.GiB:.0f} "
+                               f"GiB of {capacity / plan.GiB:.0f}"))
+            continue
+        values = {k: v for k, v in config.items() if k not in ("architectures", "model_type")}
+        torch.manual_seed(0)
+        with torch.device(device):  # initialised where it trains: no host copy of a 3B model
+            model = AutoModelForCausalLM.from_config(
+                AutoConfig.for_model(config["model_type"], **values), dtype=torch.float32)
+        try:
+            upd = _update(model, shape.vocab, device, rows_, seq, steps=2 if smoke else 3)
+        except torch.OutOfMemoryError:
+            out.append((label, f"out of memory (planned {planned / plan.GiB:.1f} GiB)"))
+            continue
+        finally:
+            del model
+            gc.collect()
+            if not smoke:
+                torch.cuda.empty_cache()
+        peak = _peak_flops(_device_name(device))
+        mfu = f", MFU {upd['flops_per_s'] / peak:.1%}" if peak else ""
+        out.append((label, f"{upd['tokens_per_s']:.0f} tokens/s{mfu}, peak "
+                           f"{_gb(upd['peak_memory_gb'])} (planned "
+                           f"{planned / plan.GiB:.2f} GiB)"))
+    return out
+
+
+def _device_name(device) -> str:
+    import torch
+    return torch.cuda.get_device_name() if str(device).startswith("cuda") else "cpu"
 
 
 def _grpo_figures(run: Path) -> dict:
@@ -126,65 +196,90 @@ def _grpo_figures(run: Path) -> dict:
             "step_s": sum(col("time/step_s")) / len(steps)}
 
 
+def _write(out: Path, header: list[str], rows: list[tuple[str, str]], footer: str) -> None:
+    """docs/GPU.md as far as the check has come (rewritten after every stage)."""
+    text = "\n".join([*header, "", "| what | measured |", "|---|---|",
+                      *[f"| {k} | {v} |" for k, v in rows], "", footer, ""])
+    out.write_text(text)
+    print(text, flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(ROOT / "docs" / "GPU.md"))
     ap.add_argument("--work", default=str(ROOT / "runs" / "gpu_check"))
+    ap.add_argument("--cpu-smoke", action="store_true",
+                    help="every stage but the tests, on the CPU, tiny shapes, to --out")
     a = ap.parse_args()
     import torch
 
     from agentgym.core.device import cuda_available
-    if not cuda_available():
+    if not cuda_available() and not a.cpu_smoke:
         print(f"gpu-check: torch {torch.__version__} sees no CUDA device on this machine "
               f"(CUDA build: {torch.version.cuda or 'no'}); nothing measured, "
               f"{Path(a.out).name} left as it is")
         return 0
+    from agentgym.core.device import resolve_device
     from agentgym.models.zoo import resolve_model
-    name = torch.cuda.get_device_name()
-    work = Path(a.work)
+    device = resolve_device("cpu" if a.cpu_smoke else "auto")
+    name = _device_name(device)
+    capacity = (torch.cuda.get_device_properties(0).total_memory if not a.cpu_smoke
+                else 8 * 2 ** 30)
+    work, out = Path(a.work), Path(a.out)
     work.mkdir(parents=True, exist_ok=True)
     run = work / "grpo"
-    print(f"gpu-check on {name}: the tests marked gpu", flush=True)
-    t0 = time.perf_counter()
-    tests = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rs",
-                            "tests/test_gpu.py"], cwd=ROOT, capture_output=True, text=True,
-                           env={**os.environ, "AGENTGYM_GPU_RUN_DIR": str(run)})
-    print(tests.stdout[-3000:], tests.stderr[-2000:], flush=True)
-    summary = (tests.stdout.strip().splitlines() or ["(no output)"])[-1]
-    tests_s = time.perf_counter() - t0
-    path = str(resolve_model("smollm2-135m"))
-    print("gpu-check: generation throughput", flush=True)
-    gen = _generation(path)
-    print("gpu-check: update throughput", flush=True)
-    upd = _update(path)
-    grpo = _grpo_figures(run)
+    header = ["# GPU check", "", f"_Measured {dt.date.today().isoformat()} by `make gpu-check`"
+              f"{' --cpu-smoke (not a GPU figure)' if a.cpu_smoke else ''}._", "",
+              f"Device: {name} ({capacity / 2**30:.0f} GiB), torch {torch.__version__} (CUDA "
+              f"{torch.version.cuda}), transformers {__import__('transformers').__version__}."]
     peak = _peak_flops(name)
+    footer = f"Peak used for MFU: {peak / 1e12:.0f} TFLOP/s dense bf16." if peak else ""
+    rows: list[tuple[str, str]] = []
+    tests_rc = 0
+    if not a.cpu_smoke:
+        print(f"gpu-check on {name}: the tests marked gpu", flush=True)
+        t0 = time.perf_counter()
+        tests = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rs",
+                                "tests/test_gpu.py"], cwd=ROOT, capture_output=True, text=True,
+                               env={**os.environ, "AGENTGYM_GPU_RUN_DIR": str(run)})
+        print(tests.stdout[-3000:], tests.stderr[-2000:], flush=True)
+        summary = (tests.stdout.strip().splitlines() or ["(no output)"])[-1]
+        rows.append(("tests marked gpu (`pytest -m gpu tests/test_gpu.py`)",
+                     f"{summary} ({time.perf_counter() - t0:.0f} s)"))
+        tests_rc = tests.returncode
+        _write(out, header, rows, footer)
+    print("gpu-check: random-initialised shapes", flush=True)
+    for row in _shapes(device, capacity, a.cpu_smoke):
+        rows.append(row)
+        _write(out, header, rows, footer)
+    path = str(resolve_model("tiny" if a.cpu_smoke else "smollm2-135m"))
+    print("gpu-check: generation throughput", flush=True)
+    gen = _generation(path, device, prompts=4 if a.cpu_smoke else 64,
+                      new_tokens=8 if a.cpu_smoke else 256)
+    rows.append((f"generation, HF engine, bf16, {gen['prompts']} prompts x up to "
+                 f"{gen['new_tokens']} tokens ({Path(path).name})",
+                 f"{gen['tokens_per_s']:.0f} tokens/s (peak memory "
+                 f"{_gb(gen['peak_memory_gb'])})"))
+    _write(out, header, rows, footer)
+    print("gpu-check: update throughput", flush=True)
+    from trainers.backends.base import ModelSpec
+    model = ModelSpec(path).load(device)
+    upd = _update(model, model.config.vocab_size, device,
+                  *((2, 64) if a.cpu_smoke else (8, 1000)))
     mfu = f"{upd['flops_per_s'] / peak:.1%}" if peak else "– (peak of this card not in the table)"
-    props = torch.cuda.get_device_properties(0)
-    rows = [
-        ("tests marked gpu (`pytest -m gpu tests/test_gpu.py`)", f"{summary} ({tests_s:.0f} s)"),
-        ("generation, HF engine, bf16, 64 prompts x up to 256 tokens",
-         f"{gen['tokens_per_s']:.0f} tokens/s (peak memory {gen['peak_memory_gb']:.2f} GiB)"),
-        (f"update, 8 x {upd['seq_len']} tokens, bf16 autocast, AdamW",
-         f"{upd['tokens_per_s']:.0f} tokens/s, {upd['flops_per_s'] / 1e12:.1f} TFLOP/s, "
-         f"MFU {mfu} (peak memory {upd['peak_memory_gb']:.2f} GiB)"),
-    ]
+    rows.append((f"update, {Path(path).name}, {upd['tokens']} tokens, bf16 autocast, AdamW",
+                 f"{upd['tokens_per_s']:.0f} tokens/s, {upd['flops_per_s'] / 1e12:.2f} TFLOP/s, "
+                 f"MFU {mfu} (peak memory {_gb(upd['peak_memory_gb'])})"))
+    _write(out, header, rows, footer)
+    grpo = _grpo_figures(run)
     if grpo:
         rows += [("GRPO on search, 20 steps x 16 prompts x 8 samples (the gpu test's run)",
                   f"{grpo['step_s']:.1f} s/step, peak memory {grpo['peak_memory_gb']:.2f} GiB, "
                   f"reward {grpo['reward'][0]:.3f} → {grpo['reward'][-1]:.3f}"),
                  ("drift, engine vs trainer logprobs over that run (largest step value)",
                   f"mean {grpo['drift_mean']:.4f}, max {grpo['drift_max']:.3f}")]
-    text = "\n".join([
-        "# GPU check", "",
-        f"_Measured {dt.date.today().isoformat()} by `make gpu-check`._", "",
-        f"GPU: {name} ({props.total_memory / 2**30:.0f} GiB), torch {torch.__version__} (CUDA "
-        f"{torch.version.cuda}), model smollm2-135m ({upd['params'] / 1e6:.0f}M parameters).",
-        "", "| what | measured |", "|---|---|", *[f"| {k} | {v} |" for k, v in rows], "",
-        f"Peak used for MFU: {peak / 1e12:.0f} TFLOP/s dense bf16." if peak else "", ""])
-    Path(a.out).write_text(text)
-    print(text)
-    return 0 if tests.returncode == 0 else tests.returncode
+        _write(out, header, rows, footer)
+    return tests_rc
 
 
 if __name__ == "__main__":

@@ -46,3 +46,22 @@ def test_a_split_file_reassembles(tmp_path):
     parts = bundle.split(src, tmp_path / "parts", 100_000)
     assert [p.name for p in parts] == ["model.gguf.00", "model.gguf.01", "model.gguf.02"]
     assert b"".join(p.read_bytes() for p in sorted(parts)) == data
+
+
+def test_the_gpu_check_runs_every_stage_in_its_cpu_smoke(tmp_path):
+    """``scripts/gpu_check.py --cpu-smoke``: each stage a lent GPU would run (but the gpu
+    tests), on the CPU with tiny shapes, so a stage's bug shows here and not on the GPU."""
+    import subprocess
+    import sys
+    out = tmp_path / "GPU.md"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--cpu-smoke",
+                           "--out", str(out), "--work", str(tmp_path / "work")],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    text = out.read_text()
+    from agentgym.models.shapes import is_vision, shape_config, shape_names
+    for name in shape_names():
+        if not is_vision(shape_config(name)):
+            assert f"random-init {name} " in text
+    assert "generation, HF engine" in text and "update, tiny" in text
+    assert "--cpu-smoke (not a GPU figure)" in text
