@@ -4,12 +4,13 @@ its figures). Without CUDA it says so and exits 0, writing nothing; ``--cpu-smok
 every stage but the tests on the CPU with tiny shapes and short sequences, to a file of
 your choosing, to find a stage's bug before a lent GPU does.
 
-In the order that gives the most per minute of a lent GPU: the tests marked gpu; update
+In the order that gives the most per minute of a lent GPU: the tests marked gpu but the
+20-step GRPO run (correctness: the engine's conformance on the device, FSDP2 over NCCL); update
 throughput, MFU and peak memory of random-initialised models of the shipped shapes
 (smollm2 135M/360M/1.7B, Qwen2.5 0.5B/1.5B/3B/7B, while the planner says a single-GPU full
 fine-tune fits), each peak beside the memory planner's figure; then, on smollm2-135m's
 real weights (the policy's GPU defaults: bf16 rollout copy, bf16 autocast over fp32
-master weights, SDPA or flash attention):
+master weights, SDPA or flash attention), and last the 20-step GRPO run on search:
 
 - generation tokens/s: the HF engine, 64 prompts x up to 256 sampled tokens, continuous
   batching (tokens counted as generated);
@@ -196,6 +197,19 @@ def _grpo_figures(run: Path) -> dict:
             "step_s": sum(col("time/step_s")) / len(steps)}
 
 
+def _gpu_tests(select: str, run: Path) -> tuple[int, tuple[str, str]]:
+    """The tests marked gpu that ``-k select`` picks: (exit code, the table's row)."""
+    print(f"gpu-check: the tests marked gpu, -k '{select}'", flush=True)
+    t0 = time.perf_counter()
+    tests = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rs", "-k",
+                            select, "tests/test_gpu.py"], cwd=ROOT, capture_output=True,
+                           text=True, env={**os.environ, "AGENTGYM_GPU_RUN_DIR": str(run)})
+    print(tests.stdout[-3000:], tests.stderr[-2000:], flush=True)
+    summary = (tests.stdout.strip().splitlines() or ["(no output)"])[-1]
+    return tests.returncode, (f"tests marked gpu, `-k '{select}'`",
+                              f"{summary} ({time.perf_counter() - t0:.0f} s)")
+
+
 def _write(out: Path, header: list[str], rows: list[tuple[str, str]], footer: str) -> None:
     """docs/GPU.md as far as the check has come (rewritten after every stage)."""
     text = "\n".join([*header, "", "| what | measured |", "|---|---|",
@@ -236,17 +250,10 @@ def main() -> int:
     footer = f"Peak used for MFU: {peak / 1e12:.0f} TFLOP/s dense bf16." if peak else ""
     rows: list[tuple[str, str]] = []
     tests_rc = 0
-    if not a.cpu_smoke:
-        print(f"gpu-check on {name}: the tests marked gpu", flush=True)
-        t0 = time.perf_counter()
-        tests = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rs",
-                                "tests/test_gpu.py"], cwd=ROOT, capture_output=True, text=True,
-                               env={**os.environ, "AGENTGYM_GPU_RUN_DIR": str(run)})
-        print(tests.stdout[-3000:], tests.stderr[-2000:], flush=True)
-        summary = (tests.stdout.strip().splitlines() or ["(no output)"])[-1]
-        rows.append(("tests marked gpu (`pytest -m gpu tests/test_gpu.py`)",
-                     f"{summary} ({time.perf_counter() - t0:.0f} s)"))
-        tests_rc = tests.returncode
+    if not a.cpu_smoke:  # correctness first; the 20-step GRPO run (minutes) comes last
+        rc, row = _gpu_tests("not grpo_20_steps", run)
+        rows.append(row)
+        tests_rc = tests_rc or rc
         _write(out, header, rows, footer)
     print("gpu-check: random-initialised shapes", flush=True)
     for row in _shapes(device, capacity, a.cpu_smoke):
@@ -271,6 +278,11 @@ def main() -> int:
                  f"{upd['tokens_per_s']:.0f} tokens/s, {upd['flops_per_s'] / 1e12:.2f} TFLOP/s, "
                  f"MFU {mfu} (peak memory {_gb(upd['peak_memory_gb'])})"))
     _write(out, header, rows, footer)
+    if not a.cpu_smoke:
+        rc, row = _gpu_tests("grpo_20_steps", run)
+        rows.append(row)
+        tests_rc = tests_rc or rc
+        _write(out, header, rows, footer)
     grpo = _grpo_figures(run)
     if grpo:
         rows += [("GRPO on search, 20 steps x 16 prompts x 8 samples (the gpu test's run)",
