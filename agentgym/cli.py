@@ -385,11 +385,12 @@ def cmd_config(args: list[str]) -> int:
 
 def cmd_plan(args: list[str]) -> int:
     """``agentgym plan recipe=… gpus=8 gpu_memory=80GB``: memory per device, and a verdict."""
+    from agentgym.core.device import names_host
     from agentgym.models.plan import parse_bytes, report
     given = parse_overrides(args)
     rest = [a for a in args if a.partition("=")[0] not in ("gpus", "gpu_memory")]
     cfg = _config(rest)
-    device = "cpu" if cfg.trainer.device == "cpu" else "cuda"
+    device = "host" if names_host(cfg.trainer.device) else "gpu"
     gpus = int(given.get("gpus", cfg.trainer.nprocs))
     print("\n".join(report(cfg, gpus, parse_bytes(given.get("gpu_memory", "80GB")), device)))
     return 0

@@ -46,7 +46,7 @@ def calibration() -> list[str]:
     worst = {True: 0.0, False: 0.0}
     for (tokens, name), measured in MEASURED.items():
         chunk, ckpt = SETTINGS[name]
-        s = Setting(device="cpu", micro_batch_tokens=tokens, logprob_chunk=chunk,
+        s = Setting(device="host", micro_batch_tokens=tokens, logprob_chunk=chunk,
                     checkpointing=ckpt, engine=False)
         planned = total(shape, s) / GiB
         err = (planned - measured) / measured
@@ -54,7 +54,7 @@ def calibration() -> list[str]:
         worst[held] = max(worst[held], abs(err))
         lines.append(f"| {tokens} | {name} | {measured:.2f} | {planned:.2f} | {100 * err:+.1f}% "
                      f"| {'held out' if held else 'yes'} |")
-    c = DEVICES["cpu"]
+    c = DEVICES["host"]
     lines += ["", f"Largest error: {100 * worst[False]:.1f}% on the six cells the constants were "
               f"fitted to, {100 * worst[True]:.1f}% on the three held out. CPU constants: "
               f"process {c.base / GiB:.2f} GiB, {c.act_bytes} bytes per saved activation "

@@ -145,7 +145,7 @@ def _shapes(device, capacity: float, smoke: bool) -> list[tuple[str, str]]:
         config = shrunk_config(name, 1024) if smoke else \
             {k: v for k, v in shape_config(name).items() if k not in ("torch_dtype",)}
         shape = plan.shape_numbers(config)
-        setting = plan.Setting(device="cpu" if smoke else "cuda", engine=False,
+        setting = plan.Setting(device="host" if smoke else "gpu", engine=False,
                                micro_batch_tokens=rows_ * (seq + 24))
         planned = plan.total(shape, setting)
         label = f"update, random-init {name} ({shape.params / 1e9:.2f}B), {rows_} x {seq}"

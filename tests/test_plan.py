@@ -23,7 +23,7 @@ MEASURED = {(1024, 0, False): 3.96, (1024, 1024, False): 3.96, (1024, 1024, True
 def test_cpu_plans_are_within_15_percent_of_the_measured_peaks():
     shape = shape_numbers(shape_config("smollm2-135m"))
     for (tokens, chunk, ckpt), measured in MEASURED.items():
-        s = Setting(device="cpu", micro_batch_tokens=tokens, logprob_chunk=chunk,
+        s = Setting(device="host", micro_batch_tokens=tokens, logprob_chunk=chunk,
                     checkpointing=ckpt, engine=False)
         planned = total(shape, s) / GiB
         assert abs(planned - measured) / measured < 0.15, (tokens, chunk, ckpt, planned)

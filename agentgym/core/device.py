@@ -45,6 +45,12 @@ def check_device(spec: str) -> str:
     return spec
 
 
+def names_host(spec: str) -> bool:
+    """Whether ``trainer.device=spec`` names the host (the CPU) rather than an accelerator;
+    ``auto`` counts as an accelerator (a plan is for the machine the run is meant for)."""
+    return check_device(spec) == "cpu"
+
+
 def resolve_device(spec: str = "auto", local_rank: int | None = None):
     """The ``torch.device`` that ``trainer.device=spec`` names in this process.
 

@@ -39,17 +39,17 @@ class Device:
     logit_copies: float
 
 
-#: CPU: fitted to bench/update_memory.py (smollm2-135m, bf16 autocast, 1k and 8k tokens;
+#: host (the CPU): fitted to bench/update_memory.py (smollm2-135m, bf16 autocast, 1k and 8k tokens;
 #: the 4k cells held out). GPU: bf16 activations, a 1.5 GiB CUDA context (not measured).
-DEVICES = {"cpu": Device("cpu", 0.3 * GiB, 3.3, 2.0, 4.0),
-           "cuda": Device("cuda", 1.5 * GiB, 2.0, 2.0, 4.0)}
+DEVICES = {"host": Device("host", 0.3 * GiB, 3.3, 2.0, 4.0),
+           "gpu": Device("gpu", 1.5 * GiB, 2.0, 2.0, 4.0)}
 
 
 @dataclass(frozen=True)
 class Setting:
     """What the run does, as the planner needs it (built from a config by the CLI)."""
 
-    device: str = "cuda"
+    device: str = "gpu"  # a key of DEVICES: host (the CPU) | gpu
     gpus: int = 1  # devices the update is spread over (trainer.nprocs)
     backend: str = "single"  # single | fsdp | deepspeed
     zero_stage: int = 2
@@ -118,7 +118,7 @@ def count_parameters(config: dict[str, Any]) -> int:
 
 def breakdown(shape: Shape, s: Setting) -> list[tuple[str, float]]:
     """``(component, bytes)`` on one device, in the order a reader adds them up."""
-    dev = DEVICES["cpu" if s.device == "cpu" else "cuda"]
+    dev = DEVICES[s.device]
     shard = s.gpus if s.backend in ("fsdp", "deepspeed") else 1
     p = shape.params
     trained = p if not s.lora_rank else _lora_params(shape, s.lora_rank)
