@@ -11,17 +11,21 @@ HEADER = ("# Benchmarks\n\nEach section is written by the command it names "
 
 
 def write_section(title: str, body: str, doc: Path = DOC) -> None:
-    """Replace (or append) the ``## title`` section of the benchmarks page."""
+    """Replace (or append) the ``## title`` section of the benchmarks page. What follows a
+    ``<!-- notes: title -->`` line inside the section (prose written by hand about the
+    figures) is kept: a re-run replaces the figures, not what was said of them."""
     text = doc.read_text() if doc.exists() else HEADER
     start, end = f"<!-- begin: {title} -->", f"<!-- end: {title} -->"
+    notes = f"<!-- notes: {title} -->"
     stamp = datetime.date.today().isoformat()
-    block = f"{start}\n## {title}\n\n_Measured {stamp}._\n\n{body.strip()}\n{end}"
+    block = f"{start}\n## {title}\n\n_Measured {stamp}._\n\n{body.strip()}\n"
     if start in text and end in text:
         before, rest = text.split(start, 1)
-        after = rest.split(end, 1)[1]
-        text = before + block + after
+        old, after = rest.split(end, 1)
+        kept = old.split(notes, 1)[1] if notes in old else ""
+        text = before + block + (f"\n{notes}{kept}" if kept else "") + end + after
     else:
-        text = text.rstrip() + "\n\n" + block + "\n"
+        text = text.rstrip() + "\n\n" + block + end + "\n"
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text(text)
 
