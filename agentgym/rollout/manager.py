@@ -95,6 +95,11 @@ class GenerationManager:
             traj.metrics["infra_retried"] = 1.0
         return traj
 
+    def _tokens_per_turn(self, row: dict) -> int:
+        """One action's token budget: the row's env's own in a mixed run, else the run's."""
+        own = getattr(self.env_factory, "tokens_per_turn", None)
+        return (own(row) if own else None) or self.cfg.max_tokens_per_turn
+
     async def _play(self, row: dict, uid: str, sample_index: int,
                     base_seed: int | None) -> Trajectory:
         cfg = self.cfg
@@ -117,16 +122,13 @@ class GenerationManager:
                                  f"rollout.max_prompt_tokens={cfg.max_prompt_tokens}")
             traj.append("prompt", prompt, turn=0)
             traj.policy_version = self.engine.policy_version
-            per_turn = cfg.max_tokens_per_turn  # a mixed run: the row's env's own
-            if hasattr(self.env_factory, "tokens_per_turn"):
-                per_turn = self.env_factory.tokens_per_turn(row) or per_turn
             for turn in itertools.count():
                 budget = cfg.max_response_tokens - traj.response_length
                 if budget <= 0:
                     traj.truncated, info = True, {**info, "end": "token_budget"}
                     break
                 sampling = SamplingParams(
-                    max_new_tokens=min(per_turn, budget),
+                    max_new_tokens=min(self._tokens_per_turn(row), budget),
                     temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                     stop=env.stop_strings, seed=(seed + 7919 * turn) % 2**31)
                 t0 = time.perf_counter()
