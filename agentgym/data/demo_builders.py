@@ -41,17 +41,25 @@ def keyword_rewrite(question: str) -> str:
     return " ".join(kept)
 
 
+def _passages(information: str) -> list[tuple[int, str, str, str]]:
+    """``(doc number, title, passage with its header, its text alone)`` of each passage
+    in an ``<information>`` block."""
+    starts = [(m.start(), m.end(), int(m.group(1)), m.group(2).strip('"'))
+              for m in _DOC.finditer(information)]
+    ends = [s[0] for s in starts[1:]] + [len(information)]
+    return [(num, title, information[at:end], information[body:end])
+            for (at, body, num, title), end in zip(starts, ends)]
+
+
 def find_answer(information: str, golds: list[str]) -> tuple[int, str, str] | None:
     """``(doc number, title, gold alias)`` of the first passage that contains a gold
     answer as whole words (after SQuAD normalization), or None."""
-    starts = [(m.start(), int(m.group(1)), m.group(2)) for m in _DOC.finditer(information)]
-    for k, (at, num, title) in enumerate(starts):
-        end = starts[k + 1][0] if k + 1 < len(starts) else len(information)
-        passage = f" {normalize_answer(information[at:end])} "
+    for num, title, whole, _ in _passages(information):
+        passage = f" {normalize_answer(whole)} "
         for gold in golds:
             g = normalize_answer(gold)
             if g and f" {g} " in passage:
-                return num, title.strip('"'), gold
+                return num, title, gold
     return None
 
 
@@ -64,49 +72,50 @@ def bridge_entities(information: str, question: str,
     the retrieved passages mention and the question does not (candidates for a two-hop
     question's second search), in passage order, at most ``limit``."""
     asked = f" {normalize_answer(question)} "
-    starts = [(m.start(), m.end(), int(m.group(1)), m.group(2)) for m in _DOC.finditer(information)]
     out, seen = [], set()
-    for k, (_, text_at, num, title) in enumerate(starts):
-        end = starts[k + 1][0] if k + 1 < len(starts) else len(information)
-        for name in _ENTITY.findall(information[text_at:end]):
+    for num, title, _, text in _passages(information):
+        for name in _ENTITY.findall(text):
             key = normalize_answer(name)
             if " " not in key or key in seen or f" {key} " in asked:
                 continue
             seen.add(key)
-            out.append((num, title.strip('"'), name.strip(".")))
+            out.append((num, title, name.strip(".")))
             if len(out) >= limit:
                 return out
     return out
 
 
 def _search_episode(row: dict, env, steps: list[tuple[str, str]], golds: list[str],
-                    builder: str, about: str = "") -> dict | None:
+                    builder: str, about: str = "") -> tuple[dict | None, str]:
     """Play ``steps`` (``(think, query)`` searches) from a fresh reset; when the last
     search's passages hold a gold answer (in a passage whose title names ``about``, when
-    given), answer with it: the demonstration, else None."""
+    given), answer with it. Returns ``(the demonstration or None, the last search's
+    passages)``."""
     prompt, _ = env.reset(seed=0, options={"row": row})
     actions, observations = [], []
     for think, query in steps:
         action = f"<think> {think} </think>\n<search> {query} </search>"
         obs, _, terminated, truncated, _ = env.step(action)
         if terminated or truncated:
-            return None
+            return None, ""
         actions.append(action)
         observations.append(obs)
-    hit = find_answer("".join(m["content"] for m in observations[-1]), golds)
+    info = "".join(m["content"] for m in observations[-1])
+    hit = find_answer(info, golds)
     if hit is None:
-        return None
+        return None, info
     num, title, alias = hit
     if about and normalize_answer(re.sub(r" \(.*\)$", "", title)) != normalize_answer(about):
-        return None  # a two-hop answer must come from the bridge's own article
+        return None, info  # a two-hop answer must come from the bridge's own article
     action = (f"<think> Doc {num} ({title}) says the answer is {alias}. </think>\n"
               f"<answer> {alias} </answer>")
     _, reward, terminated, _, _ = env.step(action)
     if not terminated or reward < 1.0:
-        return None
+        return None, info
     actions.append(action)
     return {"type": "demonstration", "env": "search", "builder": builder, "prompt": prompt,
-            "actions": actions, "observations": observations, "reward": reward, "row": row}
+            "actions": actions, "observations": observations, "reward": reward,
+            "row": row}, info
 
 
 def search_demo(row: dict, env, max_searches: int = 2) -> dict | None:
@@ -120,25 +129,19 @@ def search_demo(row: dict, env, max_searches: int = 2) -> dict | None:
     question = row["extra_info"]["question"].strip()
     golds = gold_answers(row)
     first = (f"I need to find the answer to: {question}. Let me search for it.", question)
-    demo = _search_episode(row, env, [first], golds, "search-retrieval")
+    demo, info = _search_episode(row, env, [first], golds, "search-retrieval")
     if demo is not None or max_searches < 2:
         return demo
     tries = [("search-retrieval", ("The results do not contain the answer. Let me search "
                                    "with other words.", keyword_rewrite(question)), "")]
-    if row.get("data_source") == "hotpotqa":
-        env.reset(seed=0, options={"row": row})  # the first search again, for its passages
-        obs, _, terminated, truncated, _ = env.step(f"<think> {first[0]} </think>\n"
-                                                    f"<search> {question} </search>")
-        if terminated or truncated:
-            return None
-        info = "".join(m["content"] for m in obs)
+    if row.get("data_source") == "hotpotqa" and info:
         tries[:0] = [("search-two-hop", (f"Doc {num} ({title}) mentions {name}. I need to know "
                                          f"more about {name} to answer. Let me search for it.",
                                          name), name)
                      for num, title, name in bridge_entities(info, question)]
     for builder, second, about in tries:
         if second[1] and second[1] != question:
-            demo = _search_episode(row, env, [first, second], golds, builder, about)
+            demo, _ = _search_episode(row, env, [first, second], golds, builder, about)
             if demo is not None:
                 return demo
     return None

@@ -229,9 +229,9 @@ def shape_of(model: str) -> tuple[str, dict[str, Any]]:
     import json
 
     from agentgym.models.shapes import shape_config, shape_names
-    if model in shape_names() and not model.startswith("smollm2-135m"):
+    from agentgym.models.zoo import MODEL_NAMES, resolve_model
+    if model in shape_names() and model not in MODEL_NAMES:  # the zoo builds its own
         return f"shape {model}", shape_config(model)
-    from agentgym.models.zoo import resolve_model
     folder = resolve_model(model)
     return str(folder), json.loads((folder / "config.json").read_text(encoding="utf-8"))
 
