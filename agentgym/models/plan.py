@@ -94,8 +94,7 @@ class Shape:
 def shape_numbers(config: dict[str, Any]) -> Shape:
     """A :class:`Shape` from a ``config.json`` (a vision-language one: its language model
     for the layers, and every parameter counted), parameters counted on the meta device."""
-    text = config.get("text_config") or config
-    text = {**config, **text} if "text_config" in config else config
+    text = {**config, **config["text_config"]} if "text_config" in config else config
     heads = text["num_attention_heads"]
     head_dim = text.get("head_dim") or text["hidden_size"] // heads
     return Shape(params=count_parameters(config), layers=text["num_hidden_layers"],
