@@ -37,7 +37,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "agentgym.data": (_CORE, "agentgym.config", "agentgym.models", "agentgym.rollout", "envs",
                       "tools"),
     "agentgym.reporting": (_CORE, "agentgym.rollout", "envs"),
-    "agentgym.serving": (_CORE, "agentgym.models", "agentgym.rollout"),
+    "agentgym.serving": (_CORE, "agentgym.models", "agentgym.rollout", "envs"),
     "trainers": (_CORE, "agentgym.config", "agentgym.models", "agentgym.rollout",
                  "agentgym.data", "agentgym.reporting", "envs", "tools"),
     "agentgym.cli": (_CORE, "agentgym.config", "agentgym.models", "agentgym.rollout",

@@ -77,3 +77,33 @@ def retriever_url():
     from tools.local_retriever import LocalRetriever
     with LocalRetriever(data_dir() / "corpus" / "wiki_passages.jsonl.gz") as r:
         yield r.url
+
+
+@pytest.fixture
+def scripted_server(tiny_model, tiny_tokenizer):
+    """The real ``agentgym serve`` app (uvicorn, loopback) over a scripted engine:
+    ``start(script)`` -> ``(url, engine)``."""
+    import threading
+
+    import uvicorn
+
+    from agentgym.core.server_process import free_port
+    from agentgym.serving.serve import ServeState, create_app
+    from fakes import ScriptedServed
+    servers = []
+
+    def start(script, delay_s=0.0):
+        engine = ScriptedServed(tiny_model, tiny_tokenizer, script, delay_s)
+        port = free_port()
+        server = uvicorn.Server(uvicorn.Config(create_app(ServeState(engine, "scripted")),
+                                               host="127.0.0.1", port=port, log_level="error"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        wait_until(lambda: server.started, 60, "the scripted server's start")
+        servers.append((server, thread))
+        return f"http://127.0.0.1:{port}", engine
+
+    yield start
+    for server, thread in servers:
+        server.should_exit = True
+        thread.join(timeout=30)

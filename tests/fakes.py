@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 from fastapi import Request  # module level: FastAPI resolves the proxy's annotation here
 
@@ -57,6 +58,28 @@ class ScriptedEngine(Engine):
         pass
 
 
+class ScriptedServed(ScriptedEngine):
+    """Scripted replies behind the real serve app (which reads the model's vocabulary and
+    EOS ids); records how many requests run at once."""
+
+    def __init__(self, model, tokenizer, script, delay_s=0.0):
+        super().__init__(tokenizer, script, delay_s=delay_s)
+        self.model, self.tokenizer = model, tokenizer
+        self.eos_ids = {tokenizer.eos_token_id}
+        self.running = self.most = 0
+        self._lock = threading.Lock()
+
+    async def generate(self, prompt_ids, sampling, images=None, session_id=None):
+        with self._lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        try:
+            return await super().generate(prompt_ids, sampling, images, session_id)
+        finally:
+            with self._lock:
+                self.running -= 1
+
+
 class DeadRetrieverFault:
     """Injects a retriever that is down (connection refused)."""
 
@@ -86,8 +109,6 @@ class FlakyProxyFault:
     def __init__(self, upstream: str, fail_first: int, status: int = 503,
                  path: str = "/generate",
                  body: bytes = b'{"error": {"message": "injected fault"}}') -> None:
-        import threading
-
         import httpx
         import uvicorn
         from fastapi import FastAPI

@@ -175,7 +175,7 @@ def test_sampler_draws_from_the_truncated_distribution(tiny_model, tiny_tokenize
             reqs = [SimpleNamespace(sampling=sp, generator=g) for _ in range(n // 100)]
             counts = torch.zeros(5)
             for _ in range(100):
-                tokens, logps = engine._sample(logits.expand(len(reqs), 5).clone(), reqs)
+                tokens, logps, _ = engine._sample(logits.expand(len(reqs), 5).clone(), reqs)
                 counts += torch.bincount(tokens, minlength=5).float()
             freq = counts / n
             tol = 4 * (want * (1 - want) / n).sqrt() + 1e-9

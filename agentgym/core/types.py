@@ -60,6 +60,7 @@ class SamplingParams:
     top_k: int = 0
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    top_logprobs: int = 0  # also return each position's k likeliest (id, logprob)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -70,6 +71,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0 <= self.top_logprobs <= 20:
+            raise ValueError(f"top_logprobs must be in [0, 20], got {self.top_logprobs}")
         self.stop = tuple(self.stop)
 
 
@@ -86,6 +89,8 @@ class GenerateOutput:
     finish_reason: Literal["stop", "length"]
     stop_reason: str | None = None  # the EOS token text or the stop string that matched
     policy_version: int | None = None  # weights that sampled these ids (None: not stamped)
+    #: per position, the ``sampling.top_logprobs`` likeliest ``(id, logprob)`` (None: not asked)
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
     def __post_init__(self) -> None:
         if len(self.ids) != len(self.logprobs):

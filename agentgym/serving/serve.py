@@ -11,7 +11,7 @@ http_server.py``; request and response types in ``sglang/srt/managers/io_struct.
 - ``POST /generate``: ``input_ids`` (one list, or a batch of lists), ``sampling_params``
   (``max_new_tokens``, ``temperature``, ``top_p``, ``top_k`` (-1 = off), ``stop``,
   ``sampling_seed``, ``n``, ``no_stop_trim``, ``ignore_eos`` (false only),
-  ``skip_special_tokens``), ``return_logprob``, ``rid``. Answers what SGLang
+  ``skip_special_tokens``), ``return_logprob`` (with ``top_logprobs_num``), ``rid``. Answers what SGLang
   answers: ``{"output_ids": [...], "meta_info": {"id", "finish_reason", "prompt_tokens",
   "completion_tokens", "cached_tokens", "weight_version", "output_token_logprobs":
   [[logprob, token_id, null], ...]}}``, plus ``"text"`` unless run with
@@ -24,9 +24,11 @@ http_server.py``; request and response types in ``sglang/srt/managers/io_struct.
   ``stream_output_generation``) and ``DetokenizerManager.trim_matched_stop``
   (``detokenizer_manager.py``) trims the text only. ``text`` input is refused: this
   server is token-in/token-out.
-- ``POST /v1/chat/completions``: OpenAI's chat API, non-streaming, one choice
-  (:meth:`ServeState.chat`), so a judge reward (:mod:`envs.judge`) can grade with a model
-  this server holds.
+- OpenAI's API (:mod:`agentgym.serving.openai_api`): ``GET /v1/models``,
+  ``POST /v1/chat/completions`` (``n``, sampling, ``logprobs``, ``stream``, ``tools``) and
+  ``POST /v1/completions``, as the official ``openai`` SDK calls them; a judge reward
+  (:mod:`envs.judge`) grades with it and agents run against it. ``/v1/models`` lists the
+  model by the name ``serve`` was given.
 - ``GET /health``, ``GET /health_generate`` (one greedy token through the engine),
   ``GET /get_model_info`` (``/model_info``), ``GET /get_server_info`` (``/server_info``;
   like SGLang's, it holds the server arguments: ``tp_size``, ``dp_size`` and ``pp_size``
@@ -49,13 +51,13 @@ http_server.py``; request and response types in ``sglang/srt/managers/io_struct.
   holds handles to tensors of a process on the same machine (CUDA IPC for GPU tensors),
   one entry per TP rank; this server does not take them.
 
-Errors are SGLang's: a 400 with ``{"error": {"message": ...}}`` naming the bad field and
-what is valid. The server binds 127.0.0.1 unless told otherwise (no authentication).
+Errors are a 400 with ``{"error": {"message", "type", "param", "code"}}`` (SGLang's
+``error.message``, in OpenAI's shape) naming the bad field and what is valid. The server binds 127.0.0.1 unless told otherwise (no authentication).
 """
 
 # No `from __future__ import annotations`: FastAPI reads the route annotations at runtime.
 import asyncio
-import itertools
+import dataclasses
 import json
 import logging
 import time
@@ -70,6 +72,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from agentgym.rollout.engines.sglang_weights import tied_copies
 from agentgym.rollout.engines.weight_group import broadcast, destroy_weight_group, init_weight_group
 from agentgym.core.types import GenerateOutput, SamplingParams
+from agentgym.serving.openai_api import OpenAIFrontend, openai_routes
+from agentgym.serving.openai_common import OpenAIError, error_body
 
 logger = logging.getLogger(__name__)
 
@@ -81,18 +85,12 @@ _DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.b
            "float16": torch.float16, "half": torch.float16}
 
 
-#: what /v1/chat/completions accepts (ServeState.chat)
-CHAT_KEYS = ("messages", "model", "max_tokens", "max_completion_tokens", "temperature",
-             "top_p", "stop", "seed", "n", "stream")
-CHAT_ROLES = ("system", "user", "assistant", "tool")
-
-
 class BadRequest(ValueError):
     """A request the server refuses (400), with a message naming the bad value."""
 
 
 def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse(status_code=status, content={"error": {"message": message}})
+    return JSONResponse(status_code=status, content=error_body(message))
 
 
 def parse_sampling(params: Any, *,
@@ -158,9 +156,11 @@ class ServeState:
     """The engine, its weight version and the process groups for weight updates."""
 
     def __init__(self, engine, model_path: str, skip_tokenizer_init: bool = False,
-                 weight_version: str = "default", max_context: int | None = None) -> None:
+                 weight_version: str = "default", max_context: int | None = None,
+                 model_name: str = "") -> None:
         self.engine = engine
         self.model_path = model_path
+        self.model_name = model_name or model_path  # what /v1/models lists
         self.skip_tokenizer_init = skip_tokenizer_init
         self.weight_version = weight_version
         self.vocab = int(engine.model.get_input_embeddings().weight.shape[0])
@@ -171,7 +171,6 @@ class ServeState:
         self.lock = asyncio.Lock()  # one weight update at a time
         self.counters = {"requests": 0, "generated_tokens": 0, "weight_updates": 0,
                          "cache_flushes": 0}
-        self._rid = itertools.count()
 
     # -- generation ---------------------------------------------------------------------
     async def generate_one(self, ids: list[int], sampling: SamplingParams, no_stop_trim: bool,
@@ -197,56 +196,13 @@ class ServeState:
                 "weight_version": version, "e2e_latency": time.perf_counter() - t0}
         if return_logprob:
             meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(out.logprobs, out.ids)]
+            if out.top_logprobs is not None:
+                meta["output_top_logprobs"] = [[[lp, t, None] for t, lp in row]
+                                               for row in out.top_logprobs]
         answer: dict[str, Any] = {"output_ids": list(out.ids), "meta_info": meta}
         if not self.skip_tokenizer_init:
             answer["text"] = self.text(out.ids, finish, no_stop_trim, skip_special_tokens)
         return answer
-
-    async def chat(self, body: dict) -> dict:
-        """OpenAI's ``/v1/chat/completions`` (non-streaming, one choice): the messages
-        through the tokenizer's chat template, one generation, the reply as an assistant
-        message. Supported: ``messages`` (``{role, content}`` with string content),
-        ``max_tokens`` / ``max_completion_tokens`` (default 256), ``temperature``
-        (default 1), ``top_p``, ``stop``, ``seed``, ``n`` (1 only), ``stream`` (false
-        only), ``model`` (any: one model is served); anything else is a 400 naming it."""
-        if self.skip_tokenizer_init:
-            raise BadRequest("/v1/chat/completions needs the server's tokenizer, and this "
-                             "server runs with --skip-tokenizer-init")
-        unknown = sorted(set(body) - set(CHAT_KEYS))
-        if unknown:
-            raise BadRequest(f"{unknown} not supported by agentgym serve's "
-                             f"/v1/chat/completions; supported: {', '.join(CHAT_KEYS)}")
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages or not all(
-                isinstance(m, dict) and m.get("role") in CHAT_ROLES
-                and isinstance(m.get("content"), str) for m in messages):
-            raise BadRequest(f"messages must be a non-empty list of {{role, content}} with "
-                             f"role in {CHAT_ROLES} and string content; got "
-                             f"{str(messages)[:120]!r}")
-        if body.get("stream"):
-            raise BadRequest("stream=true is not supported by agentgym serve")
-        if body.get("n", 1) != 1:
-            raise BadRequest(f"n={body.get('n')!r}: agentgym serve answers one choice (n=1)")
-        params = {"max_new_tokens": body.get("max_completion_tokens") or
-                  body.get("max_tokens") or 256,
-                  "temperature": body.get("temperature"), "top_p": body.get("top_p"),
-                  "stop": body.get("stop"), "sampling_seed": body.get("seed")}
-        sampling, _, _, _ = parse_sampling({k: v for k, v in params.items() if v is not None},
-                                           allow_stop=True)
-        tok = self.engine.tokenizer
-        prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        ids = tok.encode(prompt, add_special_tokens=False)
-        rid = f"chatcmpl-{next(self._rid)}"
-        out = await self.generate_one(ids, sampling, no_stop_trim=False, return_logprob=False,
-                                      rid=rid)
-        finish = out["meta_info"]["finish_reason"]["type"]
-        return {"id": rid, "object": "chat.completion", "created": int(time.time()),
-                "model": body.get("model") or self.model_path,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": out["text"]},
-                             "finish_reason": "length" if finish == "length" else "stop"}],
-                "usage": {"prompt_tokens": len(ids),
-                          "completion_tokens": out["meta_info"]["completion_tokens"],
-                          "total_tokens": len(ids) + out["meta_info"]["completion_tokens"]}}
 
     def text(self, ids: list[int], finish: dict, no_stop_trim: bool,
              skip_special_tokens: bool) -> str:
@@ -287,6 +243,11 @@ class ServeState:
         parsed = [parse_sampling(p, allow_stop=not self.skip_tokenizer_init) for p in params]
         rid = body.get("rid") or uuid.uuid4().hex
         logprob = bool(body.get("return_logprob", False))
+        top = body.get("top_logprobs_num") or 0
+        if not isinstance(top, int) or not 0 <= top <= 20:
+            raise BadRequest(f"top_logprobs_num={top!r}: must be an integer in [0, 20]")
+        if top:
+            parsed = [(dataclasses.replace(p[0], top_logprobs=top), *p[1:]) for p in parsed]
         jobs = []
         for prompt, (sampling, n, keep_stop, skip_special) in zip(prompts, parsed):
             for k in range(n):
@@ -439,6 +400,14 @@ def create_app(state: ServeState) -> FastAPI:
         logger.info("400 %s: %s", request.url.path, exc)
         return _error(400, str(exc))
 
+    if state.skip_tokenizer_init:
+        @app.api_route("/v1/{rest:path}", methods=["GET", "POST"])
+        async def no_openai(rest: str):
+            raise OpenAIError("OpenAI's API needs the server's tokenizer, and this server runs "
+                              "with --skip-tokenizer-init")
+    else:
+        openai_routes(app, OpenAIFrontend(state.engine, state.engine.tokenizer,
+                                          state.model_name, state.max_context))
     _generation_routes(app, state)
     _info_routes(app, state)
     _weight_routes(app, state)
@@ -450,10 +419,6 @@ def _generation_routes(app: FastAPI, state: ServeState) -> None:
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(request: Request):
         return await state.generate(await _body_of(request))
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):  # OpenAI's, for judge rewards
-        return await state.chat(await _body_of(request))
 
     @app.get("/health")
     async def health():
@@ -574,7 +539,7 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 30000, dtype: str = "
     dtype = engine_dtype(dtype, "float32", where)
     engine = HFEngine(load_model(path, dtype=dtype, device=where), load_tokenizer(path),
                       max_batch_size=max_batch_size, seed=seed)
-    state = ServeState(engine, str(path), skip_tokenizer_init, weight_version)
+    state = ServeState(engine, str(path), skip_tokenizer_init, weight_version, model_name=model)
     logger.info("serving %s (%s, %s) on http://%s:%d", path, dtype, where, host, port)
     try:
         from agentgym.core.server_process import watch_parent

@@ -43,6 +43,15 @@ class Engine(abc.ABC):
         the request belongs to (engines over several servers keep a trajectory on one
         server, so its prefix stays cached); others ignore it."""
 
+    async def stream(self, prompt_ids: list[int], sampling: SamplingParams,
+                     images: list[Any] | None = None, session_id: str | None = None):
+        """Yield pieces ``(ids, logprobs, tops | None)`` as they are sampled, then the whole
+        :class:`GenerateOutput`. This default yields everything as one piece once
+        :meth:`generate` returns; engines that see tokens as they come override it."""
+        out = await self.generate(prompt_ids, sampling, images, session_id)
+        yield list(out.ids), list(out.logprobs), out.top_logprobs
+        yield out
+
     @abc.abstractmethod
     def update_weights(self, state_dict: dict, version: int) -> None:
         """Load new policy weights and set ``policy_version`` (call while paused)."""

@@ -58,6 +58,17 @@ class _Request:
     images: Any = None  # agentgym.models.vision.VisionInputs (VL models)
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    tops: list[list[tuple[int, float]]] = field(default_factory=list)
+    pieces: asyncio.Queue | None = None  # streaming: each token, then None at the end
+
+    def push(self, token: int, logprob: float, top: list[tuple[int, float]] | None) -> None:
+        """One sampled token (and its alternatives, when asked for); streamed if asked."""
+        self.ids.append(token)
+        self.logprobs.append(logprob)
+        if top is not None:
+            self.tops.append(top)
+        if self.pieces is not None:
+            self._deliver(_put, self.pieces, (token, logprob, top))
 
     @property
     def abandoned(self) -> bool:
@@ -66,15 +77,19 @@ class _Request:
 
     def finish(self, reason: str, stop_reason: str | None, version: int | None = None) -> None:
         out = GenerateOutput(self.ids, self.logprobs, reason, stop_reason,  # type: ignore[arg-type]
-                             version)
-        self._deliver(_set_result, out)
+                             version, self.tops if self.sampling.top_logprobs else None)
+        self._deliver(_set_result, self.future, out)
+        if self.pieces is not None:
+            self._deliver(_put, self.pieces, None)
 
     def fail(self, exc: BaseException) -> None:
-        self._deliver(_set_exception, exc)
+        self._deliver(_set_exception, self.future, exc)
+        if self.pieces is not None:
+            self._deliver(_put, self.pieces, None)
 
-    def _deliver(self, fn, value) -> None:
+    def _deliver(self, fn, target, value) -> None:
         try:
-            self.loop.call_soon_threadsafe(fn, self.future, value)
+            self.loop.call_soon_threadsafe(fn, target, value)
         except RuntimeError:  # the caller's loop closed meanwhile; nobody is waiting
             pass
 
@@ -87,6 +102,10 @@ def _set_result(fut: asyncio.Future, value: Any) -> None:
 def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:
     if not fut.done():
         fut.set_exception(exc)
+
+
+def _put(queue: asyncio.Queue, item: Any) -> None:
+    queue.put_nowait(item)
 
 
 class HFEngine(Engine):
@@ -167,6 +186,22 @@ class HFEngine(Engine):
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams,
                        images: list[Any] | None = None,
                        session_id: str | None = None) -> GenerateOutput:
+        return await self._submit(prompt_ids, sampling, images).future
+
+    async def stream(self, prompt_ids: list[int], sampling: SamplingParams,
+                     images: list[Any] | None = None, session_id: str | None = None):
+        """Each token as the worker samples it (``([id], [logprob], [top] | None)``),
+        then the whole :class:`GenerateOutput`; closing the iterator abandons the request."""
+        req = self._submit(prompt_ids, sampling, images, asyncio.Queue())
+        try:
+            while (piece := await req.pieces.get()) is not None:
+                token, logprob, top = piece
+                yield [token], [logprob], None if top is None else [top]
+            yield await req.future
+        finally:
+            req.future.cancel()  # no-op when done; else the worker drops the row
+
+    def _submit(self, prompt_ids, sampling, images, pieces: asyncio.Queue | None = None):
         if images is not None and not self.vision:
             raise ValueError("this model is text-only and got images; use a vision-language "
                              "model (model=tiny-vl or a Qwen2.5-VL folder)")
@@ -176,13 +211,14 @@ class HFEngine(Engine):
         gen = None
         if sampling.seed is not None:
             gen = torch.Generator(device=self.device).manual_seed(sampling.seed)
-        req = _Request(list(prompt_ids), sampling, loop.create_future(), loop, gen, images)
+        req = _Request(list(prompt_ids), sampling, loop.create_future(), loop, gen, images,
+                       pieces=pieces)
         with self._cv:
             if self._closed:
                 raise RuntimeError("engine is closed")
             self._queue.append(req)
             self._cv.notify_all()
-        return await req.future
+        return req
 
     def update_weights(self, state_dict: dict, version: int) -> None:
         with self._cv:
@@ -302,11 +338,10 @@ class HFEngine(Engine):
         active = list(reqs)
         while active:
             self.stats["decode_steps"] += 1
-            tokens, logps = self._sample(logits, active)
+            tokens, logps, tops = self._sample(logits, active)
             keep = []
             for j, r in enumerate(active):
-                r.ids.append(int(tokens[j]))
-                r.logprobs.append(float(logps[j]))
+                r.push(int(tokens[j]), float(logps[j]), tops[j])
                 done = ("stop", None) if r.abandoned else self._finished(r)
                 if done is None:
                     keep.append(j)
@@ -428,10 +463,9 @@ class HFEngine(Engine):
     def _first_tokens(self, reqs: list[_Request], logits: torch.Tensor, kv, slots: Slots) -> None:
         """Each request's first token from its prompt's logits; the unfinished ones join
         the decode batch with a copy of the prompt's keys/values."""
-        tokens, logps = self._sample(logits.expand(len(reqs), -1), reqs)
+        tokens, logps, tops = self._sample(logits.expand(len(reqs), -1), reqs)
         for j, r in enumerate(reqs):
-            r.ids.append(int(tokens[j]))
-            r.logprobs.append(float(logps[j]))
+            r.push(int(tokens[j]), float(logps[j]), tops[j])
             done = self._finished(r)
             if done is not None:
                 self._finish(r, done, slots, None)
@@ -452,10 +486,9 @@ class HFEngine(Engine):
         reqs = [rows[i] for i in live]
         self.stats["max_rows"] = max(self.stats["max_rows"], len(live))
         index = torch.tensor(live, device=self.device)
-        tokens, logps = self._sample(out.logits[index, -1, :].float(), reqs)
+        tokens, logps, tops = self._sample(out.logits[index, -1, :].float(), reqs)
         for j, (i, r) in enumerate(zip(live, reqs)):
-            r.ids.append(int(tokens[j]))
-            r.logprobs.append(float(logps[j]))
+            r.push(int(tokens[j]), float(logps[j]), tops[j])
             done = ("stop", None) if r.abandoned else self._finished(r)
             if done is not None:
                 self._finish(r, done, slots, i)
@@ -472,7 +505,8 @@ class HFEngine(Engine):
         self._ready.append((r, done))
 
     def _sample(self, logits: torch.Tensor, reqs: list[_Request]):
-        """Sample one token per row; return (tokens (B,), logprobs (B,))."""
+        """Sample one token per row; return (tokens (B,), logprobs (B,), tops): a row's
+        ``sampling.top_logprobs`` likeliest ``(id, logprob)`` (None when it asks for none)."""
         if self._never:
             from agentgym.models.vision import suppress_vision_tokens
             suppress_vision_tokens(logits, self._never)
@@ -493,7 +527,13 @@ class HFEngine(Engine):
         tokens = tokens.clamp(max=probs.shape[-1] - 1)
         greedy = torch.tensor([r.sampling.temperature == 0 for r in reqs], device=logits.device)
         tokens = torch.where(greedy, logp.argmax(-1), tokens)
-        return tokens, logp.gather(1, tokens[:, None])[:, 0]
+        k = max(r.sampling.top_logprobs for r in reqs)
+        tops: list = [None] * len(reqs)
+        if k:
+            values, ids = (t.tolist() for t in logp.topk(k, dim=-1))
+            tops = [list(zip(ids[j], values[j]))[:r.sampling.top_logprobs]
+                    if r.sampling.top_logprobs else None for j, r in enumerate(reqs)]
+        return tokens, logp.gather(1, tokens[:, None])[:, 0], tops
 
     def _finished(self, r: _Request) -> tuple[str, str | None] | None:
         last = r.ids[-1]

@@ -361,6 +361,8 @@ class SGLangEngine(WeightSyncMixin, Engine):
         server_stops = await self._server_stops(server)
         body = {"input_ids": ids, "sampling_params": sglang_sampling(sampling, server_stops),
                 "return_logprob": True, "rid": uuid.uuid4().hex}
+        if sampling.top_logprobs:
+            body["top_logprobs_num"] = sampling.top_logprobs
         self.stats["requests"] += 1
         out = await self._post(server, "/generate", body)
         return self._parse(server, out, sampling, server_stops)
@@ -374,7 +376,9 @@ class SGLangEngine(WeightSyncMixin, Engine):
                 n, stop = cut
                 self.stats["client_stops"] += 1
                 self.stats["wasted_tokens"] += len(result.ids) - n
-                result = GenerateOutput(result.ids[:n], result.logprobs[:n], "stop", stop)
+                tops = result.top_logprobs
+                result = GenerateOutput(result.ids[:n], result.logprobs[:n], "stop", stop,
+                                        top_logprobs=None if tops is None else tops[:n])
         self.stats["generated_tokens"] += len(result.ids)
         return result
 

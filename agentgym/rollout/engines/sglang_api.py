@@ -164,15 +164,17 @@ def parse_generate(out: Any, url: str, tokenizer,
             raise EngineRequestError(where, 200, f"output_token_logprobs[{j}] is for "
                                      f"token {entry[1]}, output_ids[{j}] is {tok}")
         logprobs.append(float(entry[0]))
+    tops = meta.get("output_top_logprobs")  # per position [[logprob, id, text], ...]
+    tops = None if tops is None else [[(int(t[1]), float(t[0])) for t in row] for row in tops]
     if kind == "length":
-        return GenerateOutput(ids, logprobs, "length", None)
+        return GenerateOutput(ids, logprobs, "length", None, top_logprobs=tops)
     if kind != "stop":
         raise EngineRequestError(where, 200, f"finish_reason {finish!r}; expected type "
                                  "stop, length or abort")
     matched = finish.get("matched")
     stop_reason = (tokenizer.convert_ids_to_tokens(int(matched))
                    if isinstance(matched, int) else matched)
-    return GenerateOutput(ids, logprobs, "stop", stop_reason)
+    return GenerateOutput(ids, logprobs, "stop", stop_reason, top_logprobs=tops)
 
 
 def client_stop(tokenizer, ids: list[int], stops: tuple[str, ...]) -> tuple[int, str] | None:
