@@ -360,13 +360,13 @@ def cmd_demos(args: list[str]) -> int:
 def cmd_filter(args: list[str]) -> int:
     """``agentgym filter data=ROLLOUTS.jsonl out=KEPT.jsonl [sft.min_reward=1.0]``:
     rejection sampling (the RFT loop: rollout → filter → sft)."""
-    from agentgym.data.rows import dataset_path, read_jsonl, write_jsonl
+    from agentgym.data.rows import dataset_path, read_rows, write_jsonl
     from agentgym.data.demos import filter_trajectories
 
     cfg = _config(args)
     if not _gave_data(args):
         raise ValueError("agentgym filter needs data=FILE.jsonl (from agentgym rollout)")
-    records = read_jsonl(dataset_path(cfg.env, cfg.data.name))
+    records = read_rows(dataset_path(cfg.env, cfg.data.name))
     kept = filter_trajectories(records, cfg.sft.min_reward, cfg.sft.max_per_prompt)
     out = Path(cfg.out or "kept.jsonl")
     write_jsonl(out, kept)

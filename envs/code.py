@@ -4,7 +4,8 @@ The model reasons in text and writes python as ``<code>```python …```</code>``
 (generation stops at ``</code>``); the env runs it in a sandbox and appends
 ``\\n<interpreter>\\n{output}\\n</interpreter>\\n\\n`` inline, as in ReTool's data. The
 episode ends at the first action with a non-empty ``\\boxed{…}`` outside code (ReTool asks
-for ``<answer>\\n\\boxed{…}\\n</answer>``; generation also stops at ``</answer>``). Reward:
+for ``<answer>\\n\\boxed{…}\\n</answer>``; generation also stops at ``</answer>``), or,
+without one, at ``#### N`` outside code (the form verl's GSM8K prompt asks for). Reward:
 1.0 if the boxed answer is equivalent to ``reward_model.ground_truth``
 (:func:`envs.math_reward.is_equivalent`), else 0.0; ``info["em"]`` is that correctness.
 
@@ -32,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 _CODE = re.compile(r"<code>(.*?)</code>", re.DOTALL)
 _NOT_PROSE = re.compile(r"<code>.*?(?:</code>|$)|```.*?```", re.DOTALL)
+_HASHES = re.compile(r"#### (-?[0-9.,]+)")  # verl's GSM8K answer (reward_score/gsm8k.py)
 _FENCE = re.compile(r"```[\w+-]*[ \t]*\n?(.*?)(?:```|$)", re.DOTALL)
 INVALID_ACTION = ("\nMy previous action is invalid. If I want to execute code, I should put "
                   "the code between <code> and </code>. If I want to give the final answer, I "
@@ -60,11 +62,16 @@ def code_row(question: str, answer: str, source: str = "builtin",
 
 
 def parse_action(text: str) -> tuple[str | None, str]:
-    """``("answer", boxed)`` if a non-empty box is outside code, else ``("code", code)``
-    for the first ``<code>…</code>`` (fences stripped), else ``(None, "")``."""
-    boxed = extract_boxed(_NOT_PROSE.sub("", text))
+    """``("answer", boxed)`` if a non-empty box is outside code (else the last ``#### N``
+    there: verl's GSM8K answer form), else ``("code", code)`` for the first
+    ``<code>…</code>`` (fences stripped), else ``(None, "")``."""
+    prose = _NOT_PROSE.sub("", text)
+    boxed = extract_boxed(prose)
     if boxed:
         return "answer", boxed
+    hashes = _HASHES.findall(prose)
+    if hashes:
+        return "answer", hashes[-1].replace(",", "")
     m = _CODE.search(text)
     if m is None:
         return None, ""

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from agentgym.rollout.chat import ChatTokens
 from agentgym.config import Config
-from agentgym.data.rows import dataset_path, read_jsonl
+from agentgym.data.rows import dataset_path, read_rows
 from agentgym.data.demos import record_to_trajectory
 from agentgym.reporting.metrics import MetricsLogger
 from agentgym.models.zoo import is_vision_language, load_tokenizer, resolve_model
@@ -49,7 +49,7 @@ def load_sft_data(cfg: Config, tokenizer) -> tuple[list[Trajectory], int]:
     """The records of ``cfg.data.name`` as trajectories for this tokenizer; those longer than
     ``sft.max_length`` are left out. Returns ``(trajectories, number left out)``."""
     path = dataset_path(cfg.env, cfg.data.name)
-    records = read_jsonl(path)
+    records = read_rows(path)
     if cfg.limit:
         records = records[:cfg.limit]
     if not records:

@@ -1,14 +1,19 @@
-"""Datasets in verl's row format, shipped under ``data/`` (see data/README.md).
+"""Datasets in verl's row format: shipped under ``data/`` (see data/README.md), or files as
+verl's ``examples/data_preprocess`` scripts write them.
 
 A row: ``data_source``, ``prompt`` (chat messages), ``ability``,
-``reward_model.ground_truth``, ``extra_info``, plus ``env`` (which environment).
+``reward_model.ground_truth``, ``extra_info``, and optionally ``env`` (which environment;
+verl's rows have none: the command's ``env=`` decides, and a row's ``env``, when present,
+must agree). ``data=`` takes a shipped dataset's name, or a path (:func:`read_rows`): a
+``.parquet`` file (verl's), ``.jsonl`` / ``.jsonl.gz``, a directory or glob of such shards,
+or a folder written by ``datasets``' ``save_to_disk``.
 """
 
 from __future__ import annotations
 
 import collections
 import functools
-
+import glob
 import gzip
 import json
 import logging
@@ -30,7 +35,11 @@ DATASETS: dict[str, dict[str, str]] = {
     "geometry": {"train": "geometry/train.jsonl.gz", "val": "geometry/val.jsonl",
                  "test": "geometry/test.jsonl"},
 }
-REQUIRED = ("data_source", "prompt", "reward_model", "env")
+REQUIRED = ("data_source", "prompt", "reward_model")
+#: what ``data=`` accepts as a path (the error for an unreadable one names them)
+ACCEPTED = ("a .parquet file (as verl writes it), a .jsonl or .jsonl.gz file, a directory "
+            "or glob of such shards, or a folder written by datasets' save_to_disk")
+_SHARDS = (".parquet", ".jsonl", ".jsonl.gz")
 
 
 #: env -> dataset name -> a function making its rows (generated, or a view of a file).
@@ -48,6 +57,60 @@ def read_jsonl(path: str | Path) -> list[dict]:
     opener = gzip.open if str(path).endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    """Rows of a dataset on disk, whatever of :data:`ACCEPTED` it is: parquet is known by
+    its magic bytes, gzip likewise, anything else is read as JSONL; a file that is none of
+    them is a ValueError naming it and what is accepted."""
+    spec = str(path)
+    if any(c in spec for c in "*?["):
+        files = sorted(f for f in glob.glob(spec, recursive=True) if Path(f).is_file())
+        if not files:
+            raise FileNotFoundError(f"data={spec}: the pattern matches no file; accepted: "
+                                    f"{ACCEPTED}")
+        return [row for f in files for row in read_rows(f)]
+    path = Path(path)
+    if path.is_dir():
+        return _read_folder(path)
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head == b"PAR1":
+        import pyarrow.parquet as pq
+        return pq.read_table(path).to_pylist()
+    opener = gzip.open if head[:2] == b"\x1f\x8b" else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    except (UnicodeDecodeError, ValueError, OSError) as e:
+        raise ValueError(f"data={path}: cannot read it ({type(e).__name__}: {e}); "
+                         f"accepted: {ACCEPTED}") from None
+    bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None)
+    if bad is not None:
+        raise ValueError(f"data={path}: line {bad + 1} is JSON but not an object (a row); "
+                         f"accepted: {ACCEPTED}")
+    return rows
+
+
+def _read_folder(path: Path) -> list[dict]:
+    """A ``save_to_disk`` folder (its Arrow files, in order), or a folder of shards."""
+    if (path / "dataset_dict.json").exists():
+        splits = json.loads((path / "dataset_dict.json").read_text()).get("splits", [])
+        raise ValueError(f"data={path} is a DatasetDict saved by save_to_disk; pass one "
+                         f"split's folder, e.g. data={path / (splits or ['train'])[0]}")
+    if (path / "state.json").exists():
+        import pyarrow as pa
+        state = json.loads((path / "state.json").read_text())
+        rows: list[dict] = []
+        for part in state.get("_data_files", []):
+            with pa.memory_map(str(path / part["filename"])) as source:
+                rows += pa.ipc.open_stream(source).read_all().to_pylist()
+        return rows
+    files = sorted(f for f in path.iterdir() if f.name.endswith(_SHARDS))
+    if not files:
+        raise ValueError(f"data={path}: the directory holds no .parquet or .jsonl(.gz) shards "
+                         f"and no save_to_disk state.json; accepted: {ACCEPTED}")
+    return [row for f in files for row in read_rows(f)]
 
 
 def write_jsonl(path: str | Path, rows) -> None:
@@ -73,17 +136,18 @@ def validate_row(row: dict, where: str) -> None:
 
 
 def dataset_path(env: str, name: str) -> Path:
-    """Resolve a dataset name of ``env`` (or a path to a .jsonl file)."""
-    if name.endswith((".jsonl", ".jsonl.gz")) or "/" in name:
+    """Resolve a dataset name of ``env``, or a path (a file, a directory, a glob)."""
+    if name.endswith(_SHARDS) or "/" in name or any(c in name for c in "*?[") \
+            or Path(name).exists():
         path = Path(name)
-        if not path.exists():
+        if not path.exists() and not any(c in name for c in "*?["):
             raise FileNotFoundError(f"dataset file {name!r} does not exist")
         return path
     names = DATASETS.get(env, {})
     if name not in names:
         names = {**names, **GENERATED.get(env, {})}
         raise KeyError(f"unknown dataset {name!r} for env {env!r}{did_you_mean(name, list(names))}"
-                       f"; valid: {', '.join(names) or '(none)'} or a path to a .jsonl(.gz) file")
+                       f"; valid: {', '.join(names) or '(none)'}, or {ACCEPTED}")
     return data_dir() / names[name]
 
 
@@ -91,17 +155,38 @@ def load_rows(env: str, name: str, limit: int = 0) -> list[dict]:
     """Rows of a dataset, validated; the first ``limit`` (0 = all)."""
     made = GENERATED.get(env, {}).get(name)
     path = f"data={name}" if made else dataset_path(env, name)
-    rows = made() if made else read_jsonl(path)
+    rows = made() if made else read_rows(path)
     if limit:
         rows = rows[:limit]
     import envs
     names = envs.env_aliases(env)  # its id and short names (a plugin: its class spec too)
     for i, row in enumerate(rows):
         validate_row(row, f"{path}:{i + 1}")
-        if row["env"] not in names:
+        if row.get("env") is None:  # verl's rows: the command's env decides
+            row["env"] = env
+        elif row["env"] not in names:
             raise ValueError(f"{path}:{i + 1}: row is for env {row['env']!r}, not {env!r} "
                              f"(valid: {', '.join(sorted(names))})")
+    verl_fields(rows, env, str(path))
     return rows
+
+
+def verl_fields(rows: list[dict], env: str, where: str) -> None:
+    """verl's per-row fields that steer its own rollout: ``agent_name`` (which agent loop
+    plays the row) and ``extra_info.tools_kwargs`` (each tool's ``create_kwargs``). Here
+    the env plays every row and its tools take the row itself (its ``reward_model``), so
+    both are named in one warning each, with what happens instead."""
+    agents = sorted({str(r["agent_name"]) for r in rows if r.get("agent_name")})
+    if agents:
+        logger.warning("%s: rows name verl's agent_name %s; env=%s plays every row with its "
+                       "own loop (multi-turn, its tools), so agent_name is not used", where,
+                       agents, env)
+    tools = sorted({t for r in rows for t in ((r.get("extra_info") or {}).get("tools_kwargs")
+                                              or {})})
+    if tools:
+        logger.warning("%s: rows carry verl's extra_info.tools_kwargs for %s; env=%s's tools "
+                       "read the row itself (reward_model.ground_truth, extra_info), so "
+                       "tools_kwargs is not used", where, tools, env)
 
 
 @dataclass
