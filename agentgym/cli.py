@@ -183,6 +183,7 @@ def cmd_check_env(args: list[str]) -> int:
     from gymnasium.utils.env_checker import check_env as gym_check_env
 
     import envs
+    from tools.errors import MissingExtra
 
     _setup_logging("WARNING")
     ids = args or envs.env_ids()
@@ -197,6 +198,8 @@ def cmd_check_env(args: list[str]) -> int:
                 gym_check_env(gymnasium.make(env_id).unwrapped, skip_render_check=True)
             extra = f" ({len(caught)} gymnasium warnings)" if caught else ""
             print(f"ok    {env_id}{extra}")
+        except MissingExtra as e:  # an optional package this env needs is not installed
+            print(f"skip  {env_id}: {e}")
         except Exception as e:  # noqa: BLE001 - report every env, then fail
             failed += 1
             print(f"FAIL  {env_id}: {type(e).__name__}: {e}")
@@ -589,6 +592,8 @@ def main(argv: list[str] | None = None) -> int:
         log.debug("command failed", exc_info=True)
         print(f"agentgym {command}: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, CheckpointError) else 1
+    finally:  # an MCP server lives as long as the command that connected to it
+        sys.modules.get("tools.mcp_client") and sys.modules["tools.mcp_client"].close_shared()
 
 
 if __name__ == "__main__":

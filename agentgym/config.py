@@ -160,6 +160,13 @@ class SearchConfig:
 
 
 @dataclass
+class MCPConfig:  # env=mcp: the MCP server whose tools the env offers (neither: a calculator)
+    command: str = ""  # launched, spoken to over stdio: "python my_server.py"
+    url: str = ""  # or reached over streamable HTTP: http://host:8000/mcp
+    timeout_s: float = 30.0  # one tool call
+
+
+@dataclass
 class RolloutConfig:
     n: int = 1  # samples per prompt (GRPO group size)
     max_turns: int = 4  # env actions per episode
@@ -418,6 +425,7 @@ class Config:
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     code: CodeConfig = field(default_factory=CodeConfig)
     geometry: GeometryConfig = field(default_factory=GeometryConfig)
+    mcp: MCPConfig = field(default_factory=MCPConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)

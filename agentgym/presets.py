@@ -23,6 +23,8 @@ ENV_PRESETS: dict[str, dict[str, Any]] = {
     "code": {"rollout.max_turns": 4, "trainer.eval_data": "gsm8k"},
     # an answer, and one retry when it has no \boxed{} (geometry.tool=true: allow more turns)
     "geometry": {"rollout.max_turns": 2, "trainer.eval_data": "test"},
+    # an MCP server's tools (the calculator unless mcp.command / mcp.url name another)
+    "mcp": {"data.name": "calc", "trainer.eval_data": "calc_test"},
 }
 #: ``algo=NAME``: the keys each algorithm sets, applied after the env preset and the
 #: command's defaults, before the user's overrides. Names follow verl's estimators.

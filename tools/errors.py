@@ -22,3 +22,8 @@ class ToolUnavailable(ToolError):
 
 class ToolBadRequest(ToolError):
     """The tool rejected the call as invalid (a 4xx answer); retrying cannot help."""
+
+
+class MissingExtra(ImportError):
+    """A tool needs an optional package that is not installed; the message says which
+    ``pip install`` adds it (``agentgym check-env`` reports such an env as skipped)."""

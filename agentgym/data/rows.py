@@ -44,12 +44,18 @@ _SHARDS = (".parquet", ".jsonl", ".jsonl.gz")
 
 #: env -> dataset name -> a function making its rows (generated, or a view of a file).
 GENERATED: dict[str, dict[str, Callable[[], list[dict]]]] = {
+    "mcp": {"calc": lambda: _calc(500, 0), "calc_test": lambda: _calc(100, 1)},
     "code": {"arith": arith.train_rows,
              **{f"arith_test_l{k}": functools.partial(arith.shipped_test_rows, k)
                 for k in arith.LEVELS}},
 }
 
 logger = logging.getLogger(__name__)
+
+
+def _calc(n: int, seed: int) -> list[dict]:
+    from envs.mcp_env import calc_rows
+    return calc_rows(n, seed)
 
 
 def read_jsonl(path: str | Path) -> list[dict]:

@@ -84,10 +84,18 @@ def _geometry_kwargs(cfg: Config) -> dict[str, Any]:
     return {"tool": cfg.geometry.tool, "rel_tol": cfg.geometry.rel_tol}
 
 
+def _mcp_kwargs(cfg: Config) -> dict[str, Any]:
+    # one connection per process and server, shared by every env (tools.mcp_client.shared)
+    from tools.mcp_client import shared
+    server = shared(cfg.mcp.command, cfg.mcp.url, cfg.mcp.timeout_s)
+    return {"server": server}
+
+
 #: Config → constructor kwargs for envs that need more than ``max_turns``.
 ENV_KWARGS: dict[str, Callable[[Config], dict[str, Any]]] = {"search": _search_kwargs,
                                                              "code": _code_kwargs,
-                                                             "geometry": _geometry_kwargs}
+                                                             "geometry": _geometry_kwargs,
+                                                             "mcp": _mcp_kwargs}
 
 
 class MixedEnvs:
