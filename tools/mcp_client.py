@@ -22,6 +22,7 @@ import json
 import logging
 import shlex
 import sys
+import tempfile
 import threading
 
 from agentgym.core.supervisor import ServiceFailed
@@ -56,6 +57,9 @@ class MCPTools:
         _needs_mcp()
         self.where = command or url
         self.command, self.url, self.timeout_s = command, url, timeout_s
+        # a stdio server's stderr (its logs, tracebacks): a file, its tail in a start error
+        self._errlog = tempfile.NamedTemporaryFile("w+", prefix="mcp-server-", suffix=".log",
+                                                   encoding="utf-8", errors="replace")
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
                                         name="mcp-client")
@@ -67,10 +71,12 @@ class MCPTools:
         try:
             listed = ready.result(timeout=connect_timeout_s)
         except Exception as e:
+            self._errlog.seek(0)
+            said = self._errlog.read()[-1500:].strip()
             self.close()
             raise MCPServerFailed(f"MCP server {self.where!r} did not start or answer "
-                                  f"within {connect_timeout_s:.0f} s: "
-                                  f"{type(e).__name__}: {e}") from e
+                                  f"within {connect_timeout_s:.0f} s: {type(e).__name__}: {e}"
+                                  + (f"; its stderr ends:\n{said}" if said else "")) from e
         self.schemas = [{"type": "function", "function": {
             "name": t.name, "description": t.description or "",
             "parameters": t.input_schema or {"type": "object", "properties": {}}}}
@@ -80,9 +86,10 @@ class MCPTools:
     def _server(self):
         if self.url:
             return self.url
-        from mcp.client.stdio import StdioServerParameters
+        from mcp.client.stdio import StdioServerParameters, stdio_client
         argv = shlex.split(self.command)
-        return StdioServerParameters(command=argv[0], args=argv[1:])
+        return stdio_client(StdioServerParameters(command=argv[0], args=argv[1:]),
+                            errlog=self._errlog)
 
     async def _hold(self, ready: concurrent.futures.Future) -> None:
         """Connect, list the tools, then keep the connection until :meth:`close`."""
@@ -134,6 +141,7 @@ class MCPTools:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=30)
         self._loop.close()
+        self._errlog.close()
 
 
 _SHARED: dict[tuple[str, str, float], MCPTools] = {}
