@@ -437,6 +437,7 @@ class Config:
     # judge (a model grades: judge.*), or package.module:function with verl's custom-reward signature, replacing the env's
     # reward at each episode's end (envs.plugins.RewardOverride); "" = the env's own
     reward: str = ""
+    agent: str = ""  # env=agent: the agent program, package.module:run (agentgym.serving.agents)
     limit: int = 0  # rows to use; 0 = all
     out: str = ""  # output file (rollout: trajectories JSONL; eval: results JSON)
     run_dir: str = ""  # train: default runs/<env>-<model>-<time>

@@ -25,6 +25,8 @@ ENV_PRESETS: dict[str, dict[str, Any]] = {
     "geometry": {"rollout.max_turns": 2, "trainer.eval_data": "test"},
     # an MCP server's tools (the calculator unless mcp.command / mcp.url name another)
     "mcp": {"data.name": "calc", "trainer.eval_data": "calc_test"},
+    # the user's agent program plays the rows (agent=); data= names them, no held-out set
+    "agent": {"trainer.eval_limit": 0, "data.answerable_only": False},
 }
 #: ``algo=NAME``: the keys each algorithm sets, applied after the env preset and the
 #: command's defaults, before the user's overrides. Names follow verl's estimators.

@@ -11,6 +11,7 @@ register_env("agentgym/Search-v0", "envs.search:SearchEnv", short="search")
 register_env("agentgym/Code-v0", "envs.code:CodeEnv", short="code")
 register_env("agentgym/Geometry-v0", "envs.geometry:GeometryEnv", short="geometry")
 register_env("agentgym/MCP-v0", "envs.mcp_env:MCPEnv", short="mcp")
+register_env("agentgym/Agent-v0", "envs.agent_program:AgentProgram", short="agent")
 register_entry_points()  # installed packages' envs (group agentgym.envs, envs.plugins)
 
 __all__ = ["AgentEnv", "MessagesSpace", "TextSpace", "EnvContractError", "check_env",

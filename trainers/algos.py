@@ -31,7 +31,7 @@ Registries (names are the config values; an unknown name fails with the valid on
 from __future__ import annotations
 
 import inspect
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any, Callable, Sequence
 
 import torch
@@ -93,19 +93,27 @@ def group_indices(group_ids: Sequence) -> list[list[int]]:
     return list(groups.values())
 
 
-def _group_stats(scores: torch.Tensor, group_ids: Sequence):
+def _group_stats(scores: torch.Tensor, group_ids: Sequence,
+                 episode_ids: Sequence | None = None):
     """Per row: its group's mean, unbiased std, size and whether all its scores are equal.
 
-    Vectorized with scatter-adds; ``(B,)`` each.
+    With ``episode_ids``, the rows of one episode (an agent whose history was rewritten
+    yields several trajectories, all with the episode's score) count as one sample: each
+    weighs 1 / its episode's rows, so the stats are the episodes' and the size counts
+    episodes. Vectorized with scatter-adds; ``(B,)`` each.
     """
     keys: dict = {}
     inv = torch.tensor([keys.setdefault(g, len(keys)) for g in group_ids], dtype=torch.long)
     if len(inv) != len(scores):
         raise ValueError(f"{len(group_ids)} group ids for {len(scores)} rows")
     G = len(keys)
-    count = torch.zeros(G).index_add_(0, inv, torch.ones_like(scores))
-    mean = torch.zeros(G).index_add_(0, inv, scores) / count
-    sq = torch.zeros(G).index_add_(0, inv, (scores - mean[inv]) ** 2)
+    w = torch.ones_like(scores, dtype=torch.float32)
+    if episode_ids is not None:
+        rows = Counter(episode_ids)
+        w = torch.tensor([1.0 / rows[e] for e in episode_ids])
+    count = torch.zeros(G).index_add_(0, inv, w)
+    mean = torch.zeros(G).index_add_(0, inv, w * scores) / count
+    sq = torch.zeros(G).index_add_(0, inv, w * (scores - mean[inv]) ** 2)
     std = (sq / (count - 1).clamp(min=1)).sqrt()
     lo = torch.full((G,), float("inf")).scatter_reduce_(0, inv, scores, "amin")
     hi = torch.full((G,), -float("inf")).scatter_reduce_(0, inv, scores, "amax")
@@ -173,7 +181,8 @@ def discounted_scan(rewards: torch.Tensor, mask: torch.Tensor, values: torch.Ten
 # --- advantage estimators --------------------------------------------------------------
 @ADVANTAGES.register("grpo", needs_groups=True)
 def grpo_advantages(rewards: torch.Tensor, mask: torch.Tensor, *, group_ids: Sequence,
-                    norm_by_std: bool = True, eps: float = 1e-6):
+                    norm_by_std: bool = True, eps: float = 1e-6,
+                    episode_ids: Sequence | None = None):
     """Group-relative advantages (GRPO): ``(R - mean_group) / (std_group + eps)``.
 
     Args:
@@ -181,13 +190,15 @@ def grpo_advantages(rewards: torch.Tensor, mask: torch.Tensor, *, group_ids: Seq
         group_ids: length ``B``; trajectories of the same prompt share an id.
         norm_by_std: divide by the group's (unbiased) std. False is Dr. GRPO
             (mean-centering only; pair it with ``seq-mean-token-sum-norm``).
+        episode_ids: length ``B``; rows of one episode count once in the group's stats
+            (:func:`_group_stats`) and each gets the episode's advantage.
 
     Returns:
         ``(B, T)`` advantages (the row's scalar on each sampled token) and returns (``R``
         on each sampled token). A group of one, or one whose rewards are all equal, gets 0.
     """
     scores = outcome_scores(rewards, mask)
-    mean, std, count, flat = _group_stats(scores, group_ids)
+    mean, std, count, flat = _group_stats(scores, group_ids, episode_ids)
     adv = scores - mean
     if norm_by_std:
         adv = adv / (std + eps)
@@ -196,19 +207,21 @@ def grpo_advantages(rewards: torch.Tensor, mask: torch.Tensor, *, group_ids: Seq
 
 
 @ADVANTAGES.register("rloo", needs_groups=True)
-def rloo_advantages(rewards: torch.Tensor, mask: torch.Tensor, *, group_ids: Sequence):
+def rloo_advantages(rewards: torch.Tensor, mask: torch.Tensor, *, group_ids: Sequence,
+                    episode_ids: Sequence | None = None):
     """REINFORCE leave-one-out: ``R_i - mean_{j != i, same group} R_j``.
 
     Args:
         rewards, mask: ``(B, T)``; ``R`` is each row's summed reward.
         group_ids: length ``B``; trajectories of the same prompt share an id.
+        episode_ids: as for GRPO: an episode's rows count once.
 
     Returns:
         ``(B, T)`` advantages and returns (``R``), 0 off the mask. A group of one gets 0
         (it has no baseline). Equals ``n / (n - 1) * (R_i - mean_group)``.
     """
     scores = outcome_scores(rewards, mask)
-    mean, _, count, flat = _group_stats(scores, group_ids)
+    mean, _, count, flat = _group_stats(scores, group_ids, episode_ids)
     adv = (scores - mean) * count / (count - 1).clamp(min=1)
     adv = torch.where((count > 1) & ~flat, adv, 0.0)
     return broadcast_to_tokens(adv, mask), broadcast_to_tokens(scores, mask)
@@ -234,7 +247,8 @@ def reinforce_pp_advantages(rewards: torch.Tensor, mask: torch.Tensor, *, gamma:
 
 @ADVANTAGES.register("reinforce_plus_plus_baseline", needs_groups=True)
 def reinforce_pp_baseline_advantages(rewards: torch.Tensor, mask: torch.Tensor, *,
-                                     group_ids: Sequence):
+                                     group_ids: Sequence,
+                                     episode_ids: Sequence | None = None):
     """REINFORCE++-baseline: the group mean as baseline (``R - mean_group``), on every
     sampled token, then whitened over all sampled tokens of the batch.
 
@@ -246,7 +260,7 @@ def reinforce_pp_baseline_advantages(rewards: torch.Tensor, mask: torch.Tensor, 
         ``(B, T)`` advantages and returns (``R``), 0 off the mask.
     """
     scores = outcome_scores(rewards, mask)
-    mean, _, _, _ = _group_stats(scores, group_ids)
+    mean, _, _, _ = _group_stats(scores, group_ids, episode_ids)
     adv = masked_whiten(broadcast_to_tokens(scores - mean, mask), mask)
     return adv, broadcast_to_tokens(scores, mask)
 

@@ -33,6 +33,9 @@ class Batch:
     extra: dict[str, torch.Tensor] = field(default_factory=dict)
     #: per row, the prompt's processed images (VL models; :mod:`agentgym.models.vision`) or None
     images: list | None = None
+    #: per row, its episode (an agent episode may yield several rows; advantages count an
+    #: episode once, :func:`trainers.algos._group_stats`); None: one row per episode
+    episodes: list[str] | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -46,7 +49,8 @@ class Batch:
                      cut(self.rollout_logp), cut(self.rewards), [self.uids[i] for i in index],
                      cut(self.token_rewards), cut(self.truncated),
                      {k: cut(v) for k, v in self.extra.items()},
-                     [self.images[i] for i in index] if self.images is not None else None)
+                     [self.images[i] for i in index] if self.images is not None else None,
+                     [self.episodes[i] for i in index] if self.episodes is not None else None)
 
 
 def turn_reward_positions(traj: Trajectory) -> list[int]:
@@ -94,8 +98,11 @@ def collate(trajs: list[Trajectory], pad_id: int) -> Batch:
     rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
     truncated = torch.tensor([bool(t.truncated) for t in trajs])
     images = [t.images for t in trajs]
+    episodes = [t.info.get("episode") for t in trajs]
     return Batch(ids, attn, mask, logp, rewards, [t.uid for t in trajs], token_rewards,
-                 truncated, images=images if any(v is not None for v in images) else None)
+                 truncated, images=images if any(v is not None for v in images) else None,
+                 episodes=[e or f"{t.uid}/{t.sample_index}/{i}" for i, (e, t) in
+                           enumerate(zip(episodes, trajs))] if any(episodes) else None)
 
 
 def micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:

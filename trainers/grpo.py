@@ -203,7 +203,7 @@ def advantages(cfg: Config, batch: Batch, rewards: torch.Tensor) -> tuple[torch.
     ``batch.extra`` (critic inputs ``values``/``last_values`` are read from there)."""
     a = cfg.algo
     adv, returns = compute_advantages(
-        a.advantage, rewards, batch.loss_mask, group_ids=batch.uids,
+        a.advantage, rewards, batch.loss_mask, group_ids=batch.uids, episode_ids=batch.episodes,
         values=batch.extra.get("values"), last_values=batch.extra.get("last_values"),
         truncated=batch.truncated, gamma=a.gamma, lam=a.lam, norm_by_std=a.norm_adv_by_std)
     batch.extra["adv"], batch.extra["returns"] = adv, returns

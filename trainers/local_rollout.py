@@ -84,10 +84,20 @@ class LocalRollout:
             if greedy:
                 cfg = copy.deepcopy(cfg)
                 cfg.rollout = dataclasses.replace(cfg.rollout, temperature=0.0, n=1)
-            self._managers[greedy] = GenerationManager(self.engine, self.tokenizer,
-                                                       env_factory(cfg), cfg.rollout,
-                                                       seed=cfg.trainer.seed)
+            if cfg.env == "agent":  # the user's agent program plays the rows
+                from agentgym.serving.agents import AgentManager
+                self._managers[greedy] = AgentManager(self.engine, self.tokenizer, cfg,
+                                                      seed=cfg.trainer.seed, greedy=greedy)
+            else:
+                self._managers[greedy] = GenerationManager(self.engine, self.tokenizer,
+                                                           env_factory(cfg), cfg.rollout,
+                                                           seed=cfg.trainer.seed)
         return self._managers[greedy]
+
+    def extra_metrics(self) -> dict:
+        """The sampling manager's own step metrics (an agent run's ``agent/*``)."""
+        take = getattr(self._managers.get(False), "take_stats", None)
+        return take() if take else {}
 
     def generate(self, rows: list[dict], n: int, seed: int, hooks: Hooks,
                  greedy: bool = False) -> list:
@@ -104,8 +114,9 @@ class LocalRollout:
                     self.engine, self.tokenizer, env_factory(self.cfg), self.cfg.rollout,
                     seed=self.cfg.trainer.seed, allow_weight_updates=True)
             manager = self._managers["async"]
-        return list(await asyncio.gather(*(manager.rollout(row, uid, k, base_seed=seed)
-                                           for k in range(n))))
+        done = await asyncio.gather(*(manager.rollout(row, uid, k, base_seed=seed)
+                                      for k in range(n)))
+        return [t for d in done for t in (d if isinstance(d, list) else [d])]
 
     def update_weights(self, state_dict: dict, version: int) -> None:
         from agentgym.rollout.engines.base import push_weights

@@ -65,7 +65,7 @@ def collect(cfg: Config, rollout, rows: list[dict], cursor: int,
         if n_kept >= t.prompts_per_step:
             break
     m = {**rollout_metrics(seen, per_env=is_mixed(cfg)), **infra_metrics(seen, infra_dropped),
-         **(cm if curriculum else {})}
+         **(cm if curriculum else {}), **getattr(rollout, "extra_metrics", dict)()}
     if a.dynamic_sampling:
         groups = len({tr.uid for tr in seen})
         m.update({"rollout/sampling_rounds": float(rounds),
@@ -140,16 +140,24 @@ def reward_ci95(trajs: list[Trajectory]) -> float:
 
 
 def regroup(trajs: list[Trajectory], n: int, taken: set[str], tag: str) -> None:
-    """Keep one group per rolled-out row: ``trajs`` come ``n`` per row, in row order; a
-    row whose uid is already ``taken`` (the same prompt again: an earlier round, or data
-    that wrapped around within the step) gets a fresh uid for its ``n`` samples."""
-    for i in range(0, len(trajs), n):
-        uid = trajs[i].uid
+    """Keep one group per rolled-out row: ``trajs`` come row by row, in row order, each
+    row's samples in order (``n`` of them from an env; an agent's episode may yield
+    several trajectories, or none); a row whose uid is already ``taken`` (the same prompt
+    again: an earlier round, or data that wrapped around within the step) gets a fresh uid
+    for its samples."""
+    start, block = 0, 0
+    while start < len(trajs):
+        end = start + 1
+        while end < len(trajs) and trajs[end].uid == trajs[start].uid and \
+                trajs[end].sample_index >= trajs[end - 1].sample_index:
+            end += 1
+        uid = trajs[start].uid
         if uid in taken:
-            uid = f"{uid}#{tag}.{i // n}"
-            for tr in trajs[i:i + n]:
+            uid = f"{uid}#{tag}.{block}"
+            for tr in trajs[start:end]:
                 tr.uid = uid
         taken.add(uid)
+        start, block = end, block + 1
 
 
 class SyncSteps:

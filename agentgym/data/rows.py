@@ -170,7 +170,7 @@ def load_rows(env: str, name: str, limit: int = 0) -> list[dict]:
         validate_row(row, f"{path}:{i + 1}")
         if row.get("env") is None:  # verl's rows: the command's env decides
             row["env"] = env
-        elif row["env"] not in names:
+        elif row["env"] not in names and env != "agent":  # an agent plays any env's rows
             raise ValueError(f"{path}:{i + 1}: row is for env {row['env']!r}, not {env!r} "
                              f"(valid: {', '.join(sorted(names))})")
     verl_fields(rows, env, str(path))

@@ -67,12 +67,12 @@ class OpenAIFrontend:
 
     def __init__(self, engine, tokenizer, model_id: str, max_context: int = 1 << 20,
                  default_max_tokens: int = 256,
-                 on_call: Callable[[Call], None] | None = None) -> None:
+                 on_call: Callable[[Call], None] | None = None, chat_tokens=None) -> None:
         from agentgym.rollout.chat import ChatTokens
         self.engine, self.tok, self.model_id = engine, tokenizer, model_id
         self.max_context, self.default_max_tokens = max_context, default_max_tokens
         self.on_call = on_call
-        self.chat_tokens = ChatTokens(tokenizer, image_processor=None)
+        self.chat_tokens = chat_tokens or ChatTokens(tokenizer, image_processor=None)
         self.eos_ids = set(getattr(engine, "eos_ids", None) or {tokenizer.eos_token_id})
         self.created = int(time.time())
         self._ids = itertools.count()
@@ -94,9 +94,10 @@ class OpenAIFrontend:
         plan = chat_plan(self, body)
         rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         model = body.get("model") or self.model_id
+        samplings = self.samplings(plan)  # refusals come before a stream starts
         if plan.stream:
-            return chat_events(self, plan, body, rid, created, model)
-        outs = await self.sample(plan)
+            return chat_events(self, plan, samplings, body, rid, created, model)
+        outs = await self.sample(plan, samplings)
         self._record("chat", body, plan, outs)
         choices = [chat_choice(self, plan, k, out) for k, out in enumerate(outs)]
         answer = {"id": rid, "object": "chat.completion", "created": created, "model": model,
@@ -112,9 +113,10 @@ class OpenAIFrontend:
         plans = completion_plans(self, body)
         rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         model = body.get("model") or self.model_id
+        samplings = [self.samplings(p) for p in plans]
         if plans[0].stream:
-            return completion_events(self, plans, body, rid, created, model)
-        every = await asyncio.gather(*(self.sample(p) for p in plans))
+            return completion_events(self, plans, samplings, body, rid, created, model)
+        every = await asyncio.gather(*(self.sample(p, s) for p, s in zip(plans, samplings)))
         choices, total = [], {"prompt_tokens": 0, "completion_tokens": 0}
         for i, (plan, outs) in enumerate(zip(plans, every)):
             self._record("completion", body, plan, outs)
@@ -128,6 +130,13 @@ class OpenAIFrontend:
                 "system_fingerprint": self.fingerprint(), "choices": choices, "usage": total}
 
     # -- shared ---------------------------------------------------------------------------
+    def chat_prompt(self, messages: list[dict], tools: list[dict] | None,
+                    forced: str) -> list[int]:
+        """A chat request's prompt ids: the messages through the chat template (tools in
+        it), then the text the reply is forced to start with."""
+        return self.chat_tokens.prompt_ids(messages, tools) + \
+            (self.chat_tokens.encode(forced) if forced else [])
+
     def fingerprint(self) -> str:
         return f"agentgym-v{getattr(self.engine, 'policy_version', 0)}"
 
@@ -139,14 +148,14 @@ class OpenAIFrontend:
             return [s] * plan.n
         return [SamplingParams(**{**s.__dict__, "seed": s.seed + k}) for k in range(plan.n)]
 
-    async def sample(self, plan: _Plan) -> list[GenerateOutput]:
+    async def sample(self, plan: _Plan, samplings: list[SamplingParams]) -> list[GenerateOutput]:
         return list(await asyncio.gather(*(self.engine.generate(plan.prompt_ids, s)
-                                           for s in self.samplings(plan))))
+                                           for s in samplings)))
 
     def _record(self, kind: str, body: dict, plan: _Plan, outs: list[GenerateOutput]) -> None:
         if self.on_call is not None:
             self.on_call(Call(kind, body, list(plan.prompt_ids), list(outs), plan.messages,
-                              plan.tools, plan.forced))
+                              plan.tools, plan.forced, plan))
 
     def visible_ids(self, ids: list[int]) -> list[int]:
         """The sampled ids without a final EOS (it has no text)."""
@@ -170,9 +179,14 @@ class OpenAIFrontend:
         return entry
 
 
-def openai_routes(app, front: OpenAIFrontend) -> None:
-    """Mount ``front`` on a FastAPI ``app``: the routes, and OpenAI's error bodies for its
-    errors and for unknown ``/v1`` routes."""
+def openai_routes(app, front, prefix: str = "") -> None:
+    """Mount ``front`` on a FastAPI ``app`` under ``prefix`` (which may hold path
+    parameters): the routes, and OpenAI's error bodies for its errors and for unknown
+    routes. ``front``: an :class:`OpenAIFrontend`, or a function of the request that
+    returns the one to answer it (an agent's episode, :mod:`agentgym.serving.agents`)."""
+    pick = front if callable(front) and not isinstance(front, OpenAIFrontend) \
+        else (lambda request: front)
+
     @app.exception_handler(OpenAIError)
     async def _refused(request: Request, exc: OpenAIError) -> JSONResponse:
         logger.info("%d %s: %s", exc.status, request.url.path, exc)
@@ -199,18 +213,18 @@ def openai_routes(app, front: OpenAIFrontend) -> None:
         return StreamingResponse(result, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 
-    @app.get("/v1/models")
-    async def models():
-        return front.models()
+    @app.get(prefix + "/v1/models")
+    async def models(request: Request):
+        return pick(request).models()
 
-    @app.get("/v1/models/{name:path}")
-    async def model(name: str):
-        return front.model(name)
+    @app.get(prefix + "/v1/models/{name:path}")
+    async def model(request: Request):
+        return pick(request).model(request.path_params["name"])
 
-    @app.post("/v1/chat/completions")
+    @app.post(prefix + "/v1/chat/completions")
     async def chat_completions(request: Request):
-        return answer(await front.chat(await body_of(request)))
+        return answer(await pick(request).chat(await body_of(request)))
 
-    @app.post("/v1/completions")
+    @app.post(prefix + "/v1/completions")
     async def completions(request: Request):
-        return answer(await front.completions(await body_of(request)))
+        return answer(await pick(request).completions(await body_of(request)))

@@ -121,8 +121,7 @@ def chat_plan(front, body: dict) -> _Plan:
         logprobs = _number(body, "top_logprobs", 0, 20, 0, integer=True)
     elif body.get("top_logprobs") is not None:
         raise OpenAIError("top_logprobs needs logprobs=true", param="top_logprobs")
-    ids = front.chat_tokens.prompt_ids(messages, tools) + \
-        (front.chat_tokens.encode(forced) if forced else [])
+    ids = front.chat_prompt(messages, tools, forced)
     sampling, n = _sampling(front, body, len(ids), front.default_max_tokens, logprobs)
     stream, include_usage = _stream_flags(body)
     return _Plan(ids, sampling, n, stream, include_usage, logprobs,

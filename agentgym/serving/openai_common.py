@@ -50,6 +50,7 @@ class Call:
     messages: list[dict] = field(default_factory=list)  # as rendered (chat)
     tools: list[dict] | None = None
     forced: str = ""  # text the reply was started with (tool_choice)
+    plan: Any = None  # the checked request (openai_common._Plan)
 
 
 @dataclass

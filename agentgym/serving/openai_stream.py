@@ -78,7 +78,7 @@ class _Choice:
         return final[len(self.sent):]
 
 
-async def chat_events(front, plan: _Plan, body: dict, rid: str, created: int,
+async def chat_events(front, plan: _Plan, samplings: list, body: dict, rid: str, created: int,
                       model: str) -> AsyncIterator[str]:
     head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
             "system_fingerprint": front.fingerprint()}
@@ -94,7 +94,7 @@ async def chat_events(front, plan: _Plan, body: dict, rid: str, created: int,
     outs: list[GenerateOutput | None] = [None] * plan.n
     for k in range(plan.n):
         yield chunk(k, {"role": "assistant", "content": ""})
-    streams = [front.engine.stream(plan.prompt_ids, s) for s in front.samplings(plan)]
+    streams = [front.engine.stream(plan.prompt_ids, s) for s in samplings]
     try:
         async for k, item in merged(streams):
             if isinstance(item, GenerateOutput):
@@ -131,8 +131,8 @@ async def chat_events(front, plan: _Plan, body: dict, rid: str, created: int,
     yield sse("[DONE]")
 
 
-async def completion_events(front, plans: list[_Plan], body: dict, rid: str, created: int,
-                            model: str) -> AsyncIterator[str]:
+async def completion_events(front, plans: list[_Plan], samplings: list[list], body: dict,
+                            rid: str, created: int, model: str) -> AsyncIterator[str]:
     head = {"id": rid, "object": "text_completion", "created": created, "model": model,
             "system_fingerprint": front.fingerprint()}
 
@@ -141,7 +141,7 @@ async def completion_events(front, plans: list[_Plan], body: dict, rid: str, cre
         return sse({**head, "choices": [choice], **({"usage": None} if plans[0].usage_chunk
                                                     else {})})
 
-    slots = [(plan, s) for plan in plans for s in front.samplings(plan)]
+    slots = [(plan, s) for plan, mine in zip(plans, samplings) for s in mine]
     states, offsets = [_Choice(front, plan) for plan, _ in slots], [0] * len(slots)
     outs: list[GenerateOutput | None] = [None] * len(slots)
     if body.get("echo"):
