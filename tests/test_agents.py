@@ -169,3 +169,19 @@ def test_train_two_grpo_steps_of_the_example_agent_and_inspect_them(
                for s in trained)
     samples, _, _ = load(run)
     assert samples and all(s["e"] == "agent" for s in samples)
+
+
+def test_asynchronous_training_plays_agents_too(tmp_path):
+    from agentgym.cli import main
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps(row(q, i=i)) + "\n"
+                            for i, q in enumerate(["Who wrote Hamlet?", "Capital of Peru?"])))
+    run = tmp_path / "run"
+    assert main(["train", "env=agent", "agent=agents_for_tests:rewriting_agent",
+                 f"data={data}", "model=tiny", "trainer.total_steps=2",
+                 "trainer.prompts_per_step=2", "n=2", "rollout.max_tokens_per_turn=8",
+                 "trainer.cold_start=off", "trainer.mode=async", f"run_dir={run}"]) == 0
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    trained = [s for s in steps if "agent/trajectories_per_episode" in s]
+    assert len(trained) == 2 and all(s["agent/trajectories_per_episode"] == 2.0
+                                     for s in trained)

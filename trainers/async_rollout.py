@@ -160,7 +160,8 @@ class AsyncRollout:
 
     # -- the trainer's side -------------------------------------------------------------
     def staleness(self, trajs: list[Trajectory]) -> int:
-        return self.version - min(t.policy_version for t in trajs)
+        # an agent's group may be empty (every episode failed): it is not stale
+        return self.version - min((t.policy_version for t in trajs), default=self.version)
 
     def take(self, step: int, timeout: float | None = None) -> tuple[list[Trajectory], dict]:
         """The next ``prompts_per_step`` groups for training step ``step`` (blocks until
@@ -191,8 +192,9 @@ class AsyncRollout:
         sampled = [t for _, group in taken for t in group]
         regroup(sampled, self.n, set(), f"{step}.0")
         out = without_infra_failures(sampled, self.cfg.rollout.on_infra_error, self.n)
-        ages = [self.version - t.policy_version for t in sampled]
+        ages = [self.version - t.policy_version for t in sampled] or [0]
         return out, {**rollout_metrics(sampled, per_env=is_mixed(self.cfg)),
+                     **getattr(self.local, "extra_metrics", dict)(),
                      **infra_metrics(sampled, len(sampled) - len(out)),
                      "async/staleness_max": float(max(ages)),
                      "async/staleness_mean": sum(ages) / len(ages),

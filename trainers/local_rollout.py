@@ -96,8 +96,11 @@ class LocalRollout:
 
     def extra_metrics(self) -> dict:
         """The sampling manager's own step metrics (an agent run's ``agent/*``)."""
-        take = getattr(self._managers.get(False), "take_stats", None)
-        return take() if take else {}
+        out: dict = {}
+        for manager in (self._managers.get(False), self._managers.get("async")):
+            take = getattr(manager, "take_stats", None)
+            out.update(take() if take else {})
+        return out
 
     def generate(self, rows: list[dict], n: int, seed: int, hooks: Hooks,
                  greedy: bool = False) -> list:
@@ -109,7 +112,11 @@ class LocalRollout:
         """``n`` samples of one row with base seed ``seed`` (asynchronous training: may run
         across weight updates, each turn tagged with its version)."""
         with self._managers_lock:
-            if "async" not in self._managers:
+            if "async" not in self._managers and self.cfg.env == "agent":
+                from agentgym.serving.agents import AgentManager  # turns record versions
+                self._managers["async"] = AgentManager(self.engine, self.tokenizer, self.cfg,
+                                                       seed=self.cfg.trainer.seed)
+            elif "async" not in self._managers:
                 self._managers["async"] = GenerationManager(
                     self.engine, self.tokenizer, env_factory(self.cfg), self.cfg.rollout,
                     seed=self.cfg.trainer.seed, allow_weight_updates=True)
