@@ -185,3 +185,16 @@ def test_asynchronous_training_plays_agents_too(tmp_path):
     trained = [s for s in steps if "agent/trajectories_per_episode" in s]
     assert len(trained) == 2 and all(s["agent/trajectories_per_episode"] == 2.0
                                      for s in trained)
+
+
+def test_eval_plays_the_agent_greedily_one_result_per_episode(tmp_path):
+    from agentgym.cli import main
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps(row(q, i=i)) + "\n"
+                            for i, q in enumerate(["Who wrote Hamlet?", "Capital of Peru?"])))
+    out = tmp_path / "eval.json"
+    assert main(["eval", "env=agent", "agent=agents_for_tests:rewriting_agent",
+                 f"data={data}", "model=tiny", "rollout.max_tokens_per_turn=8",
+                 f"out={out}"]) == 0
+    result = json.loads(out.read_text())
+    assert result["n"] == 2 and result["em"] == 0.5  # the agent's reward, once per episode
