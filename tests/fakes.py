@@ -80,6 +80,34 @@ class ScriptedServed(ScriptedEngine):
                 self.running -= 1
 
 
+class ScriptedAgentModel(ScriptedServed):
+    """The rollout engine of a training run (``engine=scripted-agent-model``, registered by
+    tests/test_agents.py), replying by what its prompt holds: a search call for the
+    question, then, once a tool result is in the prompt, an answer (right on every other
+    reply). A fake of the model's output only: the trainer updates the real tiny model on
+    these tokens when a group's rewards differ."""
+
+    CALL = ('<tool_call>\n{"name": "search", "arguments": {"query": "capital of Peru"}}'
+            '\n</tool_call>')
+
+    def __init__(self, model, tokenizer):
+        super().__init__(model, tokenizer, [])
+        self.replies = 0
+
+    @classmethod
+    def from_config(cls, cfg, model, tokenizer):
+        return cls(model, tokenizer)
+
+    async def generate(self, prompt_ids, sampling, images=None, session_id=None):
+        seen = self.tok.decode(prompt_ids)
+        if "<|im_start|>tool" not in seen:
+            self.script.append(f"{self.CALL} + eos")
+        else:
+            self.replies += 1
+            self.script.append("Lima + eos" if self.replies % 2 else "Cusco + eos")
+        return await super().generate(prompt_ids, sampling, images, session_id)
+
+
 class DeadRetrieverFault:
     """Injects a retriever that is down (connection refused)."""
 

@@ -148,8 +148,20 @@ def test_an_agent_may_take_the_base_url(tiny_model, tiny_tokenizer):
     assert traj.reward == 0.25
 
 
+@pytest.fixture(scope="module")
+def scripted_agent_engine():
+    from agentgym.rollout.engines.base import ENGINES
+    if "scripted-agent-model" not in ENGINES.names():
+        ENGINES.register("scripted-agent-model", "fakes:ScriptedAgentModel")
+    return "scripted-agent-model"
+
+
+@pytest.mark.parametrize("engine", ["hf", "scripted"])
 def test_train_two_grpo_steps_of_the_example_agent_and_inspect_them(
-        tmp_path, retriever_url, monkeypatch):
+        tmp_path, retriever_url, monkeypatch, scripted_agent_engine, engine):
+    """The example agent (openai SDK, function calling, the real local retriever) trains
+    2 GRPO steps: on the tiny model as it samples, and on a scripted model that does call
+    the search tool (so the tool's passages are in what is trained)."""
     from agentgym.cli import main
     from agentgym.reporting.inspector import load
     monkeypatch.setenv("SEARCH_URL", retriever_url)
@@ -158,17 +170,31 @@ def test_train_two_grpo_steps_of_the_example_agent_and_inspect_them(
                                                       ("Capital of Peru?", ["Lima"])])]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     run = tmp_path / "run"
+    name = scripted_agent_engine if engine == "scripted" else "hf"
     assert main(["train", "env=agent", "agent=examples.search_agent:run", f"data={data}",
                  "model=tiny", "trainer.total_steps=2", "trainer.prompts_per_step=2", "n=2",
-                 "rollout.max_tokens_per_turn=16", "trainer.cold_start=off",
-                 f"run_dir={run}"]) == 0
+                 "rollout.max_tokens_per_turn=96", "trainer.cold_start=off",
+                 f"engine={name}", "trainer.log_samples=4", f"run_dir={run}"]) == 0
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     trained = [s for s in steps if "rollout/reward" in s]
     assert [s["step"] for s in trained] == [1, 2]
-    assert all(s["agent/failed"] == 0.0 and s["agent/trajectories_per_episode"] >= 1.0
-               for s in trained)
+    assert [(s["agent/failed"], s["agent/trajectories_per_episode"]) for s in trained] == \
+        [(0.0, 1.0)] * 2
     samples, _, _ = load(run)
     assert samples and all(s["e"] == "agent" for s in samples)
+    if engine == "scripted":
+        assert [s["rollout/tool_calls"] for s in trained] == [1.0, 1.0]
+        assert all('"name": "search"' in "".join(s["tok"]) and  # the call, then its passages
+                   "<|im_start|>tool\n" in "".join(s["tok"]) for s in samples)
+
+
+def test_reward_scores_an_agent_that_returns_none(tiny_model, tiny_tokenizer):
+    engine = ScriptedServed(tiny_model, tiny_tokenizer, ["fine + eos"])
+    manager = AgentManager(engine, tiny_tokenizer, cfg_for(
+        "agents_for_tests:silent_agent", reward="agents_for_tests:reply_length"))
+    r = {**row("hi"), "data_source": "nq"}
+    (traj,) = play(manager, [r])
+    assert traj.reward == 1.5 and traj.info["answer"] == "fine"
 
 
 def test_asynchronous_training_plays_agents_too(tmp_path):
