@@ -15,12 +15,22 @@ from envs.base import AgentEnv, MessagesSpace, TextSpace
 from envs.registration import register_env, resolve_env_id
 
 
-@pytest.mark.parametrize("env_id", envs.env_ids())
+#: every registered env that is stepped (env=agent is played by the user's agent program)
+STEPPED = [e for e in envs.env_ids() if e != "agentgym/Agent-v0"]
+
+
+@pytest.mark.parametrize("env_id", STEPPED)
 def test_registered_env_passes_contract(env_id):
     check_env(make_env(env_id))
 
 
-@pytest.mark.parametrize("env_id", envs.env_ids())
+def test_the_agent_env_says_it_is_played_by_the_agent_program():
+    from envs.agent_program import PlayedByProgram
+    with pytest.raises(PlayedByProgram, match="played by the agent= program"):
+        make_env("agent")
+
+
+@pytest.mark.parametrize("env_id", STEPPED)
 def test_registered_env_passes_gymnasium_checker(env_id):
     env = gymnasium.make(env_id)
     with warnings.catch_warnings(record=True) as caught:
