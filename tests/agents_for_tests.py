@@ -65,3 +65,16 @@ def silent_agent(row, client):
 def reply_length(data_source, solution_str, ground_truth, extra_info=None) -> float:
     """A reward function with verl's signature."""
     return float(len(solution_str) > 0) + (0.5 if data_source == "nq" else 0.0)
+
+
+def chatty_agent(row, client) -> float:
+    """Calls until refused: the episode's budget is rollout.max_turns calls."""
+    import openai
+    calls = 0
+    while True:
+        try:
+            client.completions.create(model="m", prompt="Once upon", max_tokens=2)
+        except openai.BadRequestError as e:
+            assert e.body["code"] == "episode_budget"
+            return float(calls)
+        calls += 1

@@ -224,3 +224,14 @@ def test_eval_plays_the_agent_greedily_one_result_per_episode(tmp_path):
                  f"out={out}"]) == 0
     result = json.loads(out.read_text())
     assert result["n"] == 2 and result["em"] == 0.5  # the agent's reward, once per episode
+
+
+def test_an_episode_makes_at_most_max_turns_calls(tiny_model, tiny_tokenizer):
+    engine = HFEngine(tiny_model, tiny_tokenizer)
+    manager = AgentManager(engine, tiny_tokenizer, cfg_for(
+        "agents_for_tests:chatty_agent", **{"rollout.max_turns": 3}))
+    try:
+        trajs = play(manager, [row("hi")])
+    finally:
+        engine.close()
+    assert trajs[0].reward == 3.0 and sum(t.metrics["turns"] for t in trajs) == 3.0

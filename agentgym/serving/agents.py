@@ -98,11 +98,6 @@ class EpisodeFrontend(OpenAIFrontend):
         return {"id": name, "object": "model", "created": self.created, "owned_by": "agentgym"}
 
     def chat_prompt(self, messages, tools, forced) -> list[int]:
-        turns = len(self.episode.turns)
-        if turns >= self.rollout.max_turns:
-            raise OpenAIError(f"this episode has made {turns} calls, its budget "
-                              f"(rollout.max_turns={self.rollout.max_turns})",
-                              code="episode_budget")
         full = super().chat_prompt(messages, tools, forced)
         last, self._full = self._last, None
         if last is None or last.messages is None or tools != last.tools:
@@ -120,6 +115,9 @@ class EpisodeFrontend(OpenAIFrontend):
             raise OpenAIError(f"n={plan.n}: an episode's calls sample one choice; the run "
                               f"plays rollout.n episodes of each row instead", param="n")
         r, turn = self.rollout, len(self.episode.turns)
+        if turn >= r.max_turns:
+            raise OpenAIError(f"this episode has made {turn} calls, its budget "
+                              f"(rollout.max_turns={r.max_turns})", code="episode_budget")
         return [SamplingParams(
             max_new_tokens=min(plan.sampling.max_new_tokens, r.max_tokens_per_turn),
             temperature=0.0 if self.greedy else r.temperature, top_p=r.top_p, top_k=r.top_k,
