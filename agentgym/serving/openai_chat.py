@@ -92,7 +92,8 @@ def _sampling(front, body: dict, prompt_len: int, default_max: int | None,
         raise OpenAIError(f"seed={seed!r}: must be an integer", param="seed")
     sampling = SamplingParams(
         max_new_tokens=most, temperature=float(_number(body, "temperature", 0, 2, 1.0)),
-        top_p=float(_number(body, "top_p", 1e-9, 1, 1.0)), top_k=max(top_k, 0),
+        top_p=max(float(_number(body, "top_p", 0, 1, 1.0)), 1e-9),  # 0: the top token only
+        top_k=max(top_k, 0),
         stop=tuple(stop), seed=seed, top_logprobs=logprobs or 0)
     return sampling, _number(body, "n", 1, 128, 1, integer=True)
 
