@@ -56,7 +56,7 @@ ROLES = {
     "agentgym.rollout": "generation manager, chat templates, engines (HF, SGLang), runtime",
     "agentgym.data": "datasets, answerable filter, cold-start demonstrations",
     "agentgym.reporting": "metrics, eval (pass@k), stats, the inspector page",
-    "agentgym.serving": "agentgym serve (SGLang / OpenAI API)",
+    "agentgym.serving": "agentgym serve (SGLang / OpenAI API), agent endpoints",
     "trainers": "recipes (GRPO family, PPO, SFT), algos, backends, async, Ray",
     "agentgym.cli": "the agentgym command",
 }
