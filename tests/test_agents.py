@@ -197,11 +197,16 @@ def test_reward_scores_an_agent_that_returns_none(tiny_model, tiny_tokenizer):
     assert traj.reward == 1.5 and traj.info["answer"] == "fine"
 
 
-def test_asynchronous_training_plays_agents_too(tmp_path):
-    from agentgym.cli import main
+def two_questions(tmp_path):
     data = tmp_path / "q.jsonl"
     data.write_text("".join(json.dumps(row(q, i=i)) + "\n"
                             for i, q in enumerate(["Who wrote Hamlet?", "Capital of Peru?"])))
+    return data
+
+
+def test_asynchronous_training_plays_agents_too(tmp_path):
+    from agentgym.cli import main
+    data = two_questions(tmp_path)
     run = tmp_path / "run"
     assert main(["train", "env=agent", "agent=agents_for_tests:rewriting_agent",
                  f"data={data}", "model=tiny", "trainer.total_steps=2",
@@ -215,9 +220,7 @@ def test_asynchronous_training_plays_agents_too(tmp_path):
 
 def test_eval_plays_the_agent_greedily_one_result_per_episode(tmp_path):
     from agentgym.cli import main
-    data = tmp_path / "q.jsonl"
-    data.write_text("".join(json.dumps(row(q, i=i)) + "\n"
-                            for i, q in enumerate(["Who wrote Hamlet?", "Capital of Peru?"])))
+    data = two_questions(tmp_path)
     out = tmp_path / "eval.json"
     assert main(["eval", "env=agent", "agent=agents_for_tests:rewriting_agent",
                  f"data={data}", "model=tiny", "rollout.max_tokens_per_turn=8",
