@@ -70,11 +70,9 @@ def _run_rollouts(cfg: Config, desc: str):
 
     rows = load_rows(cfg.env, cfg.data.name, cfg.limit)
     manager, engine, tokenizer = build_manager(cfg)
-    if cfg.env == "agent":  # the agent program plays the rows (agentgym.serving.agents)
-        from agentgym.serving.agents import AgentManager
-        manager.close()
-        manager = AgentManager(engine, tokenizer, cfg, cfg.trainer.seed,
-                               greedy=cfg.rollout.temperature == 0)
+    if cfg.env == "agent":  # the agent program plays the rows
+        from agentgym.serving.agents import program_manager
+        manager = program_manager(manager, engine, tokenizer, cfg)
     total = len(rows) * cfg.rollout.n
     t0 = time.perf_counter()
     try:
@@ -128,8 +126,9 @@ def cmd_eval(args: list[str]) -> int:
         raise ValueError(f"k={k} samples at rollout.temperature=0 are all the same answer; "
                          f"pass@k needs rollout.temperature > 0 (e.g. 1.0)")
     trajs, _, elapsed = _run_rollouts(cfg, "eval")
-    # an agent's episode may have several trajectories: its last one stands for it
-    trajs = [t for t in trajs if t.info.get("part", 0) == t.info.get("parts", 1) - 1]
+    if cfg.env == "agent":
+        from agentgym.serving.agents import last_parts
+        trajs = last_parts(trajs)
     result = eval_result(cfg, trajs, elapsed, k)
     for line in summary_lines(result):
         print(line)

@@ -206,6 +206,20 @@ def load_agent(spec: str):
     return fn
 
 
+def program_manager(manager, engine, tokenizer, cfg) -> "AgentManager":
+    """For ``env=agent``: the runtime's env manager closed, an :class:`AgentManager` on
+    the same engine in its place (``rollout`` and ``eval`` use it as ``train`` does)."""
+    manager.close()
+    return AgentManager(engine, tokenizer, cfg, cfg.trainer.seed,
+                        greedy=cfg.rollout.temperature == 0)
+
+
+def last_parts(trajs: list[Trajectory]) -> list[Trajectory]:
+    """One trajectory per episode, its last (the one holding the final reply): what
+    ``eval`` scores when an agent rewrote its history and an episode yielded several."""
+    return [t for t in trajs if t.info.get("part", 0) == t.info.get("parts", 1) - 1]
+
+
 class AgentManager:
     """Plays ``agent=`` over rows, as :class:`~agentgym.rollout.manager.GenerationManager`
     plays an env: ``run(rows, n)`` returns the trajectories (an episode may yield

@@ -30,7 +30,7 @@ import functools
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -38,6 +38,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from agentgym.rollout.engines.base import Engine
+from agentgym.rollout.engines.hf_request import _Request
 from agentgym.rollout.engines.kv_slots import Slots, buffered_cache
 from agentgym.rollout.engines.prefix_cache import PrefixCache
 from agentgym.core.types import GenerateOutput, SamplingParams
@@ -46,66 +47,6 @@ logger = logging.getLogger(__name__)
 
 #: Tokens decoded at the end of a row to look for stop strings (each token is >= 1 char).
 _STOP_WINDOW = 32
-
-
-@dataclass
-class _Request:
-    prompt_ids: list[int]
-    sampling: SamplingParams
-    future: asyncio.Future
-    loop: asyncio.AbstractEventLoop
-    generator: torch.Generator | None = None
-    images: Any = None  # agentgym.models.vision.VisionInputs (VL models)
-    ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    tops: list[list[tuple[int, float]]] = field(default_factory=list)
-    pieces: asyncio.Queue | None = None  # streaming: each token, then None at the end
-
-    def push(self, token: int, logprob: float, top: list[tuple[int, float]] | None) -> None:
-        """One sampled token (and its alternatives, when asked for); streamed if asked."""
-        self.ids.append(token)
-        self.logprobs.append(logprob)
-        if top is not None:
-            self.tops.append(top)
-        if self.pieces is not None:
-            self._deliver(_put, self.pieces, (token, logprob, top))
-
-    @property
-    def abandoned(self) -> bool:
-        """The caller is gone (cancelled, or its event loop closed): stop decoding it."""
-        return self.future.done() or self.loop.is_closed()
-
-    def finish(self, reason: str, stop_reason: str | None, version: int | None = None) -> None:
-        out = GenerateOutput(self.ids, self.logprobs, reason, stop_reason,  # type: ignore[arg-type]
-                             version, self.tops if self.sampling.top_logprobs else None)
-        self._deliver(_set_result, self.future, out)
-        if self.pieces is not None:
-            self._deliver(_put, self.pieces, None)
-
-    def fail(self, exc: BaseException) -> None:
-        self._deliver(_set_exception, self.future, exc)
-        if self.pieces is not None:
-            self._deliver(_put, self.pieces, None)
-
-    def _deliver(self, fn, target, value) -> None:
-        try:
-            self.loop.call_soon_threadsafe(fn, target, value)
-        except RuntimeError:  # the caller's loop closed meanwhile; nobody is waiting
-            pass
-
-
-def _set_result(fut: asyncio.Future, value: Any) -> None:
-    if not fut.done():
-        fut.set_result(value)
-
-
-def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:
-    if not fut.done():
-        fut.set_exception(exc)
-
-
-def _put(queue: asyncio.Queue, item: Any) -> None:
-    queue.put_nowait(item)
 
 
 class HFEngine(Engine):
