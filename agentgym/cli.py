@@ -157,6 +157,7 @@ def cmd_inspect(args: list[str]) -> int:
 def cmd_compare(args: list[str]) -> int:
     """``agentgym compare BEFORE.json AFTER.json [metric=em]``: the paired exact McNemar test
     of two ``agentgym eval ... out=`` results on the same questions."""
+    from agentgym.reporting.evaluation import eval_outcomes
     from agentgym.reporting.stats import mcnemar
 
     paths = [a for a in args if "=" not in a]
@@ -165,16 +166,7 @@ def cmd_compare(args: list[str]) -> int:
     if len(paths) != 2 or opts or metric not in ("em", "format_valid"):
         raise ValueError(f"usage: agentgym compare BEFORE.json AFTER.json [metric=em|"
                          f"format_valid]; got {args}")
-    outcomes = []
-    for p in paths:
-        result = json.loads(Path(p).read_text())
-        if result.get("k", 1) > 1:
-            raise ValueError(f"{p} holds k={result['k']} samples per question; compare pairs "
-                             f"one greedy answer per question (agentgym eval without k)")
-        if "episodes" not in result:
-            raise ValueError(f"{p} has no per-question episodes; write it with this version's "
-                             f"`agentgym eval ... out={p}`")
-        outcomes.append({e["uid"]: bool(e[metric]) for e in result["episodes"]})
+    outcomes = [eval_outcomes(Path(p), metric) for p in paths]
     r = mcnemar(*outcomes)
     print(f"{metric} on {r.n} shared questions: {r.before:.3f} -> {r.after:.3f} "
           f"({100 * r.delta:+.1f} points); gained {r.gained}, lost {r.lost}; "

@@ -122,6 +122,19 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def eval_outcomes(path: Path, metric: str = "em") -> dict[str, bool]:
+    """Question uid -> did ``metric`` hold, from an ``agentgym eval ... out=`` result with
+    one greedy answer per question (what ``agentgym compare`` pairs)."""
+    result = json.loads(path.read_text())
+    if result.get("k", 1) > 1:
+        raise ValueError(f"{path} holds k={result['k']} samples per question; compare pairs "
+                         f"one greedy answer per question (agentgym eval without k)")
+    if "episodes" not in result:
+        raise ValueError(f"{path} has no per-question episodes; write it with this version's "
+                         f"`agentgym eval ... out={path}`")
+    return {e["uid"]: bool(e[metric]) for e in result["episodes"]}
+
+
 def write_outcomes(path: Path, trajs: list) -> None:
     """Each question's greedy outcome (``{uid: {em, format_valid, env}}``), written whole
     (a temporary file renamed into place)."""
