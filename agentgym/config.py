@@ -138,9 +138,12 @@ class SandboxConfig:
 class CodeConfig:
     obs_bytes: int = 1024  # interpreter output shown to the model (env=code), bytes
     protocol: str = "tags"  # tags (ReTool's <code> text) | tools (a python function, Hermes <tool_call>)
+    run_reward: float = 0.0  # turn reward: the first cell of an episode that runs without error (0 = off)
 
     def __post_init__(self) -> None:
         check_choices("code", self, {"protocol": ("tags", "tools")})
+        if self.run_reward < 0:
+            raise ValueError(f"code.run_reward must be >= 0, got {self.run_reward}")
 
 
 @dataclass
@@ -154,9 +157,12 @@ class SearchConfig:
     format_reward: float = 0.0  # reward for a well-formed but wrong answer (env=search)
     reward: str = "em"  # em (exact match, Search-R1) | f1 (token F1: partial credit)
     protocol: str = "tags"  # tags (Search-R1's <search> text) | tools (a search function, Hermes <tool_call>)
+    retrieval_reward: float = 0.0  # turn reward: the first search whose results hold a gold answer (0 = off)
 
     def __post_init__(self) -> None:
         check_choices("search", self, {"reward": ("em", "f1"), "protocol": ("tags", "tools")})
+        if self.retrieval_reward < 0:
+            raise ValueError(f"search.retrieval_reward must be >= 0, got {self.retrieval_reward}")
 
 
 @dataclass
@@ -195,10 +201,11 @@ class AlgoConfig:
     The estimator decides the recipe: one that reads values (``gae``) trains a critic."""
 
     name: str = "grpo"  # preset: grpo | dr_grpo | rloo | reinforce_plus_plus | … | ppo
-    advantage: str = "grpo"  # trainers.algos.ADVANTAGES: grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | gae
+    advantage: str = "grpo"  # trainers.algos.ADVANTAGES: grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | gae | turn-level: mt_grpo | gigpo | gae_turn
     norm_adv_by_std: bool = True  # grpo: divide by the group std (False = Dr. GRPO); gae: whiten over the batch
-    gamma: float = 1.0  # discount per sampled token (gae, reinforce_plus_plus)
-    lam: float = 1.0  # GAE lambda
+    gamma: float = 1.0  # discount per time step: a sampled token (gae, reinforce_plus_plus) or a turn (mt_grpo, gigpo, gae_turn)
+    lam: float = 1.0  # GAE lambda (gae, gae_turn)
+    step_weight: float = 1.0  # gigpo: weight of the step-level (anchor-state) advantage
     policy_loss: str = "ppo_clip"  # trainers.algos.POLICY_LOSSES: ppo_clip | dual_clip | gspo
     clip_low: float = 0.2
     clip_high: float = 0.2  # > clip_low is DAPO's clip-higher
@@ -228,6 +235,8 @@ class AlgoConfig:
             "off_policy": ("recompute", "decoupled", "tis")})
         if not 0 < self.gamma <= 1:
             raise ValueError(f"algo.gamma must be in (0, 1], got {self.gamma}")
+        if self.step_weight < 0:
+            raise ValueError(f"algo.step_weight must be >= 0, got {self.step_weight}")
         if not 0 <= self.lam <= 1:
             raise ValueError(f"algo.lam must be in [0, 1], got {self.lam}")
         if self.off_policy == "tis" and self.is_cap <= 0:

@@ -16,6 +16,12 @@ counts in ``code_errors``). As in a notebook, the sandbox prints the repr of a b
 expression. Code on the last allowed turn is not run (its output could not be used). An
 action with neither code nor an answer, or with empty code, counts in
 ``malformed_actions`` and gets a corrective observation.
+
+Turn reward (off by default): with ``run_reward > 0``, the first cell of an episode that
+runs without error (exit code 0, no timeout, memory or sandbox failure) earns that much on
+its turn, for turn-level credit (``algo.advantage=mt_grpo|gigpo``,
+:mod:`trainers.turn_credit`). Paid once per episode: printing ``1`` every turn earns nothing
+more; the episode's return is the run reward plus the answer's.
 """
 
 from __future__ import annotations
@@ -113,8 +119,11 @@ class CodeEnv(AgentEnv):
     stop_strings = ("</code>", "</answer>")
 
     def __init__(self, sandbox=None, obs_bytes: int = 1024, stateful: bool = False,
-                 max_turns: int = 4, protocol: str = "tags") -> None:
+                 max_turns: int = 4, protocol: str = "tags", run_reward: float = 0.0) -> None:
         super().__init__(max_turns=max_turns)
+        if run_reward < 0:
+            raise ValueError(f"run_reward must be >= 0, got {run_reward}")
+        self.run_reward, self._ran, self._ran_now = run_reward, False, False
         if protocol not in ("tags", "tools"):
             raise ValueError(f"code.protocol={protocol!r}; valid: tags, tools")
         self.protocol = protocol
@@ -138,6 +147,7 @@ class CodeEnv(AgentEnv):
 
     def _reset(self, row):
         self._end_session()
+        self._ran = False  # has a cell run without error (the run reward is paid once)
         self.count("code_errors", 0)  # code that ran and exited non-zero (not a tool failure)
         if row is None:
             row = code_row(*self.pick_row(BUILTIN_PROBLEMS))
@@ -153,6 +163,7 @@ class CodeEnv(AgentEnv):
         return [dict(m) for m in row["prompt"]], {"ground_truth": self._golds}
 
     def _step(self, action, last_turn):
+        self._ran_now = False  # set by _run when a cell of this turn runs without error
         if self.protocol == "tools":
             return self._tools_step(action, last_turn)
         kind, content = parse_action(action)
@@ -166,7 +177,8 @@ class CodeEnv(AgentEnv):
             self.count("tool_calls")
             if last_turn:  # no turn left to use the output
                 return [], 0.0, False, {"em": 0.0, "ground_truth": self._golds}
-            return [self._interpreter(self._run(content))], 0.0, False, {}
+            out = self._interpreter(self._run(content))
+            return [out], self._run_paid(), False, {}
         self.count("malformed_actions")
         info = {"em": 0.0, "ground_truth": self._golds} if last_turn else {}
         if kind == "code":
@@ -200,7 +212,15 @@ class CodeEnv(AgentEnv):
             else:
                 self.count("tool_calls")
                 messages.append(tool_message("python", self._run(call.arguments["code"])))
-        return messages, 0.0, False, {}
+        return messages, self._run_paid(), False, {}
+
+    def _run_paid(self) -> float:
+        """The turn reward of this turn's cells: ``run_reward`` when one ran without error
+        and none had before in the episode."""
+        if self._ran_now and not self._ran:
+            self._ran = True
+            return self.run_reward
+        return 0.0
 
     def _run(self, code: str) -> str:
         try:
@@ -239,6 +259,8 @@ class CodeEnv(AgentEnv):
                                "outside the sandbox (the host's OOM killer or an operator)")
         elif not failed and r.exit_code != 0:
             self.count("code_errors")
+        elif not failed:
+            self._ran_now = True
         return "\n".join([text, *notes] if text else notes)
 
     def _cpu_limit_s(self) -> float:

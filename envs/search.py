@@ -8,6 +8,12 @@ answer (``reward="f1"``: partial credit, so more groups have reward variance); b
 reported as metrics. With ``format_reward > 0`` a well-formed answer earns at least that
 much (an episode with any malformed action earns only its score). A search on the last allowed turn ends the episode as
 truncated; a retriever failure becomes an ``<information>`` observation saying so.
+
+Turn reward (off by default): with ``retrieval_reward > 0``, the first search of an episode
+whose results hold a gold answer (what ``answer_seen`` counts) earns that much on its turn,
+for turn-level credit (``algo.advantage=mt_grpo|gigpo``, :mod:`trainers.turn_credit`). Paid
+once per episode, so repeating a good search earns nothing more; the episode's return is
+the retrieval reward plus the answer's.
 """
 
 from __future__ import annotations
@@ -71,6 +77,8 @@ class SearchEnv(AgentEnv):
         max_turns: actions per episode (searches plus the answer).
         format_reward: reward for a well-formed but wrong answer (0 disables).
         reward: ``em`` (exact match, 0 or 1) or ``f1`` (token F1, partial credit).
+        retrieval_reward: turn reward of the first search whose results hold a gold answer
+            (0 disables; module docstring).
         timeout: seconds per retrieval request.
         retriever: an object with ``retrieve(list[str]) -> list[list[dict]]``; overrides
             ``retriever_url`` (used by tests to inject faults).
@@ -85,8 +93,12 @@ class SearchEnv(AgentEnv):
 
     def __init__(self, retriever_url: str | None = None, topk: int = 3, max_turns: int = 4,
                  format_reward: float = 0.0, timeout: float = 5.0, retriever=None,
-                 reward: str = "em", protocol: str = "tags") -> None:
+                 reward: str = "em", protocol: str = "tags",
+                 retrieval_reward: float = 0.0) -> None:
         super().__init__(max_turns=max_turns)
+        if retrieval_reward < 0:
+            raise ValueError(f"retrieval_reward must be >= 0, got {retrieval_reward}")
+        self.retrieval_reward = retrieval_reward
         if protocol not in ("tags", "tools"):
             raise ValueError(f"search.protocol={protocol!r}; valid: tags, tools")
         self.protocol = protocol
@@ -146,10 +158,7 @@ class SearchEnv(AgentEnv):
             if last_turn:  # no turn left to use the result
                 return [], 0.0, False, {"em": 0.0, "f1": 0.0}
             text = self._search(content)
-            if not self._seen and contains_answer(text, self._targets):
-                self._seen = True  # the episode's counters report it from here on
-                self.count("answer_seen")
-            return [self._tool_message(text)], 0.0, False, {}
+            return [self._tool_message(text)], self._retrieved(text), False, {}
         self._well_formed = False
         self.count("malformed_actions")
         return [{"role": "tool", "content": INVALID_ACTION}], 0.0, False, {}
@@ -164,7 +173,7 @@ class SearchEnv(AgentEnv):
             score = em if self.reward == "em" else f1
             reward = max(score, self.format_reward) if self._well_formed else score
             return [], reward, True, {"em": em, "f1": f1, "answer": answer}
-        messages = []
+        messages, reward = [], 0.0
         for call in calls:
             if isinstance(call, CallError):
                 self._well_formed = False
@@ -174,13 +183,20 @@ class SearchEnv(AgentEnv):
             self.count("tool_calls")
             text = self._search(call.arguments["query"]) if call.arguments["query"].strip() \
                 else "Error: the query is empty.\n"
-            if not self._seen and contains_answer(text, self._targets):
-                self._seen = True
-                self.count("answer_seen")
+            reward += self._retrieved(text)
             messages.append(tool_message("search", text))
         if last_turn:  # no turn left to use the results
             return [], 0.0, False, {"em": 0.0, "f1": 0.0}
-        return messages, 0.0, False, {}
+        return messages, reward, False, {}
+
+    def _retrieved(self, text: str) -> float:
+        """Note whether search results ``text`` hold a gold answer; the turn reward they
+        earn (``retrieval_reward`` the first time in an episode, else 0)."""
+        if self._seen or not contains_answer(text, self._targets):
+            return 0.0
+        self._seen = True  # the episode's counters report it from here on
+        self.count("answer_seen")
+        return self.retrieval_reward
 
     def _search(self, query: str) -> str:
         from tools.errors import ToolBadRequest, ToolError

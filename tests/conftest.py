@@ -36,6 +36,8 @@ if "agentgym-test/Letter-v0" not in envs.env_ids():
     envs.register_env("agentgym-test/Letter-v0", "toy_envs:LetterEnv")
 if "agentgym-test/Level-v0" not in envs.env_ids():
     envs.register_env("agentgym-test/Level-v0", "toy_envs:LevelEnv")
+if "agentgym-test/TwoStep-v0" not in envs.env_ids():
+    envs.register_env("agentgym-test/TwoStep-v0", "toy_envs:TwoStepEnv")
 if "agentgym-test/Talk-v0" not in envs.env_ids():
     envs.register_env("agentgym-test/Talk-v0", "toy_envs:TalkEnv")
 

@@ -292,3 +292,19 @@ def test_env_factory_shares_one_sandbox_built_from_the_config(sandbox):
     a.close()
     b.close()
     assert a._sandbox.run_sync("print(6 * 7)").stdout == "42\n"  # not closed by the envs
+
+
+def test_run_reward_pays_the_first_cell_that_runs_without_error(sandbox):
+    """``code.run_reward``: off by default; on, the first cell of an episode that runs
+    cleanly earns it on its turn, once; a cell that raises earns nothing."""
+    good, bad = "<code>\nprint(3 * 12 - 5)\n</code>", "<code>\n1 / 0\n</code>"
+    answer = "<answer>\n\\boxed{31}\n</answer>"
+    assert [r for _, r, *_ in episode(CodeEnv(sandbox=sandbox), [good, answer])] == [0.0, 1.0]
+    env = CodeEnv(sandbox=sandbox, run_reward=0.2)
+    assert [r for _, r, *_ in episode(env, [bad, good, good, answer])] == [0.0, 0.2, 0.0, 1.0]
+    assert [r for _, r, *_ in episode(env, [good])] == [0.2]  # a new episode pays again
+    env = CodeEnv(sandbox=sandbox, run_reward=0.2, protocol="tools")
+    call = '<tool_call>\n{"name": "python", "arguments": {"code": "print(31)"}}\n</tool_call>'
+    assert [r for _, r, *_ in episode(env, [call, call])] == [0.2, 0.0]
+    with pytest.raises(ValueError, match="run_reward"):
+        CodeEnv(sandbox=sandbox, run_reward=-1)

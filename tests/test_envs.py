@@ -217,3 +217,31 @@ def test_search_reports_whether_a_result_held_the_answer(retriever_url):
     obs, _, _, _, info = env.step("<search> zzzz qqqq </search>")
     assert "canberra" not in obs[0]["content"].lower() and info["answer_seen"] == 0
     env.close()
+
+
+def test_search_retrieval_reward_pays_the_first_search_that_finds_the_answer(retriever_url):
+    """``search.retrieval_reward``: off by default; on, the first search of an episode whose
+    results hold a gold answer earns it on its turn, once (a repeated good search earns
+    nothing), on both protocols; the episode's return adds the answer's reward."""
+    from envs.search import SearchEnv, search_row
+    row = search_row("what is the capital of australia", ["Canberra"])
+    found, other = "<search> capital of australia canberra </search>", "<search> zzzz qqqq </search>"
+    env = SearchEnv(retriever_url=retriever_url)
+    env.reset(seed=0, options={"row": row})
+    assert env.step(found)[1] == 0.0  # off by default
+    env.close()
+    env = SearchEnv(retriever_url=retriever_url, retrieval_reward=0.25)
+    env.reset(seed=0, options={"row": row})
+    assert [env.step(a)[1] for a in (other, found, found, "<answer> Canberra </answer>")] == \
+        [0.0, 0.25, 0.0, 1.0]
+    env.close()
+    env = SearchEnv(retriever_url=retriever_url, retrieval_reward=0.25, protocol="tools")
+    env.reset(seed=0, options={"row": row})
+    call = '<tool_call>\n{"name": "search", "arguments": {"query": "capital of australia canberra"}}\n</tool_call>'
+    assert [env.step(call)[1] for _ in range(2)] == [0.25, 0.0]
+    env.close()
+    with pytest.raises(ValueError, match="retrieval_reward"):
+        SearchEnv(retriever_url=retriever_url, retrieval_reward=-1)
+    from agentgym.config import build_config
+    with pytest.raises(ValueError, match="search.retrieval_reward"):
+        build_config({"search.retrieval_reward": -0.5})

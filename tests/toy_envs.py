@@ -126,3 +126,39 @@ def level_rows(per_level: int, levels=(1, 2, 3)) -> list[dict]:
              "ability": "toy", "reward_model": {"style": "rule", "ground_truth": ""},
              "extra_info": {"index": i, "level": lv}, "env": "agentgym-test/Level-v0"}
             for lv in levels for i in range(per_level)]
+
+
+class TwoStepEnv(AgentEnv):
+    """Two turns. The first reply is scored by its share of 'e' when the row's
+    ``extra_info.turn_reward`` is true (else 0); the second by a coin: the parity of a
+    checksum of the reply, which no policy here can steer. The outcome alone is thus
+    uninformative about the first turn, its turn reward is not: turn-level credit's task.
+    ``info["em"]`` carries the first turn's 'e' share, what a comparison judges."""
+
+    observation_format = "inline"
+    stop_strings = ("\n\n",)
+
+    def __init__(self, max_turns: int = 2) -> None:
+        super().__init__(max_turns=max_turns)
+
+    def _reset(self, row):
+        self._turn_reward = bool(((row or {}).get("extra_info") or {}).get("turn_reward"))
+        self._share = 0.0
+        prompt = row["prompt"] if row else [{"role": "user", "content": "Write something."}]
+        return [dict(m) for m in prompt], {}
+
+    def _step(self, action, last_turn):
+        import zlib
+        text = action.replace("<|im_end|>", "")
+        if not last_turn:
+            self._share = text.count("e") / max(1, len(text))
+            reward = self._share if self._turn_reward else 0.0
+            return [{"role": "user", "content": "\nNow answer.\n"}], reward, False, {}
+        return [], float(zlib.crc32(action.encode()) % 2), True, {"em": self._share}
+
+
+def two_step_rows(n: int, turn_reward: bool) -> list[dict]:
+    return [{"data_source": "toy", "prompt": [{"role": "user", "content": f"Write text #{i}."}],
+             "ability": "toy", "reward_model": {"style": "rule", "ground_truth": ""},
+             "extra_info": {"index": i, "turn_reward": turn_reward},
+             "env": "agentgym-test/TwoStep-v0"} for i in range(n)]

@@ -19,7 +19,8 @@ per-token KL penalty on every sampled token when ``algo.kl_mode=reward``.
 Registries (names are the config values; an unknown name fails with the valid ones):
 
 * ``ADVANTAGES``: ``grpo`` (``norm_by_std=False`` is Dr. GRPO), ``rloo``,
-  ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``, ``gae``. Each is
+  ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``, ``gae``; and the turn-level
+  ones of :mod:`trainers.turn_credit`: ``mt_grpo``, ``gigpo``, ``gae_turn``. Each is
   ``fn(rewards (B, T), mask (B, T), *, <inputs it declares>) -> (advantages, returns)``,
   both ``(B, T)`` and 0 where ``mask`` is 0. Call them through
   :func:`compute_advantages`, which passes each estimator the inputs it declares.
@@ -31,12 +32,14 @@ Registries (names are the config values; an unknown name fails with the valid on
 from __future__ import annotations
 
 import inspect
-from collections import Counter, defaultdict
 from typing import Any, Callable, Sequence
 
 import torch
 
 from agentgym.core.registry import Registry
+from trainers.group_stats import (_group_stats, group_indices, masked_mean,  # noqa: F401
+                                  masked_whiten)
+from trainers import turn_credit  # the turn-level estimators, registered below
 
 ADVANTAGES: Registry = Registry("advantage estimator")
 POLICY_LOSSES: Registry = Registry("policy loss")
@@ -85,62 +88,9 @@ def needs_groups(advantage: str) -> bool:
 
 
 # --- helpers ---------------------------------------------------------------------------
-def group_indices(group_ids: Sequence) -> list[list[int]]:
-    """Row indices of each group, groups in order of first appearance."""
-    groups: dict = defaultdict(list)
-    for i, g in enumerate(group_ids):
-        groups[g].append(i)
-    return list(groups.values())
-
-
-def _group_stats(scores: torch.Tensor, group_ids: Sequence,
-                 episode_ids: Sequence | None = None):
-    """Per row: its group's mean, unbiased std, size and whether all its scores are equal.
-
-    With ``episode_ids``, the rows of one episode (an agent whose history was rewritten
-    yields several trajectories, all with the episode's score) count as one sample: each
-    weighs 1 / its episode's rows, so the stats are the episodes' and the size counts
-    episodes. Vectorized with scatter-adds; ``(B,)`` each.
-    """
-    keys: dict = {}
-    inv = torch.tensor([keys.setdefault(g, len(keys)) for g in group_ids], dtype=torch.long)
-    if len(inv) != len(scores):
-        raise ValueError(f"{len(group_ids)} group ids for {len(scores)} rows")
-    G = len(keys)
-    w = torch.ones_like(scores, dtype=torch.float32)
-    if episode_ids is not None:
-        rows = Counter(episode_ids)
-        w = torch.tensor([1.0 / rows[e] for e in episode_ids])
-    count = torch.zeros(G).index_add_(0, inv, w)
-    mean = torch.zeros(G).index_add_(0, inv, w * scores) / count
-    sq = torch.zeros(G).index_add_(0, inv, w * (scores - mean[inv]) ** 2)
-    std = (sq / (count - 1).clamp(min=1)).sqrt()
-    lo = torch.full((G,), float("inf")).scatter_reduce_(0, inv, scores, "amin")
-    hi = torch.full((G,), -float("inf")).scatter_reduce_(0, inv, scores, "amax")
-    return mean[inv], std[inv], count[inv], (hi == lo)[inv]
-
-
 def outcome_scores(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``(B, T)`` token rewards → ``(B,)`` episode return (sum over sampled tokens)."""
     return torch.where(mask > 0, rewards.float(), 0.0).sum(-1)
-
-
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    mask = mask.to(values.dtype)
-    return torch.where(mask > 0, values, 0.0).sum() / mask.sum().clamp(min=1)
-
-
-def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """``(values - mean) / std`` over the mask-1 entries of the whole batch (unbiased
-    variance, as verl's ``masked_whiten``); 0 where ``mask`` is 0."""
-    m = mask > 0
-    n = m.sum()
-    if n < 2:
-        return torch.zeros_like(values)
-    x = torch.where(m, values, 0.0)
-    mean = x.sum() / n
-    var = (torch.where(m, values - mean, 0.0) ** 2).sum() / (n - 1)
-    return torch.where(m, (values - mean) * torch.rsqrt(var + eps), 0.0)
 
 
 def discounted_scan(rewards: torch.Tensor, mask: torch.Tensor, values: torch.Tensor,
@@ -298,6 +248,11 @@ def gae_advantages(rewards: torch.Tensor, mask: torch.Tensor, *, values: torch.T
     adv = discounted_scan(rewards, mask, values, boot, gamma, lam)
     returns = torch.where(mask > 0, adv + values.float(), 0.0)
     return (masked_whiten(adv, mask) if norm_by_std else adv), returns
+
+
+ADVANTAGES.register("mt_grpo", needs_groups=True)(turn_credit.mt_grpo_advantages)
+ADVANTAGES.register("gigpo", needs_groups=True)(turn_credit.gigpo_advantages)
+ADVANTAGES.register("gae_turn", needs_critic=True)(turn_credit.gae_turn_advantages)
 
 
 def broadcast_to_tokens(adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -544,3 +499,4 @@ def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor,
     if kind == "abs":
         return diff.abs()
     raise ValueError(f"kl estimator {kind!r}; valid: {', '.join(KL_ESTIMATORS)}")
+

@@ -36,6 +36,9 @@ class Batch:
     #: per row, its episode (an agent episode may yield several rows; advantages count an
     #: episode once, :func:`trainers.algos._group_stats`); None: one row per episode
     episodes: list[str] | None = None
+    #: ``(B, T)`` the turn (the env's step index) of each sampled token, -1 elsewhere: what
+    #: turn-level estimators (:mod:`trainers.turn_credit`) read; None when not collated here
+    turn_ids: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -50,7 +53,8 @@ class Batch:
                      cut(self.token_rewards), cut(self.truncated),
                      {k: cut(v) for k, v in self.extra.items()},
                      [self.images[i] for i in index] if self.images is not None else None,
-                     [self.episodes[i] for i in index] if self.episodes is not None else None)
+                     [self.episodes[i] for i in index] if self.episodes is not None else None,
+                     cut(self.turn_ids) if self.turn_ids is not None else None)
 
 
 def turn_reward_positions(traj: Trajectory) -> list[int]:
@@ -79,12 +83,16 @@ def collate(trajs: list[Trajectory], pad_id: int) -> Batch:
     attn = torch.zeros((B, width), dtype=torch.long)
     mask = torch.zeros((B, width), dtype=torch.float32)
     logp = torch.zeros((B, width), dtype=torch.float32)
+    turn_ids = torch.full((B, width), -1, dtype=torch.long)
     for i, t in enumerate(trajs):
         n = len(t.token_ids)
         ids[i, :n] = torch.tensor(t.token_ids)
         attn[i, :n] = 1
         mask[i, :n] = torch.tensor(t.loss_mask, dtype=torch.float32)
         logp[i, :n] = torch.tensor(t.logprobs, dtype=torch.float32)
+        for seg in t.segments:
+            if seg.kind == "generated":
+                turn_ids[i, seg.start:seg.end] = seg.turn
     token_rewards = torch.zeros((B, width), dtype=torch.float32)
     for i, t in enumerate(trajs):
         if t.step_rewards:
@@ -102,7 +110,8 @@ def collate(trajs: list[Trajectory], pad_id: int) -> Batch:
     return Batch(ids, attn, mask, logp, rewards, [t.uid for t in trajs], token_rewards,
                  truncated, images=images if any(v is not None for v in images) else None,
                  episodes=[e or f"{t.uid}/{t.sample_index}/{i}" for i, (e, t) in
-                           enumerate(zip(episodes, trajs))] if any(episodes) else None)
+                           enumerate(zip(episodes, trajs))] if any(episodes) else None,
+                 turn_ids=turn_ids)
 
 
 def micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:

@@ -205,7 +205,8 @@ def advantages(cfg: Config, batch: Batch, rewards: torch.Tensor) -> tuple[torch.
     adv, returns = compute_advantages(
         a.advantage, rewards, batch.loss_mask, group_ids=batch.uids, episode_ids=batch.episodes,
         values=batch.extra.get("values"), last_values=batch.extra.get("last_values"),
-        truncated=batch.truncated, gamma=a.gamma, lam=a.lam, norm_by_std=a.norm_adv_by_std)
+        truncated=batch.truncated, gamma=a.gamma, lam=a.lam, norm_by_std=a.norm_adv_by_std,
+        turn_ids=batch.turn_ids, input_ids=batch.input_ids, step_weight=a.step_weight)
     batch.extra["adv"], batch.extra["returns"] = adv, returns
     return adv, {"rollout/adv_abs": float(masked_mean(adv.abs(), batch.loss_mask))}
 

@@ -60,7 +60,7 @@ def _search_kwargs(cfg: Config) -> dict[str, Any]:
         logger.info("started local retriever at %s", url)
     return {"retriever_url": url, "topk": cfg.retriever.topk, "timeout": cfg.retriever.timeout,
             "format_reward": cfg.search.format_reward, "reward": cfg.search.reward,
-            "protocol": cfg.search.protocol}
+            "protocol": cfg.search.protocol, "retrieval_reward": cfg.search.retrieval_reward}
 
 
 _SANDBOXES: dict[str, Any] = {}  # sandbox config (JSON) -> the sandbox built for it
@@ -76,7 +76,7 @@ def _code_kwargs(cfg: Config) -> dict[str, Any]:
         atexit.register(_SANDBOXES[key].close)
         logger.info("started %s sandbox (%s)", cfg.sandbox.backend, _SANDBOXES[key].backend)
     return {"sandbox": _SANDBOXES[key], "obs_bytes": cfg.code.obs_bytes,
-            "protocol": cfg.code.protocol,
+            "protocol": cfg.code.protocol, "run_reward": cfg.code.run_reward,
             "stateful": cfg.sandbox.stateful}
 
 
