@@ -220,11 +220,15 @@ class AlgoConfig:
     max_sampling_rounds: int = 4  # dynamic sampling: rollout rounds per step at most
     overlong_buffer: int = 0  # DAPO soft overlong punishment over the last N response tokens (0 = off)
     overlong_penalty: float = 1.0  # its largest penalty, reached at rollout.max_response_tokens
-    # off-policy correction against the rollout's logprobs (stale or mismatched samples):
-    # recompute (none beyond recomputed old logprobs) | decoupled (AReaL: x pi_prox/pi_behav)
-    # | tis (truncated importance sampling: x min(pi_old/pi_rollout, is_cap))
+    # off-policy correction against the rollout's logprobs (stale or mismatched samples),
+    # trainers/rollout_correction.py: recompute (none beyond recomputed old logprobs) |
+    # decoupled (AReaL: x pi_prox/pi_behav) | truncated IS x min(ratio, is_cap): tis (token),
+    # seq_tis (sequence: product), geo_tis (sequence: geometric mean) | masked IS x ratio
+    # inside [is_low, is_high], else dropped: mis (token), seq_mis, geo_mis (whole sequence)
     off_policy: str = "recompute"
-    is_cap: float = 2.0  # tis: weight cap; decoupled: cap too when > 0 (0 = uncapped)
+    is_cap: float = 2.0  # *_tis: weight cap; decoupled: cap too when > 0 (0 = uncapped)
+    is_low: float = 0.5  # *_mis: the lowest ratio kept
+    is_high: float = 2.0  # *_mis: the highest ratio kept
 
     def __post_init__(self) -> None:
         check_choices("algo", self, {
@@ -232,15 +236,20 @@ class AlgoConfig:
             "loss_agg_mode": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
                               "seq-mean-token-sum-norm"),
             "kl_estimator": ("k1", "k2", "k3", "abs"), "kl_mode": ("loss", "reward"),
-            "off_policy": ("recompute", "decoupled", "tis")})
+            "off_policy": ("recompute", "decoupled", "tis", "seq_tis", "geo_tis", "mis",
+                           "seq_mis", "geo_mis")})
         if not 0 < self.gamma <= 1:
             raise ValueError(f"algo.gamma must be in (0, 1], got {self.gamma}")
         if self.step_weight < 0:
             raise ValueError(f"algo.step_weight must be >= 0, got {self.step_weight}")
         if not 0 <= self.lam <= 1:
             raise ValueError(f"algo.lam must be in [0, 1], got {self.lam}")
-        if self.off_policy == "tis" and self.is_cap <= 0:
-            raise ValueError(f"algo.is_cap must be > 0 for algo.off_policy=tis, got {self.is_cap}")
+        if self.off_policy.endswith("tis") and self.is_cap <= 0:
+            raise ValueError(f"algo.is_cap must be > 0 for algo.off_policy={self.off_policy}, "
+                             f"got {self.is_cap}")
+        if not 0 <= self.is_low < 1 < self.is_high:
+            raise ValueError(f"algo.is_low and algo.is_high must satisfy 0 <= is_low < 1 < "
+                             f"is_high, got {self.is_low}, {self.is_high}")
         if self.dual_clip <= 1:
             raise ValueError(f"algo.dual_clip must be > 1, got {self.dual_clip}")
         if not (0 <= self.clip_low < 1 and self.clip_high >= 0):

@@ -587,7 +587,9 @@ def test_off_policy_weights_by_hand():
 def test_off_policy_correction_scales_the_policy_gradient(tiny_tokenizer, tiny_model):
     """Rollout logprobs equal to the model's give weight 1: every mode matches plain GRPO.
     Lowered by log 1.5 on every token, decoupled PPO's gradient is x1.5 and tis (cap 1.2)
-    x1.2 (old logprobs reused: ratio 1, nothing clipped); recompute ignores them."""
+    x1.2 (old logprobs reused: ratio 1, nothing clipped); recompute ignores them. The
+    sequence modes: the geometric mean is 1.5 (x1.5 under cap 2 or inside [0.5, 2]), the
+    product 1.5^n (cut to the cap; dropped by a mask whose upper bound is 1.4)."""
     import copy
 
     from trainers.backends.base import batched_logprobs
@@ -599,8 +601,12 @@ def test_off_policy_correction_scales_the_policy_gradient(tiny_tokenizer, tiny_m
     shifted = copy.deepcopy(batch)
     shifted.rollout_logp = batch.rollout_logp - math.log(1.5) * batch.loss_mask
     for mode, cap, factor in (("recompute", 2.0, 1.0), ("decoupled", 0.0, 1.5),
-                              ("tis", 1.2, 1.2)):
-        cfg = build_config({"algo.off_policy": mode, "algo.is_cap": cap})
+                              ("tis", 1.2, 1.2), ("geo_tis", 2.0, 1.5), ("seq_tis", 1.2, 1.2),
+                              ("mis", 2.0, 1.5), ("geo_mis", 2.0, 1.5), ("geo_mis", 1.4, 0.0),
+                              ("seq_mis", 1.4, 0.0)):
+        # masks: cap is algo.is_high; a sequence ratio 1.5^n > 1.4 drops every row
+        cfg = build_config({"algo.off_policy": mode, "algo.is_cap": cap, "algo.is_high": cap}
+                           if cap > 1 else {"algo.off_policy": mode, "algo.is_cap": cap})
         _, same = _grads(model, batch, cfg, [list(range(8))])
         _, got = _grads(model, shifted, cfg, [list(range(8))])
         for k in base:
@@ -663,3 +669,62 @@ def test_zero_advantage_rows_left_out_give_the_same_update(tiny_model, tiny_toke
     for k in st_t:
         for key in st_t[k]:
             torch.testing.assert_close(st_t[k][key], st_f[k][key], atol=1e-9, rtol=1e-5)
+
+
+def test_rollout_correction_modes_by_hand():
+    """Row 0: token ratios 1, 4, 3 (the fourth token is off the mask), so the sequence
+    ratio is 12 (product) or 12^(1/3) = 2.289 (geometric mean); row 1: the rollout's
+    logprobs equal the old ones (ratio 1 everywhere)."""
+    from trainers.algos import behaviour_weights
+    prox = torch.log(torch.tensor([[0.5, 0.4, 0.9, 0.3], [0.2, 0.7, 0.6, 0.5]]))
+    behav = torch.log(torch.tensor([[0.5, 0.1, 0.3, 0.9], [0.2, 0.7, 0.6, 0.5]]))
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    geo = 12 ** (1 / 3)
+
+    def w(mode, **kw):
+        weights, m = behaviour_weights(prox, behav, mask, mode, **kw)
+        return [row[:3] for row in weights.tolist()], weights[0, 3].item(), m
+
+    cases = {("seq_tis", 2.0): [2.0] * 3, ("seq_tis", 20.0): [12.0] * 3,
+             ("geo_tis", 2.0): [2.0] * 3, ("geo_tis", 3.0): [geo] * 3,
+             ("tis", 2.0): [1.0, 2.0, 2.0]}
+    for (mode, cap), row0 in cases.items():
+        rows, off, _ = w(mode, cap=cap)
+        assert rows[0] == pytest.approx(row0, rel=1e-5), (mode, cap)
+        assert rows[1] == pytest.approx([1.0] * 3) and off == 0.0
+    masks = {("mis", 2.0): [1.0, 0.0, 0.0], ("mis", 5.0): [1.0, 4.0, 3.0],
+             ("seq_mis", 2.0): [0.0] * 3, ("seq_mis", 20.0): [12.0] * 3,
+             ("geo_mis", 2.0): [0.0] * 3, ("geo_mis", 3.0): [geo] * 3}
+    for (mode, high), row0 in masks.items():
+        rows, off, _ = w(mode, low=0.5, high=high)
+        assert rows[0] == pytest.approx(row0, rel=1e-5), (mode, high)
+        assert rows[1] == pytest.approx([1.0] * 3) and off == 0.0
+    # the lower bound drops a ratio below it: row 0 reversed (ratios 1, 1/4, 1/3)
+    weights, _ = behaviour_weights(behav, prox, mask, "mis", low=0.3, high=2.0)
+    assert weights[0, :3].tolist() == pytest.approx([1.0, 0.0, 1 / 3], rel=1e-5)
+    # metrics over the 7 sampled tokens: ratios 1, 4, 3 and four 1s
+    _, _, m = w("seq_mis", low=0.5, high=2.0)
+    assert m["is_masked_frac"] == pytest.approx(3 / 7)  # row 0's three tokens
+    assert m["is_capped_frac"] == 0.0 and m["is_weight_max"] == pytest.approx(1.0)
+    assert m["is_ratio_mean"] == pytest.approx(12 / 7) and m["is_ratio_max"] == pytest.approx(4)
+    assert m["is_log_ratio_abs"] == pytest.approx((math.log(4) + math.log(3)) / 7)
+    assert m["is_seq_log_ratio_abs"] == pytest.approx(3 * math.log(12) / 7)
+    _, _, m = w("geo_tis", cap=2.0)
+    assert m["is_capped_frac"] == pytest.approx(3 / 7) and m["is_masked_frac"] == 0.0
+    assert m["is_weight_mean"] == pytest.approx((3 * 2 + 4) / 7)
+    assert m["is_seq_log_ratio_abs"] == pytest.approx(3 * math.log(geo) / 7)
+    # no gradient, and a bad mode names the valid ones
+    p = prox.clone().requires_grad_(True)
+    assert not behaviour_weights(p, behav, mask, "seq_tis")[0].requires_grad
+    with pytest.raises(ValueError, match="geo_mis"):
+        behaviour_weights(prox, behav, mask, "vtrace")
+
+
+def test_rollout_correction_config_is_checked():
+    from agentgym.config import build_config
+    with pytest.raises(ValueError, match="is_cap must be > 0 for algo.off_policy=seq_tis"):
+        build_config({"algo.off_policy": "seq_tis", "algo.is_cap": 0})
+    with pytest.raises(ValueError, match="is_low"):
+        build_config({"algo.off_policy": "mis", "algo.is_low": 1.5})
+    with pytest.raises(ValueError, match="valid: recompute, decoupled, tis, seq_tis"):
+        build_config({"algo.off_policy": "truncate"})

@@ -40,6 +40,7 @@ from agentgym.core.registry import Registry
 from trainers.group_stats import (_group_stats, group_indices, masked_mean,  # noqa: F401
                                   masked_whiten)
 from trainers import turn_credit  # the turn-level estimators, registered below
+from trainers.rollout_correction import OFF_POLICY_MODES, behaviour_weights  # noqa: F401
 
 ADVANTAGES: Registry = Registry("advantage estimator")
 POLICY_LOSSES: Registry = Registry("policy loss")
@@ -408,43 +409,6 @@ def gspo_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
 
 
 # --- value loss ------------------------------------------------------------------------
-def behaviour_weights(prox_logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch.Tensor,
-                      mode: str = "recompute", cap: float = 2.0) -> tuple[torch.Tensor, dict]:
-    """Per-token weights ``(B, T)`` that correct the policy loss for samples drawn by
-    another policy than the one the update starts from (a stale policy version, or a
-    rollout engine whose numerics differ from the trainer's).
-
-    ``prox_logp`` are the recomputed old logprobs (the proximal policy the ratio is
-    clipped against), ``behav_logp`` the rollout engine's (the behaviour policy).
-
-    - ``recompute``: 1 (the loss trusts the recomputed old logprobs alone, as synchronous
-      PPO/GRPO do);
-    - ``decoupled``: ``pi_prox / pi_behav`` (AReaL's decoupled PPO objective; capped at
-      ``cap`` when ``cap > 0``);
-    - ``tis``: ``min(pi_prox / pi_behav, cap)`` (truncated importance sampling, as verl's
-      rollout correction).
-
-    Weights are 0 off the mask and carry no gradient. Metrics: mean and max weight over
-    sampled tokens, and the fraction the cap cut.
-    """
-    if mode == "recompute":
-        return mask.to(prox_logp.dtype), {}
-    if mode not in ("decoupled", "tis"):
-        raise ValueError(f"off-policy correction {mode!r}; valid: recompute, decoupled, tis")
-    m = mask.bool()
-    log_w = torch.where(m, (prox_logp - behav_logp).detach(), torch.zeros_like(prox_logp))
-    w = torch.exp(log_w.clamp(max=30.0))
-    capped = torch.zeros_like(m)
-    if mode == "tis" or cap > 0:
-        capped = m & (w > cap)
-        w = w.clamp(max=cap)
-    w = torch.where(m, w, torch.zeros_like(w))
-    n = m.sum().clamp(min=1)
-    return w, {"is_weight_mean": float(w.sum() / n),
-               "is_weight_max": float(w.max()) if m.any() else 0.0,
-               "is_capped_frac": float(capped.sum() / n)}
-
-
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
                mask: torch.Tensor, clip: float | None = None) -> tuple[torch.Tensor, dict]:
     """The critic's regression loss, per token: ``0.5 (V - R)^2``; with ``clip``, PPO's

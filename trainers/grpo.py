@@ -255,7 +255,7 @@ class PolicyLoss:
                                         clip_high=a.clip_high, dual_clip=a.dual_clip)
         if a.off_policy != "recompute":  # samples drawn by another (stale) policy
             w, w_stats = behaviour_weights(old.to(dev), mb.rollout_logp.to(dev), mask,
-                                           a.off_policy, a.is_cap)
+                                           a.off_policy, a.is_cap, a.is_low, a.is_high)
             pg = pg * w
             metrics.update({k: v if k.endswith("_max") else v * share
                             for k, v in w_stats.items()})
