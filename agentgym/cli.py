@@ -126,9 +126,6 @@ def cmd_eval(args: list[str]) -> int:
         raise ValueError(f"k={k} samples at rollout.temperature=0 are all the same answer; "
                          f"pass@k needs rollout.temperature > 0 (e.g. 1.0)")
     trajs, _, elapsed = _run_rollouts(cfg, "eval")
-    if cfg.env == "agent":
-        from agentgym.serving.agents import last_parts
-        trajs = last_parts(trajs)
     result = eval_result(cfg, trajs, elapsed, k)
     for line in summary_lines(result):
         print(line)

@@ -185,6 +185,12 @@ class RolloutConfig:
     max_concurrency: int = 64  # trajectories in flight
     env_workers: int = 8  # threads for env.reset/step (tool calls)
     on_infra_error: str = "retry"  # a tool failure not the policy's: retry (replay once, then drop) | drop | keep
+    # once an episode's context passes context_tokens: keep (it grows) | drop_observations
+    # (older tool outputs replaced by a note) | summarize (the policy writes a summary) |
+    # package.module:function (agentgym/rollout/context.py); the episode then continues
+    # in a new trajectory, token-exact, sharing the episode's reward
+    context: str = "keep"
+    context_tokens: int = 0  # the context length that triggers rollout.context (> 0 unless keep)
 
     def __post_init__(self) -> None:
         for name in ("n", "max_turns", "max_prompt_tokens", "max_response_tokens",
@@ -192,6 +198,16 @@ class RolloutConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
         check_choices("rollout", self, {"on_infra_error": ("retry", "drop", "keep")})
+        if self.context not in ("keep", "drop_observations", "summarize") and ":" not in self.context:
+            raise ValueError(f"rollout.context={self.context!r}; valid: keep, drop_observations, "
+                             f"summarize, or a function as package.module:function")
+
+    def check_context(self) -> None:
+        """``rollout.context`` other than keep needs ``rollout.context_tokens`` (checked once
+        every key is set: either may come first)."""
+        if self.context != "keep" and self.context_tokens < 1:
+            raise ValueError(f"rollout.context={self.context} needs rollout.context_tokens >= 1 "
+                             f"(the context length that triggers it), got {self.context_tokens}")
 
 
 @dataclass
@@ -607,6 +623,8 @@ def build_config(overrides: dict[str, Any], command_defaults: dict[str, Any] | N
             raise ValueError(f"{key}={values} gives {len(values)} values for the "
                              f"{len(env_names(cfg.env))} env(s) of env={cfg.env}; a list "
                              f"gives one per env of a mixed run, in env order")
+    if hasattr(cfg, "rollout"):
+        cfg.rollout.check_context()
     return cfg
 
 

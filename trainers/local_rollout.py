@@ -121,9 +121,9 @@ class LocalRollout:
                     self.engine, self.tokenizer, env_factory(self.cfg), self.cfg.rollout,
                     seed=self.cfg.trainer.seed, allow_weight_updates=True)
             manager = self._managers["async"]
-        done = await asyncio.gather(*(manager.rollout(row, uid, k, base_seed=seed)
+        done = await asyncio.gather(*(manager.play(row, uid, k, base_seed=seed)
                                       for k in range(n)))
-        return [t for d in done for t in (d if isinstance(d, list) else [d])]
+        return [t for parts in done for t in parts]
 
     def update_weights(self, state_dict: dict, version: int) -> None:
         from agentgym.rollout.engines.base import push_weights

@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agentgym.rollout.manager import summarize
+from agentgym.rollout.manager import last_parts, summarize
 from agentgym.reporting.stats import bootstrap_ci95, pass_at_k, wilson_ci95
 
 
@@ -58,7 +58,9 @@ def _episode(t) -> dict[str, Any]:
 
 
 def eval_result(cfg, trajs: list, elapsed: float, k: int = 1) -> dict[str, Any]:
-    """The result dict ``agentgym eval`` prints and writes (``out=``)."""
+    """The result dict ``agentgym eval`` prints and writes (``out=``): one entry per
+    episode (its last trajectory, when it became several)."""
+    trajs = last_parts(trajs)
     s = summarize(trajs)
     n = len(trajs)
     result: dict[str, Any] = {

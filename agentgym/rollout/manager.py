@@ -22,6 +22,8 @@ import time
 from typing import Any, Callable
 
 from agentgym.rollout.chat import ChatTokens
+from agentgym.rollout.context import (CONTINUE, DROPPED, SUMMARY_REQUEST, Blocks, after_summary,
+                                      drop_observations, joined, load_strategy)
 from agentgym.config import RolloutConfig
 from agentgym.rollout.engines.base import Engine
 from agentgym.core.supervisor import wait_healthy
@@ -69,15 +71,18 @@ class GenerationManager:
         self._pool = concurrent.futures.ThreadPoolExecutor(cfg.env_workers,
                                                            thread_name_prefix="env")
         self._sessions = itertools.count()
+        cfg.check_context()
+        self._user_strategy = load_strategy(cfg.context)
 
     async def _in_pool(self, fn, *args, **kwargs):
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
 
-    async def rollout(self, row: dict, uid: str = "0", sample_index: int = 0,
-                      base_seed: int | None = None) -> Trajectory:
-        """Play one episode of ``row``; return its trajectory. ``base_seed`` overrides the
-        manager's ``seed`` for this episode.
+    async def play(self, row: dict, uid: str = "0", sample_index: int = 0,
+                   base_seed: int | None = None) -> list[Trajectory]:
+        """Play one episode of ``row``; return its trajectories: one, or several when
+        ``rollout.context`` rewrote the history (:mod:`agentgym.rollout.context`).
+        ``base_seed`` overrides the manager's ``seed`` for this episode.
 
         An episode a tool failure of the infrastructure's marked (``metrics
         ["infra_failures"] > 0``, the reason in ``info["infra_error"]``) is, with
@@ -85,15 +90,25 @@ class GenerationManager:
         local services are healthy again (``metrics["infra_retried"] = 1``); whether a
         still-marked episode is trained on is the trainer's choice (``trainers.sampling``).
         """
-        traj = await self._play(row, uid, sample_index, base_seed)
-        if traj.metrics["infra_failures"] and self.cfg.on_infra_error == "retry":
+        parts = await self._play(row, uid, sample_index, base_seed)
+        if parts[-1].metrics["infra_failures"] and self.cfg.on_infra_error == "retry":
             logger.warning("episode %s/%d hit an infrastructure failure (%s); replaying it "
                            "once the services answer", uid, sample_index,
-                           traj.info.get("infra_error", "?"))
+                           parts[-1].info.get("infra_error", "?"))
             await asyncio.to_thread(wait_healthy, INFRA_WAIT_S)  # not an env worker's time
-            traj = await self._play(row, uid, sample_index, base_seed)
-            traj.metrics["infra_retried"] = 1.0
-        return traj
+            parts = await self._play(row, uid, sample_index, base_seed)
+            for t in parts:
+                t.metrics["infra_retried"] = 1.0
+        return parts
+
+    async def rollout(self, row: dict, uid: str = "0", sample_index: int = 0,
+                      base_seed: int | None = None) -> Trajectory:
+        """:meth:`play` for an episode that stays one trajectory (``rollout.context=keep``)."""
+        parts = await self.play(row, uid, sample_index, base_seed)
+        if len(parts) != 1:
+            raise ValueError(f"episode {uid}/{sample_index} became {len(parts)} trajectories "
+                             f"(rollout.context={self.cfg.context}); use play()")
+        return parts[0]
 
     def _tokens_per_turn(self, row: dict) -> int:
         """One action's token budget: the row's env's own in a mixed run, else the run's."""
@@ -101,12 +116,14 @@ class GenerationManager:
         return (own(row) if own else None) or self.cfg.max_tokens_per_turn
 
     async def _play(self, row: dict, uid: str, sample_index: int,
-                    base_seed: int | None) -> Trajectory:
+                    base_seed: int | None) -> list[Trajectory]:
         cfg = self.cfg
         seed = trajectory_seed(self.seed if base_seed is None else base_seed, uid, sample_index)
         session = f"{uid}/{sample_index}/{seed}/{next(self._sessions)}"  # one per episode
-        traj = Trajectory(uid=uid, sample_index=sample_index,
-                          data_source=str(row.get("data_source", "")))
+        new_part = lambda: Trajectory(uid=uid, sample_index=sample_index,  # noqa: E731
+                                      data_source=str(row.get("data_source", "")))
+        traj = new_part()
+        parts, turn_rewards, ranges = [traj], [], [[0, -1]]  # ranges: each part's turns
         m = {"turns": 0, "generate_s": 0.0, "env_s": 0.0, "length_stops": 0}
         env = await self._in_pool(self.env_factory, row) \
             if getattr(self.env_factory, "takes_row", False) \
@@ -121,8 +138,23 @@ class GenerationManager:
                 raise ValueError(f"prompt of row {uid!r} has {len(prompt)} tokens, more than "
                                  f"rollout.max_prompt_tokens={cfg.max_prompt_tokens}")
             traj.append("prompt", prompt, turn=0)
+            blocks: Blocks = [("prompt", prompt)]  # the context, for rollout.context
             traj.policy_version = self.engine.policy_version
-            for turn in itertools.count():
+            step = turn = 0  # the env's steps; turns count every generation (summaries too)
+            while True:
+                if cfg.context != "keep" and len(traj.token_ids) > cfg.context_tokens:
+                    new = await self._compact(blocks, traj, fmt, turn, seed, session, m)
+                    if new is not None:
+                        if cfg.context == "summarize":  # the summary was a turn: reward 0
+                            turn_rewards.append(0.0)
+                            turn += 1
+                        ranges[-1][1] = turn - 1
+                        blocks, images = new, traj.images
+                        traj = new_part()
+                        traj.images, traj.policy_version = images, self.engine.policy_version
+                        traj.append("prompt", joined(blocks), turn)
+                        parts.append(traj)
+                        ranges.append([turn, -1])
                 budget = cfg.max_response_tokens - traj.response_length
                 if budget <= 0:
                     traj.truncated, info = True, {**info, "end": "token_budget"}
@@ -130,25 +162,15 @@ class GenerationManager:
                 sampling = SamplingParams(
                     max_new_tokens=min(self._tokens_per_turn(row), budget),
                     temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                    stop=env.stop_strings, seed=(seed + 7919 * turn) % 2**31)
-                t0 = time.perf_counter()
-                out = await self.engine.generate(traj.token_ids, sampling, images=traj.images,
-                                                 session_id=session)
-                m["generate_s"] += time.perf_counter() - t0
-                version = out.policy_version if out.policy_version is not None \
-                    else self.engine.policy_version
-                if version != traj.policy_version and not self.allow_weight_updates:
-                    raise RuntimeError("policy weights changed inside a trajectory; "
-                                       "pause() the engine between rollouts")
-                traj.turn_versions.append(version)
-                traj.append("generated", out.ids, turn, out.logprobs)
-                m["turns"] += 1
-                m["length_stops"] += out.finish_reason == "length"
+                    stop=env.stop_strings, seed=(seed + 7919 * step) % 2**31)
+                out = await self._generate(traj, sampling, session, turn, m)
                 text = self.chat.decode(out.ids)
                 t0 = time.perf_counter()
                 obs, reward, terminated, truncated, info = await self._in_pool(env.step, text)
                 m["env_s"] += time.perf_counter() - t0
-                traj.step_rewards.append(reward)
+                step += 1
+                turn += 1
+                turn_rewards.append(reward)
                 if terminated or truncated:
                     traj.terminated, traj.truncated = terminated, truncated
                     break
@@ -156,47 +178,110 @@ class GenerationManager:
                 if traj.response_length + len(filler) + len(obs_ids) >= cfg.max_response_tokens:
                     traj.truncated, info = True, {**info, "end": "token_budget"}
                     break
-                traj.append("filler", filler, turn)
-                traj.append("observation", obs_ids, turn)
+                traj.append("filler", filler, turn - 1)
+                traj.append("observation", obs_ids, turn - 1)
+                blocks += [("generated", list(out.ids)), ("filler", filler),
+                           ("observation", obs_ids)]
         finally:
             await self._in_pool(env.close)
-        if traj.turn_versions:
-            traj.policy_version = min(traj.turn_versions)
-        traj.reward = float(sum(traj.step_rewards))
-        traj.info = {k: v for k, v in info.items() if _jsonable(v)}
-        traj.info.setdefault("env", str(row.get("env", "")))  # per-env metrics of mixed runs
-        traj.metrics = {
+        ranges[-1][1] = len(turn_rewards) - 1
+        info = {k: v for k, v in info.items() if _jsonable(v)}
+        info.setdefault("env", str(row.get("env", "")))  # per-env metrics of mixed runs
+        counters = {
             **{k: float(v) for k, v in m.items()},
             "tool_calls": float(info.get("tool_calls", 0)),
             "tool_failures": float(info.get("tool_failures", 0)),
             "malformed_actions": float(info.get("malformed_actions", 0)),
             "infra_failures": float(info.get("infra_failures", 0)),
-            "infra_retried": 0.0,
-            "prompt_length": float(traj.prompt_length),
-            "response_length": float(traj.response_length),
-            "generated_tokens": float(traj.num_sampled),
-            "observation_tokens": float(sum(len(s) for s in traj.segments
-                                            if s.kind in ("observation", "filler"))),
-        }
-        traj.check()
-        return traj
+            "infra_retried": 0.0}
+        episode_return = float(sum(turn_rewards))
+        for j, (part, (first, last)) in enumerate(zip(parts, ranges)):
+            # this part's turns' rewards (indexed by turn), the later parts' on its last turn
+            part.step_rewards = [0.0] * first + turn_rewards[first:last + 1]
+            if part.step_rewards and j < len(parts) - 1:
+                part.step_rewards[-1] += float(sum(turn_rewards[last + 1:]))
+                part.terminated, part.truncated = traj.terminated, False
+            if part.turn_versions:
+                part.policy_version = min(part.turn_versions)
+            part.reward = episode_return
+            part.info = dict(info)
+            if len(parts) > 1:
+                part.info.update(episode=f"{uid}/{sample_index}/{seed}", part=j,
+                                 parts=len(parts))
+            part.metrics = {
+                **counters,
+                "prompt_length": float(part.prompt_length),
+                "response_length": float(part.response_length),
+                "generated_tokens": float(part.num_sampled),
+                "observation_tokens": float(sum(len(s) for s in part.segments
+                                                if s.kind in ("observation", "filler"))),
+            }
+            part.check()
+        return parts
+
+    async def _generate(self, traj: Trajectory, sampling: SamplingParams, session: str,
+                        turn: int, m: dict):
+        """Sample one turn onto ``traj`` (its ids, logprobs and policy version)."""
+        t0 = time.perf_counter()
+        out = await self.engine.generate(traj.token_ids, sampling, images=traj.images,
+                                         session_id=session)
+        m["generate_s"] += time.perf_counter() - t0
+        version = out.policy_version if out.policy_version is not None \
+            else self.engine.policy_version
+        if version != traj.policy_version and not self.allow_weight_updates:
+            raise RuntimeError("policy weights changed inside a trajectory; "
+                               "pause() the engine between rollouts")
+        traj.turn_versions.append(version)
+        traj.append("generated", out.ids, turn, out.logprobs)
+        m["turns"] += 1
+        m["length_stops"] += out.finish_reason == "length"
+        return out
+
+    async def _compact(self, blocks: Blocks, traj: Trajectory, fmt: str, turn: int,
+                       seed: int, session: str, m: dict) -> Blocks | None:
+        """The context under ``rollout.context`` (:mod:`agentgym.rollout.context`), or None
+        when it stays as it is. ``summarize`` samples the summary onto ``traj`` (a turn)."""
+        strategy = self.cfg.context
+        if strategy == "drop_observations":
+            new = drop_observations(blocks, self.chat.observation_ids(
+                [{"role": "user", "content": DROPPED}], fmt))
+        elif strategy == "summarize":
+            request = self.chat.observation_ids([{"role": "user", "content": SUMMARY_REQUEST}],
+                                                fmt)
+            if traj.response_length + len(request) >= self.cfg.max_response_tokens:
+                return None
+            traj.append("observation", request, max(turn - 1, 0))
+            sampling = SamplingParams(max_new_tokens=self.cfg.max_tokens_per_turn,
+                                      temperature=self.cfg.temperature, top_p=self.cfg.top_p,
+                                      top_k=self.cfg.top_k,
+                                      seed=(seed + 104729 * (turn + 1)) % 2**31)
+            out = await self._generate(traj, sampling, session, turn, m)
+            filler, cont = self.chat.after_action_ids(
+                out.ids, [{"role": "user", "content": CONTINUE}], fmt)
+            return after_summary(blocks, out.ids, filler, cont)
+        else:
+            new = self._user_strategy(blocks, self.chat.tok)
+        if new is None or joined(new) == joined(blocks):
+            return None
+        return [(kind, list(ids)) for kind, ids in new]
 
     async def run(self, rows: list[dict], n: int | None = None,
                   on_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
         """Roll out ``n`` samples of every row concurrently (at most ``max_concurrency``
-        in flight); results keep the order ``(row, sample)``."""
+        episodes in flight); results keep the order ``(row, sample)`` (an episode's
+        trajectories in order, when context management split it)."""
         n = n or self.cfg.n
         gate = asyncio.Semaphore(self.cfg.max_concurrency)
 
-        async def one(i: int, row: dict, k: int) -> Trajectory:
+        async def one(i: int, row: dict, k: int) -> list[Trajectory]:
             async with gate:
-                traj = await self.rollout(row, row_uid(row, i), k)
+                parts = await self.play(row, row_uid(row, i), k)
             if on_done is not None:
-                on_done(traj)
-            return traj
+                on_done(parts[-1])  # once per episode
+            return parts
 
         tasks = [one(i, row, k) for i, row in enumerate(rows) for k in range(n)]
-        return list(await asyncio.gather(*tasks))
+        return [t for parts in await asyncio.gather(*tasks) for t in parts]
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -208,19 +293,31 @@ def _jsonable(v: Any) -> bool:
 
 
 def summarize(trajs: list[Trajectory]) -> dict[str, float]:
-    """Mean metrics over trajectories (reward, em, f1, turns, lengths, tool counters)."""
+    """Mean metrics over episodes (reward, em, f1, turns, lengths, tool counters): an
+    episode that became several trajectories (``info["parts"]``) counts once, each of its
+    trajectories weighing 1 / its parts (they share the episode's reward and info)."""
     if not trajs:
         return {}
+    w = [1.0 / t.info.get("parts", 1) for t in trajs]
+    total = sum(w)
+    mean = lambda f: sum(x * f(t) for x, t in zip(w, trajs)) / total  # noqa: E731
     out: dict[str, float] = {"count": float(len(trajs))}
-    out["reward"] = sum(t.reward for t in trajs) / len(trajs)
+    out["reward"] = mean(lambda t: t.reward)
     for key in ("em", "f1"):
-        out[key] = sum(float(t.info.get(key, 0.0)) for t in trajs) / len(trajs)
+        out[key] = mean(lambda t: float(t.info.get(key, 0.0)))
     if any("answer_seen" in t.info for t in trajs):  # search: a result held a gold answer
-        out["answer_seen"] = sum(float(t.info.get("answer_seen", 0)) for t in trajs) / len(trajs)
-    out["answered"] = sum(t.terminated for t in trajs) / len(trajs)
-    out["format_valid"] = sum(t.terminated and t.metrics["malformed_actions"] == 0
-                              for t in trajs) / len(trajs)
-    out["truncated"] = sum(t.truncated for t in trajs) / len(trajs)
+        out["answer_seen"] = mean(lambda t: float(t.info.get("answer_seen", 0)))
+    out["answered"] = mean(lambda t: float(t.terminated))
+    out["format_valid"] = mean(lambda t: float(t.terminated
+                                               and t.metrics["malformed_actions"] == 0))
+    out["truncated"] = mean(lambda t: float(t.truncated))
     for key in trajs[0].metrics:
-        out[key] = sum(t.metrics[key] for t in trajs) / len(trajs)
+        out[key] = mean(lambda t: t.metrics[key])
     return out
+
+
+def last_parts(trajs: list[Trajectory]) -> list[Trajectory]:
+    """One trajectory per episode, its last (the one holding the final answer): what an
+    evaluation scores when an episode became several (``rollout.context``, an agent that
+    rewrote its history)."""
+    return [t for t in trajs if t.info.get("part", 0) == t.info.get("parts", 1) - 1]

@@ -160,7 +160,8 @@ def trajectories(episode: Episode, uid: str, k: int, reward: float,
             cur.append("observation", t.prompt_ids[len(cur.token_ids):], i)
         else:
             cur = Trajectory(uid=uid, sample_index=k, data_source=data_source)
-            cur.append("prompt", t.prompt_ids, 0)
+            cur.append("prompt", t.prompt_ids, i)
+            cur.step_rewards = [0.0] * i  # step rewards are indexed by the episode's turn
             out.append(cur)
         cur.append("generated", t.completion_ids, i, t.logprobs)
         cur.turn_versions.append(t.version)
@@ -212,12 +213,6 @@ def program_manager(manager, engine, tokenizer, cfg) -> "AgentManager":
     manager.close()
     return AgentManager(engine, tokenizer, cfg, cfg.trainer.seed,
                         greedy=cfg.rollout.temperature == 0)
-
-
-def last_parts(trajs: list[Trajectory]) -> list[Trajectory]:
-    """One trajectory per episode, its last (the one holding the final reply): what
-    ``eval`` scores when an agent rewrote its history and an episode yielded several."""
-    return [t for t in trajs if t.info.get("part", 0) == t.info.get("parts", 1) - 1]
 
 
 class AgentManager:
@@ -317,6 +312,8 @@ class AgentManager:
                 "agent/trajectories_per_episode": s["trajectories"] / max(s["episodes"], 1),
                 "agent/drift_calls": s["drifted_calls"] / calls,
                 "agent/drift_tokens": s["drift_tokens"] / calls}
+
+    play = rollout  # the GenerationManager's name for an episode's trajectories
 
     async def run(self, rows: list[dict], n: int | None = None, on_done=None) -> list:
         from agentgym.rollout.manager import row_uid
