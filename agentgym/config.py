@@ -191,6 +191,9 @@ class RolloutConfig:
     # in a new trajectory, token-exact, sharing the episode's reward
     context: str = "keep"
     context_tokens: int = 0  # the context length that triggers rollout.context (> 0 unless keep)
+    # trainer.mode=async: a generation in flight when new weights land stops and goes on
+    # under them (hf engine, continuous batching); false: it finishes on the old weights first
+    partial: bool = False
 
     def __post_init__(self) -> None:
         for name in ("n", "max_turns", "max_prompt_tokens", "max_response_tokens",

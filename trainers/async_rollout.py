@@ -193,11 +193,17 @@ class AsyncRollout:
         regroup(sampled, self.n, set(), f"{step}.0")
         out = without_infra_failures(sampled, self.cfg.rollout.on_infra_error, self.n)
         ages = [self.version - t.policy_version for t in sampled] or [0]
+        token_ages = [self.version - v for t in sampled for v in t.token_versions] or [0]
+        mixed = sum(len(set(t.token_versions)) > 1 for t in sampled)
         return out, {**rollout_metrics(sampled, per_env=is_mixed(self.cfg)),
                      **getattr(self.local, "extra_metrics", dict)(),
                      **infra_metrics(sampled, len(sampled) - len(out)),
                      "async/staleness_max": float(max(ages)),
                      "async/staleness_mean": sum(ages) / len(ages),
+                     # per sampled token (partial rollouts: a trajectory spans versions)
+                     "async/token_staleness_mean": sum(token_ages) / len(token_ages),
+                     "async/token_staleness_max": float(max(token_ages)),
+                     "async/mixed_version_share": mixed / max(len(sampled), 1),
                      "async/dropped_groups": float(len(stale)),
                      "async/queued_groups": float(queued),
                      "async/in_flight_groups": float(len(self.in_flight)),

@@ -86,6 +86,9 @@ def check_algo(cfg: Config) -> None:
             raise ValueError(f"trainer.mode=async runs with the hf engine (here or in Ray "
                              f"rollout workers) and the GRPO family so far; not with "
                              f"{', '.join(named)}")
+    if cfg.rollout.partial and cfg.trainer.mode != "async":
+        logger.warning("rollout.partial=true matters only with trainer.mode=async (weights "
+                       "change while episodes are in flight); this run is synchronous")
     if a.overlong_buffer > cfg.rollout.max_response_tokens:
         raise ValueError(f"algo.overlong_buffer={a.overlong_buffer} exceeds "
                          f"rollout.max_response_tokens={cfg.rollout.max_response_tokens}")

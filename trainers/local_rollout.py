@@ -95,11 +95,16 @@ class LocalRollout:
         return self._managers[greedy]
 
     def extra_metrics(self) -> dict:
-        """The sampling manager's own step metrics (an agent run's ``agent/*``)."""
+        """The sampling manager's own step metrics (an agent run's ``agent/*``) and, with
+        ``rollout.partial``, how many requests weight updates have interrupted so far
+        (``engine/preempted``)."""
         out: dict = {}
         for manager in (self._managers.get(False), self._managers.get("async")):
             take = getattr(manager, "take_stats", None)
             out.update(take() if take else {})
+        stats = getattr(self.engine, "stats", None)
+        if self.cfg.rollout.partial and isinstance(stats, dict) and "preempted" in stats:
+            out["engine/preempted"] = float(stats["preempted"])
         return out
 
     def generate(self, rows: list[dict], n: int, seed: int, hooks: Hooks,
@@ -127,7 +132,7 @@ class LocalRollout:
 
     def update_weights(self, state_dict: dict, version: int) -> None:
         from agentgym.rollout.engines.base import push_weights
-        push_weights(self.engine, state_dict, version)
+        push_weights(self.engine, state_dict, version, partial=self.cfg.rollout.partial)
 
     def close(self, engine_too: bool = True) -> None:
         for manager in self._managers.values():

@@ -75,6 +75,7 @@ def record(step: int, traj: Trajectory, rank: str, tokenizer, trainer_logp: list
         "tokens": tokens, "loss_mask": mask, "engine_logprobs": _round(traj.logprobs),
         "trainer_logprobs": _round(trainer_logp[:n]), "advantages": _round(adv[:n]),
         "segments": segments,
+        "token_versions": list(traj.token_versions),  # per sampled token (partial rollouts)
     }
 
 

@@ -91,6 +91,9 @@ class GenerateOutput:
     policy_version: int | None = None  # weights that sampled these ids (None: not stamped)
     #: per position, the ``sampling.top_logprobs`` likeliest ``(id, logprob)`` (None: not asked)
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    #: per position, the weights' version that sampled it (a partial rollout spans several;
+    #: None: all ``policy_version``)
+    token_versions: list[int] | None = None
 
     def __post_init__(self) -> None:
         if len(self.ids) != len(self.logprobs):
@@ -133,6 +136,9 @@ class Trajectory:
     #: the policy version that sampled each turn (asynchronous training lets a weight
     #: update land between turns; ``policy_version`` is then the oldest of them)
     turn_versions: list[int] = field(default_factory=list)
+    #: per sampled token, in order, the policy version that sampled it (partial rollouts:
+    #: a turn interrupted by a weight update goes on under the new weights)
+    token_versions: list[int] = field(default_factory=list)
     #: processed images of the prompt (:class:`agentgym.models.vision.VisionInputs`), for VL
     #: models; not written by :meth:`to_dict` (only their grid sizes are)
     images: Any = None

@@ -232,6 +232,7 @@ class GenerationManager:
             raise RuntimeError("policy weights changed inside a trajectory; "
                                "pause() the engine between rollouts")
         traj.turn_versions.append(version)
+        traj.token_versions += out.token_versions or [version] * len(out.ids)
         traj.append("generated", out.ids, turn, out.logprobs)
         m["turns"] += 1
         m["length_stops"] += out.finish_reason == "length"

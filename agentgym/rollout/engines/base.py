@@ -57,8 +57,11 @@ class Engine(abc.ABC):
         """Load new policy weights and set ``policy_version`` (call while paused)."""
 
     @abc.abstractmethod
-    async def pause(self) -> None:
-        """Finish in-flight batches and hold new ones (before a weight update)."""
+    async def pause(self, partial: bool = False) -> None:
+        """Hold new requests and return once nothing runs (before a weight update): the
+        in-flight ones finish first, or with ``partial`` (an engine that can) stop where
+        they are and continue under the new weights after :meth:`resume` (partial
+        rollouts: each token records the version that sampled it)."""
 
     @abc.abstractmethod
     def resume(self) -> None:
@@ -68,13 +71,14 @@ class Engine(abc.ABC):
         """Release resources (threads, servers). Idempotent."""
 
 
-def push_weights(engine: Engine, state_dict: dict, version: int) -> None:
-    """Load new weights the way a trainer does: pause (in-flight batches finish, new ones
-    wait), :meth:`Engine.update_weights`, resume. Call from outside any event loop."""
+def push_weights(engine: Engine, state_dict: dict, version: int, partial: bool = False) -> None:
+    """Load new weights the way a trainer does: pause (in-flight batches finish, or with
+    ``partial`` are interrupted to continue on the new weights; new ones wait),
+    :meth:`Engine.update_weights`, resume. Call from outside any event loop."""
     import asyncio
 
     async def swap() -> None:
-        await engine.pause()
+        await engine.pause(partial=partial)
         try:
             engine.update_weights(state_dict, version)
         finally:

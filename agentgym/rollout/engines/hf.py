@@ -95,11 +95,11 @@ class HFEngine(Engine):
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
         self._queue: list[_Request] = []
         self._cv = threading.Condition()
-        self._paused = False
+        self._paused = self._preempt = False
         self._busy = False
         self._closed = False
         self.stats = {"batches": 0, "requests": 0, "generated_tokens": 0, "decode_steps": 0,
-                      "prefilled_tokens": 0, "cached_tokens": 0, "max_rows": 0}
+                      "prefilled_tokens": 0, "cached_tokens": 0, "max_rows": 0, "preempted": 0}
         self.prefill_chunk = prefill_chunk
         why_static = _why_static(model, self.vision) if continuous_batching else None
         if why_static:
@@ -179,14 +179,21 @@ class HFEngine(Engine):
                 self.prefix.clear()
             return True
 
-    async def pause(self) -> None:
+    async def pause(self, partial: bool = False) -> None:
+        """Hold new requests and wait until nothing runs. With ``partial`` (continuous
+        batching only), requests being prefilled or decoded stop at the next step and go
+        back to the head of the queue with the tokens they have; after :meth:`resume` they
+        are prefilled again (prompt and tokens so far, under the new weights) and go on
+        sampling, each token stamped with the version that sampled it."""
         with self._cv:
             self._paused = True
+            self._preempt = partial and self.continuous
+            self._cv.notify_all()
         await asyncio.to_thread(self._wait_idle)
 
     def resume(self) -> None:
         with self._cv:
-            self._paused = False
+            self._paused = self._preempt = False
             self._cv.notify_all()
 
     def close(self) -> None:
@@ -282,7 +289,7 @@ class HFEngine(Engine):
             tokens, logps, tops = self._sample(logits, active)
             keep = []
             for j, r in enumerate(active):
-                r.push(int(tokens[j]), float(logps[j]), tops[j])
+                r.push(int(tokens[j]), float(logps[j]), tops[j], self.policy_version)
                 done = ("stop", None) if r.abandoned else self._finished(r)
                 if done is None:
                     keep.append(j)
@@ -320,6 +327,9 @@ class HFEngine(Engine):
                                   or (self._queue and not self._paused))
                 if self._closed:
                     break
+                if self._paused and self._preempt and (jobs or slots.live):
+                    slots = self._preempt_all(jobs, slots, n_layers, config)
+                    continue
                 taken = []
                 if not self._paused:
                     room = self.max_batch_size - slots.live - sum(len(j.reqs) for j in jobs)
@@ -355,6 +365,19 @@ class HFEngine(Engine):
             self._ready.clear()
         for r in [r for j in jobs for r in j.reqs] + [r for r in slots.rows if r]:
             r.fail(RuntimeError("engine closed"))
+
+    def _preempt_all(self, jobs: list["_Prefill"], slots: Slots, n_layers: int,
+                     config) -> Slots:
+        """Partial rollouts (lock held): every running request back to the head of the
+        queue, in order, with its tokens so far; its keys/values are dropped (recomputed
+        under the new weights). Returns empty slots; the engine is idle."""
+        back = [r for j in jobs for r in j.reqs] + [r for r in slots.rows[:slots.used] if r]
+        self._queue[:0] = [r for r in back if not r.abandoned]
+        self.stats["preempted"] += len(back)
+        jobs.clear()
+        self._busy = False
+        self._cv.notify_all()
+        return Slots(n_layers, config, self.max_batch_size)
 
     def _prefill_step(self, jobs: list["_Prefill"], slots: Slots) -> None:
         """Up to ``prefill_chunk`` prompt tokens of the oldest jobs; a job whose prompt is
@@ -406,7 +429,7 @@ class HFEngine(Engine):
         the decode batch with a copy of the prompt's keys/values."""
         tokens, logps, tops = self._sample(logits.expand(len(reqs), -1), reqs)
         for j, r in enumerate(reqs):
-            r.push(int(tokens[j]), float(logps[j]), tops[j])
+            r.push(int(tokens[j]), float(logps[j]), tops[j], self.policy_version)
             done = self._finished(r)
             if done is not None:
                 self._finish(r, done, slots, None)
@@ -429,7 +452,7 @@ class HFEngine(Engine):
         index = torch.tensor(live, device=self.device)
         tokens, logps, tops = self._sample(out.logits[index, -1, :].float(), reqs)
         for j, (i, r) in enumerate(zip(live, reqs)):
-            r.push(int(tokens[j]), float(logps[j]), tops[j])
+            r.push(int(tokens[j]), float(logps[j]), tops[j], self.policy_version)
             done = ("stop", None) if r.abandoned else self._finished(r)
             if done is not None:
                 self._finish(r, done, slots, i)
@@ -501,11 +524,12 @@ class _Prefill:
 
 
 def _join_prefill(jobs: list[_Prefill], r: _Request) -> None:
+    ids = r.context_ids  # the prompt, and the tokens so far of an interrupted request
     for job in jobs:
-        if job.ids == r.prompt_ids:
+        if job.ids == ids:
             job.reqs.append(r)
             return
-    jobs.append(_Prefill(r.prompt_ids, [r]))
+    jobs.append(_Prefill(ids, [r]))
 
 
 def _why_static(model, vision: bool) -> str | None:

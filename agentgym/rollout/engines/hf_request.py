@@ -26,11 +26,20 @@ class _Request:
     logprobs: list[float] = field(default_factory=list)
     tops: list[list[tuple[int, float]]] = field(default_factory=list)
     pieces: asyncio.Queue | None = None  # streaming: each token, then None at the end
+    versions: list[int] = field(default_factory=list)  # per token, the weights that sampled it
 
-    def push(self, token: int, logprob: float, top: list[tuple[int, float]] | None) -> None:
+    @property
+    def context_ids(self) -> list[int]:
+        """What the next token is conditioned on: the prompt and the tokens so far (a
+        request interrupted by a weight update is prefilled again from these)."""
+        return self.prompt_ids + self.ids
+
+    def push(self, token: int, logprob: float, top: list[tuple[int, float]] | None,
+             version: int = 0) -> None:
         """One sampled token (and its alternatives, when asked for); streamed if asked."""
         self.ids.append(token)
         self.logprobs.append(logprob)
+        self.versions.append(version)
         if top is not None:
             self.tops.append(top)
         if self.pieces is not None:
@@ -42,8 +51,11 @@ class _Request:
         return self.future.done() or self.loop.is_closed()
 
     def finish(self, reason: str, stop_reason: str | None, version: int | None = None) -> None:
+        mixed = len(set(self.versions)) > 1
         out = GenerateOutput(self.ids, self.logprobs, reason, stop_reason,  # type: ignore[arg-type]
-                             version, self.tops if self.sampling.top_logprobs else None)
+                             min(self.versions) if mixed else version,
+                             self.tops if self.sampling.top_logprobs else None,
+                             list(self.versions) if mixed else None)
         self._deliver(_set_result, self.future, out)
         if self.pieces is not None:
             self._deliver(_put, self.pieces, None)

@@ -383,7 +383,7 @@ class SGLangEngine(WeightSyncMixin, Engine):
         return result
 
     # -- pause / resume -----------------------------------------------------------------
-    async def pause(self) -> None:
+    async def pause(self, partial: bool = False) -> None:
         """Hold new requests here, let in-flight ones finish, pause every server.
 
         Raises:
