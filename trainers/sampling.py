@@ -13,7 +13,7 @@ import statistics
 
 from agentgym.config import Config, is_mixed
 from agentgym.core.types import Trajectory
-from agentgym.rollout.manager import summarize
+from agentgym.rollout.manager import last_parts, summarize
 from trainers.algos import groups_with_signal, signal_share
 from trainers.local_rollout import Hooks, split_by_env
 
@@ -49,7 +49,8 @@ def collect(cfg: Config, rollout, rows: list[dict], cursor: int,
         trajs = rollout.generate(step_rows, cfg.rollout.n, t.seed * 1_000_003 + step + 104_729 * rnd,
                                  hooks)
         if curriculum:
-            cm = curriculum.observe(picked, trajs, cfg.rollout.n)
+            # one trajectory per episode (its last, when rollout.context split it): n a row
+            cm = curriculum.observe(picked, last_parts(trajs), cfg.rollout.n)
         rounds += 1
         regroup(trajs, cfg.rollout.n, {tr.uid for tr in seen}, f"{step}.{rnd}")
         seen += trajs

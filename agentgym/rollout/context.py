@@ -13,6 +13,9 @@ every later turn's: the return from its turns on) and count as one episode in th
 statistics (:func:`trainers.algos._group_stats`), the same splitting training an
 OpenAI-SDK agent uses (:mod:`agentgym.serving.agents`).
 
+Each trajectory has its own ``rollout.max_response_tokens`` after its prompt, so an
+episode that keeps rewriting its context is bounded by ``rollout.max_turns`` alone.
+
 - ``keep``: the history only grows (the token budget ends the episode).
 - ``drop_observations``: every tool output but the latest is replaced by a short note
   (:data:`DROPPED`, rendered as the env's observations are); the policy's own turns stay.

@@ -252,7 +252,8 @@ class GenerationManager:
             if traj.response_length + len(request) >= self.cfg.max_response_tokens:
                 return None
             traj.append("observation", request, max(turn - 1, 0))
-            sampling = SamplingParams(max_new_tokens=self.cfg.max_tokens_per_turn,
+            room = self.cfg.max_response_tokens - traj.response_length - len(request)
+            sampling = SamplingParams(max_new_tokens=min(self.cfg.max_tokens_per_turn, room),
                                       temperature=self.cfg.temperature, top_p=self.cfg.top_p,
                                       top_k=self.cfg.top_k,
                                       seed=(seed + 104729 * (turn + 1)) % 2**31)
