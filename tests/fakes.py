@@ -51,7 +51,7 @@ class ScriptedEngine(Engine):
     def update_weights(self, state_dict, version):
         self.policy_version = version
 
-    async def pause(self):
+    async def pause(self, partial: bool = False):
         pass
 
     def resume(self):

@@ -78,7 +78,8 @@ def push_weights(engine: Engine, state_dict: dict, version: int, partial: bool =
     import asyncio
 
     async def swap() -> None:
-        await engine.pause(partial=partial)
+        # an engine written before partial rollouts takes no argument: ask only when wanted
+        await (engine.pause(partial=True) if partial else engine.pause())
         try:
             engine.update_weights(state_dict, version)
         finally:
