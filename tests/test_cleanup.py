@@ -139,26 +139,35 @@ def test_a_signalled_process_takes_its_servers_along(private_tmp, small_corpus, 
 def test_a_terminated_training_run_leaves_nothing(private_tmp, tmp_path):
     """`agentgym rollout env=search` starts the local retriever from an env thread;
     SIGTERM in the middle of the rollouts ends the command, the server and its folder."""
-    proc = subprocess.Popen([sys.executable, "-m", "agentgym.cli", "rollout", "env=search",
-                             "model=tiny", "limit=1000", "n=2", f"out={tmp_path / 'out.jsonl'}"],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    err = tmp_path / "stderr.log"  # a file, not a pipe nobody reads while it runs
+    with open(err, "wb") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "agentgym.cli", "rollout", "env=search",
+                                 "model=tiny", "limit=1000", "n=2",
+                                 f"out={tmp_path / 'out.jsonl'}"],
+                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=f,
+                                env={**os.environ, "PYTHONPATH": str(ROOT),
+                                     "PYTHONFAULTHANDLER": "1"})
+    tail = lambda: err.read_text(errors="replace")[-6000:]  # noqa: E731
 
     def serving() -> bool:
         if proc.poll() is not None:
-            raise AssertionError(f"the rollout ended early ({proc.returncode}): "
-                                 f"{proc.stderr.read().decode()[-2000:]}")
+            raise AssertionError(f"the rollout ended early ({proc.returncode}): {tail()}")
         logs = list(private_tmp.glob("agentgym-retriever-server-*/server.log"))
         return bool(logs) and "Application startup complete" in logs[0].read_text()
 
     try:
         wait_until(serving, 300, "the local retriever serving")
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=120)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:  # where it hangs: every thread's stack (faulthandler)
+            proc.send_signal(signal.SIGABRT)
+            proc.wait(timeout=60)
+            raise AssertionError(f"no exit 120 s after SIGTERM; its threads:\n{tail()}")
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr.read().decode()[-2000:]
+    assert proc.returncode == 128 + signal.SIGTERM, tail()
     assert _leftovers(private_tmp) == []
     assert _live_with_tmpdir(private_tmp) == []

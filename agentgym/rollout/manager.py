@@ -36,6 +36,22 @@ logger = logging.getLogger(__name__)
 INFRA_WAIT_S = 120.0
 
 
+async def _wait_for_services() -> None:
+    """Wait (at most :data:`INFRA_WAIT_S`) until the supervised services are healthy again
+    or one has failed for good, in slices of a second: a thread of the loop's default
+    executor (not an env worker) waits, and a cancelled episode (the run ending) lets it
+    go within a second instead of holding the loop's shutdown for the whole wait."""
+    from agentgym.core.supervisor import ServiceFailed, raise_if_failed
+    deadline = time.monotonic() + INFRA_WAIT_S
+    while (left := deadline - time.monotonic()) > 0:
+        if await asyncio.to_thread(wait_healthy, min(1.0, left)):
+            return
+        try:
+            raise_if_failed()
+        except ServiceFailed:
+            return
+
+
 def trajectory_seed(base: int, uid: str, sample_index: int) -> int:
     """A stable per-trajectory seed, independent of scheduling order."""
     h = hashlib.sha256(f"{base}/{uid}/{sample_index}".encode()).digest()
@@ -95,7 +111,7 @@ class GenerationManager:
             logger.warning("episode %s/%d hit an infrastructure failure (%s); replaying it "
                            "once the services answer", uid, sample_index,
                            parts[-1].info.get("infra_error", "?"))
-            await asyncio.to_thread(wait_healthy, INFRA_WAIT_S)  # not an env worker's time
+            await _wait_for_services()
             parts = await self._play(row, uid, sample_index, base_seed)
             for t in parts:
                 t.metrics["infra_retried"] = 1.0
@@ -286,7 +302,9 @@ class GenerationManager:
         return [t for parts in await asyncio.gather(*tasks) for t in parts]
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        # env calls still queued are not started (a run that ends mid-rollout, SIGTERM);
+        # the running ones finish
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _jsonable(v: Any) -> bool:
