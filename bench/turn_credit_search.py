@@ -48,6 +48,8 @@ def main() -> None:
     ap.add_argument("--two-hop", type=int, default=200)
     ap.add_argument("--nq", type=int, default=200)
     ap.add_argument("--work", default="runs/turn_credit_search")
+    ap.add_argument("--sft", default="", help="an SFT model folder both runs start from "
+                    "(trainer.cold_start=PATH); default: each run's own cold start")
     ap.add_argument("overrides", nargs="*", help="key=value overrides for both runs")
     a = ap.parse_args()
     arms = {"outcome": ["algo.advantage=grpo"],
@@ -58,11 +60,14 @@ def main() -> None:
         t0 = time.perf_counter()
         if not (run / "checkpoints" / f"step_{a.steps}" / "state.json").exists():
             _train(["env=search", f"trainer.total_steps={a.steps}", f"run_dir={run}",
-                    f"trainer.save_every={a.steps}", f"trainer.prompts_per_step={a.prompts}",
-                    f"rollout.n={a.n}", *RECIPE, *keys, *a.overrides], None)
+                    f"trainer.save_every={max(1, a.steps // 2)}",
+                    f"trainer.prompts_per_step={a.prompts}", f"rollout.n={a.n}", *RECIPE,
+                    *keys, *([f"trainer.cold_start={a.sft}"] if a.sft else []),
+                    *a.overrides], None)
         minutes[name] = (time.perf_counter() - t0) / 60
         runs[name] = run
-    record = json.loads((runs["outcome"] / "cold_start" / "cold_start.json").read_text())
+    record = {"model": a.sft, "demos": "its"} if a.sft else \
+        json.loads((runs["outcome"] / "cold_start" / "cold_start.json").read_text())
     models = {"sft": record["model"],
               **{name: str(_last_checkpoint(run)[1]) for name, run in runs.items()}}
     extra = [o for o in a.overrides if o.startswith(("engine.", "rollout."))] + \
@@ -73,8 +78,9 @@ def main() -> None:
              for data, limit in (("hotpotqa", a.two_hop), ("nq", a.nq)) if limit}
     body = [f"Machine: {machine()}. Command: `python bench/turn_credit_search.py "
             f"{' '.join(sys.argv[1:])}` (training: outcome {minutes['outcome']:.0f} min, turn "
-            f"{minutes['turn']:.0f} min in this invocation). smollm2-135m, the cached cold "
-            f"start ({record.get('demos')} demonstrations, SFT), then {a.steps} GRPO steps of "
+            f"{minutes['turn']:.0f} min in this invocation). smollm2-135m, "
+            f"{'the SFT model ' + a.sft if a.sft else 'the cold start'} "
+            f"({record.get('demos')} demonstrations, SFT), then {a.steps} GRPO steps of "
             f"{a.prompts} prompts x {a.n} samples each, issue 34's recipe (`{' '.join(RECIPE)}`); "
             f"`turn` adds `algo.advantage=mt_grpo search.retrieval_reward="
             f"{a.retrieval_reward}`. Greedy evals on the same first questions; p: exact "
