@@ -68,7 +68,8 @@ def main() -> None:
     args = ap.parse_args()
     if ENV_ID not in envs.env_ids():
         envs.register_env(ENV_ID, "bench.async_vs_sync:SlowLetterEnv")
-    out = Path(tempfile.mkdtemp(prefix="agentgym-partial-bench-"))
+    tmp = tempfile.TemporaryDirectory(prefix="agentgym-partial-bench-")  # gone at exit
+    out = Path(tmp.name)
     data = out / "toy.jsonl"
     write_jsonl(data, rows(args.steps * 4 * 2, 0.05))
     common = {"model": "tiny", "trainer.total_steps": args.steps, "trainer.prompts_per_step": 4,

@@ -201,39 +201,8 @@ class GenerationManager:
         finally:
             await self._in_pool(env.close)
         ranges[-1][1] = len(turn_rewards) - 1
-        info = {k: v for k, v in info.items() if _jsonable(v)}
-        info.setdefault("env", str(row.get("env", "")))  # per-env metrics of mixed runs
-        counters = {
-            **{k: float(v) for k, v in m.items()},
-            "tool_calls": float(info.get("tool_calls", 0)),
-            "tool_failures": float(info.get("tool_failures", 0)),
-            "malformed_actions": float(info.get("malformed_actions", 0)),
-            "infra_failures": float(info.get("infra_failures", 0)),
-            "infra_retried": 0.0}
-        episode_return = float(sum(turn_rewards))
-        for j, (part, (first, last)) in enumerate(zip(parts, ranges)):
-            # this part's turns' rewards (indexed by turn), the later parts' on its last turn
-            part.step_rewards = [0.0] * first + turn_rewards[first:last + 1]
-            if part.step_rewards and j < len(parts) - 1:
-                part.step_rewards[-1] += float(sum(turn_rewards[last + 1:]))
-                part.terminated, part.truncated = traj.terminated, False
-            if part.turn_versions:
-                part.policy_version = min(part.turn_versions)
-            part.reward = episode_return
-            part.info = dict(info)
-            if len(parts) > 1:
-                part.info.update(episode=f"{uid}/{sample_index}/{seed}", part=j,
-                                 parts=len(parts))
-            part.metrics = {
-                **counters,
-                "prompt_length": float(part.prompt_length),
-                "response_length": float(part.response_length),
-                "generated_tokens": float(part.num_sampled),
-                "observation_tokens": float(sum(len(s) for s in part.segments
-                                                if s.kind in ("observation", "filler"))),
-            }
-            part.check()
-        return parts
+        return _finish_parts(parts, ranges, turn_rewards, info, m, row,
+                             f"{uid}/{sample_index}/{seed}")
 
     async def _generate(self, traj: Trajectory, sampling: SamplingParams, session: str,
                         turn: int, m: dict):
@@ -334,6 +303,47 @@ def summarize(trajs: list[Trajectory]) -> dict[str, float]:
     for key in trajs[0].metrics:
         out[key] = mean(lambda t: t.metrics[key])
     return out
+
+
+def _finish_parts(parts: list[Trajectory], ranges: list[list[int]], turn_rewards: list[float],
+                  info: dict, m: dict, row: dict, episode: str) -> list[Trajectory]:
+    """An episode's trajectories completed: each part's step rewards (its turns', indexed
+    by turn, and the later parts' on its last turn), the episode's reward, info, version
+    and metrics (:mod:`agentgym.rollout.context`)."""
+    traj = parts[-1]
+    info = {k: v for k, v in info.items() if _jsonable(v)}
+    info.setdefault("env", str(row.get("env", "")))  # per-env metrics of mixed runs
+    counters = {
+        **{k: float(v) for k, v in m.items()},
+        "tool_calls": float(info.get("tool_calls", 0)),
+        "tool_failures": float(info.get("tool_failures", 0)),
+        "malformed_actions": float(info.get("malformed_actions", 0)),
+        "infra_failures": float(info.get("infra_failures", 0)),
+        "infra_retried": 0.0}
+    episode_return = float(sum(turn_rewards))
+    for j, (part, (first, last)) in enumerate(zip(parts, ranges)):
+        # this part's turns' rewards (indexed by turn), the later parts' on its last turn
+        part.step_rewards = [0.0] * first + turn_rewards[first:last + 1]
+        if part.step_rewards and j < len(parts) - 1:
+            part.step_rewards[-1] += float(sum(turn_rewards[last + 1:]))
+            part.terminated, part.truncated = traj.terminated, False
+        if part.turn_versions:
+            part.policy_version = min(part.turn_versions)
+        part.reward = episode_return
+        part.info = dict(info)
+        if len(parts) > 1:
+            part.info.update(episode=episode, part=j,
+                             parts=len(parts))
+        part.metrics = {
+            **counters,
+            "prompt_length": float(part.prompt_length),
+            "response_length": float(part.response_length),
+            "generated_tokens": float(part.num_sampled),
+            "observation_tokens": float(sum(len(s) for s in part.segments
+                                            if s.kind in ("observation", "filler"))),
+        }
+        part.check()
+    return parts
 
 
 def last_parts(trajs: list[Trajectory]) -> list[Trajectory]:
