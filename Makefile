@@ -107,8 +107,12 @@ gpu-bundle-check: $(STAMP)
 
 # On a machine with a CUDA GPU: the tests marked gpu, generation / update throughput, MFU,
 # peak memory and drift, written to docs/GPU.md. Without CUDA it says so and exits 0.
-gpu-check: $(STAMP)
-	$(BIN)/python scripts/gpu_check.py
+# No venv is built for it: the lent machine has no network, so there it runs the image's
+# python3 over the bundle (`. gpu-bundle/install.sh` first); here, .venv's when it exists.
+# GPU_CHECK_ARGS="--out PATH" writes the figures elsewhere (stage by stage).
+gpu-check:
+	@if [ -f $(STAMP) ]; then py=$(BIN)/python; else py=$(PY); fi; \
+	  $$py scripts/gpu_check.py $(GPU_CHECK_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python bench/rollout_throughput.py
