@@ -183,14 +183,20 @@ def main(argv: list[str] | None = None) -> None:
         total = tree + size
         if total > a.limit_mib * MiB:
             raise SystemExit(f"call {k} would carry {total / MiB:.1f} MiB: refusing")
-        readme.append(f"{k}. carry `gpu-bundle/part-{k:02d}` ({size / MiB:.1f} MiB; with the "
+        readme.append(f"{k}. carry `gpu-bundle/part-{k:02d}`, `gpu-bundle/stash.sh`, "
+                      f"`gpu-bundle/install.sh` ({size / MiB:.1f} MiB; with the "
                       f"tree {total / MiB:.1f} MiB): `sh gpu-bundle/stash.sh {k:02d}` "
                       f"({', '.join(sorted(p.name for p in part.iterdir()))})")
         print(f"call {k}: {total / MiB:5.1f} MiB ({size / MiB:.1f} part + {tree / MiB:.1f} tree)")
     shutil.rmtree(store)
-    readme += ["", f"{len(calls) + 1}. `. gpu-bundle/install.sh && python3 scripts/gpu_check.py` "
-               f"(carry nothing more: the parts are in .gpu-store/; `make gpu-check` would "
-               f"build .venv, which needs the network)."]
+    readme += ["", "gpu-bundle/ is ignored: its scripts travel only when a call carries them.",
+               "", f"{len(calls) + 1}. `. gpu-bundle/install.sh && make gpu-check "
+               f"GPU_CHECK_ARGS=\"--out $OUT/GPU.md\"` (carry the scripts again; the parts "
+               f"are in .gpu-store/; no venv is built there; GPU.md is rewritten under $OUT "
+               f"after every stage). It can share the last call: `sh gpu-bundle/stash.sh "
+               f"{len(calls):02d} && . gpu-bundle/install.sh && set +e; timeout 565 make "
+               f"gpu-check GPU_CHECK_ARGS=\"--out $OUT/GPU.md\"` keeps a call inside its 10 "
+               f"minutes (the whole check needs more: docs/GPU.md)."]
     (a.out / "README.md").write_text("\n".join(readme) + "\n")
     (a.out / "install.sh").write_text(INSTALL.replace("{gguf}", SMOLLM2_GGUF))
     (a.out / "stash.sh").write_text(STASH)
