@@ -7,6 +7,12 @@ itself (the same object, so ``isinstance`` and monkeypatching still hold) and a 
 naming the new path. ``agentgym.models`` and ``agentgym.data`` are packages now; the names
 their old modules held are served from ``agentgym.models.zoo`` / ``agentgym.data.rows``
 the same way (:func:`deprecated_attributes`).
+
+One installed namespace (issue 38): the repository keeps its top-level folders ``envs/``,
+``tools/``, ``trainers/`` and ``retriever_server/``, but they are the subpackages
+``agentgym.envs`` … (:data:`SUBPACKAGES`): the wheel puts them under ``agentgym/``, and
+in a checkout :class:`_Folders` finds them beside it. Their old top-level names import,
+with a warning, as the same modules (:data:`MOVED`, :func:`serve_old_name`).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import importlib.abc
 import importlib.util
 import sys
 import warnings
+from pathlib import Path
 
 #: old module -> new module (a prefix maps its submodules too: agentgym.engines.hf)
 MOVED = {
@@ -39,7 +46,14 @@ MOVED = {
     "agentgym.evaluation": "agentgym.reporting.evaluation",
     "agentgym.inspector": "agentgym.reporting.inspector",
     "agentgym.stats": "agentgym.reporting.stats",
+    "envs": "agentgym.envs",
+    "tools": "agentgym.tools",
+    "trainers": "agentgym.trainers",
+    "retriever_server": "agentgym.retriever_server",
 }
+#: the subpackages of agentgym whose folders stand at the repository's top level
+SUBPACKAGES = ("envs", "tools", "trainers", "retriever_server")
+_HERE = Path(__file__).resolve().parent
 
 
 def new_name(old: str) -> str | None:
@@ -78,9 +92,36 @@ class _Finder(importlib.abc.MetaPathFinder):
         return None if new is None else importlib.util.spec_from_loader(fullname, _Alias(new))
 
 
+class _Folders(importlib.abc.MetaPathFinder):
+    """In a checkout, ``agentgym.envs`` (…) is the folder ``envs/`` beside ``agentgym/``;
+    installed, it is ``agentgym/envs/`` and this finder finds nothing."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        head, _, name = fullname.partition(".")
+        if head != "agentgym" or name not in SUBPACKAGES or (_HERE / name).is_dir():
+            return None
+        init = _HERE.parent / name / "__init__.py"
+        if not init.is_file():
+            return None
+        return importlib.util.spec_from_file_location(
+            fullname, init, submodule_search_locations=[str(init.parent)])
+
+
+def serve_old_name(name: str) -> None:
+    """Called first by each of :data:`SUBPACKAGES`' ``__init__``: run under its old
+    top-level name (``import envs`` from a checkout, before ``agentgym`` was imported), the
+    package files the new module under that name, so the rest of the file only re-imports
+    what the new one holds and ``import envs`` returns ``agentgym.envs`` itself."""
+    if name in SUBPACKAGES:
+        _warn(name, f"agentgym.{name}")
+        sys.modules[name] = importlib.import_module(f"agentgym.{name}")
+
+
 def install() -> None:
     if not any(isinstance(f, _Finder) for f in sys.meta_path):
         sys.meta_path.insert(0, _Finder())
+    if not any(isinstance(f, _Folders) for f in sys.meta_path):
+        sys.meta_path.insert(1, _Folders())
 
 
 def deprecated_attributes(package: str, module: str, names: tuple[str, ...] = ()):

@@ -41,7 +41,7 @@ def _setup_logging(level: str) -> None:
 
 
 def _config(args: list[str], command_defaults: dict | None = None) -> Config:
-    import envs
+    from agentgym import envs
 
     from agentgym.config import env_names
     overrides = parse_overrides(args)
@@ -177,9 +177,9 @@ def cmd_check_env(args: list[str]) -> int:
     import gymnasium
     from gymnasium.utils.env_checker import check_env as gym_check_env
 
-    import envs
-    from envs.agent_program import PlayedByProgram
-    from tools.errors import MissingExtra
+    from agentgym import envs
+    from agentgym.envs.agent_program import PlayedByProgram
+    from agentgym.tools.errors import MissingExtra
 
     _setup_logging("WARNING")
     ids = args or envs.env_ids()
@@ -249,7 +249,7 @@ class _BarHooks:
 
 
 def cmd_train(args: list[str]) -> int:
-    from trainers import train
+    from agentgym.trainers import train
 
     # Group-based estimators need n > 1; Search-R1 samples 5 (algo=ppo's preset sets 1).
     # train() checks the algorithm's settings before any model loads.
@@ -303,7 +303,7 @@ class _SFTHooks(_BarHooks):
 
 
 def cmd_sft(args: list[str]) -> int:
-    from trainers.sft import sft
+    from agentgym.trainers.sft import sft
 
     # SFT's usual step size (RL's default is 1e-6), warmup and cosine decay
     cfg = _config(args, {"trainer.lr": 2e-5, "trainer.warmup_steps": 2,
@@ -398,7 +398,7 @@ def cmd_plan(args: list[str]) -> int:
 def cmd_index(args: list[str]) -> int:
     """``agentgym index build --corpus FILE --method dense|bm25 --out DIR``."""
     p = argparse.ArgumentParser(prog="agentgym index", description="Build a retrieval index "
-                                "for `agentgym serve-retriever` / `python -m retriever_server`.")
+                                "for `agentgym serve-retriever` / `python -m agentgym.retriever_server`.")
     sub = p.add_subparsers(dest="action", required=True)
     b = sub.add_parser("build", help="index a Search-R1 JSONL(.gz) corpus (id, contents)")
     b.add_argument("--corpus", type=Path, required=True)
@@ -425,9 +425,9 @@ def cmd_index(args: list[str]) -> int:
 
     from tqdm import tqdm
 
-    from retriever_server.corpus import read_corpus
-    from retriever_server.encoder import EncoderSpec
-    from retriever_server.index import build_index, save_index
+    from agentgym.retriever_server.corpus import read_corpus
+    from agentgym.retriever_server.encoder import EncoderSpec
+    from agentgym.retriever_server.index import build_index, save_index
 
     docs = read_corpus(ns.corpus)
     options = {}
@@ -449,8 +449,8 @@ def cmd_index(args: list[str]) -> int:
 
 
 def cmd_serve_retriever(args: list[str]) -> int:
-    """``agentgym serve-retriever --index DIR [--port N …]`` (= python -m retriever_server)."""
-    from retriever_server.__main__ import add_server_args, serve
+    """``agentgym serve-retriever --index DIR [--port N …]`` (= python -m agentgym.retriever_server)."""
+    from agentgym.retriever_server.__main__ import add_server_args, serve
 
     p = argparse.ArgumentParser(prog="agentgym serve-retriever",
                                 description="Serve Search-R1's /retrieve API over an index.")
@@ -531,7 +531,7 @@ def cmd_sandbox(args: list[str]) -> int:
     _setup_logging(cfg.log_level)
     code = sys.stdin.read() if ns.file == "-" else Path(ns.file).read_text()
 
-    from tools.sandbox import make_sandbox
+    from agentgym.tools.sandbox import make_sandbox
 
     sandbox = make_sandbox(cfg.sandbox)
     try:
@@ -582,14 +582,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"agentgym {command}: error: {msg}", file=sys.stderr)
         return 2
     except (OSError, ServiceFailed) as e:  # a checkpoint (2) or a service (1): says what to do
-        from trainers.run import CheckpointError  # loaded by then; torch stays out of --help
+        from agentgym.trainers.run import CheckpointError  # loaded by then; torch stays out of --help
         if isinstance(e, OSError) and not isinstance(e, CheckpointError):
             raise
         log.debug("command failed", exc_info=True)
         print(f"agentgym {command}: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, CheckpointError) else 1
     finally:  # an MCP server lives as long as the command that connected to it
-        sys.modules.get("tools.mcp_client") and sys.modules["tools.mcp_client"].close_shared()
+        sys.modules.get("agentgym.tools.mcp_client") and sys.modules["agentgym.tools.mcp_client"].close_shared()
 
 
 if __name__ == "__main__":

@@ -112,7 +112,7 @@ class RetrieverConfig:
 
 @dataclass
 class SandboxConfig:
-    """Where and under which limits model-written code runs (``tools.sandbox``)."""
+    """Where and under which limits model-written code runs (``agentgym.tools.sandbox``)."""
 
     backend: str = "local"  # local (bubblewrap / unshare on this machine) | e2b (needs E2B_API_KEY)
     isolation: str = "auto"  # local only: auto (bwrap, else unshare, logged) | bwrap | unshare
@@ -440,7 +440,7 @@ class DataConfig:
 @dataclass
 class JudgeConfig:
     """``reward=judge``: a model behind an OpenAI-compatible endpoint grades each answer
-    (:mod:`envs.judge`)."""
+    (:mod:`agentgym.envs.judge`)."""
 
     url: str = ""  # the server (gets /v1/chat/completions): vLLM, SGLang, `agentgym serve`
     model: str = ""  # the "model" field sent ("" = leave it out: the server's only model)

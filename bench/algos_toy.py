@@ -39,7 +39,7 @@ EXTRA = {"ppo": {"rollout.n": 1, "trainer.prompts_per_step": 32, "critic.lr": 1e
 
 
 def run(algo: str, seed: int, data: Path, work: Path) -> list[float]:
-    from trainers import train
+    from agentgym.trainers import train
     cfg = build_config({**BASE, "env": "agentgym-test/Letter-v0", "data": str(data),
                         "algo": algo, "trainer.seed": seed, **EXTRA.get(algo, {}),
                         "run_dir": str(work / f"{algo}-{seed}")})
@@ -70,7 +70,7 @@ def main() -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--no-write", action="store_true")
     a = ap.parse_args()
-    import envs
+    from agentgym import envs
     from agentgym.data.rows import write_jsonl
     from toy_envs import letter_rows
     if "agentgym-test/Letter-v0" not in envs.env_ids():

@@ -32,10 +32,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import envs  # noqa: E402
+from agentgym import envs  # noqa: E402
 from agentgym.config import build_config  # noqa: E402
 from agentgym.data.rows import write_jsonl  # noqa: E402
-from envs.base import AgentEnv  # noqa: E402
+from agentgym.envs.base import AgentEnv  # noqa: E402
 
 from bench.report import write_section  # noqa: E402
 
@@ -83,7 +83,7 @@ def rows(n: int, latency: float, seed: int = 0) -> list[dict]:
 
 def run(name: str, overrides: dict, out: Path) -> dict:
     cfg = build_config({**overrides, "run_dir": str(out / name), "trainer.resume": "never"})
-    from trainers import train
+    from agentgym.trainers import train
     t0 = time.perf_counter()
     run_dir = train(cfg)
     wall = time.perf_counter() - t0

@@ -33,9 +33,9 @@ from agentgym.config import build_config  # noqa: E402
 from agentgym.models.zoo import load_model, load_tokenizer, resolve_model  # noqa: E402
 from agentgym.core.types import Trajectory  # noqa: E402
 from bench.report import write_section  # noqa: E402
-from trainers.backends.base import ModelSpec  # noqa: E402
-from trainers.batch import collate  # noqa: E402
-from trainers.grpo import make_loss_fn  # noqa: E402
+from agentgym.trainers.backends.base import ModelSpec  # noqa: E402
+from agentgym.trainers.batch import collate  # noqa: E402
+from agentgym.trainers.grpo import make_loss_fn  # noqa: E402
 
 CONFIGS = [("single", {}), ("fsdp", {}), ("deepspeed ZeRO-1", {"zero_stage": 1}),
            ("deepspeed ZeRO-2", {"zero_stage": 2}), ("deepspeed ZeRO-3", {"zero_stage": 3})]
@@ -62,7 +62,7 @@ def make_batch(tokenizer, seqs: int, tokens: int, seed: int):
 
 
 def run(name: str, opts: dict, a, path: Path, tok) -> dict:
-    from trainers.grpo import make_backend
+    from agentgym.trainers.grpo import make_backend
     over = {"trainer.micro_batch_tokens": a.micro_batch_tokens, "trainer.lr": 1e-5}
     if name != "single":
         over.update({"trainer.backend": name.split()[0], "trainer.nprocs": a.nprocs})

@@ -5,7 +5,7 @@ format validity and EM of greedy episodes on held-out questions, for several N.
     python bench/cold_start_size.py --demos 16,32 sft.epochs=3 trainer.mixed_precision=bf16
 
 Each size runs the cold start exactly as ``agentgym train`` does
-(:func:`trainers.cold_start.prepare` with ``trainer.cold_start_demos=N``; the probe
+(:func:`agentgym.trainers.cold_start.prepare` with ``trainer.cold_start_demos=N``; the probe
 threshold is set to 1.0 so it always runs), then ``agentgym eval env=search data=nq`` on
 its model. Results are cached by content like any cold start, so a re-run only evaluates.
 """
@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 from agentgym.cli import main as cli, wilson_ci95  # noqa: E402
 from agentgym.config import build_config, parse_overrides  # noqa: E402
 from bench.report import machine, write_section  # noqa: E402
-from trainers.local_rollout import Hooks  # noqa: E402
+from agentgym.trainers.local_rollout import Hooks  # noqa: E402
 
 
 class _Print(Hooks):
@@ -40,7 +40,7 @@ def main() -> None:
     ap.add_argument("--work", default="runs/cold_size")
     ap.add_argument("overrides", nargs="*", help="key=value config overrides (cold start and eval)")
     a = ap.parse_args()
-    from trainers.cold_start import prepare
+    from agentgym.trainers.cold_start import prepare
     rows = []
     sizes = [int(x) for x in a.demos.split(",")]
     for n in sizes:

@@ -38,7 +38,7 @@ def main() -> None:
     a = ap.parse_args()
     from agentgym.data.rows import training_rows
     from agentgym.rollout.runtime import build_manager
-    from trainers.algos import signal_share
+    from agentgym.trainers.algos import signal_share
     settings = [(True, float(t)) for t in a.temperatures.split(",")] + [(False, 1.0)]
     results = []
     for answerable_only, temperature in settings:

@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import envs  # noqa: E402
+from agentgym import envs  # noqa: E402
 from agentgym.config import build_config  # noqa: E402
 from agentgym.data.rows import write_jsonl  # noqa: E402
 from bench.async_vs_sync import ENV_ID, rows  # noqa: E402
@@ -38,7 +38,7 @@ from bench.report import write_section  # noqa: E402
 
 
 def run(name: str, overrides: dict, out: Path) -> dict:
-    from trainers import train
+    from agentgym.trainers import train
     cfg = build_config({**overrides, "run_dir": str(out / name), "trainer.resume": "never"})
     t0 = time.perf_counter()
     run_dir = train(cfg)

@@ -48,7 +48,7 @@ from agentgym.rollout.manager import GenerationManager  # noqa: E402
 from agentgym.models.zoo import load_model, load_tokenizer, resolve_model  # noqa: E402
 from agentgym.core.paths import data_dir  # noqa: E402
 from agentgym.rollout.runtime import env_factory  # noqa: E402
-from tools.local_retriever import LocalRetriever  # noqa: E402
+from agentgym.tools.local_retriever import LocalRetriever  # noqa: E402
 
 from bench.report import write_section  # noqa: E402
 

@@ -3,7 +3,7 @@
     python bench/retriever_bench.py                        # dense, concurrency 1, 8, 32
     python bench/retriever_bench.py --dtype bfloat16 --methods dense bm25
 
-Both servers are ``python -m retriever_server`` over the *same* saved index (the shipped
+Both servers are ``python -m agentgym.retriever_server`` over the *same* saved index (the shipped
 21k-passage corpus, built by ``bench/retriever_recall.py``'s ``ensure_index``) and the same
 encoder; the baseline runs with ``--batching off``, which searches every request on its own
 in a thread pool, the way Search-R1's ``retrieval_server.py`` does (a sync FastAPI
@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.report import write_section  # noqa: E402
 from bench.retriever_recall import ensure_index, load_questions  # noqa: E402
-from tools.local_retriever import LocalRetriever  # noqa: E402
+from agentgym.tools.local_retriever import LocalRetriever  # noqa: E402
 
 
 async def _run(url: str, questions: list[str], n: int, concurrency: int) -> dict:

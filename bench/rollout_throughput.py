@@ -45,9 +45,9 @@ from agentgym.rollout.engines.hf import HFEngine  # noqa: E402
 from agentgym.rollout.manager import GenerationManager  # noqa: E402
 from agentgym.models.zoo import load_model, load_tokenizer, resolve_model  # noqa: E402
 from agentgym.core.paths import data_dir  # noqa: E402
-from envs.base import AgentEnv  # noqa: E402
-from tools.local_retriever import LocalRetriever  # noqa: E402
-from tools.retriever import RetrieverClient, format_docs  # noqa: E402
+from agentgym.envs.base import AgentEnv  # noqa: E402
+from agentgym.tools.local_retriever import LocalRetriever  # noqa: E402
+from agentgym.tools.retriever import RetrieverClient, format_docs  # noqa: E402
 
 from bench.report import write_section  # noqa: E402
 

@@ -3,7 +3,7 @@
 Modes, all through asyncio subprocesses on this machine, same interpreter:
 
 * ``bare``: ``python -c 'print(1)'`` fork+exec, no isolation (the floor).
-* ``bwrap`` / ``unshare``: a stateless :class:`tools.sandbox.LocalSandbox` execution
+* ``bwrap`` / ``unshare``: a stateless :class:`agentgym.tools.sandbox.LocalSandbox` execution
   (namespaces, setpriv to a fresh uid, rlimits, the in-sandbox worker, output capture).
 * ``session``: a cell in a warm session (the interpreter is already running).
 
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.report import write_section  # noqa: E402
-from tools.sandbox import LocalSandbox  # noqa: E402
+from agentgym.tools.sandbox import LocalSandbox  # noqa: E402
 
 TITLE = "Code sandbox: per-execution latency and throughput"
 NOTES = ("Reading: a stateless execution pays namespaces and mounts (bwrap), `setpriv` to a "

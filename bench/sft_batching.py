@@ -5,7 +5,7 @@
 
 For the given SFT files (demonstrations, trajectories or conversations), tokenized for
 ``--model``, draws one epoch of ``--batch-size`` batches both ways
-(:func:`trainers.sft.epoch_batches`), splits each batch into micro-batches under
+(:func:`agentgym.trainers.sft.epoch_batches`), splits each batch into micro-batches under
 ``--micro-batch-tokens`` exactly as the trainer does, and counts the tokens a forward
 pass computes (rows x longest) against the real ones. With ``--time-steps K`` it also
 times K optimizer steps of each (bf16 autocast), on the same batches' sizes.
@@ -28,8 +28,8 @@ from agentgym.data.rows import read_jsonl  # noqa: E402
 from agentgym.data.demos import record_to_trajectory  # noqa: E402
 from agentgym.models.zoo import load_model, load_tokenizer, resolve_model  # noqa: E402
 from bench.report import write_section  # noqa: E402
-from trainers.batch import micro_batches  # noqa: E402
-from trainers.sft import epoch_batches  # noqa: E402
+from agentgym.trainers.batch import micro_batches  # noqa: E402
+from agentgym.trainers.sft import epoch_batches  # noqa: E402
 
 
 def padding(lengths, batches, budget):
@@ -46,9 +46,9 @@ def padding(lengths, batches, budget):
 def time_steps(path, trajs, batches, budget, k):
     import torch
 
-    from trainers.backends.single import SingleBackend
-    from trainers.batch import collate
-    from trainers.sft import sft_loss_fn
+    from agentgym.trainers.backends.single import SingleBackend
+    from agentgym.trainers.batch import collate
+    from agentgym.trainers.sft import sft_loss_fn
     tok = load_tokenizer(path)
     backend = SingleBackend(load_model(path), lr=1e-5, micro_batch_tokens=budget,
                             mixed_precision="bf16")

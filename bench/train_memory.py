@@ -21,9 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agentgym.config import build_config  # noqa: E402
 from agentgym.models.zoo import load_model, resolve_model  # noqa: E402
 from agentgym.core.types import Trajectory  # noqa: E402
-from trainers.backends.single import SingleBackend  # noqa: E402
-from trainers.batch import collate  # noqa: E402
-from trainers.grpo import make_loss_fn  # noqa: E402
+from agentgym.trainers.backends.single import SingleBackend  # noqa: E402
+from agentgym.trainers.batch import collate  # noqa: E402
+from agentgym.trainers.grpo import make_loss_fn  # noqa: E402
 
 
 def main() -> None:

@@ -42,7 +42,7 @@ ARMS = {"outcome": (False, "grpo"), "summed": (True, "grpo"), "mt_grpo": (True, 
 def run(arm: str, seed: int, work: Path) -> list[float]:
     from agentgym.data.rows import write_jsonl
     from toy_envs import two_step_rows
-    from trainers import train
+    from agentgym.trainers import train
     turn_reward, advantage = ARMS[arm]
     data = work / f"{arm}.jsonl"
     write_jsonl(data, two_step_rows(64, turn_reward))
@@ -59,7 +59,7 @@ def main() -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--no-write", action="store_true")
     a = ap.parse_args()
-    import envs
+    from agentgym import envs
     if "agentgym-test/TwoStep-v0" not in envs.env_ids():
         envs.register_env("agentgym-test/TwoStep-v0", "toy_envs:TwoStepEnv")
     curves: dict[str, list[list[float]]] = {}

@@ -52,10 +52,10 @@ def one(length: int, setting: str) -> dict:
     from agentgym.config import build_config
     from agentgym.models.zoo import resolve_model
     from agentgym.core.types import Trajectory
-    from trainers.backends.base import ModelSpec
-    from trainers.backends.single import SingleBackend
-    from trainers.batch import collate
-    from trainers.grpo import make_loss_fn
+    from agentgym.trainers.backends.base import ModelSpec
+    from agentgym.trainers.backends.single import SingleBackend
+    from agentgym.trainers.batch import collate
+    from agentgym.trainers.grpo import make_loss_fn
     chunk, ckpt = SETTINGS[setting]
     precision = "bf16" if _native_bf16() else ""
     model = ModelSpec(str(resolve_model("smollm2-135m")), gradient_checkpointing=ckpt).load()

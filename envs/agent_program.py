@@ -5,14 +5,14 @@ reports it as skipped."""
 
 from __future__ import annotations
 
-from envs.base import AgentEnv
+from agentgym.envs.base import AgentEnv
 
 
 class PlayedByProgram(RuntimeError):
     """``env=agent`` is driven by ``agent=``; it has no step loop to check or run."""
 
 
-class AgentProgram(AgentEnv):
+class AgentProgram(AgentEnv, env_id="agentgym/Agent-v0", short="agent"):
     """Stands for ``env=agent`` in the registry (see the module docstring)."""
 
     def __init__(self, max_turns: int = 4) -> None:

@@ -1,7 +1,7 @@
 """The environment contract: Gymnasium-style envs whose actions and observations are text.
 
 Every AgentGym environment subclasses :class:`AgentEnv` and obeys this contract
-(``envs.check_env`` verifies it; the tests run it over every registered env):
+(``agentgym.envs.check_env`` verifies it; the tests run it over every registered env):
 
 * ``reset(*, seed=None, options=None) -> (observation, info)``. The dataset row arrives as
   ``options["row"]`` (verl format). Without a row the env picks one of its built-in
@@ -17,7 +17,7 @@ Every AgentGym environment subclasses :class:`AgentEnv` and obeys this contract
 * ``stop_strings``: generation stops when one of these is produced, so the env can act.
 * ``tools``: OpenAI function schemas; the prompt renders them through the chat template
   (or a system message) and the env parses Hermes ``<tool_call>`` blocks
-  (:mod:`envs.function_calling`), answering each with a ``tool`` message.
+  (:mod:`agentgym.envs.function_calling`), answering each with a ``tool`` message.
 * A tool failure (timeout, dead server, sandbox error) or a malformed action becomes an
   observation plus a counter in ``info``; it never raises out of ``step``. A failure that
   is not the policy's doing (the service unreachable, a 5xx, the service's own timeout, a
@@ -118,6 +118,18 @@ class AgentEnv(gymnasium.Env, abc.ABC):
     stop_strings: tuple[str, ...] = ()
     #: OpenAI function schemas the prompt offers (envs.function_calling); None: no tools
     tools: list[dict] | None = None
+    #: the registered id and short name the class statement gave (``env_id=``, ``short=``)
+    env_id: str | None = None
+    env_short: str | None = None
+
+    def __init_subclass__(cls, env_id: str | None = None, short: str | None = None,
+                          **kwargs) -> None:
+        """``class MyEnv(AgentEnv, env_id="me/My-v0", short="my")`` names the env: a
+        module of ``envs/`` that defines it is registered under that id and short name when
+        the package is imported (:func:`agentgym.envs.registration.discover_envs`)."""
+        super().__init_subclass__(**kwargs)
+        if env_id is not None:
+            cls.env_id, cls.env_short = env_id, short
 
     def __init__(self, max_turns: int = 4) -> None:
         if max_turns < 1:

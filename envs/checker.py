@@ -1,4 +1,4 @@
-"""``check_env``: verify an environment obeys the AgentGym contract (see ``envs.base``).
+"""``check_env``: verify an environment obeys the AgentGym contract (see ``agentgym.envs.base``).
 
 Hard violations raise :class:`EnvContractError` with what was wrong and how to fix it;
 doubtful behaviour only warns. The test suite runs this over every registered env and
@@ -12,7 +12,7 @@ import math
 import warnings
 from typing import Any
 
-from envs.base import is_message
+from agentgym.envs.base import is_message
 
 # Actions that exercise malformed, unfinished and answering paths of text envs.
 PROBE_ACTIONS = ("this is not a valid action", "<answer> unknown </answer>")

@@ -7,7 +7,7 @@ episode ends at the first action with a non-empty ``\\boxed{…}`` outside code 
 for ``<answer>\\n\\boxed{…}\\n</answer>``; generation also stops at ``</answer>``), or,
 without one, at ``#### N`` outside code (the form verl's GSM8K prompt asks for). Reward:
 1.0 if the boxed answer is equivalent to ``reward_model.ground_truth``
-(:func:`envs.math_reward.is_equivalent`), else 0.0; ``info["em"]`` is that correctness.
+(:func:`agentgym.envs.math_reward.is_equivalent`), else 0.0; ``info["em"]`` is that correctness.
 
 The interpreter output is stdout then stderr, cut to ``obs_bytes`` UTF-8 bytes (head and
 tail kept, a marker in between), followed by a short notice for a timeout, the memory
@@ -20,7 +20,7 @@ action with neither code nor an answer, or with empty code, counts in
 Turn reward (off by default): with ``run_reward > 0``, the first cell of an episode that
 runs without error (exit code 0, no timeout, memory or sandbox failure) earns that much on
 its turn, for turn-level credit (``algo.advantage=mt_grpo|gigpo``,
-:mod:`trainers.turn_credit`). Paid once per episode: printing ``1`` every turn earns nothing
+:mod:`agentgym.trainers.turn_credit`). Paid once per episode: printing ``1`` every turn earns nothing
 more; the episode's return is the run reward plus the answer's.
 """
 
@@ -30,10 +30,10 @@ import logging
 import re
 import uuid
 
-from envs.base import AgentEnv
-from envs.code_prompt import make_prompt, make_tools_prompt
-from envs.function_calling import CallError, function_tool, parse_tool_calls, tool_message
-from envs.math_reward import extract_boxed, is_equivalent
+from agentgym.envs.base import AgentEnv
+from agentgym.envs.code_prompt import make_prompt, make_tools_prompt
+from agentgym.envs.function_calling import CallError, function_tool, parse_tool_calls, tool_message
+from agentgym.envs.math_reward import extract_boxed, is_equivalent
 
 logger = logging.getLogger(__name__)
 
@@ -99,11 +99,11 @@ def truncate_utf8(text: str, limit: int) -> str:
     return f"{head}\n[... {cut} bytes truncated ...]\n{tail}"
 
 
-class CodeEnv(AgentEnv):
+class CodeEnv(AgentEnv, env_id="agentgym/Code-v0", short="code"):
     """ReTool code-interpreter environment.
 
     Args:
-        sandbox: a :class:`tools.sandbox.Sandbox` shared by many envs (never closed here).
+        sandbox: a :class:`agentgym.tools.sandbox.Sandbox` shared by many envs (never closed here).
             None: a default ``LocalSandbox`` is created on first use and closed with the env.
         obs_bytes: interpreter output shown to the model, in UTF-8 bytes (>= 64).
         stateful: each episode runs its cells in one sandbox session (variables persist
@@ -141,7 +141,7 @@ class CodeEnv(AgentEnv):
 
     def _box(self):
         if self._sandbox is None:
-            from tools.sandbox import LocalSandbox, Limits
+            from agentgym.tools.sandbox import LocalSandbox, Limits
             self._sandbox = LocalSandbox(Limits())
         return self._sandbox
 

@@ -7,7 +7,7 @@ when the boxed answer is right, else 0.0; ``info["em"]`` is that correctness:
 - without choices, the answer must equal ``reward_model.ground_truth`` after rounding to
   the gold's stated precision (Geometry3K rounds its answers: ``2\\sqrt{3}`` for
   ``3.46``, ``16.97`` for ``17``, but not ``121`` for ``120``;
-  :func:`envs.math_reward.matches_rounded`; ``rel_tol`` only absorbs float noise);
+  :func:`agentgym.envs.math_reward.matches_rounded`; ``rel_tol`` only absorbs float noise);
   ``60°`` and ``60^\\circ`` read as ``60``;
 - with choices (``extra_info.choices`` and ``answer_letter``), a letter answer counts
   when it is the gold letter (``B``, ``(B)``, ``B.``, ``\\text{B}``, ``\\mathrm{B}``,
@@ -25,7 +25,7 @@ expression's syntax tree: nothing is executed.
 Rows are verl's format with an ``images`` column (``scripts/build_geometry_data.py``):
 the prompt's ``<image>`` marks where the diagram goes, and ``images[0]`` is a path,
 ``{"bytes": …}``, ``{"path": …}`` or ``{"logic_form": …}`` (drawn on first use,
-:mod:`envs.geometry_diagrams`).
+:mod:`agentgym.envs.geometry_diagrams`).
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ import math
 import operator
 import re
 
-from envs.base import AgentEnv
-from envs.math_reward import extract_boxed, matches_rounded, numeric_value, strip_text_macros
+from agentgym.envs.base import AgentEnv
+from agentgym.envs.math_reward import extract_boxed, matches_rounded, numeric_value, strip_text_macros
 
 _CALC = re.compile(r"<calculator>(.*?)(?:</calculator>|$)", re.DOTALL)
 INSTRUCTION = ("Look at the diagram and answer the question. Think step by step, then put "
@@ -64,7 +64,7 @@ def load_image(spec):
         if spec.get("path"):
             return Image.open(spec["path"]).convert("RGB")
         if spec.get("logic_form"):
-            from envs.geometry_diagrams import diagram_png
+            from agentgym.envs.geometry_diagrams import diagram_png
             return Image.open(diagram_png(spec["logic_form"])).convert("RGB")
     raise ValueError(f"cannot read an image from {str(spec)[:80]!r}; give a path, "
                      "{'path': …}, {'bytes': …} or {'logic_form': …}")
@@ -160,7 +160,7 @@ def calculate(expr: str) -> float:
     return value
 
 
-class GeometryEnv(AgentEnv):
+class GeometryEnv(AgentEnv, env_id="agentgym/Geometry-v0", short="geometry"):
     """See the module docstring. ``rel_tol``: relative slack for float noise in the
     numeric check (the tolerance itself is the gold's rounding)."""
 

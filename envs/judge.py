@@ -3,7 +3,7 @@ endpoint grades each episode's answer against the reference.
 
 ``reward=judge judge.url=http://host:port`` (any OpenAI-compatible server: vLLM, SGLang,
 ``agentgym serve``) replaces the env's reward at the end of each episode
-(:class:`~envs.plugins.RewardOverride`) with the judge's score scaled to [0, 1]:
+(:class:`~agentgym.envs.plugins.RewardOverride`) with the judge's score scaled to [0, 1]:
 
 - the prompt: ``judge.rubric`` (text, or a path to a text file; default :data:`RUBRIC`) as
   the system message, then the question (the row's ``extra_info.question``, if any), the

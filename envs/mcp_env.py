@@ -1,30 +1,30 @@
 """Tools served over MCP, ``agentgym/MCP-v0`` (``env=mcp``).
 
-The env's tools are an MCP server's (:mod:`tools.mcp_client`): ``mcp.command="python
+The env's tools are an MCP server's (:mod:`agentgym.tools.mcp_client`): ``mcp.command="python
 server.py"`` launches one over stdio, ``mcp.url=http://host:8000/mcp`` reaches one over
-streamable HTTP; without either, the calculator of :mod:`tools.mcp_calculator`. Its tools
+streamable HTTP; without either, the calculator of :mod:`agentgym.tools.mcp_calculator`. Its tools
 reach the prompt as OpenAI function schemas (their input schemas unchanged), through the
-envs' function calling (:mod:`envs.function_calling`): the model calls them in Hermes
+envs' function calling (:mod:`agentgym.envs.function_calling`): the model calls them in Hermes
 ``<tool_call>`` blocks, each call goes to the server through MCP, and its result comes
 back as a ``tool`` message. A call that does not parse or fit its schema, or that the
 server answers with an error, is an observation saying so (``malformed_actions`` /
 ``tool_failures``); a server that cannot be reached or does not answer is an
-infrastructure failure too (:meth:`~envs.base.AgentEnv.infra_failure`).
+infrastructure failure too (:meth:`~agentgym.envs.base.AgentEnv.infra_failure`).
 
 A reply without a tool call is the answer: the text inside ``<answer>…</answer>`` if there
 is one, else the whole reply. Reward: its normalized exact match with
 ``reward_model.ground_truth`` (a string, a list or ``{"target": …}``); ``reward=`` replaces
-it with the user's function or a judge (:mod:`envs.plugins`), as for every env.
+it with the user's function or a judge (:mod:`agentgym.envs.plugins`), as for every env.
 """
 
 from __future__ import annotations
 
 import re
 
-from envs.base import AgentEnv
-from envs.function_calling import CallError, parse_tool_calls, tool_message
-from envs.rewards import exact_match
-from tools.errors import ToolError, ToolTimeout, ToolUnavailable
+from agentgym.envs.base import AgentEnv
+from agentgym.envs.function_calling import CallError, parse_tool_calls, tool_message
+from agentgym.envs.rewards import exact_match
+from agentgym.tools.errors import ToolError, ToolTimeout, ToolUnavailable
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 PROMPT = ("Use the tools to work out the answer. When you have it, reply without a tool call "
@@ -67,13 +67,13 @@ def golds_of(row: dict) -> list[str]:
     return [str(g) for g in gold] if isinstance(gold, list) else [str(gold)]
 
 
-class MCPEnv(AgentEnv):
+class MCPEnv(AgentEnv, env_id="agentgym/MCP-v0", short="mcp"):
     """An MCP server's tools as a multi-turn function-calling env.
 
     Args:
         command / url: the server (see the module docstring); neither: the calculator.
         timeout_s: one tool call's budget.
-        server: an already connected :class:`tools.mcp_client.MCPTools` (else the
+        server: an already connected :class:`agentgym.tools.mcp_client.MCPTools` (else the
             process's shared connection to ``command`` / ``url``).
         max_turns: actions per episode (tool-call turns plus the answer).
     """
@@ -84,7 +84,7 @@ class MCPEnv(AgentEnv):
                  server=None, max_turns: int = 4) -> None:
         super().__init__(max_turns=max_turns)
         if server is None:
-            from tools.mcp_client import shared
+            from agentgym.tools.mcp_client import shared
             server = shared(command, url, timeout_s)
         self.server = server
         self.tools = server.schemas

@@ -1,9 +1,9 @@
 """Envs and rewards from the user's own code, without a wrapper script.
 
-- ``env=my_pkg.my_module:MyEnv``: an :class:`~envs.base.AgentEnv` subclass importable here
+- ``env=my_pkg.my_module:MyEnv``: an :class:`~agentgym.envs.base.AgentEnv` subclass importable here
   (and in Ray workers: an installed package, or on ``PYTHONPATH``) is registered on first
   use under its ``env_id`` class attribute (default ``<top package>/<ClassName>-v0``), with
-  the spec itself as its short name (:func:`envs.registration.resolve_env_id`).
+  the spec itself as its short name (:func:`agentgym.envs.registration.resolve_env_id`).
 - Installed packages register envs through the entry-point group ``agentgym.envs``: the
   entry point's name is the short name (``env=maze``), its value ``package.module:Class``;
   the id is ``<distribution>/<name>-v0`` unless the class sets ``env_id``. Read when
@@ -49,8 +49,8 @@ def load_spec(spec: str, what: str) -> Any:
 
 
 def plugin_env_class(spec: str):
-    """The :class:`~envs.base.AgentEnv` subclass ``spec`` names (a clear error otherwise)."""
-    from envs.base import AgentEnv
+    """The :class:`~agentgym.envs.base.AgentEnv` subclass ``spec`` names (a clear error otherwise)."""
+    from agentgym.envs.base import AgentEnv
     cls = load_spec(spec, "env")
     if not (isinstance(cls, type) and issubclass(cls, AgentEnv)):
         raise ValueError(f"env={spec!r} is {cls!r}, not a subclass of envs.base.AgentEnv "
@@ -99,7 +99,7 @@ class RewardOverride:
 
     def __init__(self, env, reward) -> None:
         """``reward``: a ``package.module:function`` spec, or the function itself (a
-        picklable callable, e.g. :class:`envs.judge.JudgeReward`)."""
+        picklable callable, e.g. :class:`agentgym.envs.judge.JudgeReward`)."""
         self.env = env
         self.fn = reward if callable(reward) else load_reward(reward)
         self.spec = getattr(reward, "name", None) or str(reward)

@@ -1,6 +1,6 @@
 """Environment registry: AgentGym ids, short names, and registration with gymnasium.
 
-``register_env("agentgym/Search-v0", "envs.search:SearchEnv", short="search")`` records a
+``register_env("agentgym/Search-v0", "agentgym.envs.search:SearchEnv", short="search")`` records a
 lazy entry point (the module is imported only on ``make_env``) and registers the same id
 with gymnasium, so ``gymnasium.make("agentgym/Search-v0")`` works after ``import envs``.
 Ids carry a version: bump it whenever reward, parsing or prompt changes could move results.
@@ -41,12 +41,12 @@ def register_env(env_id: str, entry_point: str, short: str | None = None, **kwar
 
 def resolve_env_id(name: str) -> str:
     """Map a short name (``search``), a full id, or a ``package.module:Class`` plugin
-    spec (registered on first use, :mod:`envs.plugins`) to the registered full id."""
+    spec (registered on first use, :mod:`agentgym.envs.plugins`) to the registered full id."""
     if name in ENVS:
         return name
     if name in _SHORT:
         return _SHORT[name]
-    from envs.plugins import is_spec, plugin_env_class, plugin_env_id
+    from agentgym.envs.plugins import is_spec, plugin_env_class, plugin_env_id
     if is_spec(name):
         cls = plugin_env_class(name)
         env_id = plugin_env_id(cls, name.partition(":")[0].split(".")[0])
@@ -87,6 +87,31 @@ def env_aliases(name: str) -> set[str]:
     return {env_id, name, *(s for s, i in _SHORT.items() if i == env_id)}
 
 
+def discover_envs() -> None:
+    """Import every module of this package and register each env class one defines with
+    the id its class statement names (``class SearchEnv(AgentEnv,
+    env_id="agentgym/Search-v0", short="search")``): an env added as one file under
+    ``envs/`` needs no edit anywhere else. A second call registers nothing twice."""
+    import importlib
+    import pkgutil
+
+    from agentgym.envs.base import AgentEnv
+    package = importlib.import_module(__name__.rpartition(".")[0])
+    for info in pkgutil.iter_modules(package.__path__):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        for cls in vars(module).values():
+            if isinstance(cls, type) and issubclass(cls, AgentEnv) and \
+                    cls.__module__ == module.__name__ and vars(cls).get("env_id") and \
+                    cls.env_id not in ENVS:
+                register_env(cls.env_id, f"{cls.__module__}:{cls.__qualname__}",
+                             short=cls.env_short)
+
+
+_ENTRY_POINTS: set[tuple[str, str, str]] = set()  # (short, spec, dist) already registered
+
+
 def register_entry_points() -> list[str]:
     """Register the envs of installed packages' ``agentgym.envs`` entry points (name: the
     short name; value: ``package.module:Class``, imported on first use). A name already
@@ -94,10 +119,12 @@ def register_entry_points() -> list[str]:
     the ids registered."""
     import logging
 
-    from envs.plugins import entry_point_envs
+    from agentgym.envs.plugins import entry_point_envs
     done = []
     for short, spec, dist in entry_point_envs():
         env_id = f"{dist}/{short}-v0".replace(" ", "-")
+        if (short, spec, dist) in _ENTRY_POINTS:
+            continue
         if short in _SHORT or env_id in ENVS:
             logging.getLogger(__name__).warning(
                 "entry point %s = %s (%s): the name is taken; skipped", short, spec, dist)
@@ -108,5 +135,6 @@ def register_entry_points() -> list[str]:
             logging.getLogger(__name__).warning("entry point %s = %s (%s): %s",
                                                 short, spec, dist, e)
             continue
+        _ENTRY_POINTS.add((short, spec, dist))
         done.append(env_id)
     return done

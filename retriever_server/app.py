@@ -1,6 +1,6 @@
 """FastAPI app serving Search-R1's retrieval API over an index (BM25 or dense).
 
-``POST /retrieve`` takes the body described in :mod:`retriever_server.schema` and answers
+``POST /retrieve`` takes the body described in :mod:`agentgym.retriever_server.schema` and answers
 ``{"result": [[{"document": {"id", "contents"}, "score"}]]}``; ``GET /health`` reports
 readiness, corpus size, method, limits and batching counters.
 
@@ -8,14 +8,14 @@ Bad input is a 4xx whose JSON ``message`` names the offending field, value or li
 for a body that is not JSON or breaks the schema or a limit, 413 for a body over
 ``max_body_bytes``. 503 means the server is shutting down; a 500 means a server bug.
 
-Concurrent requests are searched together (:class:`~retriever_server.batcher.QueryBatcher`,
-``batching=True``; ``python -m retriever_server`` turns it on for dense indexes).
+Concurrent requests are searched together (:class:`~agentgym.retriever_server.batcher.QueryBatcher`,
+``batching=True``; ``python -m agentgym.retriever_server`` turns it on for dense indexes).
 ``batching=False`` searches each request on its own in
 a thread pool, the way Search-R1's server does; ``bench/retriever_bench.py`` compares the
 two. Either way the event loop never blocks on a search, so ``/health`` stays responsive.
 An ``X-Request-ID`` header sent by the client is logged and echoed back.
 
-Run it with ``python -m retriever_server --index DIR`` (see ``__main__``).
+Run it with ``python -m agentgym.retriever_server --index DIR`` (see ``__main__``).
 """
 
 # No `from __future__ import annotations`: FastAPI must see the per-server request model
@@ -30,9 +30,9 @@ from fastapi.exceptions import HTTPException, RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from retriever_server.batcher import QueryBatcher, ShuttingDown
-from retriever_server.index import SearchIndex
-from retriever_server.schema import ErrorResponse, Limits, RetrieveResponse, request_model
+from agentgym.retriever_server.batcher import QueryBatcher, ShuttingDown
+from agentgym.retriever_server.index import SearchIndex
+from agentgym.retriever_server.schema import ErrorResponse, Limits, RetrieveResponse, request_model
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from typing import Callable
 
 import bm25s
 
-from retriever_server.corpus import DOCS_FILE, read_corpus, read_docs, write_docs
+from agentgym.retriever_server.corpus import DOCS_FILE, read_corpus, read_docs, write_docs
 
 logger = logging.getLogger(__name__)
 

@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from retriever_server.corpus import read_docs, write_docs
-from retriever_server.encoder import Encoder, EncoderSpec
+from agentgym.retriever_server.corpus import read_docs, write_docs
+from agentgym.retriever_server.encoder import Encoder, EncoderSpec
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ class DenseIndex:
 
     def save(self, directory: str | Path) -> None:
         """Write ``index.faiss`` and ``docs.jsonl`` into ``directory`` (``meta.json`` is the
-        caller's: :func:`retriever_server.index.save_index` writes it last)."""
+        caller's: :func:`agentgym.retriever_server.index.save_index` writes it last)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         _faiss().write_index(self.index, str(directory / INDEX_FILE))

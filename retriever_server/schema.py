@@ -27,7 +27,7 @@ Decisions:
 * A single ``{"query": …}`` is answered in the same shape, as a batch of one
   (``result[0]`` holds its hits), so one client parser serves both request shapes.
 * Limits (number of queries, topk, characters per query) are per server
-  (:class:`Limits`, set by ``python -m retriever_server`` flags); each is part of the
+  (:class:`Limits`, set by ``python -m agentgym.retriever_server`` flags); each is part of the
   OpenAPI schema and enforced with a 422 whose message states the limit.
 """
 
@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 @dataclass(frozen=True)
 class Limits:
-    """Per-server bounds on a request (defaults are ``python -m retriever_server``'s).
+    """Per-server bounds on a request (defaults are ``python -m agentgym.retriever_server``'s).
 
     Attributes:
         max_queries: queries per request.

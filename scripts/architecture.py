@@ -16,40 +16,44 @@ a trajectory takes, stage by stage, each with the function that does it (checked
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+#: the folders of the repository; installed, the last four are subpackages of agentgym
 PACKAGES = ("agentgym", "envs", "tools", "trainers", "retriever_server")
 
 _CORE = "agentgym.core"
+_TOOLS, _RETRIEVER = "agentgym.tools", "agentgym.retriever_server"
+_ENVS, _TRAINERS = "agentgym.envs", "agentgym.trainers"
 #: unit -> the units it may import, lowest layer first (a unit may always import itself)
 LAYERS: dict[str, tuple[str, ...]] = {
     _CORE: (),
-    "tools": (_CORE,),
-    "retriever_server": (_CORE,),
-    "envs": (_CORE, "tools"),
+    _TOOLS: (_CORE,),
+    _RETRIEVER: (_CORE,),
+    _ENVS: (_CORE, _TOOLS),
     "agentgym.presets": (_CORE,),
     "agentgym.config": (_CORE, "agentgym.presets"),
     "agentgym.models": (_CORE,),
-    "agentgym.rollout": (_CORE, "agentgym.config", "agentgym.models", "envs", "tools"),
-    "agentgym.data": (_CORE, "agentgym.config", "agentgym.models", "agentgym.rollout", "envs",
-                      "tools"),
-    "agentgym.reporting": (_CORE, "agentgym.rollout", "envs"),
-    "agentgym.serving": (_CORE, "agentgym.models", "agentgym.rollout", "envs", "tools"),
-    "trainers": (_CORE, "agentgym.config", "agentgym.models", "agentgym.rollout",
-                 "agentgym.data", "agentgym.reporting", "agentgym.serving", "envs", "tools"),
+    "agentgym.rollout": (_CORE, "agentgym.config", "agentgym.models", _ENVS, _TOOLS),
+    "agentgym.data": (_CORE, "agentgym.config", "agentgym.models", "agentgym.rollout", _ENVS,
+                      _TOOLS),
+    "agentgym.reporting": (_CORE, "agentgym.rollout", _ENVS),
+    "agentgym.serving": (_CORE, "agentgym.models", "agentgym.rollout", _ENVS, _TOOLS),
+    _TRAINERS: (_CORE, "agentgym.config", "agentgym.models", "agentgym.rollout",
+                "agentgym.data", "agentgym.reporting", "agentgym.serving", _ENVS, _TOOLS),
     "agentgym.cli": (_CORE, "agentgym.config", "agentgym.models", "agentgym.rollout",
-                     "agentgym.data", "agentgym.reporting", "agentgym.serving", "trainers",
-                     "envs", "tools", "retriever_server"),
+                     "agentgym.data", "agentgym.reporting", "agentgym.serving", _TRAINERS,
+                     _ENVS, _TOOLS, _RETRIEVER),
 }
 #: what each unit holds, one line (docs/ARCHITECTURE.md's table)
 ROLES = {
     _CORE: "types (Trajectory: the loss mask), registry, paths, server processes, device, memory",
-    "tools": "what envs call: retriever client and launcher, the code sandbox",
-    "retriever_server": "the Search-R1 retrieval service (BM25, faiss)",
-    "envs": "Gymnasium-style envs, the contract checker, rewards, plugins",
+    _TOOLS: "what envs call: retriever client and launcher, the code sandbox",
+    _RETRIEVER: "the Search-R1 retrieval service (BM25, faiss)",
+    _ENVS: "Gymnasium-style envs, the contract checker, rewards, plugins",
     "agentgym.presets": "env, algorithm and per-env key presets, key shorthands, recipes",
     "agentgym.config": "the typed config and its key=value overrides",
     "agentgym.models": "model zoo, tiny models, vision inputs",
@@ -57,19 +61,21 @@ ROLES = {
     "agentgym.data": "datasets, answerable filter, cold-start demonstrations",
     "agentgym.reporting": "metrics, eval (pass@k), stats, the inspector page",
     "agentgym.serving": "agentgym serve (SGLang / OpenAI API), agent endpoints",
-    "trainers": "recipes (GRPO family, PPO, SFT), algos, backends, async, Ray",
+    _TRAINERS: "recipes (GRPO family, PPO, SFT), algos, backends, async, Ray",
     "agentgym.cli": "the agentgym command",
 }
 #: the path a trajectory takes, stage by stage: (stage, module, the function that does it,
 #: what it hands on). :func:`check_path` verifies each function is defined there.
 TRAJECTORY = [
     ("data", "agentgym.data.rows", "training_rows", "rows (a question, its gold answers)"),
-    ("step", "trainers.sampling", "collect", "this step's prompts x n"),
-    ("manager", "agentgym.rollout.manager", "run", "token ids in, the loss mask built turn by turn"),
+    ("step", "agentgym.trainers.sampling", "collect", "this step's prompts x n"),
+    ("manager", "agentgym.rollout.manager", "run",
+     "token ids in, the loss mask built turn by turn"),
     ("engine", "agentgym.rollout.engines.hf", "generate", "sampled ids + their logprobs"),
-    ("env", "envs.base", "step", "an action parsed, an observation back"),
-    ("trainer", "trainers.grpo", "update_policy", "Trajectory batch: mask, logprobs, advantages"),
-    ("weights", "trainers.grpo", "sync", "new weights into the engine (version + 1)"),
+    ("env", "agentgym.envs.base", "step", "an action parsed, an observation back"),
+    ("trainer", "agentgym.trainers.grpo", "update_policy",
+     "Trajectory batch: mask, logprobs, advantages"),
+    ("weights", "agentgym.trainers.grpo", "sync", "new weights into the engine (version + 1)"),
 ]
 
 
@@ -86,15 +92,17 @@ def check_path() -> list[str]:
     return missing
 
 
+def module_name(path: Path) -> str:
+    """A file's dotted name as installed: ``envs/search.py`` is ``agentgym.envs.search``."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    if parts[0] != "agentgym":
+        parts = ("agentgym", *parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
 def modules() -> dict[str, Path]:
-    """Every module of the packages: dotted name -> file."""
-    out = {}
-    for pkg in PACKAGES:
-        for p in (ROOT / pkg).rglob("*.py"):
-            rel = p.relative_to(ROOT).with_suffix("")
-            name = ".".join(rel.parts)
-            out[name[:-len(".__init__")] if name.endswith(".__init__") else name] = p
-    return out
+    """Every module of the packages: dotted name (as installed) -> file."""
+    return {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
 
 
 def unit_of(module: str) -> str:
@@ -108,8 +116,16 @@ def unit_of(module: str) -> str:
                    f"add its package there (and to docs/ARCHITECTURE.md)")
 
 
-def imports(mods: dict[str, Path] | None = None) -> dict[str, set[str]]:
-    """module -> the project modules it imports (anywhere in the file)."""
+#: a registry string: ``"package.module:Attr"`` (envs, algorithms, rewards, plugins)
+_SPEC = re.compile(r"^(agentgym(?:\.\w+)+):\w+$")
+
+
+def imports(mods: dict[str, Path] | None = None, registry: bool = True
+            ) -> dict[str, set[str]]:
+    """module -> the project modules it imports (anywhere in the file): ``import`` and
+    ``from … import``, relative ones resolved against the module's package, and (with
+    ``registry``) the ``"package.module:Attr"`` strings it registers: loaded later, so no
+    import circle, but a dependency the layers must allow all the same."""
     mods = mods or modules()
 
     def resolve(name: str) -> str | None:
@@ -119,17 +135,26 @@ def imports(mods: dict[str, Path] | None = None) -> dict[str, set[str]]:
 
     out: dict[str, set[str]] = {}
     for name, path in mods.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         deps: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in mods
-                           else node.module for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # from .x import y / from .. import z
+                    up = package.split(".")
+                    up = up[:len(up) - (node.level - 1)]
+                    base = ".".join(up + ([base] if base else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base
+                           for a in node.names]
+            elif registry and isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and (m := _SPEC.match(node.value)):
+                targets = [m.group(1)]
             else:
                 continue
             for t in targets:
-                if t.split(".")[0] in PACKAGES and (r := resolve(t)) and r != name:
+                if t.split(".")[0] == "agentgym" and (r := resolve(t)) and r != name:
                     deps.add(r)
         out[name] = deps
     return out
@@ -230,7 +255,7 @@ def draw(path: Path) -> None:
         axes.text(x, y - 0.15, sub, ha="center", va="center", fontsize=6.2, zorder=4)
 
     for u, (x, y) in pos.items():
-        box(ax, x, y, W, u, ROLES[u], "#eef3fb" if u.startswith("agentgym") else "#f3f3f3")
+        box(ax, x, y, W, u, ROLES[u], "#f3f3f3" if u in (_TOOLS, _RETRIEVER, _ENVS, _TRAINERS) else "#eef3fb")
     for a, bs in g.items():
         for b in bs:
             (x1, y1), (x2, y2) = pos[a], pos[b]
@@ -267,7 +292,7 @@ def draw(path: Path) -> None:
 
 def main() -> int:
     deps = imports()
-    bad, circles, missing = violations(deps), module_cycles(deps), check_path()
+    bad, circles, missing = violations(deps), module_cycles(imports(registry=False)), check_path()
     g = unit_graph(deps)
     lv = levels(g)
     for u in sorted(LAYERS, key=lambda u: (lv[u], u)):

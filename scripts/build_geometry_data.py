@@ -28,8 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from envs.geometry import geometry_row  # noqa: E402
-from envs.geometry_diagrams import check_drawable  # noqa: E402
+from agentgym.envs.geometry import geometry_row  # noqa: E402
+from agentgym.envs.geometry_diagrams import check_drawable  # noqa: E402
 
 _TAIL = re.compile(r"\s*First output the thinking process.*$", re.DOTALL)
 KEYS = ("point_positions", "line_instances", "circle_instances", "diagram_logic_forms")

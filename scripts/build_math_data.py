@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from envs.code import code_row  # noqa: E402
+from agentgym.envs.code import code_row  # noqa: E402
 
 
 def norm(question: str) -> str:

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from envs.search_prompt import make_prompt  # noqa: E402
+from agentgym.envs.search_prompt import make_prompt  # noqa: E402
 
 CORPUS_FIELDS = ("id", "title", "text", "contents")
 N_EVAL, N_TRAIN_NQ, N_TRAIN_HOTPOT, SEED = 500, 2000, 1000, 0

@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 
 from PIL import Image, ImageDraw, ImageFont  # noqa: E402
 
-from envs.geometry_diagrams import check_drawable, draw_diagram  # noqa: E402
+from agentgym.envs.geometry_diagrams import check_drawable, draw_diagram  # noqa: E402
 
 
 def main() -> None:

@@ -84,9 +84,9 @@ def _update(model, vocab: int, device, rows: int = 8, seq: int = 1000,
 
     from agentgym.core.device import peak_memory_gb
     from agentgym.core.types import Trajectory
-    from trainers.backends.single import SingleBackend
-    from trainers.batch import collate
-    from trainers.sft import sft_loss_fn
+    from agentgym.trainers.backends.single import SingleBackend
+    from agentgym.trainers.batch import collate
+    from agentgym.trainers.sft import sft_loss_fn
     params = sum(p.numel() for p in model.parameters())
     backend = SingleBackend(model, lr=1e-6, micro_batch_tokens=rows * (seq + 24),
                             mixed_precision="bf16", logprob_chunk=1024)
@@ -269,7 +269,7 @@ def main() -> int:
                  f"{_gb(gen['peak_memory_gb'])})"))
     _write(out, header, rows, footer)
     print("gpu-check: update throughput", flush=True)
-    from trainers.backends.base import ModelSpec
+    from agentgym.trainers.backends.base import ModelSpec
     model = ModelSpec(path).load(device)
     upd = _update(model, model.config.vocab_size, device,
                   *((2, 64) if a.cpu_smoke else (8, 1000)))

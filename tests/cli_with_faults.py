@@ -16,9 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import envs  # noqa: E402
-from trainers.backends.distributed import DistributedBackend  # noqa: E402
-from trainers.backends.single import SingleBackend  # noqa: E402
+from agentgym import envs  # noqa: E402
+from agentgym.trainers.backends.distributed import DistributedBackend  # noqa: E402
+from agentgym.trainers.backends.single import SingleBackend  # noqa: E402
 
 envs.register_env("agentgym-test/Letter-v0", "toy_envs:LetterEnv")
 

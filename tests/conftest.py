@@ -20,7 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import envs  # noqa: E402
+from agentgym import envs  # noqa: E402
 
 
 def _interrupt(signum, frame):
@@ -76,7 +76,7 @@ def tiny_model(tiny_path):
 @pytest.fixture(scope="session")
 def retriever_url():
     from agentgym.core.paths import data_dir
-    from tools.local_retriever import LocalRetriever
+    from agentgym.tools.local_retriever import LocalRetriever
     with LocalRetriever(data_dir() / "corpus" / "wiki_passages.jsonl.gz") as r:
         yield r.url
 

@@ -9,7 +9,7 @@ from fastapi import Request  # module level: FastAPI resolves the proxy's annota
 
 from agentgym.rollout.engines.base import Engine
 from agentgym.core.types import GenerateOutput, SamplingParams
-from tools.errors import ToolTimeout, ToolUnavailable
+from agentgym.tools.errors import ToolTimeout, ToolUnavailable
 
 
 class ScriptedEngine(Engine):

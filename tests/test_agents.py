@@ -14,7 +14,7 @@ import torch
 from agentgym.config import build_config
 from agentgym.rollout.engines.hf import HFEngine
 from agentgym.serving.agents import AgentManager
-from envs.search import search_row
+from agentgym.envs.search import search_row
 from fakes import ScriptedServed
 
 CALL = '<tool_call>\n{"name": "search", "arguments": {"query": "capital of France"}}\n</tool_call>'
@@ -73,7 +73,7 @@ def test_a_rewritten_history_yields_several_trajectories_with_exact_masks(
 
 
 def test_an_episodes_rows_count_once_in_the_group_advantage():
-    from trainers.algos import grpo_advantages
+    from agentgym.trainers.algos import grpo_advantages
     rewards = torch.tensor([[1.0], [1.0], [0.0]])
     mask = torch.ones(3, 1)
     adv, _ = grpo_advantages(rewards, mask, group_ids=["q"] * 3, episode_ids=["a", "a", "b"])

@@ -11,14 +11,14 @@ import torch
 
 from agentgym.config import ALGO_PRESETS, Config, build_config
 from agentgym.core.types import Trajectory
-from trainers.algos import (ADVANTAGES, POLICY_LOSSES, aggregate, compute_advantages,
+from agentgym.trainers.algos import (ADVANTAGES, POLICY_LOSSES, aggregate, compute_advantages,
                             compute_policy_loss, dual_clip_loss, gae_advantages,
                             grpo_advantages, groups_with_signal, gspo_loss, kl_estimate,
                             masked_whiten, needs_critic, overlong_penalty, ppo_clip_loss,
                             reinforce_pp_advantages, reinforce_pp_baseline_advantages,
                             rloo_advantages, value_loss)
-from trainers.batch import collate, micro_batches
-from trainers.grpo import make_loss_fn
+from agentgym.trainers.batch import collate, micro_batches
+from agentgym.trainers.grpo import make_loss_fn
 
 ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gae")
 
@@ -523,7 +523,7 @@ def test_values_at_masked_positions_do_not_matter(tiny_model, tiny_tokenizer, po
 
 
 def test_update_reusing_its_own_logprobs_equals_a_separate_old_pass(tiny_model, tiny_tokenizer):
-    from trainers.backends.base import batched_logprobs
+    from agentgym.trainers.backends.base import batched_logprobs
     cfg = build_config({"algo.kl_coef": 0.1})
     batch = _toy_batch(tiny_tokenizer)
     batch.extra["old_logp"], _ = batched_logprobs(tiny_model, batch, 1.0, 4096)
@@ -536,7 +536,7 @@ def test_update_reusing_its_own_logprobs_equals_a_separate_old_pass(tiny_model, 
 
 
 def test_logprobs_skip_the_prompt_projection_exactly(tiny_model, tiny_tokenizer):
-    from trainers.backends.base import first_needed_position, sequence_logprobs
+    from agentgym.trainers.backends.base import first_needed_position, sequence_logprobs
     batch = _toy_batch(tiny_tokenizer)
     start = first_needed_position(batch.loss_mask)
     assert start == 3  # the shortest prompt is 3 tokens: the first sampled token is at 3
@@ -562,7 +562,7 @@ def test_logprobs_skip_the_prompt_projection_exactly(tiny_model, tiny_tokenizer)
 
 
 def test_off_policy_weights_by_hand():
-    from trainers.algos import behaviour_weights
+    from agentgym.trainers.algos import behaviour_weights
     prox = torch.log(torch.tensor([[0.5, 0.4, 0.9, 0.3]]))
     behav = torch.log(torch.tensor([[0.5, 0.1, 0.3, 0.9]]))
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
@@ -592,7 +592,7 @@ def test_off_policy_correction_scales_the_policy_gradient(tiny_tokenizer, tiny_m
     product 1.5^n (cut to the cap; dropped by a mask whose upper bound is 1.4)."""
     import copy
 
-    from trainers.backends.base import batched_logprobs
+    from agentgym.trainers.backends.base import batched_logprobs
     batch = _toy_batch(tiny_tokenizer)
     del batch.extra["old_logp"], batch.extra["ref_logp"]
     model = copy.deepcopy(tiny_model)
@@ -620,9 +620,9 @@ def _update(model, batch, cfg, steps=2):
     step moves the weights); returns the backend and each call's metrics."""
     import copy
 
-    from trainers.backends.single import SingleBackend
-    from trainers.grpo import update_policy
-    from trainers.local_rollout import Hooks
+    from agentgym.trainers.backends.single import SingleBackend
+    from agentgym.trainers.grpo import update_policy
+    from agentgym.trainers.local_rollout import Hooks
     backend = SingleBackend(copy.deepcopy(model), lr=1e-3)
     return backend, [update_policy(cfg, backend, batch, 1.0, s, Hooks()) for s in range(steps)]
 
@@ -649,7 +649,7 @@ def test_zero_advantage_rows_left_out_give_the_same_update(tiny_model, tiny_toke
                                                          policy_loss, monkeypatch):
     """Half the rows have all-zero advantages: leaving them out of the forward/backward
     gives the same weights and Adam state as training on every row."""
-    from trainers import grpo
+    from agentgym.trainers import grpo
     batch = _toy_batch(tiny_tokenizer)
     batch.extra["adv"][:4] = 0.0  # group "0": rewards all equal
     cfg = build_config({"trainer.mini_batches": 2, "algo.policy_loss": policy_loss})
@@ -675,7 +675,7 @@ def test_rollout_correction_modes_by_hand():
     """Row 0: token ratios 1, 4, 3 (the fourth token is off the mask), so the sequence
     ratio is 12 (product) or 12^(1/3) = 2.289 (geometric mean); row 1: the rollout's
     logprobs equal the old ones (ratio 1 everywhere)."""
-    from trainers.algos import behaviour_weights
+    from agentgym.trainers.algos import behaviour_weights
     prox = torch.log(torch.tensor([[0.5, 0.4, 0.9, 0.3], [0.2, 0.7, 0.6, 0.5]]))
     behav = torch.log(torch.tensor([[0.5, 0.1, 0.3, 0.9], [0.2, 0.7, 0.6, 0.5]]))
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]])

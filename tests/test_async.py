@@ -14,9 +14,9 @@ from agentgym.config import build_config
 from agentgym.data.rows import write_jsonl
 from agentgym.rollout.engines.hf import HFEngine
 from toy_envs import Gate, letter_rows
-from trainers import train
-from trainers.async_rollout import AsyncRollout
-from trainers.local_rollout import LocalRollout
+from agentgym.trainers import train
+from agentgym.trainers.async_rollout import AsyncRollout
+from agentgym.trainers.local_rollout import LocalRollout
 
 
 def _metrics(run):

@@ -9,12 +9,12 @@ import torch
 
 from agentgym.config import build_config
 from agentgym.core.types import Trajectory
-from trainers.backends.base import ModelSpec
-from trainers.backends.distributed import DistributedBackend
-from trainers.backends.ranks import OptimSpec
-from trainers.backends.single import SingleBackend
-from trainers.batch import collate
-from trainers.grpo import make_loss_fn
+from agentgym.trainers.backends.base import ModelSpec
+from agentgym.trainers.backends.distributed import DistributedBackend
+from agentgym.trainers.backends.ranks import OptimSpec
+from agentgym.trainers.backends.single import SingleBackend
+from agentgym.trainers.batch import collate
+from agentgym.trainers.grpo import make_loss_fn
 
 STEPS = 3
 # Measured agreement with the single backend on `tiny` (fp32, lr 1e-2, 3 AdamW steps that
@@ -94,7 +94,7 @@ def test_sharded_backends_match_single(reference, tiny_path, kind, stage, offloa
 
 @pytest.fixture(scope="module")
 def lora_reference(tiny_path, tiny_tokenizer):
-    from trainers.lora import LoraSpec
+    from agentgym.trainers.lora import LoraSpec
     cfg = build_config({})
     spec = ModelSpec(str(tiny_path), lora=LoraSpec(4, 8.0))
     batches = _batches(tiny_tokenizer)
@@ -122,7 +122,7 @@ def test_sharded_lora_matches_single(lora_reference, kind, stage):
 def test_sharded_reference_lives_in_the_ranks(tiny_path, tiny_tokenizer, kind):
     """The KL reference of a sharded backend (loaded in the ranks, sharded as the policy
     is) gives the local reference's logprobs, and stays put while the policy trains."""
-    from trainers.backends.base import batched_logprobs
+    from agentgym.trainers.backends.base import batched_logprobs
     from agentgym.models.zoo import load_model
     cfg = build_config({})
     batches = _batches(tiny_tokenizer)

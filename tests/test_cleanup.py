@@ -24,7 +24,7 @@ import pytest
 from agentgym.rollout.engines.launcher import launch_serve
 from agentgym.core.paths import data_dir
 from conftest import wait_until
-from tools.local_retriever import LocalRetriever
+from agentgym.tools.local_retriever import LocalRetriever
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = data_dir() / "corpus" / "wiki_passages.jsonl.gz"
@@ -96,7 +96,7 @@ DRIVER = textwrap.dedent("""
     # test's runner) inherit SIGINT ignored, and Python then installs no Ctrl-C handler
     signal.signal(signal.SIGINT, signal.default_int_handler)
     from agentgym.rollout.engines.launcher import launch_serve
-    from tools.local_retriever import LocalRetriever
+    from agentgym.tools.local_retriever import LocalRetriever
     retriever = LocalRetriever(sys.argv[1], index_dir=sys.argv[2])
     retriever.start()
     serve = launch_serve(sys.argv[3])

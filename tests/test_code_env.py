@@ -12,11 +12,11 @@ from pathlib import Path
 import gymnasium
 import pytest
 
-import envs
+from agentgym import envs
 from agentgym.data.rows import load_rows
-from envs.code import INVALID_ACTION, NO_CODE, CodeEnv, code_row, parse_action, truncate_utf8
-from envs.math_reward import _symbolic, is_equivalent
-from tools.sandbox import ExecResult, Limits, Sandbox
+from agentgym.envs.code import INVALID_ACTION, NO_CODE, CodeEnv, code_row, parse_action, truncate_utf8
+from agentgym.envs.math_reward import _symbolic, is_equivalent
+from agentgym.tools.sandbox import ExecResult, Limits, Sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -25,7 +25,7 @@ ROW = code_row("Tom has 3 boxes of 12 apples and eats 5. How many are left?", "3
 
 @pytest.fixture(scope="module")
 def sandbox():
-    from tools.sandbox import LocalSandbox
+    from agentgym.tools.sandbox import LocalSandbox
     try:
         box = LocalSandbox(Limits(cpu_s=1.0, wall_s=3.0), max_concurrency=2)
     except ValueError as e:

@@ -45,7 +45,7 @@ def _scripted(tiny_tokenizer, text, episodes=2, turns=3):
 
 def test_auto_skips_the_cold_start_when_the_probe_follows_the_protocol(
         tmp_path, tiny_path, tiny_tokenizer, retriever_url, cache):
-    from trainers.cold_start import prepare
+    from agentgym.trainers.cold_start import prepare
     cfg = _cfg(tmp_path, tiny_path, retriever_url)
     engine = _scripted(tiny_tokenizer, "<answer> Canberra </answer>")
     out = prepare(cfg, probe_engine=engine)
@@ -59,7 +59,7 @@ def test_auto_skips_the_cold_start_when_the_probe_follows_the_protocol(
 
 def test_auto_runs_below_the_threshold_and_a_second_run_reuses_the_cache(
         tmp_path, tiny_path, tiny_tokenizer, retriever_url, cache):
-    from trainers.cold_start import prepare
+    from agentgym.trainers.cold_start import prepare
     cfg = _cfg(tmp_path, tiny_path, retriever_url, "first")
     out = prepare(cfg, probe_engine=_scripted(tiny_tokenizer, "I do not know the tags."))
     stage = tmp_path / "first" / "cold_start"
@@ -97,7 +97,7 @@ def test_auto_runs_below_the_threshold_and_a_second_run_reuses_the_cache(
 
 
 def test_off_and_path_are_honoured(tmp_path, tiny_path, retriever_url, cache):
-    from trainers.cold_start import prepare
+    from agentgym.trainers.cold_start import prepare
     cfg = _cfg(tmp_path, tiny_path, retriever_url, **{"trainer.cold_start": "off"})
     assert prepare(cfg) is cfg  # nothing probed, nothing written
     assert not (tmp_path / "run").exists()
@@ -111,7 +111,7 @@ def test_off_and_path_are_honoured(tmp_path, tiny_path, retriever_url, cache):
 
 
 def test_env_without_a_builder_starts_rl_as_is(tmp_path, tiny_path, cache):
-    from trainers.cold_start import prepare
+    from agentgym.trainers.cold_start import prepare
     cfg = build_config({"env": "agentgym-test/Letter-v0", "model.path": str(tiny_path),
                         "run_dir": str(tmp_path / "run")})
     assert prepare(cfg).model.path == str(tiny_path)
@@ -151,8 +151,8 @@ def test_answerable_rows_hold_a_gold_answer_in_the_corpus():
     """The index's verdict against a brute-force scan of the whole corpus, on a sample."""
     from agentgym.data.answerable import CorpusIndex, answerable
     from agentgym.core.paths import shipped_corpus
-    from envs.rewards import normalize_answer
-    from envs.search import gold_answers
+    from agentgym.envs.rewards import normalize_answer
+    from agentgym.envs.search import gold_answers
     rows = random.Random(0).sample(load_rows("search", "train"), 40)
     index = CorpusIndex.from_file(shipped_corpus())
     text = "\n".join(index.passages)
@@ -192,7 +192,7 @@ def test_heldout_rows_are_filtered_like_the_training_rows():
 
 
 def test_f1_reward_gives_partial_credit():
-    from envs.search import SearchEnv, search_row
+    from agentgym.envs.search import SearchEnv, search_row
     row = search_row("who painted the mona lisa", ["Leonardo da Vinci"])
     for reward, expected in (("em", 0.0), ("f1", 0.8)):
         env = SearchEnv(retriever=object(), reward=reward)
@@ -205,7 +205,7 @@ def test_f1_reward_gives_partial_credit():
 
 def test_signal_groups_is_the_share_of_groups_whose_rewards_differ():
     from agentgym.core.types import Trajectory
-    from trainers.sampling import rollout_metrics
+    from agentgym.trainers.sampling import rollout_metrics
     rewards = {"a": [1.0, 0.0], "b": [0.0, 0.0], "c": [1.0, 1.0], "d": [0.5, 0.0]}
     trajs = [Trajectory(uid=uid, reward=r, terminated=True, metrics={"malformed_actions": 0})
              for uid, rs in rewards.items() for r in rs]
@@ -215,7 +215,7 @@ def test_signal_groups_is_the_share_of_groups_whose_rewards_differ():
 def test_a_gold_answer_that_normalization_erases_is_not_matched_by_an_empty_answer():
     # SQuAD normalization turns "A+" (a blood type in the shipped training data) into "",
     # which an empty or article-only answer also becomes: no reward for saying nothing
-    from envs.rewards import exact_match, f1_score
+    from agentgym.envs.rewards import exact_match, f1_score
     for empty in ("", "the", "A", " a "):
         assert exact_match(empty, ["A+", "AB+"]) == 0.0
         assert f1_score(empty, ["A+", "AB+"]) == 0.0
@@ -230,7 +230,7 @@ def test_a_mixed_run_cold_starts_every_env_from_its_own_data(
         tmp_path, tiny_path, tiny_tokenizer, retriever_url, cache):
     """``env=[search,code] data=[train,arith]``: each env probed on its own training rows,
     demonstrations built by each env's builder, one SFT over all of them."""
-    from trainers.cold_start import prepare
+    from agentgym.trainers.cold_start import prepare
     cfg = _cfg(tmp_path, tiny_path, retriever_url, env="search,code", **{
         "data.name": "train,arith", "trainer.eval_data": "nq,arith_test"})
     out = prepare(cfg, probe_engine=_scripted(tiny_tokenizer, "No tags here.", episodes=4))

@@ -16,7 +16,7 @@ from agentgym.rollout.chat import ChatTokens
 from agentgym.rollout.context import (CONTINUE, DROPPED, SUMMARY_REQUEST, after_summary,
                                       drop_observations, joined)
 from agentgym.rollout.manager import GenerationManager, last_parts, summarize
-from envs.search import SearchEnv, search_row
+from agentgym.envs.search import SearchEnv, search_row
 
 ROW = search_row("what is the capital of australia", ["Canberra"], source="test")
 FIND = "<search> capital of australia canberra </search>"
@@ -147,7 +147,7 @@ def test_search_training_with_dropped_observations(tmp_path, tiny_tokenizer):
     sampled tokens only."""
     from agentgym.data.rows import load_rows
     from agentgym.rollout.manager import row_uid
-    from trainers import train
+    from agentgym.trainers import train
     chat = ChatTokens(tiny_tokenizer)
     cfg = build_config({"env": "search", "model": "tiny", "trainer.total_steps": 2,
                         "trainer.prompts_per_step": 2, "rollout.n": 2, "rollout.max_turns": 4,

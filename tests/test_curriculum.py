@@ -10,8 +10,8 @@ from agentgym.config import build_config
 from agentgym.core.types import Trajectory
 import agentgym.data.arith as arith
 from agentgym.data.rows import load_rows, write_jsonl
-from trainers import train
-from trainers.curriculum import MIN_GROUPS, Curriculum
+from agentgym.trainers import train
+from agentgym.trainers.curriculum import MIN_GROUPS, Curriculum
 from toy_envs import level_rows
 
 
@@ -42,7 +42,7 @@ def test_the_shipped_heldout_set_is_the_generators_and_never_in_training():
 
 
 def test_every_answer_is_what_the_solution_computes():
-    from envs.math_reward import is_equivalent
+    from agentgym.envs.math_reward import is_equivalent
     for row in arith.train_rows(seed=5, per_level=40):
         solution = row["extra_info"]["solution"]
         expr = solution.split("<<", 1)[1].split("=", 1)[0]
@@ -54,7 +54,7 @@ def test_every_answer_is_what_the_solution_computes():
 
 def test_an_arith_demonstration_is_one_cell_run_in_the_sandbox():
     from agentgym.data.demo_builders import build_demos
-    from envs.code import CodeEnv
+    from agentgym.envs.code import CodeEnv
     row = arith.train_rows(seed=0, per_level=1)[4]  # a level-5 word problem
     (demo,) = build_demos("code", [row], CodeEnv)  # its own sandbox, closed with it
     assert demo["reward"] == 1.0
@@ -126,7 +126,7 @@ def test_a_curriculum_run_on_tiny_climbs_to_the_level_in_the_band(tmp_path):
 
 
 def test_a_mixed_run_has_a_sampler_per_env_by_its_own_rows():
-    from trainers.curriculum import MixedCurriculum, make_curriculum
+    from agentgym.trainers.curriculum import MixedCurriculum, make_curriculum
     levelled = level_rows(4, levels=(1, 2))  # 8 rows with levels
     plain = [{"prompt": [], "env": "search", "extra_info": {"index": i}} for i in range(3)]
     rows = [levelled[0], plain[0], levelled[1], plain[1], levelled[2], plain[2], *levelled[3:]]
@@ -143,7 +143,7 @@ def test_a_mixed_run_has_a_sampler_per_env_by_its_own_rows():
 
 
 def test_the_reward_band_is_the_interval_of_the_mean_over_groups():
-    from trainers.sampling import reward_ci95
+    from agentgym.trainers.sampling import reward_ci95
     # group means 1.0, 0.5, 0.0, 0.5: sd over groups 0.408, 4 groups
     trajs = _groups([1.0, 0.5, 0.0, 0.5])
     assert reward_ci95(trajs) == pytest.approx(1.96 * (1 / 6) ** 0.5 / 2)
@@ -165,8 +165,8 @@ def test_search_questions_are_ordered_by_difficulty_for_the_curriculum():
     assert all((lv == MULTI_HOP) == (r["data_source"] == "hotpotqa") for r, lv in zip(rows, levels))
     retriever, index = _bm25(str(shipped_corpus()))
     import bm25s
-    from envs.rewards import normalize_answer
-    from envs.search import gold_answers
+    from agentgym.envs.rewards import normalize_answer
+    from agentgym.envs.search import gold_answers
     for row in [r for r, lv in zip(rows, levels) if lv == TOP1][:5]:
         (top,), _ = retriever.retrieve(bm25s.tokenize([row["extra_info"]["question"]],
                                                       stopwords="en", show_progress=False),

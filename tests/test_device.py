@@ -104,7 +104,7 @@ def test_what_goes_with_the_device():
 
 def test_models_load_where_the_resolver_says(tiny_path):
     from agentgym.models.zoo import load_model
-    from trainers.backends.base import ModelSpec
+    from agentgym.trainers.backends.base import ModelSpec
     expected = dev.resolve_device("auto")
     assert next(load_model(tiny_path).parameters()).device == expected
     assert next(ModelSpec(str(tiny_path)).load().parameters()).device == expected
@@ -115,7 +115,7 @@ def test_models_load_where_the_resolver_says(tiny_path):
 
 @pytest.mark.parametrize("offload", [False, True])
 def test_the_kl_reference_follows_the_policy_or_is_offloaded(tiny_path, offload):
-    from trainers.run import reference
+    from agentgym.trainers.run import reference
     cfg = build_config(parse_overrides(["model.name=tiny", "algo.kl_coef=0.1",
                                         f"algo.ref_offload={str(offload).lower()}"]))
     ref = reference(cfg, tiny_path, backend=None)

@@ -9,10 +9,10 @@ import gymnasium
 import pytest
 from gymnasium.utils.env_checker import check_env as gym_check_env
 
-import envs
-from envs import EnvContractError, check_env, make_env
-from envs.base import AgentEnv, MessagesSpace, TextSpace
-from envs.registration import register_env, resolve_env_id
+from agentgym import envs
+from agentgym.envs import EnvContractError, check_env, make_env
+from agentgym.envs.base import AgentEnv, MessagesSpace, TextSpace
+from agentgym.envs.registration import register_env, resolve_env_id
 
 
 #: every registered env that is stepped (env=agent is played by the user's agent program)
@@ -25,7 +25,7 @@ def test_registered_env_passes_contract(env_id):
 
 
 def test_the_agent_env_says_it_is_played_by_the_agent_program():
-    from envs.agent_program import PlayedByProgram
+    from agentgym.envs.agent_program import PlayedByProgram
     with pytest.raises(PlayedByProgram, match="played by the agent= program"):
         make_env("agent")
 
@@ -58,9 +58,9 @@ def test_short_names_and_did_you_mean():
 
 def test_duplicate_and_malformed_registration_rejected():
     with pytest.raises(ValueError, match="already registered"):
-        register_env("agentgym/Search-v0", "envs.search:SearchEnv")
+        register_env("agentgym/Search-v0", "agentgym.envs.search:SearchEnv")
     with pytest.raises(ValueError, match="namespace/Name-vN"):
-        register_env("agentgym/NoVersion", "envs.search:SearchEnv")
+        register_env("agentgym/NoVersion", "agentgym.envs.search:SearchEnv")
 
 
 # --- deliberately broken environments ------------------------------------------------
@@ -183,7 +183,7 @@ def test_base_class_guards():
 
 
 def test_search_format_reward_only_for_well_formed_episodes():
-    from envs.search import SearchEnv, search_row
+    from agentgym.envs.search import SearchEnv, search_row
     row = search_row("what is the capital of australia", ["Canberra"])
     env = SearchEnv(format_reward=0.1)
     env.reset(seed=0, options={"row": row})
@@ -199,8 +199,8 @@ def test_search_format_reward_only_for_well_formed_episodes():
 def test_search_reports_whether_a_result_held_the_answer(retriever_url):
     """``answer_seen``: 1 once a search result contained a gold answer (whole words,
     normalized), whatever the model answers; 0 for an episode whose searches never did."""
-    from envs.rewards import contains_answer
-    from envs.search import SearchEnv, search_row
+    from agentgym.envs.rewards import contains_answer
+    from agentgym.envs.search import SearchEnv, search_row
     assert contains_answer("Doc 1(Title: \"X\") It was the Canberra Times.", ["canberra"])
     assert not contains_answer("Canberras everywhere", ["Canberra"])  # whole words only
     row = search_row("what is the capital of australia", ["Canberra"])
@@ -223,7 +223,7 @@ def test_search_retrieval_reward_pays_the_first_search_that_finds_the_answer(ret
     """``search.retrieval_reward``: off by default; on, the first search of an episode whose
     results hold a gold answer earns it on its turn, once (a repeated good search earns
     nothing), on both protocols; the episode's return adds the answer's reward."""
-    from envs.search import SearchEnv, search_row
+    from agentgym.envs.search import SearchEnv, search_row
     row = search_row("what is the capital of australia", ["Canberra"])
     found, other = "<search> capital of australia canberra </search>", "<search> zzzz qqqq </search>"
     env = SearchEnv(retriever_url=retriever_url)

@@ -46,14 +46,14 @@ from conftest import wait_until
 from fakes import SearchingEngine
 from test_kill_resume import _args, _metrics, _start
 
-import tools.local_retriever as local_retriever
-import trainers.grpo as grpo
+import agentgym.tools.local_retriever as local_retriever
+import agentgym.trainers.grpo as grpo
 from agentgym.cli import main
 from agentgym.models.zoo import load_model
 from agentgym.rollout.engines.base import ENGINES
-from trainers.backends.single import SingleBackend
-from trainers.local_rollout import Hooks
-from trainers.run import (CheckpointError, checkpoint_state, latest_checkpoint, resume,
+from agentgym.trainers.backends.single import SingleBackend
+from agentgym.trainers.local_rollout import Hooks
+from agentgym.trainers.run import (CheckpointError, checkpoint_state, latest_checkpoint, resume,
                           rng_state, save_checkpoint, set_rng_state)
 
 
@@ -194,9 +194,9 @@ def _kill_sandbox_worker_once(killed: list[int], stop: threading.Event) -> None:
 def test_sandbox_worker_killed_mid_execution_is_replayed_not_trained_on(tiny_tokenizer):
     from agentgym.config import RolloutConfig
     from agentgym.rollout.manager import GenerationManager
-    from envs.code import CodeEnv, code_row
+    from agentgym.envs.code import CodeEnv, code_row
     from fakes import ScriptedEngine
-    from tools.sandbox import Limits, LocalSandbox
+    from agentgym.tools.sandbox import Limits, LocalSandbox
 
     box = LocalSandbox(Limits(cpu_s=5.0, wall_s=60.0))
     code = "<code>\n```python\nimport time\ntime.sleep(2)\nprint(6 * 7)\n```\n</code>"
@@ -284,7 +284,7 @@ def test_a_killed_ray_rollout_worker_is_replaced_and_the_step_completes(tmp_path
                                                                         retriever_url):
     pytest.importorskip("ray")
     from agentgym.config import build_config, parse_overrides
-    from trainers import train
+    from agentgym.trainers import train
 
     def run(name: str, hooks: Hooks | None) -> list[dict]:
         cfg = build_config(parse_overrides([
@@ -349,7 +349,7 @@ def small_corpus(tmp_path_factory):
 def test_a_hung_retriever_is_replaced_on_the_same_port(small_corpus, tmp_path):
     import psutil
 
-    from tools.retriever import RetrieverClient
+    from agentgym.tools.retriever import RetrieverClient
     with local_retriever.LocalRetriever(small_corpus, index_dir=tmp_path / "ix") as r, \
             RetrieverClient(r.url, timeout=1.0, retries=0) as client:
         assert len(client.retrieve(["history"])[0]) == 3
@@ -366,8 +366,8 @@ def test_a_hung_retriever_is_replaced_on_the_same_port(small_corpus, tmp_path):
 def test_a_users_service_is_not_restarted_but_its_outage_is_counted(small_corpus, tmp_path,
                                                                     caplog):
     from agentgym.core.supervisor import infra_totals, outage_for
-    from tools.errors import ToolUnavailable
-    from tools.retriever import RetrieverClient
+    from agentgym.tools.errors import ToolUnavailable
+    from agentgym.tools.retriever import RetrieverClient
     theirs = local_retriever.LocalRetriever(small_corpus, index_dir=tmp_path / "ix",
                                             supervise=False)  # as if the user started it
     url = theirs.start()
@@ -571,7 +571,7 @@ def test_fallback_after_a_partial_load_loads_the_older_checkpoint_whole(
     bad = run / "checkpoints" / "step_2" / "trainer_state.pt"
     _garble(bad)  # read after the weights: the backend has loaded step 2's weights by then
     backend = _backend(tiny_path)
-    with caplog.at_level(logging.INFO, logger="trainers.run"):
+    with caplog.at_level(logging.INFO, logger="agentgym.trainers.run"):
         assert resume("auto", run, backend)["step"] == 1
     warning, = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert f"cannot read {bad}: " in warning.getMessage()

@@ -16,9 +16,9 @@ from test_manager import ROW, assert_mask_exact
 from agentgym.rollout.chat import ChatTokens
 from agentgym.config import RolloutConfig
 from agentgym.rollout.manager import GenerationManager
-from envs.function_calling import (CallError, ToolCall, fallback_system_message,
+from agentgym.envs.function_calling import (CallError, ToolCall, fallback_system_message,
                                    function_tool, parse_tool_calls)
-from envs.search import SearchEnv
+from agentgym.envs.search import SearchEnv
 
 TOOLS = [function_tool("search", "Search.", {"query": {"type": "string"}}),
          function_tool("calc", "Arithmetic.", {"a": {"type": "integer"},
@@ -138,7 +138,7 @@ def test_search_protocol_is_checked():
 
 
 def test_code_protocol_tools_runs_each_call_in_the_sandbox(tiny_tokenizer):
-    from envs.code import CodeEnv, code_row
+    from agentgym.envs.code import CodeEnv, code_row
     row = code_row("What is 6 times 7?", "42")
     env = CodeEnv(protocol="tools", max_turns=3)
     try:
@@ -159,8 +159,8 @@ def test_code_protocol_tools_runs_each_call_in_the_sandbox(tiny_tokenizer):
 
 
 def test_the_tools_variants_pass_the_contract_checker(retriever_url):
-    from envs import check_env
-    from envs.code import CodeEnv
+    from agentgym.envs import check_env
+    from agentgym.envs.code import CodeEnv
     for env in (SearchEnv(retriever_url=retriever_url, protocol="tools"),
                 CodeEnv(protocol="tools")):
         try:

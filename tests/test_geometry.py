@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import envs
+from agentgym import envs
 from agentgym.data.rows import load_rows
-from envs.geometry import BUILTIN_ROWS, GeometryEnv, calculate, geometry_row, load_image
-from envs.geometry_diagrams import (_Canvas, _classes, _first_user, _marks, check_drawable,
+from agentgym.envs.geometry import BUILTIN_ROWS, GeometryEnv, calculate, geometry_row, load_image
+from agentgym.envs.geometry_diagrams import (_Canvas, _classes, _first_user, _marks, check_drawable,
                                     diagram_png, draw_diagram, located_points)
-from envs.math_reward import decimal_places, matches_rounded, numeric_value
+from agentgym.envs.math_reward import decimal_places, matches_rounded, numeric_value
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "geometry3k"
 TRIANGLE = BUILTIN_ROWS[0]["images"][0]["logic_form"]
@@ -35,7 +35,7 @@ def test_drawing_follows_the_logic_form(tmp_path):
     off = {"point_positions": {"A": [0, 0], "B": [100, 0], "M": [50, 9]},
            "line_instances": ["AB"], "circle_instances": [],
            "diagram_logic_forms": ["PointLiesOnLine(M, Line(A, B))"]}
-    from envs.geometry_diagrams import _snap
+    from agentgym.envs.geometry_diagrams import _snap
     pts = {k: tuple(v) for k, v in off["point_positions"].items()}
     _snap(pts, {}, off)
     assert pts["M"] == (50.0, 0.0)
@@ -79,7 +79,7 @@ def test_points_without_coordinates_are_never_drawn():
     assert check_drawable(stray) == [] and "K" not in located_points(stray)
     assert np.array_equal(np.asarray(draw_diagram(stray)), np.asarray(draw_diagram(TRIANGLE)))
     # and it never anchors a snap: M stays where it was clicked, not pulled towards (-1,-1)
-    from envs.geometry_diagrams import _snap
+    from agentgym.envs.geometry_diagrams import _snap
     ann = {"point_positions": {"A": [-1, -1], "B": [100, 0], "M": [50, 9]},
            "diagram_logic_forms": ["PointLiesOnLine(M, Line(A, B))"]}
     pts = located_points(ann)

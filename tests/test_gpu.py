@@ -57,8 +57,8 @@ class TestEngineConformanceOnCUDA(EngineConformance):
 def single_on_cuda(tiny_path, tiny_tokenizer):
     from agentgym.config import build_config
     from test_backends import _batches, _run
-    from trainers.backends.base import ModelSpec
-    from trainers.backends.single import SingleBackend
+    from agentgym.trainers.backends.base import ModelSpec
+    from agentgym.trainers.backends.single import SingleBackend
     batches = _batches(tiny_tokenizer)
     backend = SingleBackend(ModelSpec(str(tiny_path)).load(), lr=1e-2, micro_batch_tokens=64,
                             logprob_chunk=16)
@@ -67,7 +67,7 @@ def single_on_cuda(tiny_path, tiny_tokenizer):
 
 
 def test_single_backend_steps_on_cuda(single_on_cuda, tiny_path):
-    from trainers.backends.base import ModelSpec
+    from agentgym.trainers.backends.base import ModelSpec
     _, (losses, metrics, lp, _, weights) = single_on_cuda
     assert all(torch.isfinite(torch.tensor(losses)))
     assert all(m["grad_norm"] > 0 for m in metrics)
@@ -78,9 +78,9 @@ def test_single_backend_steps_on_cuda(single_on_cuda, tiny_path):
 def test_fsdp2_on_one_nccl_rank_matches_single(single_on_cuda, tiny_path):
     from agentgym.config import build_config
     from test_backends import LPTOL, RTOL, WATOL, _run
-    from trainers.backends.base import ModelSpec
-    from trainers.backends.distributed import DistributedBackend
-    from trainers.backends.ranks import OptimSpec
+    from agentgym.trainers.backends.base import ModelSpec
+    from agentgym.trainers.backends.distributed import DistributedBackend
+    from agentgym.trainers.backends.ranks import OptimSpec
     batches, (losses, _, lp, _, weights) = single_on_cuda
     backend = DistributedBackend("fsdp", ModelSpec(str(tiny_path)), OptimSpec(lr=1e-2), 1, 64)
     try:

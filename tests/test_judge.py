@@ -13,8 +13,8 @@ import pytest
 
 from agentgym.rollout.engines.launcher import launch_serve
 from agentgym.core.server_process import free_port
-from envs.judge import JudgeError, JudgeReward, parse_score
-from envs.plugins import RewardOverride
+from agentgym.envs.judge import JudgeError, JudgeReward, parse_score
+from agentgym.envs.plugins import RewardOverride
 from fakes import FlakyProxyFault
 
 
@@ -62,7 +62,7 @@ def test_judge_scores_a_scripted_reply_and_sends_the_row(scripted_server, tiny_t
 
 
 def test_a_judged_episode_gets_the_score_and_a_dead_judge_scores_zero(scripted_server):
-    from envs.search import SearchEnv, search_row
+    from agentgym.envs.search import SearchEnv, search_row
     url, _ = scripted_server(["Score: 10"])
     row = {**search_row("capital of australia?", ["Canberra"]), "data_source": "nq"}
     env = RewardOverride(SearchEnv(retriever_url="http://127.0.0.1:9"), JudgeReward(url=url))

@@ -13,8 +13,8 @@ from fakes import DeadRetrieverFault, ScriptedEngine, TimeoutRetrieverFault
 from agentgym.rollout.chat import ChatTokens
 from agentgym.config import RolloutConfig
 from agentgym.rollout.manager import GenerationManager, summarize
-from envs.base import MessagesSpace, TextSpace
-from envs.search import INVALID_ACTION, SearchEnv, search_row
+from agentgym.envs.base import MessagesSpace, TextSpace
+from agentgym.envs.search import INVALID_ACTION, SearchEnv, search_row
 
 ROW = search_row("what is the capital of australia", ["Canberra"], source="test")
 
@@ -145,7 +145,7 @@ def test_an_infra_failed_episode_is_replayed_once_with_the_same_seed(tiny_tokeni
 
 
 def test_a_bad_request_is_the_policys_failure_not_the_infrastructures(tiny_tokenizer):
-    from tools.errors import ToolBadRequest
+    from agentgym.tools.errors import ToolBadRequest
 
     class RejectingRetriever:  # fault injection: the server answers 4xx to the query
         def retrieve(self, queries):

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from envs.math_reward import extract_boxed, is_equivalent, is_risky, normalize
+from agentgym.envs.math_reward import extract_boxed, is_equivalent, is_risky, normalize
 
 
 @pytest.mark.parametrize("text, expected", [

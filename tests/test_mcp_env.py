@@ -15,8 +15,8 @@ import pytest
 from agentgym.cli import main
 from agentgym.core.server_process import ServerProcess, free_port
 from conftest import wait_until
-from envs.mcp_env import MCPEnv, mcp_row
-from tools.mcp_client import MCPServerFailed, MCPTools
+from agentgym.envs.mcp_env import MCPEnv, mcp_row
+from agentgym.tools.mcp_client import MCPServerFailed, MCPTools
 
 SERVER = Path(__file__).with_name("mcp_kv_server.py")
 

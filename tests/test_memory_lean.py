@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainers.backends.base import ModelSpec, _decoder_and_head, sequence_logprobs
+from agentgym.trainers.backends.base import ModelSpec, _decoder_and_head, sequence_logprobs
 
 
 def _batch(vocab: int, seed: int = 0):
@@ -64,7 +64,7 @@ def test_chunked_logprobs_without_grad_and_under_bf16_autocast(tiny_model):
 
 
 def test_chunked_logprobs_through_lora(tiny_path):
-    from trainers.lora import LoraSpec
+    from agentgym.trainers.lora import LoraSpec
     model = ModelSpec(str(tiny_path), lora=LoraSpec(4, 8.0)).load().train()
     with torch.no_grad():  # non-zero adapters, so LoRA changes the logits
         for name, p in model.named_parameters():

@@ -20,7 +20,7 @@ ENV_MODULE = textwrap.dedent('''
     """An env in under 50 lines: say the word the prompt asks for, in <answer> tags."""
     import re
 
-    from envs.base import AgentEnv
+    from agentgym.envs.base import AgentEnv
 
 
     class EchoEnv(AgentEnv):
@@ -125,7 +125,7 @@ def test_env_and_reward_by_spec_without_installing(plugin_site, tmp_path, monkey
     """``env=echo_plugin.env:EchoEnv`` registers on first use (rows may name the class spec
     or the id); ``reward=…:length_score`` replaces the env's reward with verl's signature."""
     monkeypatch.syspath_prepend(str(plugin_site))
-    import envs
+    from agentgym import envs
     from agentgym.cli import main
     spec = "echo_plugin.env:EchoEnv"
     env_id = envs.resolve_env_id(spec)
@@ -146,7 +146,7 @@ def test_env_and_reward_by_spec_without_installing(plugin_site, tmp_path, monkey
 
 def test_a_failing_reward_scores_zero_and_says_why(plugin_site, monkeypatch):
     monkeypatch.syspath_prepend(str(plugin_site))
-    from envs.plugins import RewardOverride
+    from agentgym.envs.plugins import RewardOverride
     env = RewardOverride(__import__("echo_plugin.env", fromlist=["EchoEnv"]).EchoEnv(),
                          "echo_plugin.rewards:broken")
     env.reset(seed=0)
@@ -163,14 +163,14 @@ def test_a_failing_reward_scores_zero_and_says_why(plugin_site, monkeypatch):
 ])
 def test_bad_env_specs_say_what_is_wrong(plugin_site, monkeypatch, spec, message):
     monkeypatch.syspath_prepend(str(plugin_site))
-    import envs
+    from agentgym import envs
     with pytest.raises(ValueError, match=message):
         envs.resolve_env_id(spec)
 
 
 def test_bad_reward_specs_say_what_is_wrong(plugin_site, monkeypatch):
     monkeypatch.syspath_prepend(str(plugin_site))
-    from envs.plugins import load_reward
+    from agentgym.envs.plugins import load_reward
     with pytest.raises(ValueError, match="not a function"):
         load_reward("echo_plugin.rewards:NOT_CALLABLE")
     with pytest.raises(ValueError, match="expected 'package.module:attr'"):

@@ -16,9 +16,9 @@ from agentgym.config import ALGO_PRESETS, build_config
 from agentgym.data.rows import load_rows, write_jsonl
 from agentgym.core.types import Trajectory
 from toy_envs import letter_rows
-from trainers import train
-from trainers.batch import collate
-from trainers.grpo import advantages, make_backend, score
+from agentgym.trainers import train
+from agentgym.trainers.batch import collate
+from agentgym.trainers.grpo import advantages, make_backend, score
 
 TOY = "agentgym-test/Letter-v0"
 
@@ -142,7 +142,7 @@ def test_gae_in_the_step_bootstraps_only_truncated_rows():
 
 
 def test_overlong_penalty_enters_the_step_rewards(tiny_path, tiny_tokenizer):
-    from trainers.backends.base import ModelSpec
+    from agentgym.trainers.backends.base import ModelSpec
     cfg = build_config({"algo": "dapo", "algo.overlong_buffer": 4,
                         "rollout.max_response_tokens": 10})
     backend = make_backend(cfg, ModelSpec(str(tiny_path)), 1e-3)
@@ -200,7 +200,7 @@ def test_dynamic_sampling_cap_skips_the_update(tmp_path, tiny_path):
 
 
 def test_group_estimators_and_dynamic_sampling_need_groups(tmp_path):
-    from trainers.grpo import check_algo
+    from agentgym.trainers.grpo import check_algo
     for over in ({"algo": "grpo"}, {"algo": "rloo"}, {"algo": "dapo"},
                  {"algo": "reinforce_plus_plus_baseline"},
                  {"algo": "reinforce_plus_plus", "algo.dynamic_sampling": True}):
@@ -213,7 +213,7 @@ def test_group_estimators_and_dynamic_sampling_need_groups(tmp_path):
 
 
 def test_regroup_gives_each_rolled_out_row_its_own_group():
-    from trainers.sampling import regroup
+    from agentgym.trainers.sampling import regroup
     trajs = [Trajectory(uid=u) for u in ["a", "a", "b", "b", "a", "a"]]  # row "a" twice
     regroup(trajs, 2, {"b"}, "0.1")  # and "b" already rolled out this step
     uids = [t.uid for t in trajs]

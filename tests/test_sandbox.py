@@ -27,8 +27,8 @@ import pytest
 from agentgym.cli import main as cli_main
 from agentgym.config import SandboxConfig
 from conftest import wait_until
-from tools import sandbox_local
-from tools.sandbox import E2BSandbox, ExecResult, Limits, LocalSandbox, make_sandbox
+from agentgym.tools import sandbox_local
+from agentgym.tools.sandbox import E2BSandbox, ExecResult, Limits, LocalSandbox, make_sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
 IS_ROOT = os.geteuid() == 0
@@ -521,7 +521,7 @@ def test_missing_bwrap_fails_fast_with_the_fix(monkeypatch):
 @needs_root
 def test_auto_falls_back_to_unshare_with_a_warning(monkeypatch, caplog):
     _no_bwrap(monkeypatch)
-    with caplog.at_level(logging.WARNING, logger="tools.sandbox_local"):
+    with caplog.at_level(logging.WARNING, logger="agentgym.tools.sandbox_local"):
         sb = LocalSandbox(Limits(**LIMITS), isolation="auto")
     try:
         assert sb.backend == "unshare" and "FILESYSTEM stays visible" in caplog.text
@@ -640,7 +640,7 @@ def test_e2b_maps_a_successful_execution():
     pytest.importorskip("e2b_code_interpreter")
     from e2b_code_interpreter.models import Execution, Logs, Result
 
-    from tools.sandbox_e2b import execution_to_result
+    from agentgym.tools.sandbox_e2b import execution_to_result
     ex = Execution(results=[Result(text="42", is_main_result=True)],
                    logs=Logs(stdout=["a\n", "b\n"], stderr=["warn\n"]), execution_count=1)
     r = execution_to_result(ex, Limits(), 0.5)
@@ -652,7 +652,7 @@ def test_e2b_maps_an_error_with_its_traceback():
     pytest.importorskip("e2b_code_interpreter")
     from e2b_code_interpreter.models import Execution, ExecutionError, Logs
 
-    from tools.sandbox_e2b import execution_to_result
+    from agentgym.tools.sandbox_e2b import execution_to_result
     tb = "\x1b[0;31mZeroDivisionError\x1b[0m: division by zero"
     ex = Execution(logs=Logs(stdout=["before\n"]),
                    error=ExecutionError("ZeroDivisionError", "division by zero", tb))
@@ -665,7 +665,7 @@ def test_e2b_maps_memory_error():
     pytest.importorskip("e2b_code_interpreter")
     from e2b_code_interpreter.models import Execution, ExecutionError
 
-    from tools.sandbox_e2b import execution_to_result
+    from agentgym.tools.sandbox_e2b import execution_to_result
     ex = Execution(error=ExecutionError("MemoryError", "", "MemoryError"))
     assert execution_to_result(ex, Limits(), 0.1).memory_exceeded
 
@@ -674,7 +674,7 @@ def test_e2b_output_is_capped_like_local():
     pytest.importorskip("e2b_code_interpreter")
     from e2b_code_interpreter.models import Execution, Logs
 
-    from tools.sandbox_e2b import execution_to_result
+    from agentgym.tools.sandbox_e2b import execution_to_result
     ex = Execution(logs=Logs(stdout=["é" * 100]))  # 200 bytes of 2-byte characters
     r = execution_to_result(ex, Limits(max_output_bytes=51), 0.1)
     assert r.truncated and r.stdout == "é" * 25  # the character cut by the cap is dropped

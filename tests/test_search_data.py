@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from envs.search_prompt import make_prompt
+from agentgym.envs.search_prompt import make_prompt
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data"

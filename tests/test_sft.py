@@ -25,10 +25,10 @@ from agentgym.data.demos import (budget_violation, filter_trajectories, record_t
                             replay_demo)
 from agentgym.rollout.manager import GenerationManager
 from agentgym.models.zoo import resolve_model
-from envs.base import MessagesSpace, TextSpace
-from envs.code import CodeEnv
-from envs.search import SearchEnv, search_row
-from trainers.sft import epoch_batches, sft
+from agentgym.envs.base import MessagesSpace, TextSpace
+from agentgym.envs.code import CodeEnv
+from agentgym.envs.search import SearchEnv, search_row
+from agentgym.trainers.sft import epoch_batches, sft
 
 BIG = dict(max_response_tokens=8192, max_tokens_per_turn=4096, max_prompt_tokens=4096)
 
@@ -60,7 +60,7 @@ def search_demos(retriever_url):
 
 @pytest.fixture(scope="module")
 def sandbox():
-    from tools.sandbox import Limits, LocalSandbox
+    from agentgym.tools.sandbox import Limits, LocalSandbox
     try:
         box = LocalSandbox(Limits(cpu_s=2.0, wall_s=5.0), max_concurrency=2)
     except ValueError as e:

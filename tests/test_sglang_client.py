@@ -38,7 +38,7 @@ def two_servers(tiny_path):
 
 
 def _talk_rollouts(engine, tokenizer, rows: int = 12, n: int = 2):
-    import envs
+    from agentgym import envs
     cfg = RolloutConfig(n=n, max_turns=3, max_tokens_per_turn=6, max_response_tokens=200)
     factory = lambda: envs.make_env("agentgym-test/Talk-v0", max_turns=3)  # noqa: E731
     data = [{"prompt": [{"role": "user", "content": f"Talk #{i}"}],
@@ -231,7 +231,7 @@ def _train_args(run, extra=()):
 def test_train_through_agentgym_serve_matches_the_in_process_engine(tmp_path, tiny_path,
                                                                     retriever_url):
     from agentgym.cli import main
-    from trainers import train
+    from agentgym.trainers import train
     server = launch_serve(str(tiny_path))
     try:
         assert main(["train", *_train_args(tmp_path / "served", [

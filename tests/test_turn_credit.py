@@ -14,10 +14,10 @@ from agentgym.config import build_config
 from agentgym.core.types import Trajectory
 from agentgym.data.rows import write_jsonl
 from toy_envs import two_step_rows
-from trainers.algos import compute_advantages, needs_critic, needs_groups
-from trainers.batch import collate
-from trainers import train
-from trainers.turn_credit import row_turns
+from agentgym.trainers.algos import compute_advantages, needs_critic, needs_groups
+from agentgym.trainers.batch import collate
+from agentgym.trainers import train
+from agentgym.trainers.turn_credit import row_turns
 
 # Three samples of one prompt (token ids 5 6), T = 8. Row 0: turn 0 at 2-3 (reward 1),
 # observation 9 at 4, turn 1 at 5-6 (outcome 1). Row 1: turn 0 at 2 (0), observation 8 8

@@ -114,7 +114,7 @@ def test_agentgym_eval_on_verl_parquet_and_on_the_same_rows_as_jsonl(tmp_path, c
 
 
 def test_the_code_env_takes_verls_gsm8k_answer_form():
-    from envs.code import CodeEnv
+    from agentgym.envs.code import CodeEnv
     env = CodeEnv()
     env.reset(seed=0, options={"row": {**gsm8k_rows()[0], "env": "code"}})
     _, reward, terminated, _, info = env.step("48 + 24 = 72.\n#### 72")

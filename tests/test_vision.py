@@ -14,8 +14,8 @@ from agentgym.rollout.chat import ChatTokens
 from agentgym.rollout.engines.hf import HFEngine
 from agentgym.core.types import SamplingParams
 from agentgym.models.vision import IMAGE_PAD, VisionInputs, vision_token_ids
-from envs.geometry import BUILTIN_ROWS, load_image
-from trainers.backends.base import sequence_logprobs
+from agentgym.envs.geometry import BUILTIN_ROWS, load_image
+from agentgym.trainers.backends.base import sequence_logprobs
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +124,7 @@ def test_rollout_masks_placeholders_and_trains_on_geometry(tmp_path, capsys):
 
 def test_unsupported_vl_settings_fail_before_loading(tmp_path):
     from agentgym.config import build_config
-    from trainers import train
+    from agentgym.trainers import train
     for key, value, needle in (("trainer.backend", "fsdp", "trainer.backend=fsdp"),
                                ("algo", "ppo", "a critic"), ("model.lora.rank", 4, "lora")):
         cfg = build_config({"env": "geometry", "model": "tiny-vl", "rollout.n": 2, key: value,
@@ -135,7 +135,7 @@ def test_unsupported_vl_settings_fail_before_loading(tmp_path):
 
 def test_sft_refuses_a_vision_language_model_up_front(tmp_path):
     from agentgym.config import build_config
-    from trainers.sft import sft
+    from agentgym.trainers.sft import sft
     run = tmp_path / "sft"
     cfg = build_config({"env": "geometry", "model": "tiny-vl", "run_dir": str(run)})
     with pytest.raises(ValueError, match=r"agentgym sft with a vision-language model "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import uuid
 
-from envs.base import AgentEnv
+from agentgym.envs.base import AgentEnv
 
 
 class Gate:

@@ -1,8 +1,8 @@
-"""In-sandbox worker of :mod:`tools.sandbox_local`. Standard library only; never imported.
+"""In-sandbox worker of :mod:`agentgym.tools.sandbox_local`. Standard library only; never imported.
 
 The host starts it inside the sandbox, already as the sandbox's unprivileged uid, as
 ``python -I -B -u -c <this source> MODE cpu_s=5.0,wall_s=10.0,...`` (the
-:class:`~tools.sandbox.Limits` fields). It first lowers its own rlimits (a
+:class:`~agentgym.tools.sandbox.Limits` fields). It first lowers its own rlimits (a
 non-root process cannot raise them again), writes :data:`READY` to its stderr so the host
 can tell "the sandbox started" from "the launcher failed", then runs untrusted code:
 

@@ -1,4 +1,4 @@
-"""Start and stop a local retrieval server (``python -m retriever_server``) as a subprocess.
+"""Start and stop a local retrieval server (``python -m agentgym.retriever_server``) as a subprocess.
 
 Used when no ``retriever.url`` is configured: the laptop default and the tests. The
 server runs in its own process group on a free loopback port; its output goes to a log
@@ -54,7 +54,7 @@ class LocalRetriever:
         index_dir: saved-index directory (loaded if present, else built and saved there);
             None uses the on-disk cache (:func:`default_index_dir`).
         startup_timeout: seconds to wait for ``/health`` before giving up.
-        extra_args: more ``python -m retriever_server`` flags (e.g. ``["--batching", "off"]``).
+        extra_args: more ``python -m agentgym.retriever_server`` flags (e.g. ``["--batching", "off"]``).
         supervise: watch the server and restart it on the same port when it dies or stops
             answering (:class:`agentgym.core.supervisor.Supervisor`); False leaves a dead
             server dead.
@@ -120,7 +120,7 @@ class LocalRetriever:
             return self.url  # running, or its supervisor is bringing it back (same port)
         index_dir = self.index_dir or default_index_dir(self.corpus)
         port = free_port()
-        cmd = [sys.executable, "-m", "retriever_server", "--index", str(index_dir),
+        cmd = [sys.executable, "-m", "agentgym.retriever_server", "--index", str(index_dir),
                "--port", str(port), "--log-level", "info", *self.extra_args]
         if self.corpus is not None:
             cmd += ["--corpus", str(self.corpus)]

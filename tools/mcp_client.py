@@ -7,7 +7,7 @@ open in a background thread for as long as the run lasts.
 OpenAI function schemas (their JSON input schemas unchanged); :meth:`MCPTools.call` runs
 one from any thread and returns its text. A tool that reports an error returns it
 (``is_error``); a server that cannot be reached or stops answering raises
-:class:`~tools.errors.ToolUnavailable` / :class:`~tools.errors.ToolTimeout`.
+:class:`~agentgym.tools.errors.ToolUnavailable` / :class:`~agentgym.tools.errors.ToolTimeout`.
 
 :func:`shared` keeps one connection per server per process (every env of a run shares
 it) and closes it at exit: the server lives as long as the run.
@@ -26,7 +26,7 @@ import tempfile
 import threading
 
 from agentgym.core.supervisor import ServiceFailed
-from tools.errors import MissingExtra, ToolTimeout, ToolUnavailable
+from agentgym.tools.errors import MissingExtra, ToolTimeout, ToolUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ _LOCK = threading.Lock()
 
 def shared(command: str = "", url: str = "", timeout_s: float = 30.0) -> MCPTools:
     """The process's one connection to this server (made on first use, closed at exit);
-    the calculator of :mod:`tools.mcp_calculator` when neither is given."""
+    the calculator of :mod:`agentgym.tools.mcp_calculator` when neither is given."""
     if not command and not url:
         command = DEFAULT_COMMAND
     key = (command, url, timeout_s)

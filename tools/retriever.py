@@ -19,7 +19,7 @@ import uuid
 import httpx
 
 from agentgym.core.supervisor import report_down, report_up
-from tools.errors import ToolBadRequest, ToolError, ToolTimeout, ToolUnavailable
+from agentgym.tools.errors import ToolBadRequest, ToolError, ToolTimeout, ToolUnavailable
 
 logger = logging.getLogger(__name__)
 

@@ -72,7 +72,7 @@ mode and backend.
 
 from __future__ import annotations
 
-from tools.sandbox_base import ExecResult, Limits, Sandbox, cap_bytes, cap_text
+from agentgym.tools.sandbox_base import ExecResult, Limits, Sandbox, cap_bytes, cap_text
 
 __all__ = ["Limits", "ExecResult", "Sandbox", "LocalSandbox", "E2BSandbox", "make_sandbox",
            "cap_bytes", "cap_text"]
@@ -82,10 +82,10 @@ def make_sandbox(cfg) -> Sandbox:
     """The sandbox an ``agentgym.config.SandboxConfig`` describes (``backend`` local | e2b)."""
     limits = Limits.from_config(cfg)
     if cfg.backend == "local":
-        from tools.sandbox_local import LocalSandbox
+        from agentgym.tools.sandbox_local import LocalSandbox
         return LocalSandbox(limits, isolation=cfg.isolation, max_concurrency=cfg.max_concurrency)
     if cfg.backend == "e2b":
-        from tools.sandbox_e2b import E2BSandbox
+        from agentgym.tools.sandbox_e2b import E2BSandbox
         return E2BSandbox(limits, max_concurrency=cfg.max_concurrency)
     raise ValueError(f"sandbox.backend={cfg.backend!r}; valid: local, e2b")
 
@@ -93,9 +93,9 @@ def make_sandbox(cfg) -> Sandbox:
 def __getattr__(name: str):
     # The backends live in their own modules; load them (and their dependencies) on use.
     if name == "LocalSandbox":
-        from tools.sandbox_local import LocalSandbox
+        from agentgym.tools.sandbox_local import LocalSandbox
         return LocalSandbox
     if name == "E2BSandbox":
-        from tools.sandbox_e2b import E2BSandbox
+        from agentgym.tools.sandbox_e2b import E2BSandbox
         return E2BSandbox
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """The sandbox's contract: :class:`Limits`, :class:`ExecResult` and the :class:`Sandbox` base
 class with its asyncio plumbing, plus the output caps. The backends (``sandbox_local``,
-``sandbox_e2b``) implement it; :mod:`tools.sandbox` is the entry point (``make_sandbox``)
+``sandbox_e2b``) implement it; :mod:`agentgym.tools.sandbox` is the entry point (``make_sandbox``)
 and documents the semantics.
 """
 

@@ -1,4 +1,4 @@
-"""The E2B backend of :mod:`tools.sandbox`: each sandbox is a Firecracker microVM in E2B's cloud.
+"""The E2B backend of :mod:`agentgym.tools.sandbox`: each sandbox is a Firecracker microVM in E2B's cloud.
 
 Needs ``pip install e2b-code-interpreter`` and ``E2B_API_KEY``. Isolation is the VM's: a
 separate kernel, so kernel exploits and side channels on this host are out of reach.
@@ -10,7 +10,7 @@ separate kernel, so kernel exploits and side channels on this host are out of re
   across cells. A cell that times out kills the sandbox (``session_reset``), as locally.
 * Limits: ``wall_s`` bounds each execution and ``max_output_bytes`` caps stdout/stderr
   exactly as the local backend does; CPU, memory, file-size and process limits are those
-  of the E2B template (not set from :class:`~tools.sandbox.Limits`).
+  of the E2B template (not set from :class:`~agentgym.tools.sandbox.Limits`).
 * As in a notebook, the value of a trailing expression is shown: its text is appended to
   stdout. An exception gives exit code 1 and its traceback (colours stripped) on stderr.
 """
@@ -23,7 +23,7 @@ import os
 import re
 import time
 
-from tools.sandbox_base import ExecResult, Limits, Sandbox, cap_text
+from agentgym.tools.sandbox_base import ExecResult, Limits, Sandbox, cap_text
 
 logger = logging.getLogger(__name__)
 

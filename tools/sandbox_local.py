@@ -1,4 +1,4 @@
-"""The local backend of :mod:`tools.sandbox`: bubblewrap (or ``unshare``) plus rlimits.
+"""The local backend of :mod:`agentgym.tools.sandbox`: bubblewrap (or ``unshare``) plus rlimits.
 
 One execution, as root on the host::
 
@@ -45,7 +45,7 @@ import weakref
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tools.sandbox_base import ExecResult, Limits, Sandbox, cap_bytes, cap_text
+from agentgym.tools.sandbox_base import ExecResult, Limits, Sandbox, cap_bytes, cap_text
 
 logger = logging.getLogger(__name__)
 

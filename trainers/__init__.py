@@ -3,18 +3,22 @@
 
 from __future__ import annotations
 
+from agentgym._compat import serve_old_name
+
+serve_old_name(__name__)  # `import trainers`, the old name: it now is agentgym.trainers
+
 
 def train(cfg, hooks=None):
-    """Run the recipe ``cfg.algo`` needs: :mod:`trainers.ppo` when the advantage estimator
-    reads a critic's values (``gae``), else :mod:`trainers.grpo`; first the cold start
-    ``trainer.cold_start`` asks for (:mod:`trainers.cold_start`). Returns the run dir."""
-    from trainers.algos import needs_critic
-    from trainers.cold_start import prepare
-    from trainers.grpo import check_algo
+    """Run the recipe ``cfg.algo`` needs: :mod:`agentgym.trainers.ppo` when the advantage estimator
+    reads a critic's values (``gae``), else :mod:`agentgym.trainers.grpo`; first the cold start
+    ``trainer.cold_start`` asks for (:mod:`agentgym.trainers.cold_start`). Returns the run dir."""
+    from agentgym.trainers.algos import needs_critic
+    from agentgym.trainers.cold_start import prepare
+    from agentgym.trainers.grpo import check_algo
     check_algo(cfg)  # settings that clash fail before a cold start spends minutes
     cfg = prepare(cfg, hooks)
     if needs_critic(cfg.algo.advantage):
-        from trainers.ppo import train as recipe
+        from agentgym.trainers.ppo import train as recipe
     else:
-        from trainers.grpo import train as recipe
+        from agentgym.trainers.grpo import train as recipe
     return recipe(cfg, hooks)

@@ -20,7 +20,7 @@ Registries (names are the config values; an unknown name fails with the valid on
 
 * ``ADVANTAGES``: ``grpo`` (``norm_by_std=False`` is Dr. GRPO), ``rloo``,
   ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``, ``gae``; and the turn-level
-  ones of :mod:`trainers.turn_credit`: ``mt_grpo``, ``gigpo``, ``gae_turn``. Each is
+  ones of :mod:`agentgym.trainers.turn_credit`: ``mt_grpo``, ``gigpo``, ``gae_turn``. Each is
   ``fn(rewards (B, T), mask (B, T), *, <inputs it declares>) -> (advantages, returns)``,
   both ``(B, T)`` and 0 where ``mask`` is 0. Call them through
   :func:`compute_advantages`, which passes each estimator the inputs it declares.
@@ -37,10 +37,10 @@ from typing import Any, Callable, Sequence
 import torch
 
 from agentgym.core.registry import Registry
-from trainers.group_stats import (_group_stats, group_indices, masked_mean,  # noqa: F401
+from agentgym.trainers.group_stats import (_group_stats, group_indices, masked_mean,  # noqa: F401
                                   masked_whiten)
-from trainers import turn_credit  # the turn-level estimators, registered below
-from trainers.rollout_correction import OFF_POLICY_MODES, behaviour_weights  # noqa: F401
+from agentgym.trainers import turn_credit  # the turn-level estimators, registered below
+from agentgym.trainers.rollout_correction import OFF_POLICY_MODES, behaviour_weights  # noqa: F401
 
 ADVANTAGES: Registry = Registry("advantage estimator")
 POLICY_LOSSES: Registry = Registry("policy loss")

@@ -41,7 +41,7 @@ import time
 from agentgym.config import is_mixed
 from agentgym.core.types import Trajectory
 from agentgym.rollout.manager import row_uid
-from trainers.sampling import infra_metrics, regroup, rollout_metrics, without_infra_failures
+from agentgym.trainers.sampling import infra_metrics, regroup, rollout_metrics, without_infra_failures
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 class AsyncRollout:
     """Continuous rollouts over ``rows`` from group ``start_group`` on (module docstring).
 
-    Wraps a :class:`~trainers.local_rollout.LocalRollout` or a :class:`~trainers.ray_cluster.RayRollout`
+    Wraps a :class:`~agentgym.trainers.local_rollout.LocalRollout` or a :class:`~agentgym.trainers.ray_cluster.RayRollout`
     (their ``run_group`` rolls out one group: in this process, or on the rollout worker
     with the fewest groups in flight; their ``generate`` serves evals);
     ``update_weights`` pushes to the engines and opens the schedule.

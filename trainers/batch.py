@@ -34,10 +34,10 @@ class Batch:
     #: per row, the prompt's processed images (VL models; :mod:`agentgym.models.vision`) or None
     images: list | None = None
     #: per row, its episode (an agent episode may yield several rows; advantages count an
-    #: episode once, :func:`trainers.algos._group_stats`); None: one row per episode
+    #: episode once, :func:`agentgym.trainers.algos._group_stats`); None: one row per episode
     episodes: list[str] | None = None
     #: ``(B, T)`` the turn (the env's step index) of each sampled token, -1 elsewhere: what
-    #: turn-level estimators (:mod:`trainers.turn_credit`) read; None when not collated here
+    #: turn-level estimators (:mod:`agentgym.trainers.turn_credit`) read; None when not collated here
     turn_ids: torch.Tensor | None = None
 
     def __len__(self) -> int:

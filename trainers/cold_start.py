@@ -14,7 +14,7 @@ malformed action) is below ``trainer.cold_start_threshold``, it
 
 1. builds demonstrations with the env's builder (:mod:`agentgym.data.demo_builders`) from the
    training rows until it has ``trainer.cold_start_demos`` that fit the rollout budgets;
-2. runs SFT on them (:func:`trainers.sft.sft`: ``sft.epochs``, ``sft.batch_size``, lr
+2. runs SFT on them (:func:`agentgym.trainers.sft.sft`: ``sft.epochs``, ``sft.batch_size``, lr
    ``trainer.cold_start_lr`` with cosine decay) in ``RUN_DIR/cold_start/`` (its own
    ``metrics.jsonl``, ``loss_curve.png``, TensorBoard events, checkpoints, so a killed
    cold start resumes);
@@ -50,8 +50,8 @@ from agentgym.config import Config, env_names, to_dict
 from agentgym.data.rows import training_rows, write_jsonl
 from agentgym.core.device import engine_dtype, mixed_precision, resolve_device
 from agentgym.core.paths import cache_dir, shipped_corpus
-from trainers.local_rollout import Hooks
-from trainers.run import latest_checkpoint, resolve_run_dir
+from agentgym.trainers.local_rollout import Hooks
+from agentgym.trainers.run import latest_checkpoint, resolve_run_dir
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def prepare(cfg: Config, hooks: Hooks | None = None, probe_engine=None) -> Confi
         return _from_path(cfg, Path(mode), hooks)
     from agentgym.data.demo_builders import BUILDERS
     from agentgym.rollout.runtime import sub_config
-    import envs
+    from agentgym import envs
     names = env_names(cfg.env)
     parts: dict[str, Config] = {}  # env -> its config (a mixed run: sub_config)
     for name in names:
@@ -251,7 +251,7 @@ def _probe(cfg: Config, model_path: Path, rows: list[dict], hooks: Hooks, engine
     in-process HF engine: format validity and EM, with the run's budgets and tools."""
     from agentgym.models.zoo import load_tokenizer
     from agentgym.rollout.runtime import engine_for
-    from trainers.local_rollout import evaluate
+    from agentgym.trainers.local_rollout import evaluate
     tokenizer = load_tokenizer(model_path)
     own = engine is None
     if own:  # in this process, whatever engine RL uses: servers would hold other weights
@@ -336,7 +336,7 @@ def _sft(cfg: Config, base: Path, demos_file: Path, stage_dir: Path,
          hooks: Hooks) -> tuple[Path, dict]:
     """SFT of ``base`` on the demonstrations in ``stage_dir``; the final checkpoint and a
     summary of the loss curve."""
-    from trainers.sft import sft
+    from agentgym.trainers.sft import sft
     scfg = copy.deepcopy(cfg)
     scfg.model.path = str(base)
     scfg.data.name = str(demos_file)

@@ -24,11 +24,11 @@ import torch
 
 from agentgym.config import Config
 from agentgym.models.zoo import resolve_model
-from trainers.algos import aggregate, explained_variance, masked_mean, value_loss
-from trainers.backends.base import ModelSpec
-from trainers.batch import Batch
-from trainers.grpo import minibatch_updates
-from trainers.run import make_backend
+from agentgym.trainers.algos import aggregate, explained_variance, masked_mean, value_loss
+from agentgym.trainers.backends.base import ModelSpec
+from agentgym.trainers.batch import Batch
+from agentgym.trainers.grpo import minibatch_updates
+from agentgym.trainers.run import make_backend
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def token_values(model, input_ids: torch.Tensor, attention_mask: torch.Tensor):
 @dataclass(frozen=True)
 class ValueLoss:
     """The clipped value loss of a micro-batch, normalized by mini-batch totals
-    (picklable, like :class:`trainers.grpo.PolicyLoss`)."""
+    (picklable, like :class:`agentgym.trainers.grpo.PolicyLoss`)."""
 
     clip: float
     mode: str

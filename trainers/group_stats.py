@@ -1,5 +1,5 @@
-"""Masked and grouped statistics the advantage estimators share (:mod:`trainers.algos`,
-:mod:`trainers.turn_credit`): a group's mean/std/size, masked means and whitening."""
+"""Masked and grouped statistics the advantage estimators share (:mod:`agentgym.trainers.algos`,
+:mod:`agentgym.trainers.turn_credit`): a group's mean/std/size, masked means and whitening."""
 
 from __future__ import annotations
 

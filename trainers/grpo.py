@@ -6,7 +6,7 @@
     agentgym train env=search model=tiny trainer.total_steps=2  # seconds, for a smoke test
     agentgym train env=search run_dir=runs/a trainer.resume=auto  # continue a killed run
 
-(``algo=ppo`` trains a critic too: :mod:`trainers.ppo`, which reuses these phases.)
+(``algo=ppo`` trains a critic too: :mod:`agentgym.trainers.ppo`, which reuses these phases.)
 
 Each step:
   1. roll out ``trainer.prompts_per_step`` prompts ``rollout.n`` times each (the
@@ -54,21 +54,21 @@ from agentgym.models.zoo import load_tokenizer, resolve_model
 from agentgym.rollout.engines.base import ENGINES
 from agentgym.rollout.runtime import engine_for
 from agentgym.core.types import Trajectory
-from trainers.algos import (ADVANTAGES, POLICY_LOSSES, aggregate, behaviour_weights,
+from agentgym.trainers.algos import (ADVANTAGES, POLICY_LOSSES, aggregate, behaviour_weights,
                             compute_advantages, compute_policy_loss, kl_estimate,
                             masked_mean, needs_critic, needs_groups, overlong_penalty)
-from trainers.backends.base import first_needed_position, sequence_logprobs
-from trainers.backends.single import SingleBackend
-from trainers.batch import Batch, collate
-from trainers.local_rollout import Hooks, LocalRollout, eval_metrics
-from trainers.run import (make_backend, policy_spec, reference, resume, save_checkpoint,
+from agentgym.trainers.backends.base import first_needed_position, sequence_logprobs
+from agentgym.trainers.backends.single import SingleBackend
+from agentgym.trainers.batch import Batch, collate
+from agentgym.trainers.local_rollout import Hooks, LocalRollout, eval_metrics
+from agentgym.trainers.run import (make_backend, policy_spec, reference, resume, save_checkpoint,
                           start_run)
-from trainers.samples import write_samples
-from trainers.sampling import SyncSteps
+from agentgym.trainers.samples import write_samples
+from agentgym.trainers.sampling import SyncSteps
 
 logger = logging.getLogger(__name__)
 # moved to trainers.sampling; the old path works for one release
-__getattr__ = deprecated_attributes(__name__, "trainers.sampling",
+__getattr__ = deprecated_attributes(__name__, "agentgym.trainers.sampling",
                                     ("collect", "regroup", "rollout_metrics"))
 
 
@@ -110,7 +110,7 @@ def check_vision(cfg: Config, path) -> None:
     from agentgym.models.zoo import is_vision_language
     if not is_vision_language(path):
         return
-    from trainers.algos import needs_critic
+    from agentgym.trainers.algos import needs_critic
     bad = [(cfg.trainer.backend != "single", f"trainer.backend={cfg.trainer.backend}"),
            (cfg.engine.name != "hf", f"engine={cfg.engine.name}"),
            (needs_critic(cfg.algo.advantage), f"algo.advantage={cfg.algo.advantage} (a critic)"),
@@ -129,7 +129,7 @@ def setup(cfg: Config):
     check_algo(cfg)
     cluster = None
     if cfg.ray.address:
-        from trainers.ray_cluster import RayCluster
+        from agentgym.trainers.ray_cluster import RayCluster
         cluster = RayCluster(cfg)
     path = resolve_model(cfg.model.path or cfg.model.name)
     check_vision(cfg, path)
@@ -141,11 +141,11 @@ def setup(cfg: Config):
 
 
 def make_rollout(cfg: Config, path, tokenizer, cluster=None):
-    """Where rollouts run: this process (:class:`~trainers.local_rollout.LocalRollout`), or
+    """Where rollouts run: this process (:class:`~agentgym.trainers.local_rollout.LocalRollout`), or
     ``ray.rollout_workers`` actors of a Ray ``cluster``. Engines whose weights live in
     servers (``engine=sglang``) are driven from this process either way."""
     if cluster is not None and ENGINES.get(cfg.engine.name).needs_model:
-        from trainers.ray_cluster import RayRollout
+        from agentgym.trainers.ray_cluster import RayRollout
         return RayRollout(cluster, cfg, str(path))
     return LocalRollout(cfg, engine_for(cfg, path, tokenizer), tokenizer)
 
@@ -507,7 +507,7 @@ def open_session(cfg: Config, hooks: Hooks | None = None,
                 state.get("data_cursor", start * t.prompts_per_step), version,
                 cfg.rollout.temperature or 1.0, state.get("data_taken", []))
     if cfg.data.curriculum:
-        from trainers.curriculum import make_curriculum
+        from agentgym.trainers.curriculum import make_curriculum
         s.curriculum = make_curriculum(rows, tuple(cfg.data.curriculum_band), t.seed,
                                        state.get("curriculum"))
     if eval_rows and start == 0:
@@ -517,15 +517,15 @@ def open_session(cfg: Config, hooks: Hooks | None = None,
 
 def step_source(cfg: Config, s: Session):
     """Where each step's trajectories come from, behind one interface (``take(step)``,
-    ``cursor``, ``taken_after_cursor``): :class:`~trainers.sampling.SyncSteps`, or with
-    ``trainer.mode=async`` an :class:`~trainers.async_rollout.AsyncRollout` that keeps
+    ``cursor``, ``taken_after_cursor``): :class:`~agentgym.trainers.sampling.SyncSteps`, or with
+    ``trainer.mode=async`` an :class:`~agentgym.trainers.async_rollout.AsyncRollout` that keeps
     rolling out while the trainer trains (it then also serves the session's evals and
     weight pushes)."""
     if cfg.trainer.mode == "async":
         if s.curriculum:
             raise ValueError("data.curriculum=solve_rate picks each step's prompts from the "
                              "last step's outcomes; run it with trainer.mode=sync")
-        from trainers.async_rollout import AsyncRollout
+        from agentgym.trainers.async_rollout import AsyncRollout
         s.rollout = AsyncRollout(cfg, s.rollout, s.rows, s.cursor, s.version, s.taken)
         return s.rollout
     return SyncSteps(cfg, s.rollout, s.rows, s.cursor, s.hooks, s.curriculum)

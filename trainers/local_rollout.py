@@ -1,5 +1,5 @@
 """Rollouts in the trainer's process: :class:`LocalRollout` (an engine and a generation
-manager; Ray puts the same in actors, :mod:`trainers.ray_cluster`), the progress
+manager; Ray puts the same in actors, :mod:`agentgym.trainers.ray_cluster`), the progress
 :class:`Hooks` the CLI draws from, and the held-out eval's metrics."""
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def evaluate(cfg: Config, engine, tokenizer, rows: list[dict], hooks: Hooks) -> 
 
 class LocalRollout:
     """Rollouts in this process: the engine and a generation manager (the default; Ray
-    puts the same in actors, :mod:`trainers.ray_cluster`).
+    puts the same in actors, :mod:`agentgym.trainers.ray_cluster`).
 
     ``generate(rows, n, seed, hooks, greedy)`` plays ``n`` samples of every row (greedy:
     temperature 0, one sample; the eval mode); ``update_weights(state_dict, version)``

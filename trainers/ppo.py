@@ -4,7 +4,7 @@
     agentgym train env=search algo=ppo model=tiny trainer.total_steps=2
     agentgym train env=search algo=ppo critic.warmup_steps=5 critic.lr=1e-5 algo.lam=0.95
 
-The phases of :mod:`trainers.grpo`, plus a value model (:mod:`trainers.critic`):
+The phases of :mod:`agentgym.trainers.grpo`, plus a value model (:mod:`agentgym.trainers.critic`):
   1. roll out ``trainer.prompts_per_step`` prompts (``rollout.n`` = 1 by default: the
      critic is the baseline, no groups needed);
   2. old (and reference) logprobs; the critic's values of every token's state and of
@@ -27,11 +27,11 @@ import time
 from pathlib import Path
 
 from agentgym.config import Config
-from trainers.algos import needs_critic
-from trainers.critic import Critic
-from trainers.grpo import advantages, open_session, score, update_policy
-from trainers.sampling import collect
-from trainers.local_rollout import Hooks
+from agentgym.trainers.algos import needs_critic
+from agentgym.trainers.critic import Critic
+from agentgym.trainers.grpo import advantages, open_session, score, update_policy
+from agentgym.trainers.sampling import collect
+from agentgym.trainers.local_rollout import Hooks
 
 
 def train(cfg: Config, hooks: Hooks | None = None) -> Path:

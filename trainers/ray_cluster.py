@@ -15,7 +15,7 @@ What runs where:
 * **Train ranks**: with a sharded backend (``backend=fsdp|deepspeed``) the
   ``trainer.nprocs`` ranks are actors that form the process group (rank 0's node gives
   the rendezvous address) and hold the same per-rank backends as the process launcher
-  (:mod:`trainers.backends.ranks`); PPO's critic gets its own ranks beside them. With
+  (:mod:`agentgym.trainers.backends.ranks`); PPO's critic gets its own ranks beside them. With
   ``backend=single`` the trainer stays in the driver.
 * **Placement**: resources come from placement groups of bundles of ``ray.cpus`` CPUs
   and ``ray.gpus`` GPUs. ``split``: one group for the train ranks, another for the
@@ -71,15 +71,15 @@ class RankActor:
     def address(self) -> tuple[str, int]:
         import ray
 
-        from trainers.backends.distributed import free_port
+        from agentgym.trainers.backends.distributed import free_port
         return ray.util.get_node_ip_address(), free_port()
 
     def setup(self, rank: int, world: int, addr: str, port: int, kind: str, spec, optim,
               threads: int) -> str:
         import ray
 
-        from trainers.backends.distributed import init_rank
-        from trainers.backends.ranks import RANK_BACKENDS
+        from agentgym.trainers.backends.distributed import init_rank
+        from agentgym.trainers.backends.ranks import RANK_BACKENDS
         os.environ["LOCAL_RANK"] = "0"  # Ray gives each actor its own visible GPU(s)
         init_rank(rank, world, addr, port, kind, threads)
         self.backend = RANK_BACKENDS[kind](spec, optim, rank, world)
@@ -95,7 +95,7 @@ class RolloutWorker:
     def __init__(self, cfg: Config, path: str) -> None:
         from agentgym.models.zoo import load_tokenizer
         from agentgym.rollout.runtime import engine_for
-        from trainers.local_rollout import LocalRollout
+        from agentgym.trainers.local_rollout import LocalRollout
         tokenizer = load_tokenizer(path)
         self.local = LocalRollout(cfg, engine_for(cfg, path, tokenizer), tokenizer)
 
@@ -104,7 +104,7 @@ class RolloutWorker:
         return ray.get_runtime_context().get_node_id()
 
     def generate(self, rows: list[dict], n: int, seed: int, greedy: bool) -> list:
-        from trainers.local_rollout import Hooks
+        from agentgym.trainers.local_rollout import Hooks
         return self.local.generate(rows, n, seed, Hooks(), greedy)
 
     def run_group(self, row: dict, uid: str, n: int, seed: int) -> list:
@@ -128,7 +128,7 @@ class RayCluster:
         import ray
         from ray.util.placement_group import placement_group
 
-        from trainers.algos import needs_critic
+        from agentgym.trainers.algos import needs_critic
         r, t = cfg.ray, cfg.trainer
         self.owns_connection = not ray.is_initialized()
         if self.owns_connection:
@@ -195,7 +195,7 @@ class RayCluster:
 
 class RayRanks:
     """``trainer.nprocs`` train ranks as actors: the ``call`` interface of
-    :class:`trainers.backends.distributed.ProcessRanks`."""
+    :class:`agentgym.trainers.backends.distributed.ProcessRanks`."""
 
     def __init__(self, cluster: RayCluster, n: int, kind: str, spec, optim, role: str) -> None:
         import ray
@@ -221,7 +221,7 @@ class RayRanks:
 
 
 class RayRollout:
-    """Rollouts on ``ray.rollout_workers`` actors, with :class:`~trainers.local_rollout.LocalRollout`'s
+    """Rollouts on ``ray.rollout_workers`` actors, with :class:`~agentgym.trainers.local_rollout.LocalRollout`'s
     interface (``generate``, ``update_weights``, ``close``).
 
     A worker that dies during :meth:`generate` (its process killed, its node lost) is

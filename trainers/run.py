@@ -1,7 +1,7 @@
 """What every training recipe (GRPO, PPO, SFT) shares: the run directory, atomic
 checkpoints and resume, the training backend (single, FSDP2, DeepSpeed, Ray ranks) and the
 frozen KL reference. Rollouts in this process, the progress hooks and the greedy eval are
-in :mod:`trainers.local_rollout`."""
+in :mod:`agentgym.trainers.local_rollout`."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 # moved to trainers.local_rollout; the old path works for one release
-__getattr__ = deprecated_attributes(__name__, "trainers.local_rollout", (
+__getattr__ = deprecated_attributes(__name__, "agentgym.trainers.local_rollout", (
     "Hooks", "LocalRollout", "evaluate", "eval_metrics", "split_by_env", "rollouts"))
 
 
@@ -171,7 +171,7 @@ def _load_into(ckpt: Path, state: dict[str, Any], backend, critic) -> dict[str, 
 def _usable_after_failed_load(*backends) -> bool:
     """Whether another checkpoint can be loaded into ``backends`` after one failed to:
     not into a distributed backend, which stops all its ranks when one fails."""
-    from trainers.backends.distributed import DistributedBackend
+    from agentgym.trainers.backends.distributed import DistributedBackend
     return not any(isinstance(b, DistributedBackend) for b in backends)
 
 
@@ -299,11 +299,11 @@ def make_backend(cfg: Config, spec, lr: float, cluster=None, total_steps: int | 
                  warmup_steps: int | None = None):
     """The training backend (``trainer.backend``: single, or fsdp/deepspeed over
     ``trainer.nprocs`` rank processes, or rank actors of a Ray ``cluster``) for the model
-    ``spec`` (a :class:`~trainers.backends.base.ModelSpec`) describes. The LR schedule
+    ``spec`` (a :class:`~agentgym.trainers.backends.base.ModelSpec`) describes. The LR schedule
     counts optimizer steps: by default ``trainer.total_steps`` / ``trainer.warmup_steps``
     times the optimizer steps per training step (``ppo_epochs x mini_batches``)."""
     from agentgym.core.device import mixed_precision, resolve_device
-    from trainers.backends.single import SingleBackend
+    from agentgym.trainers.backends.single import SingleBackend
     t = cfg.trainer
     k = t.ppo_epochs * t.mini_batches
     precision = mixed_precision(t.mixed_precision, resolve_device(t.device))
@@ -315,15 +315,15 @@ def make_backend(cfg: Config, spec, lr: float, cluster=None, total_steps: int | 
                              schedule=t.lr_schedule, max_grad_norm=t.max_grad_norm,
                              micro_batch_tokens=t.micro_batch_tokens,
                              mixed_precision=precision, logprob_chunk=t.logprob_chunk)
-    from trainers.backends.distributed import DistributedBackend
-    from trainers.backends.ranks import OptimSpec
+    from agentgym.trainers.backends.distributed import DistributedBackend
+    from agentgym.trainers.backends.ranks import OptimSpec
     optim = OptimSpec(lr=lr, weight_decay=t.weight_decay, warmup_steps=warmup,
                       total_steps=total, schedule=t.lr_schedule,
                       max_grad_norm=t.max_grad_norm, mixed_precision=precision,
                       zero_stage=t.zero_stage, offload=t.offload)
     ranks = None
     if cluster is not None:
-        from trainers.ray_cluster import RayRanks
+        from agentgym.trainers.ray_cluster import RayRanks
         ranks = RayRanks(cluster, t.nprocs, t.backend, spec, optim,
                          "critic" if spec.kind == "value" else "policy")
     return DistributedBackend(t.backend, spec, optim, t.nprocs, t.micro_batch_tokens, ranks,
@@ -333,8 +333,8 @@ def make_backend(cfg: Config, spec, lr: float, cluster=None, total_steps: int | 
 def policy_spec(cfg: Config, path):
     """The policy as the backends load it: ``model.dtype``, and LoRA adapters when
     ``model.lora.rank`` > 0 (their init seeded with ``trainer.seed``)."""
-    from trainers.backends.base import ModelSpec
-    from trainers.lora import LoraSpec
+    from agentgym.trainers.backends.base import ModelSpec
+    from agentgym.trainers.lora import LoraSpec
     lo = cfg.model.lora
     return ModelSpec(str(path), cfg.model.dtype, lora=LoraSpec(
         lo.rank, lo.alpha, lo.dropout, lo.target_modules, cfg.trainer.seed) if lo.rank else None,
@@ -354,7 +354,7 @@ class Reference:
     def logprobs(self, batch, temperature: float) -> torch.Tensor:
         if self.backend is not None:
             return self.backend.reference_logprobs(batch, temperature)
-        from trainers.backends.base import batched_logprobs
+        from agentgym.trainers.backends.base import batched_logprobs
         return batched_logprobs(self.model, batch, temperature, self.micro_batch_tokens,
                                 chunk=self.chunk)[0]
 

@@ -9,7 +9,7 @@ the segments (prompt / generated / observation, with their turn). ``agentgym ins
 turns these files into one HTML page (:mod:`agentgym.reporting.inspector`).
 
 The trainer's logprobs are the ones the update starts from (``old_logp``); where the update
-computes them itself (:func:`trainers.grpo.reuses_update_logprobs`) they are computed here,
+computes them itself (:func:`agentgym.trainers.grpo.reuses_update_logprobs`) they are computed here,
 for the chosen rows only, before the update changes the weights.
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from agentgym.core.types import Trajectory
-from trainers.batch import Batch, collate
+from agentgym.trainers.batch import Batch, collate
 
 
 def pick(rewards: list[float], n: int) -> list[tuple[int, str]]:
@@ -83,7 +83,7 @@ def write_samples(run_dir: Path, step: int, n: int, trajs: list[Trajectory], bat
                   backend, tokenizer, temperature: float) -> Path | None:
     """Write step ``step``'s chosen samples to ``run_dir/samples/step_<step>.jsonl``.
 
-    ``batch`` is the step's collated batch after :func:`trainers.grpo.advantages` (it holds
+    ``batch`` is the step's collated batch after :func:`agentgym.trainers.grpo.advantages` (it holds
     ``adv`` and, unless the update computes them, ``old_logp`` in ``batch.extra``)."""
     chosen = pick([t.reward for t in trajs], n)
     if not chosen:

@@ -1,7 +1,7 @@
 """Step 1 of a recipe, rollouts: ``collect`` (this step's prompts, DAPO's dynamic sampling),
 ``rollout_metrics`` and ``regroup``; and the one interface the sync and async paths share,
 ``take(step) -> (trajectories, metrics)`` with ``cursor`` / ``taken_after_cursor`` (the data
-position a checkpoint keeps): :class:`SyncSteps` here, :class:`trainers.async_rollout.
+position a checkpoint keeps): :class:`SyncSteps` here, :class:`agentgym.trainers.async_rollout.
 AsyncRollout` when rollouts keep going while the trainer trains.
 """
 
@@ -14,8 +14,8 @@ import statistics
 from agentgym.config import Config, is_mixed
 from agentgym.core.types import Trajectory
 from agentgym.rollout.manager import last_parts, summarize
-from trainers.algos import groups_with_signal, signal_share
-from trainers.local_rollout import Hooks, split_by_env
+from agentgym.trainers.algos import groups_with_signal, signal_share
+from agentgym.trainers.local_rollout import Hooks, split_by_env
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def collect(cfg: Config, rollout, rows: list[dict], cursor: int,
     further prompts are rolled out until ``trainer.prompts_per_step`` groups are kept or
     ``algo.max_sampling_rounds`` rounds have run (then the step trains on what it has).
 
-    With a ``curriculum`` (:class:`trainers.curriculum.Curriculum`), it picks the rows and
+    With a ``curriculum`` (:class:`agentgym.trainers.curriculum.Curriculum`), it picks the rows and
     is told how each group did; ``cursor`` then only counts the prompts taken.
     """
     t, a = cfg.trainer, cfg.algo

@@ -2,13 +2,13 @@
 
 An episode of ``K`` turns gets a reward per turn (``Trajectory.step_rewards``: an env's
 turn reward, e.g. ``search.retrieval_reward``, and the outcome on the last turn), which
-:func:`trainers.batch.collate` puts on the last token sampled in that turn. The estimators
-of :mod:`trainers.algos` sum them into one episode return; the ones here keep them apart,
+:func:`agentgym.trainers.batch.collate` puts on the last token sampled in that turn. The estimators
+of :mod:`agentgym.trainers.algos` sum them into one episode return; the ones here keep them apart,
 so a turn is credited with what came after it, not before, and its baseline is the other
 samples' same turn. Each turn's advantage is put on every token sampled in that turn.
-They are registered in :data:`trainers.algos.ADVANTAGES` under the names below.
+They are registered in :data:`agentgym.trainers.algos.ADVANTAGES` under the names below.
 
-``turn_ids`` ``(B, T)`` (:attr:`trainers.batch.Batch.turn_ids`) names the turn of each
+``turn_ids`` ``(B, T)`` (:attr:`agentgym.trainers.batch.Batch.turn_ids`) names the turn of each
 sampled token (the env's step index; -1 off the mask). ``r_k`` is the sum of the token
 rewards of turn ``k`` (a per-token KL penalty in the reward counts to its turn), and the
 last turn's is the outcome.
@@ -44,7 +44,7 @@ from typing import Sequence
 
 import torch
 
-from trainers.group_stats import _group_stats, masked_whiten
+from agentgym.trainers.group_stats import _group_stats, masked_whiten
 
 
 @dataclass

@@ -15,7 +15,7 @@ SIGINT is turned into ``KeyboardInterrupt``), so ``finally`` blocks and exit han
 
 Example::
 
-    proc = ServerProcess([sys.executable, "-m", "retriever_server", "--port", "8000", ...],
+    proc = ServerProcess([sys.executable, "-m", "agentgym.retriever_server", "--port", "8000", ...],
                          "http://127.0.0.1:8000", name="retriever server")
     proc.start()          # waits for GET /health == 200
     ...

@@ -24,8 +24,8 @@ import json
 import logging
 from pathlib import Path
 
-from envs.rewards import normalize_answer
-from envs.search import gold_answers
+from agentgym.envs.rewards import normalize_answer
+from agentgym.envs.search import gold_answers
 
 logger = logging.getLogger(__name__)
 

@@ -117,8 +117,8 @@ GENERATORS: dict[int, Callable[[random.Random], Problem]] = {
 
 def problem_row(level: int, problem: Problem, split: str, index: int) -> dict:
     """A verl-format code-env row for one generated problem."""
-    from envs.code import code_row
-    from envs.code_prompt import make_short_prompt
+    from agentgym.envs.code import code_row
+    from agentgym.envs.code_prompt import make_short_prompt
     question, expr, label = problem
     answer = str(eval(expr, {"__builtins__": {}}))  # noqa: S307 - our own digits and operators
     solution = f"{label}: <<{expr}={answer}>>\n#### {answer}"

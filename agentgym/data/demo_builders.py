@@ -22,8 +22,8 @@ import logging
 import re
 from typing import Callable
 
-from envs.rewards import normalize_answer
-from envs.search import gold_answers
+from agentgym.envs.rewards import normalize_answer
+from agentgym.envs.search import gold_answers
 
 logger = logging.getLogger(__name__)
 

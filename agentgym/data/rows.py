@@ -54,7 +54,7 @@ logger = logging.getLogger(__name__)
 
 
 def _calc(n: int, seed: int) -> list[dict]:
-    from envs.mcp_env import calc_rows
+    from agentgym.envs.mcp_env import calc_rows
     return calc_rows(n, seed)
 
 
@@ -164,7 +164,7 @@ def load_rows(env: str, name: str, limit: int = 0) -> list[dict]:
     rows = made() if made else read_rows(path)
     if limit:
         rows = rows[:limit]
-    import envs
+    from agentgym import envs
     names = envs.env_aliases(env)  # its id and short names (a plugin: its class spec too)
     for i, row in enumerate(rows):
         validate_row(row, f"{path}:{i + 1}")
@@ -288,7 +288,7 @@ def mixed(parts: dict[str, "TrainingRows"], rows: list[dict]) -> "TrainingRows":
 def answerable_filter_applies(cfg) -> bool:
     """``data.answerable_only`` on, the search env, and the shipped corpus (with
     ``retriever.url`` / ``retriever.index`` the answers' presence is unknown)."""
-    import envs
+    from agentgym import envs
 
     from agentgym.config import env_names
     if len(env_names(cfg.env)) > 1:  # a mixed run: decided env by env (sub_config)

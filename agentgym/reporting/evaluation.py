@@ -37,7 +37,7 @@ def ks_reported(n: int) -> list[int]:
 
 def majority_correct(samples: list) -> bool:
     """maj@k of one question's samples (see the module docstring)."""
-    from envs.rewards import normalize_answer
+    from agentgym.envs.rewards import normalize_answer
     votes: dict[str, list] = {}
     for t in samples:
         if "answer" in t.info and t.terminated:

@@ -50,9 +50,9 @@ class ChatTokens:
     @property
     def renders_tools(self) -> bool:
         """Whether the chat template renders ``tools=`` (else they go in a system message,
-        :func:`envs.function_calling.fallback_system_message`)."""
+        :func:`agentgym.envs.function_calling.fallback_system_message`)."""
         if not hasattr(self, "_renders_tools"):
-            from envs.function_calling import function_tool
+            from agentgym.envs.function_calling import function_tool
             probe = [function_tool("agentgym_probe", "probe", {"x": {"type": "string"}})]
             base = [{"role": "user", "content": _PROBE_USER}]
             self._renders_tools = self._render(base, True, probe) != self._render(base, True)
@@ -63,7 +63,7 @@ class ChatTokens:
         the tools moved into the system message (merged with one already there)."""
         if not tools or self.renders_tools:
             return messages, tools or None
-        from envs.function_calling import fallback_system_message
+        from agentgym.envs.function_calling import fallback_system_message
         if messages and messages[0].get("role") == "system" and \
                 isinstance(messages[0].get("content"), str):
             return [fallback_system_message(tools, messages[0]["content"]), *messages[1:]], None

@@ -10,7 +10,7 @@ goes on in a new trajectory whose prompt (mask 0) is the new blocks joined, so e
 trajectory holds exactly the tokens the policy conditioned on and nothing is re-tokenised.
 The episode's trajectories share its reward (each carries the reward of its own turns plus
 every later turn's: the return from its turns on) and count as one episode in the group
-statistics (:func:`trainers.algos._group_stats`), the same splitting training an
+statistics (:func:`agentgym.trainers.algos._group_stats`), the same splitting training an
 OpenAI-SDK agent uses (:mod:`agentgym.serving.agents`).
 
 Each trajectory has its own ``rollout.max_response_tokens`` after its prompt, so an
@@ -64,7 +64,7 @@ def load_strategy(spec: str) -> Callable[[Blocks, object], Blocks | None] | None
     """The user function ``spec`` names (None for a built-in strategy)."""
     if spec in BUILTIN:
         return None
-    from envs.plugins import load_spec
+    from agentgym.envs.plugins import load_spec
     fn = load_spec(spec, "rollout.context")
     if not callable(fn):
         raise ValueError(f"rollout.context={spec!r} is {type(fn).__name__}, not a function")

@@ -51,7 +51,7 @@ def _search_kwargs(cfg: Config) -> dict[str, Any]:
     url = cfg.retriever.url
     if not url:
         from agentgym.core.paths import shipped_corpus
-        from tools.local_retriever import ensure_local_retriever
+        from agentgym.tools.local_retriever import ensure_local_retriever
         r = cfg.retriever
         if r.index:
             url = ensure_local_retriever(index_dir=r.index, max_restarts=r.max_restarts)
@@ -69,7 +69,7 @@ _SANDBOXES: dict[str, Any] = {}  # sandbox config (JSON) -> the sandbox built fo
 def _code_kwargs(cfg: Config) -> dict[str, Any]:
     # One sandbox per process and sandbox config, shared by every env of every factory
     # (a trainer builds a factory per eval), with its own concurrency bound; closed at exit.
-    from tools.sandbox import make_sandbox
+    from agentgym.tools.sandbox import make_sandbox
     key = json.dumps(dataclasses.asdict(cfg.sandbox), sort_keys=True)
     if key not in _SANDBOXES:
         _SANDBOXES[key] = make_sandbox(cfg.sandbox)
@@ -86,7 +86,7 @@ def _geometry_kwargs(cfg: Config) -> dict[str, Any]:
 
 def _mcp_kwargs(cfg: Config) -> dict[str, Any]:
     # one connection per process and server, shared by every env (tools.mcp_client.shared)
-    from tools.mcp_client import shared
+    from agentgym.tools.mcp_client import shared
     server = shared(cfg.mcp.command, cfg.mcp.url, cfg.mcp.timeout_s)
     return {"server": server}
 
@@ -107,7 +107,7 @@ class MixedEnvs:
 
     def __init__(self, factories: dict[str, Callable[[], Any]],
                  turn_tokens: dict[str, int] | None = None) -> None:
-        import envs
+        from agentgym import envs
         self.factories = factories
         self.turn_tokens = turn_tokens or {}
         self._by_name = {alias: name for name in factories for alias in envs.env_aliases(name)}
@@ -136,7 +136,7 @@ def env_factory(cfg: Config) -> Callable[[], Any]:
         subs = {e: sub_config(cfg, e) for e in names}
         return MixedEnvs({e: env_factory(sub) for e, sub in subs.items()},
                          {e: sub.rollout.max_tokens_per_turn for e, sub in subs.items()})
-    import envs
+    from agentgym import envs
     env_id = envs.resolve_env_id(cfg.env)
     short = envs.short_name(env_id)
     kwargs = {"max_turns": cfg.rollout.max_turns}
@@ -144,9 +144,9 @@ def env_factory(cfg: Config) -> Callable[[], Any]:
         kwargs.update(ENV_KWARGS[short](cfg))
     make = functools.partial(envs.make_env, env_id, **kwargs)
     if cfg.reward:  # a judge or the user's function replaces the env's reward (envs.plugins)
-        from envs.plugins import RewardOverride, load_reward
+        from agentgym.envs.plugins import RewardOverride, load_reward
         if cfg.reward == "judge":
-            from envs.judge import from_config
+            from agentgym.envs.judge import from_config
             return functools.partial(RewardOverride.wrap, make, from_config(cfg))
         load_reward(cfg.reward)  # a bad spec fails here, before any rollout
         return functools.partial(RewardOverride.wrap, make, cfg.reward)

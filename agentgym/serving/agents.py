@@ -17,7 +17,7 @@ conditions on exactly the tokens it sampled. Calls whose prompt extends the prev
 call's prompt plus completion token for token form one trajectory, the completions
 masked in; an agent that rewrites its history (a summary, a dropped turn) starts a new
 trajectory, and the episode yields several, sharing its reward (their advantages count the
-episode once: :func:`trainers.algos._group_stats`). The drift between the recorded prompt
+episode once: :func:`agentgym.trainers.algos._group_stats`). The drift between the recorded prompt
 and the chat template's rendering of the same messages is measured per call
 (``agent/drift_calls``, ``agent/drift_tokens``).
 
@@ -195,7 +195,7 @@ def load_agent(spec: str):
     import os
     import sys
 
-    from envs.plugins import load_spec
+    from agentgym.envs.plugins import load_spec
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())
     if not spec:
@@ -227,7 +227,7 @@ class AgentManager:
         self.fn = load_agent(cfg.agent)
         self.reward_fn = None
         if cfg.reward:
-            from envs.plugins import load_reward
+            from agentgym.envs.plugins import load_reward
             self.reward_fn = load_reward(cfg.reward)
         self.chat_tokens = ChatTokens(tokenizer, image_processor=None)
         self.episodes: dict[str, EpisodeFrontend] = {}
@@ -345,7 +345,7 @@ def _client(url: str, eid: str, asynchronous: bool):
     try:
         import openai
     except ImportError as e:
-        from tools.errors import MissingExtra
+        from agentgym.tools.errors import MissingExtra
         raise MissingExtra("env=agent hands the agent an OpenAI client: pip install openai "
                            "(or name run's second parameter base_url)") from e
     make = openai.AsyncOpenAI if asynchronous else openai.OpenAI

@@ -13,7 +13,7 @@ Chat requests honour ``messages`` (system/developer, user, assistant with ``tool
 ``parallel_tool_calls``. Tools reach the prompt as the envs' function calling puts them
 there (the chat template's ``tools=``, else Hermes instructions in the system message,
 :meth:`agentgym.rollout.chat.ChatTokens.with_tools`); the reply's ``<tool_call>`` blocks are
-parsed by :func:`envs.function_calling.parse_tool_calls` and answered as OpenAI's
+parsed by :func:`agentgym.envs.function_calling.parse_tool_calls` and answered as OpenAI's
 ``tool_calls`` (``finish_reason`` ``"tool_calls"``). A reply whose calls do not parse is
 answered as plain content, as the model wrote it. ``tool_choice="required"`` or a named
 function starts the reply with ``<tool_call>`` (and the name): the model writes the rest.

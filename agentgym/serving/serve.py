@@ -27,7 +27,7 @@ http_server.py``; request and response types in ``sglang/srt/managers/io_struct.
 - OpenAI's API (:mod:`agentgym.serving.openai_api`): ``GET /v1/models``,
   ``POST /v1/chat/completions`` (``n``, sampling, ``logprobs``, ``stream``, ``tools``) and
   ``POST /v1/completions``, as the official ``openai`` SDK calls them; a judge reward
-  (:mod:`envs.judge`) grades with it and agents run against it. ``/v1/models`` lists the
+  (:mod:`agentgym.envs.judge`) grades with it and agents run against it. ``/v1/models`` lists the
   model by the name ``serve`` was given.
 - ``GET /health``, ``GET /health_generate`` (one greedy token through the engine),
   ``GET /get_model_info`` (``/model_info``), ``GET /get_server_info`` (``/server_info``;

@@ -1,1 +1,1 @@
-"""Training backends behind one protocol (see ``trainers.backends.base``)."""
+"""Training backends behind one protocol (see ``agentgym.trainers.backends.base``)."""

@@ -22,7 +22,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from trainers.batch import Batch
+from agentgym.trainers.batch import Batch
 
 #: ``loss_fn(model, micro_batch) -> (loss, metrics)``; a picklable object (a small class,
 #: not a closure) so that a distributed backend can send it to its rank processes.
@@ -62,7 +62,7 @@ class ModelSpec:
                 model.gradient_checkpointing_enable(
                     gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.lora is not None:
-            from trainers.lora import wrap
+            from agentgym.trainers.lora import wrap
             model = wrap(model, self.lora)
         return model
 
@@ -245,7 +245,7 @@ def batched_apply(model, batch: Batch, micro_batch_tokens: int, fn) -> list[torc
     """``fn(model, micro_batch, device) -> tuple of tensors`` over token-budgeted
     micro-batches of ``batch`` in eval mode, without grad; ``(b, t)`` outputs are padded
     back to the batch width. Returns the outputs concatenated in ``batch``'s row order."""
-    from trainers.batch import micro_batches
+    from agentgym.trainers.batch import micro_batches
 
     was_training = model.training
     model.eval()

@@ -1,10 +1,10 @@
 """Sharded training (``trainer.backend=fsdp|deepspeed``, ``trainer.nprocs=N``) behind the
-same protocol as :class:`~trainers.backends.single.SingleBackend`.
+same protocol as :class:`~agentgym.trainers.backends.single.SingleBackend`.
 
 The recipe's process is the driver and holds no trained weights. It starts N rank
 processes that form one process group (gloo on CPU, NCCL on GPU, chosen by whether the
 machine has CUDA) and each build their shard of the model
-(:mod:`trainers.backends.ranks`). Every backend call becomes one call on every rank:
+(:mod:`agentgym.trainers.backends.ranks`). Every backend call becomes one call on every rank:
 
 * ``train_step(micro_batches, loss_fn)``: the mini-batch's micro-batches (already cut to
   the token budget by :meth:`split`) are dealt to ranks, largest first to the least
@@ -44,9 +44,9 @@ from typing import Any
 
 import torch
 
-from trainers.backends.base import LogprobFn, LossFn, ModelSpec
-from trainers.backends.ranks import OptimSpec
-from trainers.batch import Batch, micro_batches
+from agentgym.trainers.backends.base import LogprobFn, LossFn, ModelSpec
+from agentgym.trainers.backends.ranks import OptimSpec
+from agentgym.trainers.batch import Batch, micro_batches
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def init_rank(rank: int, world: int, addr: str, port: int, kind: str, threads: i
 def serve(conn, rank: int, world: int, port: int, kind: str, spec: ModelSpec,
           optim: OptimSpec, threads: int) -> None:
     """A rank process: build the shard, then answer the driver's calls until told to stop."""
-    from trainers.backends.ranks import RANK_BACKENDS
+    from agentgym.trainers.backends.ranks import RANK_BACKENDS
 
     def reply(status: str, payload: Any) -> None:
         conn.send_bytes(pickle.dumps((status, payload), protocol=pickle.HIGHEST_PROTOCOL))
@@ -142,7 +142,7 @@ class ProcessRanks:
             host, lport = listener.address
             for r in range(n):
                 self.procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "trainers.backends.distributed", f"{host}:{lport}",
+                    [sys.executable, "-m", "agentgym.trainers.backends.distributed", f"{host}:{lport}",
                      str(r)], env=env))
             listener._listener._socket.settimeout(start_timeout_s)
             accepted = {}

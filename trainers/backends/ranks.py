@@ -1,6 +1,6 @@
 """One rank's share of a sharded model: FSDP2 (``fully_shard``) or DeepSpeed ZeRO.
 
-These classes live inside rank processes (started by :mod:`trainers.backends.distributed`
+These classes live inside rank processes (started by :mod:`agentgym.trainers.backends.distributed`
 or as Ray actors); the recipe never sees them. Every rank of a step receives the same
 number of micro-batches (``None`` entries stand for a zero-weight dummy), because each
 forward and backward pass of a sharded model is a collective: a rank with less work
@@ -23,9 +23,9 @@ import torch
 import torch.distributed as dist
 
 from agentgym.core.device import HOST, is_accelerator, resolve_device
-from trainers import lora
-from trainers.backends.base import LossFn, ModelSpec
-from trainers.batch import Batch
+from agentgym.trainers import lora
+from agentgym.trainers.backends.base import LossFn, ModelSpec
+from agentgym.trainers.batch import Batch
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ def _without_tied_copies(model, sd: dict[str, torch.Tensor]) -> dict[str, torch.
 
 
 def _scheduler(optimizer, o: OptimSpec):
-    from trainers.backends.single import lr_lambda
+    from agentgym.trainers.backends.single import lr_lambda
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(o.warmup_steps, o.total_steps, o.schedule))
 

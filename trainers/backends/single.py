@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
-from trainers import lora
-from trainers.backends.base import LogprobFn, LossFn, batched_apply
-from trainers.batch import Batch, micro_batches
+from agentgym.trainers import lora
+from agentgym.trainers.backends.base import LogprobFn, LossFn, batched_apply
+from agentgym.trainers.batch import Batch, micro_batches
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class SingleBackend:
         micro_batch_tokens: padded-token budget of one forward/backward.
         mixed_precision: ``""`` (fp32) or ``bf16`` autocast.
         logprob_chunk: positions projected to the vocabulary at once in :meth:`logprobs`
-            (0: all; :func:`~trainers.backends.base.sequence_logprobs`).
+            (0: all; :func:`~agentgym.trainers.backends.base.sequence_logprobs`).
     """
 
     def __init__(self, model, lr: float = 1e-6, weight_decay: float = 0.0,
@@ -157,7 +157,7 @@ class SingleBackend:
 def _read(path: Path, read):
     """``read(path)``; bad bytes raise an ``OSError`` that names the file (safetensors'
     and torch's own errors do not), which ``trainer.resume=auto`` reports as it falls back
-    to an older checkpoint (:func:`trainers.run.resume`)."""
+    to an older checkpoint (:func:`agentgym.trainers.run.resume`)."""
     try:
         return read(path)
     except Exception as e:  # noqa: BLE001 - bad bytes raise each format's own errors

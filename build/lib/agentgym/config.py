@@ -1,0 +1,635 @@
+"""Typed configuration: dataclasses are the single source of defaults.
+
+The command line takes dotted ``key=value`` overrides (``rollout.temperature=0.7``).
+Values are parsed as YAML scalars/lists and checked against the field's type. An unknown
+key fails with the valid keys and a "did you mean". Shorthands: a plain value for a
+section that has a ``name`` sets that name (``model=tiny`` is ``model.name=tiny``,
+``engine=hf`` is ``engine.name=hf``, ``data=nq`` is ``data.name=nq``), and ``n=4`` is
+``rollout.n=4``.
+
+Precedence, lowest first: dataclass defaults, the environment's preset
+(:data:`ENV_PRESETS`), the command's own defaults (e.g. ``train``'s group of 5), the
+algorithm's preset (``algo=ppo``, :data:`ALGO_PRESETS`), a recipe's keys
+(``recipe=search_r1_qwen2.5_3b_grpo``: ``recipes/``), then the user's overrides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from agentgym.core.registry import did_you_mean
+from agentgym.presets import (ALGO_PRESETS, ALIASES, ENV_PRESETS, PER_ENV_KEYS,  # noqa: F401
+                              load_recipe)
+
+
+def check_choices(section: str, obj: Any, choices: dict[str, tuple]) -> None:
+    """Raise ValueError naming ``section.key``, its value and the valid ones (with a "did
+    you mean") when a field of ``obj`` is not among its ``choices``."""
+    for key, valid in choices.items():
+        value = getattr(obj, key)
+        if value not in valid:
+            names = [repr(v) if v == "" else str(v) for v in valid]
+            raise ValueError(f"{section}.{key}={value!r}{did_you_mean(str(value), names)}; "
+                             f"valid: {', '.join(names)}")
+
+
+@dataclass
+class LoraConfig:
+    """``model.lora.*``: LoRA adapters (peft) instead of training every weight."""
+
+    rank: int = 0  # > 0: train rank-r adapters only (export and weight sync merge them); 0 = off
+    alpha: float = 16.0  # scaling = alpha / rank
+    dropout: float = 0.0  # > 0 makes the update's logprobs differ from the rollout's
+    target_modules: str = "all-linear"  # peft module names, comma-separated, or all-linear
+
+    def __post_init__(self) -> None:
+        if self.rank < 0 or self.alpha <= 0 or not 0 <= self.dropout < 1:
+            raise ValueError(f"model.lora: rank must be >= 0, alpha > 0, dropout in [0, 1); got "
+                             f"{self.rank}, {self.alpha}, {self.dropout}")
+
+
+@dataclass
+class ModelConfig:
+    name: str = "smollm2-135m"  # tiny | smollm2-135m | a local HF folder
+    path: str = ""  # a local HF folder; overrides name when set
+    dtype: str = "float32"  # float32 | bfloat16
+    gradient_checkpointing: bool = False  # recompute each layer's activations in the backward (less memory)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+
+    def __post_init__(self) -> None:
+        check_choices("model", self, {"dtype": ("float32", "bfloat16")})
+
+
+@dataclass
+class EngineConfig:
+    name: str = "hf"  # hf | sglang
+    max_batch_size: int = 32
+    batch_wait_s: float = 0.005  # hf: a batch starts after this long with no new request ...
+    max_batch_wait_s: float = 0.05  # ... or this long after its first request
+    continuous_batching: bool = True  # hf: requests join the running batch (false: static batches)
+    prefix_cache: bool = True  # hf: reuse cached keys/values of prompt prefixes (radix tree)
+    cache_tokens: int = 65536  # hf: prefix-cache budget in positions (smollm2-135m bf16: ~1.5 GB)
+    prefill_chunk: int = 256  # hf: prompt tokens prefilled between two decode steps
+    urls: list[str] = field(default_factory=list)  # sglang: servers; empty launches one (GPU)
+    dtype: str = ""  # weights of the rollout copy; "" = model.dtype (bfloat16: faster, drifts)
+    timeout_s: float = 600.0  # sglang: read timeout of one request
+    retries: int = 3  # sglang: extra attempts after a connection error, timeout, 429/502/503/504
+    retry_window_s: float = 60.0  # sglang: ... and more attempts until this long after the first
+    weight_sync: str = "disk"  # sglang: disk | distributed | tensor (see agentgym.rollout.engines.sglang)
+    sync_dir: str = ""  # sglang disk sync: folder every server can read; "" = a temp folder
+    sync_address: str = ""  # sglang distributed sync: this host as servers reach it; "" = auto
+
+    def __post_init__(self) -> None:
+        check_choices("engine", self, {"dtype": ("", "float32", "bfloat16"),
+                                       "weight_sync": ("disk", "distributed", "tensor")})
+        if isinstance(self.urls, str):  # engine.urls=http://a:1 (one server, no brackets)
+            self.urls = [self.urls]
+        if self.retries < 0:
+            raise ValueError(f"engine.retries={self.retries}; must be >= 0")
+        for key in ("cache_tokens", "prefill_chunk", "max_batch_size"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"engine.{key}={getattr(self, key)}; must be >= 1")
+
+
+@dataclass
+class RetrieverConfig:
+    url: str = ""  # a running Search-R1 /retrieve server; empty starts a local one
+    index: str = ""  # local server: a saved index dir (`agentgym index build`); empty = BM25 of data/corpus
+    topk: int = 3
+    timeout: float = 5.0
+    max_restarts: int = 5  # local server: restarts by its supervisor within 10 minutes before the run stops
+
+    def __post_init__(self) -> None:
+        if self.max_restarts < 0:
+            raise ValueError(f"retriever.max_restarts must be >= 0, got {self.max_restarts}")
+
+
+@dataclass
+class SandboxConfig:
+    """Where and under which limits model-written code runs (``agentgym.tools.sandbox``)."""
+
+    backend: str = "local"  # local (bubblewrap / unshare on this machine) | e2b (needs E2B_API_KEY)
+    isolation: str = "auto"  # local only: auto (bwrap, else unshare, logged) | bwrap | unshare
+    cpu_s: float = 5.0  # CPU seconds per execution
+    wall_s: float = 10.0  # wall-clock seconds per execution
+    memory_mb: int = 1024  # address space per execution
+    file_size_mb: int = 16  # largest file it may write
+    max_procs: int = 32  # processes/threads of the sandbox user
+    max_output_bytes: int = 65536  # stdout and stderr each, beyond which output is cut
+    max_concurrency: int = 4  # executions running at once
+    stateful: bool = False  # code env: later cells of an episode see earlier variables
+
+    def __post_init__(self) -> None:
+        check_choices("sandbox", self, {"backend": ("local", "e2b"),
+                                        "isolation": ("auto", "bwrap", "unshare")})
+        for name in ("cpu_s", "wall_s", "memory_mb", "file_size_mb", "max_procs",
+                     "max_output_bytes", "max_concurrency"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"sandbox.{name} must be > 0, got {getattr(self, name)}")
+
+
+@dataclass
+class CodeConfig:
+    obs_bytes: int = 1024  # interpreter output shown to the model (env=code), bytes
+    protocol: str = "tags"  # tags (ReTool's <code> text) | tools (a python function, Hermes <tool_call>)
+    run_reward: float = 0.0  # turn reward: the first cell of an episode that runs without error (0 = off)
+
+    def __post_init__(self) -> None:
+        check_choices("code", self, {"protocol": ("tags", "tools")})
+        if self.run_reward < 0:
+            raise ValueError(f"code.run_reward must be >= 0, got {self.run_reward}")
+
+
+@dataclass
+class GeometryConfig:
+    tool: bool = False  # env=geometry: offer a <calculator> tool (multi-turn, as verl's geo3k tool)
+    rel_tol: float = 1e-6  # env=geometry: float-noise slack on the gold's rounding (answer check)
+
+
+@dataclass
+class SearchConfig:
+    format_reward: float = 0.0  # reward for a well-formed but wrong answer (env=search)
+    reward: str = "em"  # em (exact match, Search-R1) | f1 (token F1: partial credit)
+    protocol: str = "tags"  # tags (Search-R1's <search> text) | tools (a search function, Hermes <tool_call>)
+    retrieval_reward: float = 0.0  # turn reward: the first search whose results hold a gold answer (0 = off)
+
+    def __post_init__(self) -> None:
+        check_choices("search", self, {"reward": ("em", "f1"), "protocol": ("tags", "tools")})
+        if self.retrieval_reward < 0:
+            raise ValueError(f"search.retrieval_reward must be >= 0, got {self.retrieval_reward}")
+
+
+@dataclass
+class MCPConfig:  # env=mcp: the MCP server whose tools the env offers (neither: a calculator)
+    command: str = ""  # launched, spoken to over stdio: "python my_server.py"
+    url: str = ""  # or reached over streamable HTTP: http://host:8000/mcp
+    timeout_s: float = 30.0  # one tool call
+
+
+@dataclass
+class RolloutConfig:
+    n: int = 1  # samples per prompt (GRPO group size)
+    max_turns: int = 4  # env actions per episode
+    max_prompt_tokens: int = 1024
+    max_response_tokens: int = 1024  # generated + observation tokens after the prompt
+    max_tokens_per_turn: int = 256
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0
+    max_concurrency: int = 64  # trajectories in flight
+    env_workers: int = 8  # threads for env.reset/step (tool calls)
+    on_infra_error: str = "retry"  # a tool failure not the policy's: retry (replay once, then drop) | drop | keep
+    # once an episode's context passes context_tokens: keep (it grows) | drop_observations
+    # (older tool outputs replaced by a note) | summarize (the policy writes a summary) |
+    # package.module:function (agentgym/rollout/context.py); the episode then continues
+    # in a new trajectory, token-exact, sharing the episode's reward
+    context: str = "keep"
+    context_tokens: int = 0  # the context length that triggers rollout.context (> 0 unless keep)
+    # trainer.mode=async: a generation in flight when new weights land stops and goes on
+    # under them (hf engine, continuous batching); false: it finishes on the old weights first
+    partial: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("n", "max_turns", "max_prompt_tokens", "max_response_tokens",
+                     "max_tokens_per_turn", "max_concurrency", "env_workers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+        check_choices("rollout", self, {"on_infra_error": ("retry", "drop", "keep")})
+        if self.context not in ("keep", "drop_observations", "summarize") and ":" not in self.context:
+            raise ValueError(f"rollout.context={self.context!r}; valid: keep, drop_observations, "
+                             f"summarize, or a function as package.module:function")
+
+    def check_context(self) -> None:
+        """``rollout.context`` other than keep needs ``rollout.context_tokens`` (checked once
+        every key is set: either may come first)."""
+        if self.context != "keep" and self.context_tokens < 1:
+            raise ValueError(f"rollout.context={self.context} needs rollout.context_tokens >= 1 "
+                             f"(the context length that triggers it), got {self.context_tokens}")
+
+
+@dataclass
+class AlgoConfig:
+    """The algorithm. ``algo=NAME`` picks a preset (:data:`ALGO_PRESETS`) that sets the
+    keys below; any of them can still be overridden (``algo=grpo algo.advantage=rloo``).
+    The estimator decides the recipe: one that reads values (``gae``) trains a critic."""
+
+    name: str = "grpo"  # preset: grpo | dr_grpo | rloo | reinforce_plus_plus | … | ppo
+    advantage: str = "grpo"  # trainers.algos.ADVANTAGES: grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | gae | turn-level: mt_grpo | gigpo | gae_turn
+    norm_adv_by_std: bool = True  # grpo: divide by the group std (False = Dr. GRPO); gae: whiten over the batch
+    gamma: float = 1.0  # discount per time step: a sampled token (gae, reinforce_plus_plus) or a turn (mt_grpo, gigpo, gae_turn)
+    lam: float = 1.0  # GAE lambda (gae, gae_turn)
+    step_weight: float = 1.0  # gigpo: weight of the step-level (anchor-state) advantage
+    policy_loss: str = "ppo_clip"  # trainers.algos.POLICY_LOSSES: ppo_clip | dual_clip | gspo
+    clip_low: float = 0.2
+    clip_high: float = 0.2  # > clip_low is DAPO's clip-higher
+    dual_clip: float = 3.0  # policy_loss=dual_clip: bound on the loss of negative advantages
+    loss_agg_mode: str = "token-mean"
+    kl_coef: float = 0.0  # 0 disables the reference model
+    ref_offload: bool = False  # the reference model on the CPU (host memory) instead of the policy's device
+    kl_estimator: str = "k3"  # k1 | k2 | k3 | abs
+    kl_mode: str = "loss"  # loss (GRPO) | reward (a per-token penalty in the reward, PPO / REINFORCE++; use k1)
+    entropy_coef: float = 0.0
+    dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal, sample more
+    max_sampling_rounds: int = 4  # dynamic sampling: rollout rounds per step at most
+    overlong_buffer: int = 0  # DAPO soft overlong punishment over the last N response tokens (0 = off)
+    overlong_penalty: float = 1.0  # its largest penalty, reached at rollout.max_response_tokens
+    # off-policy correction against the rollout's logprobs (stale or mismatched samples),
+    # trainers/rollout_correction.py: recompute (none beyond recomputed old logprobs) |
+    # decoupled (AReaL: x pi_prox/pi_behav) | truncated IS x min(ratio, is_cap): tis (token),
+    # seq_tis (sequence: product), geo_tis (sequence: geometric mean) | masked IS x ratio
+    # inside [is_low, is_high], else dropped: mis (token), seq_mis, geo_mis (whole sequence)
+    off_policy: str = "recompute"
+    is_cap: float = 2.0  # *_tis: weight cap; decoupled: cap too when > 0 (0 = uncapped)
+    is_low: float = 0.5  # *_mis: the lowest ratio kept
+    is_high: float = 2.0  # *_mis: the highest ratio kept
+
+    def __post_init__(self) -> None:
+        check_choices("algo", self, {
+            "name": tuple(ALGO_PRESETS),
+            "loss_agg_mode": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                              "seq-mean-token-sum-norm"),
+            "kl_estimator": ("k1", "k2", "k3", "abs"), "kl_mode": ("loss", "reward"),
+            "off_policy": ("recompute", "decoupled", "tis", "seq_tis", "geo_tis", "mis",
+                           "seq_mis", "geo_mis")})
+        if not 0 < self.gamma <= 1:
+            raise ValueError(f"algo.gamma must be in (0, 1], got {self.gamma}")
+        if self.step_weight < 0:
+            raise ValueError(f"algo.step_weight must be >= 0, got {self.step_weight}")
+        if not 0 <= self.lam <= 1:
+            raise ValueError(f"algo.lam must be in [0, 1], got {self.lam}")
+        if self.off_policy.endswith("tis") and self.is_cap <= 0:
+            raise ValueError(f"algo.is_cap must be > 0 for algo.off_policy={self.off_policy}, "
+                             f"got {self.is_cap}")
+        if not 0 <= self.is_low < 1 < self.is_high:
+            raise ValueError(f"algo.is_low and algo.is_high must satisfy 0 <= is_low < 1 < "
+                             f"is_high, got {self.is_low}, {self.is_high}")
+        if self.dual_clip <= 1:
+            raise ValueError(f"algo.dual_clip must be > 1, got {self.dual_clip}")
+        if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
+            raise ValueError(f"algo.clip_low must be in [0, 1) and algo.clip_high >= 0, got "
+                             f"{self.clip_low}, {self.clip_high}")
+        if self.max_sampling_rounds < 1:
+            raise ValueError(f"algo.max_sampling_rounds must be >= 1, got {self.max_sampling_rounds}")
+        if self.overlong_buffer < 0 or self.overlong_penalty < 0:
+            raise ValueError(f"algo.overlong_buffer and algo.overlong_penalty must be >= 0, got "
+                             f"{self.overlong_buffer}, {self.overlong_penalty}")
+
+
+@dataclass
+class CriticConfig:
+    """The value model of ``algo=ppo`` (any estimator that reads values)."""
+
+    model: str = ""  # "" = initialized from the policy's model; or tiny | smollm2-135m | a local HF folder
+    lr: float = 1e-5
+    warmup_steps: int = 0  # training steps that update only the critic (the policy waits)
+    value_clip: float = 0.5  # PPO value clipping around the pre-update values (0 = off)
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"critic.lr must be > 0, got {self.lr}")
+        if self.warmup_steps < 0 or self.value_clip < 0:
+            raise ValueError(f"critic.warmup_steps and critic.value_clip must be >= 0, got "
+                             f"{self.warmup_steps}, {self.value_clip}")
+
+
+@dataclass
+class TrainerConfig:
+    total_steps: int = 20
+    prompts_per_step: int = 8  # rows per step; each sampled rollout.n times
+    ppo_epochs: int = 1  # passes over each step's rollouts
+    mini_batches: int = 1  # optimizer steps per epoch
+    micro_batch_tokens: int = 4096  # padded tokens per forward/backward (grad accumulation)
+    lr: float = 1e-6
+    warmup_steps: int = 0
+    lr_schedule: str = "constant"  # constant | cosine
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    save_every: int = 10  # steps between checkpoints (the last step is always saved)
+    eval_every: int = 0  # steps between evals on data.eval (0 = only before and after)
+    eval_limit: int = 50
+    eval_data: str = "nq"
+    log_samples: int = 3  # trajectories per step written to run_dir/samples/ (worst, median, best; 0: none)
+    logger: str = ""  # also log to: wandb (metrics, curves, sample tables; JSONL/TensorBoard/PNG always)
+    mixed_precision: str = ""  # "" (bf16 on a GPU, fp32 on the CPU) | bf16 (autocast; fp32 master weights) | fp32
+    device: str = "auto"  # auto (CUDA when available) | cpu | cuda | cuda:N (agentgym.core.device)
+    logprob_chunk: int = 1024  # tokens whose vocabulary logits exist at once in log-prob passes (0: all)
+    seed: int = 0
+    resume: str = "auto"  # auto (latest checkpoint in run_dir) | never | a checkpoint path
+    backend: str = "single"  # single (this process) | fsdp (FSDP2) | deepspeed (ZeRO)
+    nprocs: int = 1  # fsdp / deepspeed: rank processes on this machine (gloo on CPU, NCCL on GPU)
+    zero_stage: int = 2  # deepspeed: ZeRO stage 1 | 2 | 3
+    offload: bool = False  # fsdp: CPUOffloadPolicy (GPU runs); deepspeed: optimizer state on CPU
+    mode: str = "sync"  # sync (roll out, then train) | async (rollouts keep going while training)
+    max_staleness: int = 1  # async: policy versions a trained sample may lag behind (0 = on-policy)
+    # Cold start (trainers/cold_start.py): auto (probe the model's format validity on training
+    # questions; below the threshold, build demonstrations and SFT first) | off | PATH (an SFT
+    # checkpoint to start RL from). Results are cached by content under $AGENTGYM_CACHE.
+    cold_start: str = "auto"
+    cold_start_threshold: float = 0.5  # auto: probe format-validity below which it runs
+    cold_start_probe: int = 8  # auto: greedy probe episodes (training questions)
+    cold_start_demos: int = 64  # demonstrations the SFT trains on (sft.epochs, sft.batch_size)
+    cold_start_lr: float = 1e-4  # the SFT's peak learning rate (cosine decay)
+
+    def __post_init__(self) -> None:
+        if self.max_staleness < 0:
+            raise ValueError(f"trainer.max_staleness must be >= 0, got {self.max_staleness}")
+        for name in ("total_steps", "prompts_per_step", "ppo_epochs", "mini_batches",
+                     "micro_batch_tokens", "save_every", "nprocs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"trainer.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("warmup_steps", "eval_every", "eval_limit", "log_samples"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"trainer.{name} must be >= 0, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ValueError(f"trainer.lr must be > 0, got {self.lr}")
+        check_choices("trainer", self, {"logger": ("", "tensorboard", "wandb")})
+        if not self.cold_start:
+            raise ValueError("trainer.cold_start is empty; valid: auto, off, or the folder of an "
+                             "SFT checkpoint")
+        if not 0 <= self.cold_start_threshold <= 1 or self.cold_start_lr <= 0:
+            raise ValueError(f"trainer.cold_start_threshold must be in [0, 1] and "
+                             f"trainer.cold_start_lr > 0; got {self.cold_start_threshold}, "
+                             f"{self.cold_start_lr}")
+        if self.cold_start_probe < 1 or self.cold_start_demos < 1:
+            raise ValueError(f"trainer.cold_start_probe and trainer.cold_start_demos must be "
+                             f">= 1; got {self.cold_start_probe}, {self.cold_start_demos}")
+        check_choices("trainer", self, {
+            "lr_schedule": ("constant", "cosine"), "mixed_precision": ("", "bf16", "fp32"),
+            "backend": ("single", "fsdp", "deepspeed"), "zero_stage": (1, 2, 3),
+            "mode": ("sync", "async")})
+        from agentgym.core.device import check_device
+        check_device(self.device)
+        if self.logprob_chunk < 0:
+            raise ValueError(f"trainer.logprob_chunk must be >= 0 (0: no chunking), got "
+                             f"{self.logprob_chunk}")
+        if self.backend == "single" and (self.nprocs > 1 or self.offload):
+            raise ValueError(f"trainer.nprocs={self.nprocs} / trainer.offload={self.offload} "
+                             f"need a sharded backend: trainer.backend=fsdp or deepspeed")
+
+
+@dataclass
+class RayConfig:
+    """``ray.*``: Ray placement. Empty ``address`` = no Ray: one process (or the
+    ``trainer.nprocs`` rank processes of a sharded backend)."""
+
+    address: str = ""  # "" | local (start Ray here) | auto (join the running cluster) | host:port
+    placement: str = "colocated"  # colocated (rollout workers share the train ranks' resources) | split
+    rollout_workers: int = 1  # rollout actors, each an engine + generation manager + envs
+    cpus: float = 1.0  # CPUs per train rank and per rollout worker
+    gpus: float = 0.0  # GPUs per train rank and per rollout worker (colocated: they share)
+
+    def __post_init__(self) -> None:
+        check_choices("ray", self, {"placement": ("colocated", "split")})
+        if self.rollout_workers < 1 or self.cpus <= 0 or self.gpus < 0:
+            raise ValueError(f"ray.rollout_workers must be >= 1, ray.cpus > 0, ray.gpus >= 0; "
+                             f"got {self.rollout_workers}, {self.cpus}, {self.gpus}")
+
+
+@dataclass
+class SFTConfig:
+    """``agentgym sft`` (supervised cold start), ``agentgym demos`` and ``agentgym filter``."""
+
+    epochs: int = 2
+    batch_size: int = 8  # sequences per optimizer step (micro-batched by trainer.micro_batch_tokens)
+    max_steps: int = 0  # optimizer steps; 0 = epochs x ceil(records / batch_size)
+    max_length: int = 2048  # longer sequences are left out (counted and logged)
+    group_by_length: bool = True  # length-bucketed batches, so padding stays small
+    min_reward: float = 1.0  # filter: keep trajectories whose reward is at least this
+    max_per_prompt: int = 0  # filter: kept trajectories per prompt (0 = all)
+    max_searches: int = 2  # demos env=search: queries tried (the question, then a rewrite)
+    max_cells: int = 3  # demos env=code: code cells a GSM8K solution is split into
+    eval_limit: int = 0  # held-out episodes (trainer.eval_data) played greedily after SFT; 0 = none
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size", "max_length", "max_searches", "max_cells"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"sft.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_steps", "max_per_prompt", "eval_limit"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"sft.{name} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass
+class DataConfig:
+    """``data``: what a command reads (``data=nq`` is ``data.name=nq``)."""
+
+    name: str = "train"  # dataset name of the env (train | nq | …) or a .jsonl path (sft: records)
+    # search, training rows, the shipped corpus: keep the questions whose gold answer occurs
+    # in the corpus (the others earn 0 from every rollout: no GRPO signal). No effect with
+    # retriever.url / retriever.index (another corpus) or other envs.
+    answerable_only: bool = True
+    # env=[search,code]: the share of each env's prompts, in env order (empty: equal)
+    mix: list[float] = field(default_factory=list)
+    curriculum: str = ""  # "" (rows in order) | solve_rate (trainers/curriculum.py)
+    curriculum_band: list[float] = field(default_factory=lambda: [0.2, 0.8])  # solve rates kept
+
+    def __post_init__(self) -> None:
+        if any(not isinstance(w, (int, float)) or w <= 0 for w in self.mix):
+            raise ValueError(f"data.mix={self.mix!r}: weights must be > 0")
+        check_choices("data", self, {"curriculum": ("", "solve_rate")})
+        if len(band := self.curriculum_band) != 2 or not 0 <= band[0] < band[1] <= 1:
+            raise ValueError(f"data.curriculum_band={band!r}: give [low, high], 0 <= low < high <= 1")
+
+
+@dataclass
+class JudgeConfig:
+    """``reward=judge``: a model behind an OpenAI-compatible endpoint grades each answer
+    (:mod:`agentgym.envs.judge`)."""
+
+    url: str = ""  # the server (gets /v1/chat/completions): vLLM, SGLang, `agentgym serve`
+    model: str = ""  # the "model" field sent ("" = leave it out: the server's only model)
+    rubric: str = ""  # system prompt text or a file of it; "" = envs.judge.RUBRIC
+    scale: float = 10.0  # the reply's "Score: N" runs 0..scale; the reward is N / scale
+    timeout_s: float = 30.0
+    retries: int = 2  # more attempts after connection errors, timeouts and 429/5xx
+    max_concurrency: int = 8  # requests in flight per process
+    max_tokens: int = 64  # the judge's reply budget
+
+
+@dataclass
+class Config:
+    env: str = "search"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    code: CodeConfig = field(default_factory=CodeConfig)
+    geometry: GeometryConfig = field(default_factory=GeometryConfig)
+    mcp: MCPConfig = field(default_factory=MCPConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    # judge (a model grades: judge.*), or package.module:function with verl's custom-reward signature, replacing the env's
+    # reward at each episode's end (envs.plugins.RewardOverride); "" = the env's own
+    reward: str = ""
+    agent: str = ""  # env=agent: the agent program, package.module:run (agentgym.serving.agents)
+    limit: int = 0  # rows to use; 0 = all
+    out: str = ""  # output file (rollout: trajectories JSONL; eval: results JSON)
+    run_dir: str = ""  # train: default runs/<env>-<model>-<time>
+    log_level: str = "WARNING"
+    # a mixed run's values per env, in env order, for presets.PER_ENV_KEYS (set as lists:
+    # rollout.max_turns=[4,2]); the key itself holds the largest
+    per_env: dict[str, list[int]] = field(default_factory=dict)
+    recipe: str = ""  # recipes/NAME.yaml (or a .yaml path) layered under the user's keys
+
+
+
+
+def _field_names(obj: Any) -> list[str]:
+    return [f.name for f in dataclasses.fields(obj)]
+
+
+def all_keys(obj: Any, prefix: str = "") -> list[str]:
+    """Every dotted key of a config, e.g. ``rollout.temperature``."""
+    keys = []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        keys.append(prefix + f.name)
+        if dataclasses.is_dataclass(value):
+            keys.extend(all_keys(value, prefix + f.name + "."))
+    return keys
+
+
+def _coerce(key: str, raw: Any, hint: Any) -> Any:
+    """Check/convert a parsed value to the annotated type; error names key and value."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return _coerce(key, raw, [a for a in typing.get_args(hint) if a is not type(None)][0])
+    if origin is list:
+        items = raw if isinstance(raw, list) else [raw]
+        (item_t,) = typing.get_args(hint) or (str,)
+        return [_coerce(key, x, item_t) for x in items]
+    if hint is bool:
+        if isinstance(raw, bool):
+            return raw
+        if isinstance(raw, str) and raw.lower() in _BOOL_WORDS:
+            return _BOOL_WORDS[raw.lower()]
+    elif hint is int:
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            return raw
+    elif hint is float:
+        if isinstance(raw, str):  # YAML 1.1 reads "1e-5" (no dot) as a string
+            try:
+                return float(raw)
+            except ValueError:
+                pass
+        elif isinstance(raw, (int, float)) and not isinstance(raw, bool):
+            return float(raw)
+    elif hint is str:  # a list: names, one per env of a mixed run (data=[train,arith])
+        return ",".join(map(str, raw)) if isinstance(raw, list) else "" if raw is None else str(raw)
+    else:
+        return raw
+    raise ValueError(f"{key}={raw!r} is not a valid {hint.__name__}")
+
+
+def set_key(cfg: Any, key: str, value: Any) -> None:
+    """Set a dotted key on a config tree (value already parsed from YAML). A list for one
+    of :data:`PER_ENV_KEYS` is a mixed run's value per env (``cfg.per_env``)."""
+    key = ALIASES.get(key, key)
+    if key in PER_ENV_KEYS and hasattr(cfg, "per_env"):
+        cfg.per_env.pop(key, None)
+        if isinstance(value, list):
+            cfg.per_env[key] = [_coerce(key, v, int) for v in value]
+            value = max(cfg.per_env[key], default=0)
+    node, parts = cfg, key.split(".")
+    for i, part in enumerate(parts):
+        names = _field_names(node)
+        if part not in names:
+            where = ".".join(parts[:i]) or "config"
+            valid = all_keys(cfg)
+            raise KeyError(f"unknown config key {key!r}{did_you_mean(key, valid)}; "
+                           f"{where} has: {', '.join(names)}")
+        if i == len(parts) - 1:
+            current = getattr(node, part)
+            if dataclasses.is_dataclass(current):
+                if "name" not in _field_names(current) or isinstance(value, dict):
+                    raise ValueError(f"{key} is a section; set its keys, e.g. "
+                                     f"{key}.{_field_names(current)[0]}=…")
+                node, part = current, "name"
+            hints = typing.get_type_hints(type(node))
+            setattr(node, part, _coerce(key, value, hints[part]))
+            if hasattr(node, "__post_init__"):
+                node.__post_init__()  # re-validate the section
+        else:
+            node = getattr(node, part)
+
+
+#: YAML 1.1 reads these as booleans; here they stay words, so a text key keeps them
+#: (``trainer.cold_start=off``) and a boolean key still takes them (``engine.prefix_cache=off``).
+_BOOL_WORDS = {"yes": True, "on": True, "y": True, "no": False, "off": False, "n": False}
+
+
+def parse_overrides(args: list[str]) -> dict[str, Any]:
+    """``["a.b=1", "c=[x, y]"]`` → ``{"a.b": 1, "c": ["x", "y"]}`` (YAML-parsed values;
+    ``yes/no/on/off`` stay words, see :data:`_BOOL_WORDS`)."""
+    out: dict[str, Any] = {}
+    for arg in args:
+        key, sep, raw = arg.partition("=")
+        if not sep or not key:
+            raise ValueError(f"expected key=value, got {arg!r}")
+        if raw.strip().lower() in _BOOL_WORDS:
+            out[key.strip()] = raw.strip()
+            continue
+        try:
+            out[key.strip()] = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            out[key.strip()] = raw
+    return out
+
+
+def env_names(env: Any) -> list[str]:
+    """The envs of ``env``: one name, or several (``[search,code]``, ``search,code``: a
+    mixed run)."""
+    items = env if isinstance(env, list) else str(env).strip().strip("[]").split(",")
+    return [n for n in (str(x).strip().strip("'\"") for x in items) if n]
+
+
+def is_mixed(cfg: Any) -> bool:
+    """Whether ``cfg`` is a mixed run (several envs)."""
+    return len(env_names(cfg.env)) > 1
+
+
+def build_config(overrides: dict[str, Any], command_defaults: dict[str, Any] | None = None,
+                 cls: type = Config) -> Any:
+    """Defaults → env preset → command defaults → algorithm preset → recipe (``recipe=``,
+    :func:`agentgym.presets.load_recipe`) → user overrides."""
+    cfg = cls()
+    recipe = load_recipe(overrides["recipe"]) if "recipe" in overrides else {}
+    env = overrides.get("env", recipe.get("env", cfg.env))
+    mixed = len(env_names(env)) > 1
+    if mixed:  # a mixed run: one name for it, and no single env's preset
+        overrides = {**overrides, "env": ",".join(env_names(env))}
+    layers = [{} if mixed else ENV_PRESETS.get(str(env), {}), command_defaults or {}]
+    algo = overrides.get("algo.name", overrides.get("algo",
+                                                    recipe.get("algo.name", recipe.get("algo"))))
+    if hasattr(cfg, "algo") and isinstance(algo, str):
+        set_key(cfg, "algo.name", algo)  # fails with the valid names before the preset
+        layers.append(ALGO_PRESETS[algo])
+    layers += [recipe, overrides]
+    for layer in layers:
+        for k, v in layer.items():
+            set_key(cfg, k, v)
+    for key, values in getattr(cfg, "per_env", {}).items():
+        if len(values) != len(env_names(cfg.env)):
+            raise ValueError(f"{key}={values} gives {len(values)} values for the "
+                             f"{len(env_names(cfg.env))} env(s) of env={cfg.env}; a list "
+                             f"gives one per env of a mixed run, in env order")
+    if hasattr(cfg, "rollout"):
+        cfg.rollout.check_context()
+    return cfg
+
+
+def to_dict(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)

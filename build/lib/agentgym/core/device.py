@@ -1,0 +1,129 @@
+"""Where models live: the one module that names a device.
+
+Every place that loads or moves a model (the policy, the KL reference, PPO's critic, the
+rollout engine's copy, Ray rollout workers, ``agentgym serve``, ``agentgym eval``) asks
+:func:`resolve_device` for its device, with ``trainer.device``:
+
+- ``auto`` (the default): the process's CUDA device when torch sees one (a rank's
+  ``LOCAL_RANK``, a Ray worker's first visible GPU), else the CPU;
+- ``cpu``; ``cuda`` (the process's CUDA device, an error when there is none); ``cuda:N``.
+
+The same place picks what goes with the device: bf16 weights for the rollout copy and bf16
+autocast for the update on CUDA when the config leaves them open (:func:`engine_dtype`,
+:func:`mixed_precision`), and the attention kernel (:func:`attn_implementation`: flash
+attention 2 where the ``flash_attn`` package is installed, else PyTorch's SDPA). A test
+(``tests/test_device.py``) walks the code and fails on a device named anywhere else.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import re
+
+logger = logging.getLogger(__name__)
+
+#: where tensors go to be collated, saved, sent between processes or offloaded
+HOST = "cpu"
+#: ``trainer.device`` values
+DEVICE_CHOICES = ("auto", "cpu", "cuda", "cuda:N")
+
+_SPEC = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+def cuda_available() -> bool:
+    """Whether torch sees a CUDA device (False without torch's CUDA build)."""
+    import torch
+    return torch.cuda.is_available()
+
+
+def check_device(spec: str) -> str:
+    """``spec`` if it is a valid ``trainer.device``; else a ValueError naming the valid ones."""
+    if not isinstance(spec, str) or not _SPEC.fullmatch(spec):
+        raise ValueError(f"trainer.device={spec!r}; valid: {' | '.join(DEVICE_CHOICES)}")
+    return spec
+
+
+def names_host(spec: str) -> bool:
+    """Whether ``trainer.device=spec`` names the host (the CPU) rather than an accelerator;
+    ``auto`` counts as an accelerator (a plan is for the machine the run is meant for)."""
+    return check_device(spec) == "cpu"
+
+
+def resolve_device(spec: str = "auto", local_rank: int | None = None):
+    """The ``torch.device`` that ``trainer.device=spec`` names in this process.
+
+    Args:
+        spec: ``auto`` | ``cpu`` | ``cuda`` | ``cuda:N``.
+        local_rank: a rank process's index on its machine: ``auto`` and ``cuda`` then mean
+            ``cuda:<local_rank>`` (default: ``LOCAL_RANK`` when set, else 0), and that device
+            becomes the process's current CUDA device.
+
+    Raises:
+        ValueError: ``spec`` is not one of the above, names CUDA on a machine without it, or
+            names a CUDA index this machine does not have.
+    """
+    import torch
+    check_device(spec)
+    if spec == HOST or (spec == "auto" and not cuda_available()):
+        return torch.device(HOST)
+    if not cuda_available():
+        raise ValueError(f"trainer.device={spec!r} but torch sees no CUDA device here (torch "
+                         f"{torch.__version__}); use trainer.device=auto or cpu")
+    if spec.startswith("cuda:"):
+        index = int(spec.split(":")[1])
+    else:
+        index = local_rank if local_rank is not None else int(os.environ.get("LOCAL_RANK", 0))
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise ValueError(f"trainer.device={spec!r} resolves to cuda:{index}, but this machine "
+                         f"has {count} CUDA device(s): cuda:0 .. cuda:{count - 1}")
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def is_accelerator(device) -> bool:
+    """Whether ``device`` (a ``torch.device`` or string) is a GPU."""
+    return str(device).startswith("cuda")
+
+
+def engine_dtype(configured: str, model_dtype: str, device) -> str:
+    """The rollout copy's weights: ``engine.dtype`` when set; else bf16 on a GPU (the
+    engine's kernels are bf16 there) and ``model.dtype`` on the CPU."""
+    if configured:
+        return configured
+    return "bfloat16" if is_accelerator(device) else model_dtype
+
+
+def mixed_precision(configured: str, device) -> str:
+    """The update's autocast: ``trainer.mixed_precision`` ``bf16`` or ``fp32`` as set; ``""``
+    (the default) is bf16 autocast over fp32 master weights on a GPU, fp32 on the CPU."""
+    if configured not in ("", "bf16", "fp32"):
+        raise ValueError(f"trainer.mixed_precision={configured!r}; valid: '' (bf16 on GPU, "
+                         f"fp32 on CPU), bf16, fp32")
+    if configured == "fp32":
+        return ""
+    return configured or ("bf16" if is_accelerator(device) else "")
+
+
+def attn_implementation(device, dtype: str) -> str | None:
+    """The attention kernel ``from_pretrained`` gets: ``flash_attention_2`` on a GPU with
+    half-precision weights when ``flash_attn`` is installed, ``sdpa`` elsewhere on a GPU,
+    and transformers' own default (None) on the CPU."""
+    if not is_accelerator(device):
+        return None
+    if dtype in ("bfloat16", "float16") and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
+
+
+def peak_memory_gb(device) -> float | None:
+    """The most memory torch has held on a GPU ``device`` since the last call, in GiB, and
+    a fresh start for the next; None on the CPU (the process RSS is the CPU's figure)."""
+    if not is_accelerator(device):
+        return None
+    import torch
+    peak = torch.cuda.max_memory_allocated(device) / 2**30
+    torch.cuda.reset_peak_memory_stats(device)
+    return peak

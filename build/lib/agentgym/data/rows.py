@@ -1,0 +1,325 @@
+"""Datasets in verl's row format: shipped under ``data/`` (see data/README.md), or files as
+verl's ``examples/data_preprocess`` scripts write them.
+
+A row: ``data_source``, ``prompt`` (chat messages), ``ability``,
+``reward_model.ground_truth``, ``extra_info``, and optionally ``env`` (which environment;
+verl's rows have none: the command's ``env=`` decides, and a row's ``env``, when present,
+must agree). ``data=`` takes a shipped dataset's name, or a path (:func:`read_rows`): a
+``.parquet`` file (verl's), ``.jsonl`` / ``.jsonl.gz``, a directory or glob of such shards,
+or a folder written by ``datasets``' ``save_to_disk``.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import glob
+import gzip
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from agentgym.core.paths import data_dir
+from agentgym.core.registry import did_you_mean
+import agentgym.data.arith as arith
+
+#: env -> dataset name -> file under data/.
+DATASETS: dict[str, dict[str, str]] = {
+    "search": {"train": "search/train.jsonl", "nq": "search/nq_eval.jsonl",
+               "hotpotqa": "search/hotpotqa_eval.jsonl"},
+    "code": {"train": "math/gsm8k_train.jsonl.gz", "gsm8k": "math/gsm8k_test.jsonl",
+             "math500": "math/math500.jsonl", "aime24": "math/aime24.jsonl",
+             "arith_test": "arith/test.jsonl"},
+    "geometry": {"train": "geometry/train.jsonl.gz", "val": "geometry/val.jsonl",
+                 "test": "geometry/test.jsonl"},
+}
+REQUIRED = ("data_source", "prompt", "reward_model")
+#: what ``data=`` accepts as a path (the error for an unreadable one names them)
+ACCEPTED = ("a .parquet file (as verl writes it), a .jsonl or .jsonl.gz file, a directory "
+            "or glob of such shards, or a folder written by datasets' save_to_disk")
+_SHARDS = (".parquet", ".jsonl", ".jsonl.gz")
+
+
+#: env -> dataset name -> a function making its rows (generated, or a view of a file).
+GENERATED: dict[str, dict[str, Callable[[], list[dict]]]] = {
+    "mcp": {"calc": lambda: _calc(500, 0), "calc_test": lambda: _calc(100, 1)},
+    "code": {"arith": arith.train_rows,
+             **{f"arith_test_l{k}": functools.partial(arith.shipped_test_rows, k)
+                for k in arith.LEVELS}},
+}
+
+logger = logging.getLogger(__name__)
+
+
+def _calc(n: int, seed: int) -> list[dict]:
+    from agentgym.envs.mcp_env import calc_rows
+    return calc_rows(n, seed)
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """Rows of a ``.jsonl`` file, or of a gzipped ``.jsonl.gz`` one."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    """Rows of a dataset on disk, whatever of :data:`ACCEPTED` it is: parquet is known by
+    its magic bytes, gzip likewise, anything else is read as JSONL; a file that is none of
+    them is a ValueError naming it and what is accepted."""
+    spec = str(path)
+    if any(c in spec for c in "*?["):
+        files = sorted(f for f in glob.glob(spec, recursive=True) if Path(f).is_file())
+        if not files:
+            raise FileNotFoundError(f"data={spec}: the pattern matches no file; accepted: "
+                                    f"{ACCEPTED}")
+        return [row for f in files for row in read_rows(f)]
+    path = Path(path)
+    if path.is_dir():
+        return _read_folder(path)
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head == b"PAR1":
+        import pyarrow.parquet as pq
+        return pq.read_table(path).to_pylist()
+    opener = gzip.open if head[:2] == b"\x1f\x8b" else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    except (UnicodeDecodeError, ValueError, OSError) as e:
+        raise ValueError(f"data={path}: cannot read it ({type(e).__name__}: {e}); "
+                         f"accepted: {ACCEPTED}") from None
+    bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None)
+    if bad is not None:
+        raise ValueError(f"data={path}: line {bad + 1} is JSON but not an object (a row); "
+                         f"accepted: {ACCEPTED}")
+    return rows
+
+
+def _read_folder(path: Path) -> list[dict]:
+    """A ``save_to_disk`` folder (its Arrow files, in order), or a folder of shards."""
+    if (path / "dataset_dict.json").exists():
+        splits = json.loads((path / "dataset_dict.json").read_text()).get("splits", [])
+        raise ValueError(f"data={path} is a DatasetDict saved by save_to_disk; pass one "
+                         f"split's folder, e.g. data={path / (splits or ['train'])[0]}")
+    if (path / "state.json").exists():
+        import pyarrow as pa
+        state = json.loads((path / "state.json").read_text())
+        rows: list[dict] = []
+        for part in state.get("_data_files", []):
+            with pa.memory_map(str(path / part["filename"])) as source:
+                rows += pa.ipc.open_stream(source).read_all().to_pylist()
+        return rows
+    files = sorted(f for f in path.iterdir() if f.name.endswith(_SHARDS))
+    if not files:
+        raise ValueError(f"data={path}: the directory holds no .parquet or .jsonl(.gz) shards "
+                         f"and no save_to_disk state.json; accepted: {ACCEPTED}")
+    return [row for f in files for row in read_rows(f)]
+
+
+def write_jsonl(path: str | Path, rows) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def validate_row(row: dict, where: str) -> None:
+    """Raise ValueError naming the row and the missing/bad field."""
+    missing = [k for k in REQUIRED if k not in row]
+    if missing:
+        raise ValueError(f"{where}: row lacks {missing}; verl rows need {list(REQUIRED)}")
+    prompt = row["prompt"]
+    if not isinstance(prompt, list) or not prompt or not all(
+            isinstance(m, dict) and "role" in m and "content" in m for m in prompt):
+        raise ValueError(f"{where}: 'prompt' must be a non-empty list of {{role, content}} "
+                         f"messages, got {str(prompt)[:80]!r}")
+    if "ground_truth" not in row["reward_model"]:
+        raise ValueError(f"{where}: reward_model lacks 'ground_truth'")
+
+
+def dataset_path(env: str, name: str) -> Path:
+    """Resolve a dataset name of ``env``, or a path (a file, a directory, a glob)."""
+    if name.endswith(_SHARDS) or "/" in name or any(c in name for c in "*?[") \
+            or Path(name).exists():
+        path = Path(name)
+        if not path.exists() and not any(c in name for c in "*?["):
+            raise FileNotFoundError(f"dataset file {name!r} does not exist")
+        return path
+    names = DATASETS.get(env, {})
+    if name not in names:
+        names = {**names, **GENERATED.get(env, {})}
+        raise KeyError(f"unknown dataset {name!r} for env {env!r}{did_you_mean(name, list(names))}"
+                       f"; valid: {', '.join(names) or '(none)'}, or {ACCEPTED}")
+    return data_dir() / names[name]
+
+
+def load_rows(env: str, name: str, limit: int = 0) -> list[dict]:
+    """Rows of a dataset, validated; the first ``limit`` (0 = all)."""
+    made = GENERATED.get(env, {}).get(name)
+    path = f"data={name}" if made else dataset_path(env, name)
+    rows = made() if made else read_rows(path)
+    if limit:
+        rows = rows[:limit]
+    from agentgym import envs
+    names = envs.env_aliases(env)  # its id and short names (a plugin: its class spec too)
+    for i, row in enumerate(rows):
+        validate_row(row, f"{path}:{i + 1}")
+        if row.get("env") is None:  # verl's rows: the command's env decides
+            row["env"] = env
+        elif row["env"] not in names and env != "agent":  # an agent plays any env's rows
+            raise ValueError(f"{path}:{i + 1}: row is for env {row['env']!r}, not {env!r} "
+                             f"(valid: {', '.join(sorted(names))})")
+    verl_fields(rows, env, str(path))
+    return rows
+
+
+def verl_fields(rows: list[dict], env: str, where: str) -> None:
+    """verl's per-row fields that steer its own rollout: ``agent_name`` (which agent loop
+    plays the row) and ``extra_info.tools_kwargs`` (each tool's ``create_kwargs``). Here
+    the env plays every row and its tools take the row itself (its ``reward_model``), so
+    both are named in one warning each, with what happens instead."""
+    agents = sorted({str(r["agent_name"]) for r in rows if r.get("agent_name")})
+    if agents:
+        logger.warning("%s: rows name verl's agent_name %s; env=%s plays every row with its "
+                       "own loop (multi-turn, its tools), so agent_name is not used", where,
+                       agents, env)
+    tools = sorted({t for r in rows for t in ((r.get("extra_info") or {}).get("tools_kwargs")
+                                              or {})})
+    if tools:
+        logger.warning("%s: rows carry verl's extra_info.tools_kwargs for %s; env=%s's tools "
+                       "read the row itself (reward_model.ground_truth, extra_info), so "
+                       "tools_kwargs is not used", where, tools, env)
+
+
+@dataclass
+class TrainingRows:
+    """What :func:`training_rows` kept, and how many it looked at."""
+
+    rows: list[dict]
+    total: int  # rows of the dataset
+    answerable: int | None = None  # of them, answerable (None: not filtered)
+    parts: dict | None = None  # a mixed run: env -> its TrainingRows
+    source: str = ""  # the dataset's name
+
+    def describe(self, name: str, what: str = "training") -> str:
+        if self.parts:
+            counts = collections.Counter(r["env"] for r in self.rows)
+            return f"{len(self.rows)} {what} rows, mixed: " + "; ".join(
+                f"{e}: {counts.get(e, 0)} ({p.describe(p.source or name, what)})"
+                for e, p in self.parts.items())
+        if self.answerable is None:
+            return f"{len(self.rows)} {what} rows from {name}"
+        return (f"{len(self.rows)} {what} rows from {name}: {self.answerable} of "
+                f"{self.total} questions have a gold answer in the corpus "
+                f"(data.answerable_only=true)")
+
+
+def training_rows(cfg) -> TrainingRows:
+    """The rows a training run draws from: ``data.name``, filtered to answerable questions
+    (:mod:`agentgym.data.answerable`) when ``data.answerable_only`` applies (the search env
+    with the shipped corpus), then the first ``limit``. A mixed run
+    (``env=[search,code]``): each env's rows, mixed by ``data.mix``
+    (:func:`mix_rows`)."""
+    from agentgym.config import env_names
+    from agentgym.rollout.runtime import sub_config
+    names = env_names(cfg.env)
+    if len(names) == 1:
+        return question_rows(cfg, cfg.data.name, cfg.limit)
+    subs = {e: sub_config(cfg, e) for e in names}
+    parts = {e: question_rows(sub, sub.data.name, cfg.limit) for e, sub in subs.items()}
+    return mixed(parts, mix_rows({e: p.rows for e, p in parts.items()}, cfg.data.mix,
+                                 cfg.trainer.seed))
+
+
+def heldout_rows(cfg) -> TrainingRows:
+    """The held-out rows a training run evaluates on: the first ``trainer.eval_limit`` of
+    ``trainer.eval_data``, filtered like the training rows (a question whose answer is
+    nowhere in the corpus measures the corpus, not the policy). A mixed run: that many (or
+    its own ``trainer.eval_limit``) of each env's own held-out set (its preset's
+    ``trainer.eval_data``, or its own)."""
+    if not cfg.trainer.eval_limit:
+        return TrainingRows([], 0)
+    from agentgym.config import env_names
+    from agentgym.rollout.runtime import sub_config
+    names = env_names(cfg.env)
+    if len(names) == 1:
+        return question_rows(cfg, cfg.trainer.eval_data, cfg.trainer.eval_limit)
+    parts = {}
+    for e in names:
+        sub = sub_config(cfg, e)
+        parts[e] = (question_rows(sub, sub.trainer.eval_data, sub.trainer.eval_limit)
+                    if sub.trainer.eval_limit else TrainingRows([], 0))  # 0: none of this env
+    return mixed(parts, [r for p in parts.values() for r in p.rows])
+
+
+def mix_rows(rows: dict[str, list[dict]], weights: list[float], seed: int) -> list[dict]:
+    """One list of rows holding env ``k``'s rows in the share ``weights[k]`` (empty: equal
+    shares): as many rows as all envs have together, each env's cycled (repeated) or cut
+    to its share, shuffled with ``seed``. A row stays whole, so a GRPO group (``n``
+    samples of one row) never mixes envs."""
+    import random
+    names = list(rows)
+    if weights and len(weights) != len(names):
+        raise ValueError(f"data.mix={weights} has {len(weights)} weights for "
+                         f"{len(names)} envs ({', '.join(names)})")
+    w = weights or [1.0] * len(names)
+    total = sum(len(r) for r in rows.values())
+    out = []
+    for name, weight in zip(names, w):
+        if not rows[name]:
+            raise ValueError(f"env {name} has no training rows to mix")
+        count = max(1, round(total * weight / sum(w)))
+        out += [rows[name][i % len(rows[name])] for i in range(count)]
+    random.Random(seed).shuffle(out)
+    return out
+
+
+def mixed(parts: dict[str, "TrainingRows"], rows: list[dict]) -> "TrainingRows":
+    """A mixed run's :class:`TrainingRows`, described env by env."""
+    out = TrainingRows(rows, sum(p.total for p in parts.values()))
+    out.parts = parts
+    return out
+
+
+def answerable_filter_applies(cfg) -> bool:
+    """``data.answerable_only`` on, the search env, and the shipped corpus (with
+    ``retriever.url`` / ``retriever.index`` the answers' presence is unknown)."""
+    from agentgym import envs
+
+    from agentgym.config import env_names
+    if len(env_names(cfg.env)) > 1:  # a mixed run: decided env by env (sub_config)
+        return False
+    if envs.short_name(envs.resolve_env_id(cfg.env)) != "search" or not cfg.data.answerable_only:
+        return False
+    if cfg.retriever.url or cfg.retriever.index:
+        logger.info("data.answerable_only applies to the shipped corpus; with retriever.url/"
+                    "retriever.index every question is used")
+        return False
+    return True
+
+
+def question_rows(cfg, name: str, limit: int = 0) -> TrainingRows:
+    """The rows of dataset ``name``, answerable ones only when
+    :func:`answerable_filter_applies`, then the first ``limit`` (0: all). With
+    ``data.curriculum`` there, each row gets its difficulty as ``extra_info.level``
+    (:func:`agentgym.data.answerable.difficulty_levels`), which the curriculum orders by."""
+    from agentgym.core.paths import shipped_corpus
+    rows = load_rows(cfg.env, name)
+    total = len(rows)
+    if not answerable_filter_applies(cfg):
+        return TrainingRows(rows[:limit] if limit else rows, total, source=name)
+    from agentgym.data.answerable import answerable, difficulty_levels
+    keep = answerable(rows, shipped_corpus())
+    kept = [row for row, ok in zip(rows, keep) if ok]
+    if not kept:
+        raise ValueError(f"no question of {name} has a gold answer in the shipped "
+                         f"corpus; set data.answerable_only=false to use them anyway")
+    found, kept = len(kept), kept[:limit] if limit else kept
+    if cfg.data.curriculum:
+        kept = [{**row, "extra_info": {**row.get("extra_info", {}), "level": level}}
+                for row, level in zip(kept, difficulty_levels(kept, shipped_corpus()))]
+    return TrainingRows(kept, total, found, source=name)

@@ -1,0 +1,223 @@
+"""Search-augmented QA (Search-R1 protocol), ``agentgym/Search-v0``.
+
+The model reasons in ``<think>``, queries with ``<search>q</search>``, receives
+``<information>Doc 1(Title: t) text …</information>`` appended inline, and ends with
+``<answer>a</answer>``. Reward: normalized exact match against the row's
+``reward_model.ground_truth.target`` (``reward="em"``, Search-R1's), or the token F1 of the
+answer (``reward="f1"``: partial credit, so more groups have reward variance); both are
+reported as metrics. With ``format_reward > 0`` a well-formed answer earns at least that
+much (an episode with any malformed action earns only its score). A search on the last allowed turn ends the episode as
+truncated; a retriever failure becomes an ``<information>`` observation saying so.
+
+Turn reward (off by default): with ``retrieval_reward > 0``, the first search of an episode
+whose results hold a gold answer (what ``answer_seen`` counts) earns that much on its turn,
+for turn-level credit (``algo.advantage=mt_grpo|gigpo``, :mod:`agentgym.trainers.turn_credit`). Paid
+once per episode, so repeating a good search earns nothing more; the episode's return is
+the retrieval reward plus the answer's.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from agentgym.envs.base import AgentEnv
+from agentgym.envs.function_calling import CallError, function_tool, parse_tool_calls, tool_message
+from agentgym.envs.rewards import contains_answer, exact_match, f1_score
+from agentgym.envs.search_prompt import make_prompt, make_tools_prompt
+
+logger = logging.getLogger(__name__)
+
+_ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
+_THINK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
+_END_TOKEN = re.compile(r"(<\|[\w]+\|>|</s>|<eos>)\s*$")  # the EOS that ended the turn
+INVALID_ACTION = ("\nMy previous action is invalid. If I want to search, I should put the query "
+                  "between <search> and </search>. If I want to give the final answer, I should "
+                  "put the answer between <answer> and </answer>. Let me try again.\n")
+
+#: Used by ``reset()`` without a dataset row (contract checks, smoke tests).
+BUILTIN_QUESTIONS = [
+    ("who wrote the declaration of independence", ["Thomas Jefferson"]),
+    ("what is the capital of australia", ["Canberra"]),
+    ("who painted the mona lisa", ["Leonardo da Vinci"]),
+    ("how many planets are in the solar system", ["eight", "8"]),
+]
+
+
+def search_row(question: str, answers: list[str], source: str = "builtin") -> dict:
+    """A verl-format dataset row for the search env."""
+    return {"data_source": source, "prompt": [{"role": "user", "content": make_prompt(question)}],
+            "ability": "fact-reasoning",
+            "reward_model": {"style": "rule", "ground_truth": {"target": list(answers)}},
+            "extra_info": {"question": question}, "env": "search"}
+
+
+def gold_answers(row: dict) -> list[str]:
+    """A search row's gold answers (``reward_model.ground_truth``: a string, a list, or
+    ``{"target": …}`` as in Search-R1's parquet)."""
+    target = row["reward_model"]["ground_truth"]
+    if isinstance(target, dict):
+        target = target["target"]
+    return [target] if isinstance(target, str) else list(target)
+
+
+def parse_action(text: str) -> tuple[str | None, str]:
+    """The first ``<search>``/``<answer>`` block: ``("search"|"answer"|None, content)``."""
+    m = _ACTION.search(text)
+    return (m.group(1), m.group(2).strip()) if m else (None, "")
+
+
+class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
+    """Search-R1 environment.
+
+    Args:
+        retriever_url: Search-R1-compatible ``/retrieve`` endpoint. None starts a local
+            BM25 server over the shipped corpus on first use.
+        topk: passages per search.
+        max_turns: actions per episode (searches plus the answer).
+        format_reward: reward for a well-formed but wrong answer (0 disables).
+        reward: ``em`` (exact match, 0 or 1) or ``f1`` (token F1, partial credit).
+        retrieval_reward: turn reward of the first search whose results hold a gold answer
+            (0 disables; module docstring).
+        timeout: seconds per retrieval request.
+        retriever: an object with ``retrieve(list[str]) -> list[list[dict]]``; overrides
+            ``retriever_url`` (used by tests to inject faults).
+        protocol: ``tags`` (Search-R1's ``<search>`` / ``<information>`` text) or ``tools``
+            (a ``search`` function tool: Hermes ``<tool_call>`` blocks, any number per turn,
+            each answered by a ``tool`` message; a turn without a call is the answer, its
+            ``<answer>`` content if it has one, else its text without ``<think>``).
+    """
+
+    observation_format = "inline"
+    stop_strings = ("</search>", "</answer>")
+
+    def __init__(self, retriever_url: str | None = None, topk: int = 3, max_turns: int = 4,
+                 format_reward: float = 0.0, timeout: float = 5.0, retriever=None,
+                 reward: str = "em", protocol: str = "tags",
+                 retrieval_reward: float = 0.0) -> None:
+        super().__init__(max_turns=max_turns)
+        if retrieval_reward < 0:
+            raise ValueError(f"retrieval_reward must be >= 0, got {retrieval_reward}")
+        self.retrieval_reward = retrieval_reward
+        if protocol not in ("tags", "tools"):
+            raise ValueError(f"search.protocol={protocol!r}; valid: tags, tools")
+        self.protocol = protocol
+        if protocol == "tools":
+            self.tools = [function_tool("search", "Search Wikipedia; returns the top passages.",
+                                        {"query": {"type": "string",
+                                                   "description": "what to look up"}})]
+            self.observation_format, self.stop_strings = "chat", ()
+        if topk < 1:
+            raise ValueError(f"topk must be >= 1, got {topk}")
+        if reward not in ("em", "f1"):
+            raise ValueError(f"reward={reward!r}; valid: em, f1")
+        self.reward = reward
+        self.topk, self.timeout, self.format_reward = topk, timeout, format_reward
+        self._url = retriever_url
+        self._retriever = retriever
+        self._owns_retriever = retriever is None
+        self._targets: list[str] = []
+        self._well_formed = True
+
+    def _client(self):
+        if self._retriever is None:
+            from agentgym.tools.retriever import RetrieverClient
+            url = self._url
+            if url is None:
+                from agentgym.tools.local_retriever import ensure_local_retriever
+                from agentgym.core.paths import shipped_corpus
+                url = ensure_local_retriever(shipped_corpus())
+            self._retriever = RetrieverClient(url, topk=self.topk, timeout=self.timeout)
+        return self._retriever
+
+    def _reset(self, row):
+        if row is None:
+            q, a = BUILTIN_QUESTIONS[int(self.np_random.integers(len(BUILTIN_QUESTIONS)))]
+            row = search_row(q, a)
+        self._targets = gold_answers(row)
+        if self.protocol == "tools":  # the row's prompt teaches the tags; ask for tool calls
+            question = (row.get("extra_info") or {}).get("question")
+            if question:
+                row = {**row, "prompt": [{"role": "user", "content": make_tools_prompt(question)}]}
+        self._well_formed = True
+        self._seen = False  # has a search result held a gold answer (counter answer_seen)?
+        self.count("answer_seen", 0)
+        return [dict(m) for m in row["prompt"]], {"ground_truth": self._targets}
+
+    def _step(self, action, last_turn):
+        if self.protocol == "tools":
+            return self._tools_step(action, last_turn)
+        kind, content = parse_action(action)
+        if kind == "answer":
+            em, f1 = exact_match(content, self._targets), f1_score(content, self._targets)
+            score = em if self.reward == "em" else f1
+            reward = max(score, self.format_reward) if self._well_formed else score
+            return [], reward, True, {"em": em, "f1": f1, "answer": content}
+        if kind == "search" and content:
+            self.count("tool_calls")
+            if last_turn:  # no turn left to use the result
+                return [], 0.0, False, {"em": 0.0, "f1": 0.0}
+            text = self._search(content)
+            return [self._tool_message(text)], self._retrieved(text), False, {}
+        self._well_formed = False
+        self.count("malformed_actions")
+        return [{"role": "tool", "content": INVALID_ACTION}], 0.0, False, {}
+
+    def _tools_step(self, action: str, last_turn: bool):
+        calls = parse_tool_calls(action, self.tools)
+        if not calls:  # no call: this turn is the answer
+            kind, content = parse_action(action)
+            answer = content if kind == "answer" else \
+                _END_TOKEN.sub("", _THINK.sub("", action)).strip()
+            em, f1 = exact_match(answer, self._targets), f1_score(answer, self._targets)
+            score = em if self.reward == "em" else f1
+            reward = max(score, self.format_reward) if self._well_formed else score
+            return [], reward, True, {"em": em, "f1": f1, "answer": answer}
+        messages, reward = [], 0.0
+        for call in calls:
+            if isinstance(call, CallError):
+                self._well_formed = False
+                self.count("malformed_actions")
+                messages.append(tool_message(call.name or "error", f"Error: {call.message}"))
+                continue
+            self.count("tool_calls")
+            text = self._search(call.arguments["query"]) if call.arguments["query"].strip() \
+                else "Error: the query is empty.\n"
+            reward += self._retrieved(text)
+            messages.append(tool_message("search", text))
+        if last_turn:  # no turn left to use the results
+            return [], 0.0, False, {"em": 0.0, "f1": 0.0}
+        return messages, reward, False, {}
+
+    def _retrieved(self, text: str) -> float:
+        """Note whether search results ``text`` hold a gold answer; the turn reward they
+        earn (``retrieval_reward`` the first time in an episode, else 0)."""
+        if self._seen or not contains_answer(text, self._targets):
+            return 0.0
+        self._seen = True  # the episode's counters report it from here on
+        self.count("answer_seen")
+        return self.retrieval_reward
+
+    def _search(self, query: str) -> str:
+        from agentgym.tools.errors import ToolBadRequest, ToolError
+        from agentgym.tools.retriever import format_docs
+        try:
+            docs = self._client().retrieve([query])[0]
+        except ToolError as e:
+            self.count("tool_failures")
+            if not isinstance(e, ToolBadRequest):  # a 4xx is the query's fault, the rest not
+                self.infra_failure(f"search: {type(e).__name__}: {e}")
+            logger.warning("search failed (%s): %s", type(e).__name__, e)
+            return f"Search failed ({type(e).__name__}): {e}. Try again or answer.\n"
+        return format_docs(docs)
+
+    @staticmethod
+    def _tool_message(text: str) -> dict:
+        return {"role": "tool", "content": f"\n\n<information>{text}</information>\n\n"}
+
+    def close(self) -> None:
+        if self._owns_retriever and self._retriever is not None:
+            self._retriever.close()
+            self._retriever = None
+        super().close()
+

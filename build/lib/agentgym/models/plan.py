@@ -1,0 +1,288 @@
+"""The memory planner: what one device holds during a training step, from a model's shape
+and the run's settings, and the cheapest change that makes a run fit (``agentgym plan``).
+
+Per device: the policy's parameters, gradients and AdamW state (fp32 master weights, as
+the trainer keeps them; sharded by FSDP or ZeRO, or on the host with offload), the
+activations of one micro-batch (``trainer.micro_batch_tokens``; with activation
+checkpointing only each layer's input is kept, plus one layer recomputed), the log-prob
+pass's fp32 logits (``trainer.logprob_chunk`` positions at a time, else all), the reference
+model (bf16, when a KL term needs it), the critic (PPO: a second model with its own state
+and activations), and the in-process rollout engine's bf16 weights and KV cache.
+
+The constants that no shape determines (bytes per saved activation element, copies of
+the logits, the process's own footprint) were fitted to measured peaks: on the CPU to
+``bench/update_memory.py``'s nine cells (docs/BENCHMARKS.md, "Memory planner"); the GPU
+ones are the same model with bf16 activations and a CUDA context, not yet measured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+GiB = 2 ** 30
+
+
+@dataclass(frozen=True)
+class Device:
+    """The constants of one device kind: ``base`` (bytes the process holds before any
+    tensor: the CPU's Python and torch, a GPU's CUDA context and workspaces),
+    ``act_bytes`` (bytes per saved activation element), ``ckpt_bytes`` (per element of a
+    checkpointed layer input), ``logit_copies`` (fp32 logits, log-softmax and their
+    gradients held at once)."""
+
+    name: str
+    base: float
+    act_bytes: float
+    ckpt_bytes: float
+    logit_copies: float
+
+
+#: host (the CPU): fitted to bench/update_memory.py (smollm2-135m, bf16 autocast, 1k and 8k tokens;
+#: the 4k cells held out). GPU: bf16 activations, a 1.5 GiB CUDA context (not measured).
+DEVICES = {"host": Device("host", 0.3 * GiB, 3.3, 2.0, 4.0),
+           "gpu": Device("gpu", 1.5 * GiB, 2.0, 2.0, 4.0)}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What the run does, as the planner needs it (built from a config by the CLI)."""
+
+    device: str = "gpu"  # a key of DEVICES: host (the CPU) | gpu
+    gpus: int = 1  # devices the update is spread over (trainer.nprocs)
+    backend: str = "single"  # single | fsdp | deepspeed
+    zero_stage: int = 2
+    offload: bool = False  # parameters (FSDP) or optimizer state (ZeRO) on the host
+    checkpointing: bool = False
+    micro_batch_tokens: int = 4096
+    logprob_chunk: int = 1024
+    lora_rank: int = 0
+    reference: bool = False  # a KL term against a frozen copy
+    ref_offload: bool = False
+    critic: bool = False  # PPO's value model (same shape)
+    engine: bool = True  # the in-process rollout engine's copy on this device
+    concurrency: int = 0  # episodes in flight (rollout.max_concurrency)
+    episode_tokens: int = 0  # an episode's tokens at most (prompt + response budgets)
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens the engine's KV cache holds when every episode in flight is at its
+        longest: the worst case, which a run reaches when its answers run long."""
+        return self.concurrency * self.episode_tokens
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The numbers of an architecture the planner uses."""
+
+    params: int
+    layers: int
+    hidden: int
+    intermediate: int
+    kv_dim: int  # key/value heads x head dim
+    vocab: int
+
+    @property
+    def act_elements(self) -> int:
+        """Saved elements per token per layer without checkpointing: norms, q/k/v, the
+        attention output and projection, the residuals (6 x hidden + 2 x kv), and the
+        gated MLP's gate, up, product and down input (4 x intermediate)."""
+        return 6 * self.hidden + 2 * self.kv_dim + 4 * self.intermediate
+
+
+def shape_numbers(config: dict[str, Any]) -> Shape:
+    """A :class:`Shape` from a ``config.json`` (a vision-language one: its language model
+    for the layers, and every parameter counted), parameters counted on the meta device."""
+    text = {**config, **config["text_config"]} if "text_config" in config else config
+    heads = text["num_attention_heads"]
+    head_dim = text.get("head_dim") or text["hidden_size"] // heads
+    return Shape(params=count_parameters(config), layers=text["num_hidden_layers"],
+                 hidden=text["hidden_size"], intermediate=text["intermediate_size"],
+                 kv_dim=(text.get("num_key_value_heads") or heads) * head_dim,
+                 vocab=text["vocab_size"])
+
+
+def count_parameters(config: dict[str, Any]) -> int:
+    """Parameters of the model ``config`` describes, built on the meta device (no memory)."""
+    import torch
+    import transformers
+    values = {k: v for k, v in config.items() if k not in ("architectures", "model_type")}
+    auto = transformers.AutoConfig.for_model(config["model_type"], **values)
+    cls = getattr(transformers, config["architectures"][0])
+    with torch.device("meta"):
+        model = cls(auto)
+    return sum(p.numel() for p in model.parameters())
+
+
+def breakdown(shape: Shape, s: Setting) -> list[tuple[str, float]]:
+    """``(component, bytes)`` on one device, in the order a reader adds them up."""
+    dev = DEVICES[s.device]
+    shard = s.gpus if s.backend in ("fsdp", "deepspeed") else 1
+    p = shape.params
+    trained = p if not s.lora_rank else _lora_params(shape, s.lora_rank)
+    # what each sharding splits: FSDP (and ZeRO-3) everything, ZeRO-2 grads + optimizer,
+    # ZeRO-1 the optimizer; offload puts FSDP's parameters / ZeRO's optimizer on the host
+    split = {"params": 1, "grads": 1, "optim": 1}
+    if s.backend == "fsdp" or (s.backend == "deepspeed" and s.zero_stage == 3):
+        split = {k: shard for k in split}
+    elif s.backend == "deepspeed":
+        split = {"params": 1, "grads": shard if s.zero_stage >= 2 else 1, "optim": shard}
+    sharded = s.backend in ("fsdp", "deepspeed")  # offload is theirs (the config says so)
+    host = {"params": s.offload and s.backend == "fsdp", "grads": s.offload and s.backend == "fsdp",
+            "optim": s.offload and sharded}
+    rows = [("process (runtime, libraries)", dev.base)]
+    weights = 4 * p if not s.lora_rank else 2 * p + 4 * trained  # LoRA: a bf16 frozen base
+    for name, size in (("params", weights), ("grads", 4 * trained), ("optim", 8 * trained)):
+        label = {"params": "policy weights (fp32)", "grads": "gradients (fp32)",
+                 "optim": "AdamW state (2 x fp32)"}[name]
+        rows.append((label + (" [on the host]" if host[name] else ""),
+                     0.0 if host[name] else size / split[name]))
+    if split["params"] > 1 or host["params"]:  # one layer gathered whole while it computes
+        rows.append(("gathered layer (weights and gradients)", 8 * p / shape.layers))
+    rows.append(("activations (one micro-batch)", activations(shape, s, dev)))
+    chunk = min(s.micro_batch_tokens, s.logprob_chunk or s.micro_batch_tokens)
+    rows.append(("log-prob logits (fp32)", chunk * shape.vocab * 4 * dev.logit_copies))
+    if s.reference and not s.lora_rank:  # LoRA: the base model is the reference
+        rows.append(("reference model (bf16)" + (" [on the host]" if s.ref_offload else ""),
+                     0.0 if s.ref_offload else 2 * p / split["params"]))
+    if s.critic:  # sharded and offloaded as the policy is
+        on_host = host["params"]
+        rows.append(("critic: weights, gradients, AdamW" + (" [on the host]" if on_host else ""),
+                     0.0 if on_host else 16 * p / split["optim"]))
+        rows.append(("critic: activations", activations(shape, s, dev)))
+    if s.engine:
+        rows.append(("rollout engine weights (bf16)", 2 * p))
+        kv = s.kv_tokens * shape.layers * 2 * shape.kv_dim * 2
+        rows.append((f"rollout KV cache ({s.concurrency} x {s.episode_tokens} tokens, bf16)",
+                     kv))
+    return rows
+
+
+def activations(shape: Shape, s: Setting, dev: Device) -> float:
+    t = s.micro_batch_tokens
+    if s.checkpointing:  # each layer's input, and one layer's activations in the backward
+        return t * shape.layers * shape.hidden * dev.ckpt_bytes + \
+            t * shape.act_elements * dev.act_bytes
+    return t * shape.layers * shape.act_elements * dev.act_bytes
+
+
+def _lora_params(shape: Shape, rank: int) -> int:
+    """Adapters on q, k, v, o and the three MLP projections of every layer."""
+    h, i, kv = shape.hidden, shape.intermediate, shape.kv_dim
+    per_layer = rank * ((h + h) * 2 + (h + kv) * 2 + 2 * (h + i) + (i + h))
+    return shape.layers * per_layer
+
+
+#: the changes the planner weighs: (key, what it costs, the setting's change). A halving
+#: may be taken several times, each costing its price again.
+SWITCHES: list[tuple[str, float, dict[str, Any]]] = [
+    ("trainer.logprob_chunk=1024", 0.0, {"logprob_chunk": 1024}),
+    ("model.gradient_checkpointing=true", 1.0, {"checkpointing": True}),  # ~15% slower
+    ("algo.ref_offload=true", 1.0, {"ref_offload": True}),
+    ("trainer.backend=fsdp", 2.0, {"backend": "fsdp"}),
+    ("trainer.offload=true", 3.0, {"offload": True}),  # host memory, PCIe traffic
+]
+HALVINGS: list[tuple[str, str, float, int, int]] = [
+    # (key, Setting field, cost per halving, floor, most halvings)
+    ("trainer.micro_batch_tokens", "micro_batch_tokens", 0.5, 256, 4),
+    ("rollout.max_concurrency", "concurrency", 1.0, 1, 6),
+]
+
+
+def total(shape: Shape, s: Setting) -> float:
+    return sum(b for _, b in breakdown(shape, s))
+
+
+def cheapest_fit(shape: Shape, s: Setting, capacity: float) -> tuple[list[str], Setting] | None:
+    """The cheapest combination of :data:`SWITCHES` and :data:`HALVINGS` that fits
+    ``capacity`` bytes (prices: checkpointing and the reference's offload 1, each halving
+    of the micro-batch 0.5 and of the episodes in flight 1, FSDP 2, offload 3; ties: fewer
+    changes), as ``(the keys to set, the setting)``; None if none fits."""
+    import itertools
+    switches = [sw for sw in SWITCHES if not (sw[2].get("backend") and s.backend != "single")]
+    best = None
+    for picks in itertools.product((False, True), repeat=len(switches)):
+        base, cost, keys = s, 0.0, []
+        for on, (key, price, change) in zip(picks, switches):
+            tried = dataclasses.replace(base, **change) if on else base
+            if tried != base:
+                base, cost, keys = tried, cost + price, keys + [key]
+        for halves in itertools.product(*(range(n + 1) for *_, n in HALVINGS)):
+            cur, c, k = base, cost, list(keys)
+            for (key, field, price, floor, _), h in zip(HALVINGS, halves):
+                value = max(floor, getattr(s, field) >> h)
+                if value != getattr(cur, field):
+                    cur = dataclasses.replace(cur, **{field: value})
+                    c, k = c + price * h, k + [f"{key}={value}"]
+            if cur != s and total(shape, cur) <= capacity and \
+                    (best is None or (c, len(k)) < (best[0], len(best[1]))):
+                best = (c, k, cur)
+    return None if best is None else (best[1], best[2])
+
+
+# --- from a run's config (duck-typed: this floor does not import agentgym.config) -------
+def shape_of(model: str) -> tuple[str, dict[str, Any]]:
+    """``(where from, config.json)`` of ``model.name``: a shipped shape, or the folder a zoo
+    name or path resolves to (the zoo builds its own models first)."""
+    import json
+
+    from agentgym.models.shapes import shape_config, shape_names
+    from agentgym.models.zoo import MODEL_NAMES, resolve_model
+    if model in shape_names() and model not in MODEL_NAMES:  # the zoo builds its own
+        return f"shape {model}", shape_config(model)
+    folder = resolve_model(model)
+    return str(folder), json.loads((folder / "config.json").read_text(encoding="utf-8"))
+
+
+def setting_of(cfg: Any, gpus: int, device: str) -> Setting:
+    t, r = cfg.trainer, cfg.rollout
+    return Setting(
+        device=device, gpus=gpus, backend=t.backend, zero_stage=t.zero_stage,
+        offload=t.offload, checkpointing=cfg.model.gradient_checkpointing,
+        micro_batch_tokens=t.micro_batch_tokens, logprob_chunk=t.logprob_chunk,
+        lora_rank=cfg.model.lora.rank, reference=cfg.algo.kl_coef > 0,
+        ref_offload=cfg.algo.ref_offload, critic=cfg.algo.advantage == "gae",
+        engine=cfg.engine.name == "hf",
+        concurrency=r.max_concurrency,
+        episode_tokens=r.max_prompt_tokens + r.max_response_tokens)
+
+
+def parse_bytes(text: str) -> float:
+    """``80GB``, ``80GiB``, ``24G``, ``512MB`` → bytes (GB and GiB both binary: a GPU sold
+    as 80 GB shows about 80 GiB)."""
+    import re
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]?)(i?B)?\s*", str(text), re.IGNORECASE)
+    if not m:
+        raise ValueError(f"gpu_memory={text!r}: expected a size such as 80GB, 24GiB or 512MB")
+    return float(m.group(1)) * 1024 ** "BKMGT".index((m.group(2) or "B").upper())
+
+
+def report(cfg: Any, gpus: int, capacity: float, device: str) -> list[str]:
+    """The lines ``agentgym plan`` prints: the per-device breakdown, the verdict, and the
+    cheapest change that fits when it does not."""
+    where, config = shape_of(cfg.model.name)
+    shape = shape_numbers(config)
+    s = setting_of(cfg, gpus, device)
+    rows = breakdown(shape, s)
+    need = sum(b for _, b in rows)
+    lines = [f"model {cfg.model.name} ({where}): {shape.params / 1e9:.2f}B parameters, "
+             f"{shape.layers} layers, hidden {shape.hidden}, vocab {shape.vocab}",
+             f"per {device} device ({gpus} x {capacity / GiB:.0f} GiB; backend {s.backend}"
+             f"{f' ZeRO-{s.zero_stage}' if s.backend == 'deepspeed' else ''}, micro-batch "
+             f"{s.micro_batch_tokens} tokens, log-prob chunk {s.logprob_chunk or 'off'}, "
+             f"checkpointing {'on' if s.checkpointing else 'off'}):"]
+    lines += [f"  {label:<48} {b / GiB:8.2f} GiB" for label, b in rows]
+    lines.append(f"  {'total':<48} {need / GiB:8.2f} GiB of {capacity / GiB:.0f}")
+    if need <= capacity:
+        lines.append(f"verdict: fits ({(capacity - need) / GiB:.1f} GiB to spare)")
+        return lines
+    fix = cheapest_fit(shape, s, capacity)
+    if fix is None:
+        lines.append("verdict: does not fit, even with every change the planner knows "
+                     "(more devices, a smaller model, or LoRA: model.lora.rank)")
+        return lines
+    changes, fitted = fix
+    lines.append(f"verdict: does not fit ({need / GiB:.1f} GiB); cheapest change that fits: "
+                 f"{' '.join(changes)} -> {total(shape, fitted) / GiB:.1f} GiB")
+    return lines

@@ -1,0 +1,353 @@
+"""Multi-turn generation manager: one asyncio task per trajectory, no lockstep.
+
+Each trajectory loops: generate (the engine batches concurrent requests) → ``env.step``
+in a thread pool (a slow tool never blocks the event loop or other trajectories) →
+append the observation tokens once, with mask 0 → … until the env terminates or
+truncates, or the token budget runs out (then ``truncated``).
+
+Masking rule, applied here and nowhere else: sampled ids go in as ``generated``
+segments (mask 1, with the engine's logprobs); prompt, observation and filler ids go in
+with mask 0 (see :class:`agentgym.core.types.Trajectory`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import hashlib
+import itertools
+import logging
+import time
+from typing import Any, Callable
+
+from agentgym.rollout.chat import ChatTokens
+from agentgym.rollout.context import (CONTINUE, DROPPED, SUMMARY_REQUEST, Blocks, after_summary,
+                                      drop_observations, joined, load_strategy)
+from agentgym.config import RolloutConfig
+from agentgym.rollout.engines.base import Engine
+from agentgym.core.supervisor import wait_healthy
+from agentgym.core.types import SamplingParams, Trajectory
+
+logger = logging.getLogger(__name__)
+
+#: how long a replay waits for the local services to be healthy again (a restart takes
+#: seconds; a supervisor that gives up ends the wait at once)
+INFRA_WAIT_S = 120.0
+
+
+async def _wait_for_services() -> None:
+    """Wait (at most :data:`INFRA_WAIT_S`) until the supervised services are healthy again
+    or one has failed for good, in slices of a second: a thread of the loop's default
+    executor (not an env worker) waits, and a cancelled episode (the run ending) lets it
+    go within a second instead of holding the loop's shutdown for the whole wait."""
+    from agentgym.core.supervisor import ServiceFailed, raise_if_failed
+    deadline = time.monotonic() + INFRA_WAIT_S
+    while (left := deadline - time.monotonic()) > 0:
+        if await asyncio.to_thread(wait_healthy, min(1.0, left)):
+            return
+        try:
+            raise_if_failed()
+        except ServiceFailed:
+            return
+
+
+def trajectory_seed(base: int, uid: str, sample_index: int) -> int:
+    """A stable per-trajectory seed, independent of scheduling order."""
+    h = hashlib.sha256(f"{base}/{uid}/{sample_index}".encode()).digest()
+    return int.from_bytes(h[:4], "little")
+
+
+def row_uid(row: dict, index: int) -> str:
+    extra = row.get("extra_info") or {}
+    return str(extra.get("id") or extra.get("index", index))
+
+
+class GenerationManager:
+    """Runs rollouts of an env against an engine.
+
+    Args:
+        engine: a token-in/token-out :class:`~agentgym.rollout.engines.base.Engine`.
+        tokenizer: the policy's tokenizer (chat template, observation tokens).
+        env_factory: returns a fresh environment; one per trajectory.
+        cfg: budgets, sampling and concurrency.
+        seed: base seed; each trajectory's sampling seed derives from it.
+    """
+
+    def __init__(self, engine: Engine, tokenizer, env_factory: Callable[[], Any],
+                 cfg: RolloutConfig, seed: int = 0, allow_weight_updates: bool = False) -> None:
+        self.engine = engine
+        self.chat = ChatTokens(tokenizer)
+        self.env_factory = env_factory
+        self.cfg = cfg
+        self.seed = seed
+        #: asynchronous training: a weight update may land between the turns of an
+        #: episode; each turn records its version (else such an update is an error)
+        self.allow_weight_updates = allow_weight_updates
+        self._pool = concurrent.futures.ThreadPoolExecutor(cfg.env_workers,
+                                                           thread_name_prefix="env")
+        self._sessions = itertools.count()
+        cfg.check_context()
+        self._user_strategy = load_strategy(cfg.context)
+
+    async def _in_pool(self, fn, *args, **kwargs):
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
+
+    async def play(self, row: dict, uid: str = "0", sample_index: int = 0,
+                   base_seed: int | None = None) -> list[Trajectory]:
+        """Play one episode of ``row``; return its trajectories: one, or several when
+        ``rollout.context`` rewrote the history (:mod:`agentgym.rollout.context`).
+        ``base_seed`` overrides the manager's ``seed`` for this episode.
+
+        An episode a tool failure of the infrastructure's marked (``metrics
+        ["infra_failures"] > 0``, the reason in ``info["infra_error"]``) is, with
+        ``rollout.on_infra_error=retry``, played once more with the same seed when the
+        local services are healthy again (``metrics["infra_retried"] = 1``); whether a
+        still-marked episode is trained on is the trainer's choice (``agentgym.trainers.sampling``).
+        """
+        parts = await self._play(row, uid, sample_index, base_seed)
+        if parts[-1].metrics["infra_failures"] and self.cfg.on_infra_error == "retry":
+            logger.warning("episode %s/%d hit an infrastructure failure (%s); replaying it "
+                           "once the services answer", uid, sample_index,
+                           parts[-1].info.get("infra_error", "?"))
+            await _wait_for_services()
+            parts = await self._play(row, uid, sample_index, base_seed)
+            for t in parts:
+                t.metrics["infra_retried"] = 1.0
+        return parts
+
+    async def rollout(self, row: dict, uid: str = "0", sample_index: int = 0,
+                      base_seed: int | None = None) -> Trajectory:
+        """:meth:`play` for an episode that stays one trajectory (``rollout.context=keep``)."""
+        parts = await self.play(row, uid, sample_index, base_seed)
+        if len(parts) != 1:
+            raise ValueError(f"episode {uid}/{sample_index} became {len(parts)} trajectories "
+                             f"(rollout.context={self.cfg.context}); use play()")
+        return parts[0]
+
+    def _tokens_per_turn(self, row: dict) -> int:
+        """One action's token budget: the row's env's own in a mixed run, else the run's."""
+        own = getattr(self.env_factory, "tokens_per_turn", None)
+        return (own(row) if own else None) or self.cfg.max_tokens_per_turn
+
+    async def _play(self, row: dict, uid: str, sample_index: int,
+                    base_seed: int | None) -> list[Trajectory]:
+        cfg = self.cfg
+        seed = trajectory_seed(self.seed if base_seed is None else base_seed, uid, sample_index)
+        session = f"{uid}/{sample_index}/{seed}/{next(self._sessions)}"  # one per episode
+        new_part = lambda: Trajectory(uid=uid, sample_index=sample_index,  # noqa: E731
+                                      data_source=str(row.get("data_source", "")))
+        traj = new_part()
+        parts, turn_rewards, ranges = [traj], [], [[0, -1]]  # ranges: each part's turns
+        m = {"turns": 0, "generate_s": 0.0, "env_s": 0.0, "length_stops": 0}
+        env = await self._in_pool(self.env_factory, row) \
+            if getattr(self.env_factory, "takes_row", False) \
+            else await self._in_pool(self.env_factory)
+        try:
+            t0 = time.perf_counter()
+            obs, info = await self._in_pool(env.reset, seed=seed, options={"row": row})
+            m["env_s"] += time.perf_counter() - t0
+            fmt = env.observation_format
+            prompt, traj.images = self.chat.prompt(obs, tools=getattr(env, "tools", None))
+            if len(prompt) > cfg.max_prompt_tokens:
+                raise ValueError(f"prompt of row {uid!r} has {len(prompt)} tokens, more than "
+                                 f"rollout.max_prompt_tokens={cfg.max_prompt_tokens}")
+            traj.append("prompt", prompt, turn=0)
+            blocks: Blocks = [("prompt", prompt)]  # the context, for rollout.context
+            traj.policy_version = self.engine.policy_version
+            step = turn = 0  # the env's steps; turns count every generation (summaries too)
+            while True:
+                if cfg.context != "keep" and len(traj.token_ids) > cfg.context_tokens:
+                    new = await self._compact(blocks, traj, fmt, turn, seed, session, m)
+                    if new is not None:
+                        if cfg.context == "summarize":  # the summary was a turn: reward 0
+                            turn_rewards.append(0.0)
+                            turn += 1
+                        ranges[-1][1] = turn - 1
+                        blocks, images = new, traj.images
+                        traj = new_part()
+                        traj.images, traj.policy_version = images, self.engine.policy_version
+                        traj.append("prompt", joined(blocks), turn)
+                        parts.append(traj)
+                        ranges.append([turn, -1])
+                budget = cfg.max_response_tokens - traj.response_length
+                if budget <= 0:
+                    traj.truncated, info = True, {**info, "end": "token_budget"}
+                    break
+                sampling = SamplingParams(
+                    max_new_tokens=min(self._tokens_per_turn(row), budget),
+                    temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                    stop=env.stop_strings, seed=(seed + 7919 * step) % 2**31)
+                out = await self._generate(traj, sampling, session, turn, m)
+                text = self.chat.decode(out.ids)
+                t0 = time.perf_counter()
+                obs, reward, terminated, truncated, info = await self._in_pool(env.step, text)
+                m["env_s"] += time.perf_counter() - t0
+                step += 1
+                turn += 1
+                turn_rewards.append(reward)
+                if terminated or truncated:
+                    traj.terminated, traj.truncated = terminated, truncated
+                    break
+                filler, obs_ids = self.chat.after_action_ids(out.ids, obs, fmt)
+                if traj.response_length + len(filler) + len(obs_ids) >= cfg.max_response_tokens:
+                    traj.truncated, info = True, {**info, "end": "token_budget"}
+                    break
+                traj.append("filler", filler, turn - 1)
+                traj.append("observation", obs_ids, turn - 1)
+                blocks += [("generated", list(out.ids)), ("filler", filler),
+                           ("observation", obs_ids)]
+        finally:
+            await self._in_pool(env.close)
+        ranges[-1][1] = len(turn_rewards) - 1
+        return _finish_parts(parts, ranges, turn_rewards, info, m, row,
+                             f"{uid}/{sample_index}/{seed}")
+
+    async def _generate(self, traj: Trajectory, sampling: SamplingParams, session: str,
+                        turn: int, m: dict):
+        """Sample one turn onto ``traj`` (its ids, logprobs and policy version)."""
+        t0 = time.perf_counter()
+        out = await self.engine.generate(traj.token_ids, sampling, images=traj.images,
+                                         session_id=session)
+        m["generate_s"] += time.perf_counter() - t0
+        version = out.policy_version if out.policy_version is not None \
+            else self.engine.policy_version
+        if version != traj.policy_version and not self.allow_weight_updates:
+            raise RuntimeError("policy weights changed inside a trajectory; "
+                               "pause() the engine between rollouts")
+        traj.turn_versions.append(version)
+        traj.token_versions += out.token_versions or [version] * len(out.ids)
+        traj.append("generated", out.ids, turn, out.logprobs)
+        m["turns"] += 1
+        m["length_stops"] += out.finish_reason == "length"
+        return out
+
+    async def _compact(self, blocks: Blocks, traj: Trajectory, fmt: str, turn: int,
+                       seed: int, session: str, m: dict) -> Blocks | None:
+        """The context under ``rollout.context`` (:mod:`agentgym.rollout.context`), or None
+        when it stays as it is. ``summarize`` samples the summary onto ``traj`` (a turn)."""
+        strategy = self.cfg.context
+        if strategy == "drop_observations":
+            new = drop_observations(blocks, self.chat.observation_ids(
+                [{"role": "user", "content": DROPPED}], fmt))
+        elif strategy == "summarize":
+            request = self.chat.observation_ids([{"role": "user", "content": SUMMARY_REQUEST}],
+                                                fmt)
+            if traj.response_length + len(request) >= self.cfg.max_response_tokens:
+                return None
+            traj.append("observation", request, max(turn - 1, 0))
+            room = self.cfg.max_response_tokens - traj.response_length - len(request)
+            sampling = SamplingParams(max_new_tokens=min(self.cfg.max_tokens_per_turn, room),
+                                      temperature=self.cfg.temperature, top_p=self.cfg.top_p,
+                                      top_k=self.cfg.top_k,
+                                      seed=(seed + 104729 * (turn + 1)) % 2**31)
+            out = await self._generate(traj, sampling, session, turn, m)
+            filler, cont = self.chat.after_action_ids(
+                out.ids, [{"role": "user", "content": CONTINUE}], fmt)
+            return after_summary(blocks, out.ids, filler, cont)
+        else:
+            new = self._user_strategy(blocks, self.chat.tok)
+        if new is None or joined(new) == joined(blocks):
+            return None
+        return [(kind, list(ids)) for kind, ids in new]
+
+    async def run(self, rows: list[dict], n: int | None = None,
+                  on_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
+        """Roll out ``n`` samples of every row concurrently (at most ``max_concurrency``
+        episodes in flight); results keep the order ``(row, sample)`` (an episode's
+        trajectories in order, when context management split it)."""
+        n = n or self.cfg.n
+        gate = asyncio.Semaphore(self.cfg.max_concurrency)
+
+        async def one(i: int, row: dict, k: int) -> list[Trajectory]:
+            async with gate:
+                parts = await self.play(row, row_uid(row, i), k)
+            if on_done is not None:
+                on_done(parts[-1])  # once per episode
+            return parts
+
+        tasks = [one(i, row, k) for i, row in enumerate(rows) for k in range(n)]
+        return [t for parts in await asyncio.gather(*tasks) for t in parts]
+
+    def close(self) -> None:
+        # env calls still queued are not started (a run that ends mid-rollout, SIGTERM);
+        # the running ones finish
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _jsonable(v: Any) -> bool:
+    return isinstance(v, (str, int, float, bool, type(None))) or (
+        isinstance(v, list) and all(isinstance(x, (str, int, float)) for x in v))
+
+
+def summarize(trajs: list[Trajectory]) -> dict[str, float]:
+    """Mean metrics over episodes (reward, em, f1, turns, lengths, tool counters): an
+    episode that became several trajectories (``info["parts"]``) counts once, each of its
+    trajectories weighing 1 / its parts (they share the episode's reward and info)."""
+    if not trajs:
+        return {}
+    w = [1.0 / t.info.get("parts", 1) for t in trajs]
+    total = sum(w)
+    mean = lambda f: sum(x * f(t) for x, t in zip(w, trajs)) / total  # noqa: E731
+    out: dict[str, float] = {"count": float(len(trajs))}
+    out["reward"] = mean(lambda t: t.reward)
+    for key in ("em", "f1"):
+        out[key] = mean(lambda t: float(t.info.get(key, 0.0)))
+    if any("answer_seen" in t.info for t in trajs):  # search: a result held a gold answer
+        out["answer_seen"] = mean(lambda t: float(t.info.get("answer_seen", 0)))
+    out["answered"] = mean(lambda t: float(t.terminated))
+    out["format_valid"] = mean(lambda t: float(t.terminated
+                                               and t.metrics["malformed_actions"] == 0))
+    out["truncated"] = mean(lambda t: float(t.truncated))
+    for key in trajs[0].metrics:
+        out[key] = mean(lambda t: t.metrics[key])
+    return out
+
+
+def _finish_parts(parts: list[Trajectory], ranges: list[list[int]], turn_rewards: list[float],
+                  info: dict, m: dict, row: dict, episode: str) -> list[Trajectory]:
+    """An episode's trajectories completed: each part's step rewards (its turns', indexed
+    by turn, and the later parts' on its last turn), the episode's reward, info, version
+    and metrics (:mod:`agentgym.rollout.context`)."""
+    traj = parts[-1]
+    info = {k: v for k, v in info.items() if _jsonable(v)}
+    info.setdefault("env", str(row.get("env", "")))  # per-env metrics of mixed runs
+    counters = {
+        **{k: float(v) for k, v in m.items()},
+        "tool_calls": float(info.get("tool_calls", 0)),
+        "tool_failures": float(info.get("tool_failures", 0)),
+        "malformed_actions": float(info.get("malformed_actions", 0)),
+        "infra_failures": float(info.get("infra_failures", 0)),
+        "infra_retried": 0.0}
+    episode_return = float(sum(turn_rewards))
+    for j, (part, (first, last)) in enumerate(zip(parts, ranges)):
+        # this part's turns' rewards (indexed by turn), the later parts' on its last turn
+        part.step_rewards = [0.0] * first + turn_rewards[first:last + 1]
+        if part.step_rewards and j < len(parts) - 1:
+            part.step_rewards[-1] += float(sum(turn_rewards[last + 1:]))
+            part.terminated, part.truncated = traj.terminated, False
+        if part.turn_versions:
+            part.policy_version = min(part.turn_versions)
+        part.reward = episode_return
+        part.info = dict(info)
+        if len(parts) > 1:
+            part.info.update(episode=episode, part=j,
+                             parts=len(parts))
+        part.metrics = {
+            **counters,
+            "prompt_length": float(part.prompt_length),
+            "response_length": float(part.response_length),
+            "generated_tokens": float(part.num_sampled),
+            "observation_tokens": float(sum(len(s) for s in part.segments
+                                            if s.kind in ("observation", "filler"))),
+        }
+        part.check()
+    return parts
+
+
+def last_parts(trajs: list[Trajectory]) -> list[Trajectory]:
+    """One trajectory per episode, its last (the one holding the final answer): what an
+    evaluation scores when an episode became several (``rollout.context``, an agent that
+    rewrote its history)."""
+    return [t for t in trajs if t.info.get("part", 0) == t.info.get("parts", 1) - 1]

@@ -1,0 +1,195 @@
+"""Wiring a config into live objects: policy model, engine, env factory, manager."""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import functools
+import json
+import logging
+from typing import Any, Callable
+
+from agentgym.config import Config
+from agentgym.rollout.engines.base import ENGINES, Engine
+from agentgym.rollout.manager import GenerationManager
+
+logger = logging.getLogger(__name__)
+
+
+def load_policy(cfg: Config):
+    """Resolve ``model.path``/``model.name`` to an HF folder; load model and tokenizer."""
+    from agentgym.core.device import engine_dtype, resolve_device
+    from agentgym.models.zoo import load_model, load_tokenizer, resolve_model
+    path = resolve_model(cfg.model.path or cfg.model.name)
+    device = resolve_device(cfg.trainer.device)
+    # rollout-only commands (eval, rollout, demos) play the engine's copy
+    dtype = engine_dtype(cfg.engine.dtype, cfg.model.dtype, device)
+    logger.info("loading policy from %s (%s, %s)", path, dtype, device)
+    return load_model(path, dtype=dtype, device=device), load_tokenizer(path), path
+
+
+def build_engine(cfg: Config, model, tokenizer) -> Engine:
+    """The registered engine ``engine.name``, built from the config by its own class."""
+    return ENGINES.get(cfg.engine.name).from_config(cfg, model, tokenizer)
+
+
+def engine_for(cfg: Config, path, tokenizer) -> Engine:
+    """The rollout engine for the policy at ``path``: with a copy of the model loaded here
+    (``engine.dtype``, else ``model.dtype``) for in-process engines; servers hold their own
+    (``engine=sglang``)."""
+    model = None
+    if ENGINES.get(cfg.engine.name).needs_model:
+        from agentgym.core.device import engine_dtype, resolve_device
+        from agentgym.models.zoo import load_model
+        device = resolve_device(cfg.trainer.device)
+        model = load_model(path, dtype=engine_dtype(cfg.engine.dtype, cfg.model.dtype, device),
+                           device=device)
+    return build_engine(cfg, model, tokenizer)
+
+
+def _search_kwargs(cfg: Config) -> dict[str, Any]:
+    url = cfg.retriever.url
+    if not url:
+        from agentgym.core.paths import shipped_corpus
+        from agentgym.tools.local_retriever import ensure_local_retriever
+        r = cfg.retriever
+        if r.index:
+            url = ensure_local_retriever(index_dir=r.index, max_restarts=r.max_restarts)
+        else:
+            url = ensure_local_retriever(shipped_corpus(), max_restarts=r.max_restarts)
+        logger.info("started local retriever at %s", url)
+    return {"retriever_url": url, "topk": cfg.retriever.topk, "timeout": cfg.retriever.timeout,
+            "format_reward": cfg.search.format_reward, "reward": cfg.search.reward,
+            "protocol": cfg.search.protocol, "retrieval_reward": cfg.search.retrieval_reward}
+
+
+_SANDBOXES: dict[str, Any] = {}  # sandbox config (JSON) -> the sandbox built for it
+
+
+def _code_kwargs(cfg: Config) -> dict[str, Any]:
+    # One sandbox per process and sandbox config, shared by every env of every factory
+    # (a trainer builds a factory per eval), with its own concurrency bound; closed at exit.
+    from agentgym.tools.sandbox import make_sandbox
+    key = json.dumps(dataclasses.asdict(cfg.sandbox), sort_keys=True)
+    if key not in _SANDBOXES:
+        _SANDBOXES[key] = make_sandbox(cfg.sandbox)
+        atexit.register(_SANDBOXES[key].close)
+        logger.info("started %s sandbox (%s)", cfg.sandbox.backend, _SANDBOXES[key].backend)
+    return {"sandbox": _SANDBOXES[key], "obs_bytes": cfg.code.obs_bytes,
+            "protocol": cfg.code.protocol, "run_reward": cfg.code.run_reward,
+            "stateful": cfg.sandbox.stateful}
+
+
+def _geometry_kwargs(cfg: Config) -> dict[str, Any]:
+    return {"tool": cfg.geometry.tool, "rel_tol": cfg.geometry.rel_tol}
+
+
+def _mcp_kwargs(cfg: Config) -> dict[str, Any]:
+    # one connection per process and server, shared by every env (tools.mcp_client.shared)
+    from agentgym.tools.mcp_client import shared
+    server = shared(cfg.mcp.command, cfg.mcp.url, cfg.mcp.timeout_s)
+    return {"server": server}
+
+
+#: Config → constructor kwargs for envs that need more than ``max_turns``.
+ENV_KWARGS: dict[str, Callable[[Config], dict[str, Any]]] = {"search": _search_kwargs,
+                                                             "code": _code_kwargs,
+                                                             "geometry": _geometry_kwargs,
+                                                             "mcp": _mcp_kwargs}
+
+
+class MixedEnvs:
+    """A mixed run's env factory (``env=[search,code]``): ``factory(row)`` makes the env
+    that ``row["env"]`` names, each with its own settings (:func:`env_factory`), and
+    :meth:`tokens_per_turn` is that env's ``rollout.max_tokens_per_turn``."""
+
+    takes_row = True
+
+    def __init__(self, factories: dict[str, Callable[[], Any]],
+                 turn_tokens: dict[str, int] | None = None) -> None:
+        from agentgym import envs
+        self.factories = factories
+        self.turn_tokens = turn_tokens or {}
+        self._by_name = {alias: name for name in factories for alias in envs.env_aliases(name)}
+
+    def _name(self, row: dict | None) -> str:
+        name = (row or {}).get("env")
+        if name not in self._by_name:
+            raise ValueError(f"row for env {name!r} in a run mixing "
+                             f"{', '.join(self.factories)}")
+        return self._by_name[name]
+
+    def __call__(self, row: dict | None = None):
+        return self.factories[self._name(row)]()
+
+    def tokens_per_turn(self, row: dict) -> int | None:
+        """The token budget of one action of ``row``'s env (None: the run's)."""
+        return self.turn_tokens.get(self._name(row))
+
+
+def env_factory(cfg: Config) -> Callable[[], Any]:
+    """A zero-argument factory of fresh envs for ``cfg.env`` (resolves tools once); for a
+    mixed run, a :class:`MixedEnvs` that makes the env each row names."""
+    from agentgym.config import env_names
+    names = env_names(cfg.env)
+    if len(names) > 1:
+        subs = {e: sub_config(cfg, e) for e in names}
+        return MixedEnvs({e: env_factory(sub) for e, sub in subs.items()},
+                         {e: sub.rollout.max_tokens_per_turn for e, sub in subs.items()})
+    from agentgym import envs
+    env_id = envs.resolve_env_id(cfg.env)
+    short = envs.short_name(env_id)
+    kwargs = {"max_turns": cfg.rollout.max_turns}
+    if short in ENV_KWARGS:
+        kwargs.update(ENV_KWARGS[short](cfg))
+    make = functools.partial(envs.make_env, env_id, **kwargs)
+    if cfg.reward:  # a judge or the user's function replaces the env's reward (envs.plugins)
+        from agentgym.envs.plugins import RewardOverride, load_reward
+        if cfg.reward == "judge":
+            from agentgym.envs.judge import from_config
+            return functools.partial(RewardOverride.wrap, make, from_config(cfg))
+        load_reward(cfg.reward)  # a bad spec fails here, before any rollout
+        return functools.partial(RewardOverride.wrap, make, cfg.reward)
+    return make
+
+
+def build_manager(cfg: Config, model=None, tokenizer=None):
+    """Everything a rollout needs; returns ``(manager, engine, tokenizer)``."""
+    if tokenizer is None or (model is None and ENGINES.get(cfg.engine.name).needs_model):
+        if ENGINES.get(cfg.engine.name).needs_model:
+            model, tokenizer, _ = load_policy(cfg)
+        else:
+            from agentgym.models.zoo import load_tokenizer, resolve_model
+            tokenizer = load_tokenizer(resolve_model(cfg.model.path or cfg.model.name))
+    engine = build_engine(cfg, model, tokenizer)
+    manager = GenerationManager(engine, tokenizer, env_factory(cfg), cfg.rollout, seed=cfg.trainer.seed)
+    return manager, engine, tokenizer
+
+
+def sub_config(cfg: Any, env: str) -> Any:
+    """``cfg`` for one env of a mixed run: ``env`` set; its own dataset when ``data`` names
+    one per env (``data=[train,arith]``, in env order), else the shared name; its own
+    held-out set when ``trainer.eval_data`` names one per env, else its preset's; its own
+    value of each key given per env (``rollout.max_turns=[4,2]``: ``cfg.per_env``)."""
+    import copy
+
+    from agentgym.config import ENV_PRESETS, env_names, set_key
+    names = env_names(cfg.env)
+    sub = copy.deepcopy(cfg)
+    sub.env = env
+    preset = ENV_PRESETS.get(env, {})
+    if "trainer.eval_data" in preset:
+        sub.trainer.eval_data = preset["trainer.eval_data"]
+    data, evals = env_names(cfg.data.name), env_names(cfg.trainer.eval_data)
+    for key, given in (("data", data), ("trainer.eval_data", evals)):
+        if len(given) > 1 and len(given) != len(names):
+            raise ValueError(f"{key}={','.join(given)} names {len(given)} datasets for "
+                             f"{len(names)} envs ({','.join(names)}); give one, or one per "
+                             f"env in env order")
+    if len(data) > 1:
+        sub.data.name = data[names.index(env)]
+    if len(evals) > 1:
+        sub.trainer.eval_data = evals[names.index(env)]
+    for key, values in cfg.per_env.items():
+        set_key(sub, key, values[names.index(env)])  # one value: the sub's per_env drops it
+    return sub

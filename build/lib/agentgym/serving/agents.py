@@ -1,0 +1,375 @@
+"""Training an agent written against the OpenAI SDK: ``env=agent agent=pkg.module:run``.
+
+``run(row, client)`` (a function or a coroutine function) is ordinary agent code: it gets a
+dataset row and an OpenAI client (``openai.OpenAI`` / ``openai.AsyncOpenAI``; a function
+whose second parameter is named ``base_url`` gets the URL instead) and returns the
+episode's reward (or None, and ``reward=`` scores it). Every episode gets its own endpoint
+on the rollout engine, ``http://127.0.0.1:PORT/episodes/EPISODE/v1`` (its API key is the
+episode's id too, so an agent with a fixed base URL is still told apart), serving OpenAI's
+API (:mod:`agentgym.serving.openai_api`) and recording each call's prompt ids, sampled ids
+and logprobs exactly as the engine saw them: nothing is re-tokenised.
+
+The token stream: a chat call whose messages extend the previous call's messages plus the
+reply that call returned is prompted with the previous call's ids, its sampled ids, the
+template's closing of the assistant turn and the new messages rendered alone (the rule the
+envs' rollouts use, :meth:`agentgym.rollout.chat.ChatTokens.after_action_ids`), so the model
+conditions on exactly the tokens it sampled. Calls whose prompt extends the previous
+call's prompt plus completion token for token form one trajectory, the completions
+masked in; an agent that rewrites its history (a summary, a dropped turn) starts a new
+trajectory, and the episode yields several, sharing its reward (their advantages count the
+episode once: :func:`agentgym.trainers.algos._group_stats`). The drift between the recorded prompt
+and the chat template's rendering of the same messages is measured per call
+(``agent/drift_calls``, ``agent/drift_tokens``).
+
+Sampling is the run's (``rollout.temperature``, ``top_p``, ``top_k``; a per-call seed
+derived from the episode's), so the recorded logprobs are the ones the trainer
+recomputes; a call's ``max_tokens`` is capped at ``rollout.max_tokens_per_turn``; an
+episode makes at most ``rollout.max_turns`` calls (the next is a 400 saying so). An
+exception in the agent ends its episode as failed: logged, counted (``agent/failed``), not
+trained on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import logging
+import math
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentgym.core.types import SamplingParams, Trajectory
+from agentgym.serving.openai_api import OpenAIFrontend, openai_routes
+from agentgym.serving.openai_chat import _messages, chat_choice
+from agentgym.serving.openai_common import Call, OpenAIError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Turn:
+    """One recorded call of an episode."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    version: int
+    drift_tokens: int = -1  # prompt tokens after the first that re-rendering changes (-1: n/a)
+    tool_calls: int = 0
+    finish: str = "stop"
+
+
+@dataclass
+class _Last:
+    messages: list[dict] | None  # the call's messages and its reply, normalized (chat)
+    tools: list[dict] | None
+    ids: list[int]  # prompt + completion
+    completion: list[int]
+
+
+@dataclass
+class Episode:
+    """What an episode's endpoint recorded, and how the agent ended."""
+
+    eid: str
+    turns: list[Turn] = field(default_factory=list)
+    final_text: str = ""
+    error: str = ""
+
+
+class EpisodeFrontend(OpenAIFrontend):
+    """One episode's OpenAI endpoint (see the module docstring)."""
+
+    def __init__(self, engine, tokenizer, chat_tokens, rollout, seed: int, eid: str,
+                 greedy: bool = False) -> None:
+        super().__init__(engine, tokenizer, "agentgym-policy",
+                         default_max_tokens=rollout.max_tokens_per_turn,
+                         on_call=self._remember, chat_tokens=chat_tokens)
+        self.rollout, self.seed, self.greedy = rollout, seed, greedy
+        self.episode = Episode(eid)
+        self._last: _Last | None = None
+        self._full: list[int] | None = None  # this call's prompt as the template renders it
+
+    def model(self, name: str) -> dict:  # any name: the agent's model is the policy
+        return {"id": name, "object": "model", "created": self.created, "owned_by": "agentgym"}
+
+    def chat_prompt(self, messages, tools, forced) -> list[int]:
+        full = super().chat_prompt(messages, tools, forced)
+        last, self._full = self._last, None
+        if last is None or last.messages is None or tools != last.tools:
+            return full
+        k = len(last.messages)
+        if len(messages) <= k or messages[:k] != last.messages or \
+                messages[k]["role"] == "assistant":
+            return full  # the history was rewritten: the template's rendering, anew
+        filler, new = self.chat_tokens.after_action_ids(last.completion, messages[k:], "chat")
+        self._full = full
+        return last.ids + filler + new + (self.chat_tokens.encode(forced) if forced else [])
+
+    def samplings(self, plan) -> list[SamplingParams]:
+        if plan.n != 1:
+            raise OpenAIError(f"n={plan.n}: an episode's calls sample one choice; the run "
+                              f"plays rollout.n episodes of each row instead", param="n")
+        r, turn = self.rollout, len(self.episode.turns)
+        if turn >= r.max_turns:
+            raise OpenAIError(f"this episode has made {turn} calls, its budget "
+                              f"(rollout.max_turns={r.max_turns})", code="episode_budget")
+        return [SamplingParams(
+            max_new_tokens=min(plan.sampling.max_new_tokens, r.max_tokens_per_turn),
+            temperature=0.0 if self.greedy else r.temperature, top_p=r.top_p, top_k=r.top_k,
+            stop=plan.sampling.stop, seed=(self.seed + 7919 * turn) % 2**31,
+            top_logprobs=plan.sampling.top_logprobs)]
+
+    def _remember(self, call: Call) -> None:
+        out = call.outputs[0]
+        reply, calls = None, 0
+        if call.kind == "chat":
+            message = chat_choice(self, call.plan, 0, out)["message"]
+            calls = len(message.get("tool_calls") or [])
+            reply = _messages(self, [message])[0]
+            self.episode.final_text = message.get("content") or ""
+        else:
+            self.episode.final_text = self.text(out, call.plan.sampling.stop)
+        drift = -1
+        if self._full is not None:
+            same = next((i for i, (a, b) in enumerate(zip(call.prompt_ids, self._full))
+                         if a != b), min(len(call.prompt_ids), len(self._full)))
+            drift = 0 if call.prompt_ids == self._full else len(self._full) - same
+        version = out.policy_version if out.policy_version is not None \
+            else self.engine.policy_version
+        self.episode.turns.append(Turn(list(call.prompt_ids), list(out.ids),
+                                       list(out.logprobs), version, drift, calls,
+                                       out.finish_reason))
+        self._last = _Last(None if reply is None else [*call.messages, reply], call.tools,
+                           list(call.prompt_ids) + list(out.ids), list(out.ids))
+
+
+def trajectories(episode: Episode, uid: str, k: int, reward: float,
+                 data_source: str = "") -> list[Trajectory]:
+    """The episode's calls as trajectories: a call whose prompt extends the current
+    trajectory token for token continues it (the new prompt tokens masked out, the
+    completion in); any other starts a new one. Each gets the episode's reward."""
+    out: list[Trajectory] = []
+    cur: Trajectory | None = None
+    for i, t in enumerate(episode.turns):
+        if cur is not None and t.prompt_ids[:len(cur.token_ids)] == cur.token_ids:
+            cur.append("observation", t.prompt_ids[len(cur.token_ids):], i)
+        else:
+            cur = Trajectory(uid=uid, sample_index=k, data_source=data_source)
+            cur.append("prompt", t.prompt_ids, i)
+            cur.step_rewards = [0.0] * i  # step rewards are indexed by the episode's turn
+            out.append(cur)
+        cur.append("generated", t.completion_ids, i, t.logprobs)
+        cur.turn_versions.append(t.version)
+        cur.step_rewards.append(0.0)
+        cur.metrics["tool_calls"] = cur.metrics.get("tool_calls", 0.0) + t.tool_calls
+        cur.metrics["length_stops"] = cur.metrics.get("length_stops", 0.0) + \
+            (t.finish == "length")
+    for j, traj in enumerate(out):
+        traj.step_rewards[-1] = reward
+        traj.reward, traj.terminated = reward, True
+        traj.policy_version = min(traj.turn_versions)
+        traj.info = {"env": "agent", "episode": episode.eid, "part": j, "parts": len(out),
+                     "em": reward, "answer": episode.final_text[:500]}
+        observed = sum(len(s) for s in traj.segments if s.kind == "observation")
+        traj.metrics = {"turns": float(len(traj.turn_versions)), "generate_s": 0.0,
+                        "env_s": 0.0, "length_stops": traj.metrics["length_stops"],
+                        "tool_calls": traj.metrics["tool_calls"], "tool_failures": 0.0,
+                        "malformed_actions": 0.0, "infra_failures": 0.0,
+                        "infra_retried": 0.0, "prompt_length": float(traj.prompt_length),
+                        "response_length": float(traj.response_length),
+                        "generated_tokens": float(traj.num_sampled),
+                        "observation_tokens": float(observed)}
+        traj.check()
+    return out
+
+
+def load_agent(spec: str):
+    """The agent function ``spec`` (``package.module:function``) names; the working
+    directory is searched too (as ``uvicorn app:app`` does), so an agent beside the data
+    needs no installing."""
+    import os
+    import sys
+
+    from agentgym.envs.plugins import load_spec
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    if not spec:
+        raise ValueError("env=agent needs agent=package.module:function, a function "
+                         "run(row, client) (or async) that returns the episode's reward")
+    fn = load_spec(spec, "agent")
+    if not callable(fn):
+        raise ValueError(f"agent={spec!r} is {type(fn).__name__}, not a function")
+    return fn
+
+
+def program_manager(manager, engine, tokenizer, cfg) -> "AgentManager":
+    """For ``env=agent``: the runtime's env manager closed, an :class:`AgentManager` on
+    the same engine in its place (``rollout`` and ``eval`` use it as ``train`` does)."""
+    manager.close()
+    return AgentManager(engine, tokenizer, cfg, cfg.trainer.seed,
+                        greedy=cfg.rollout.temperature == 0)
+
+
+class AgentManager:
+    """Plays ``agent=`` over rows, as :class:`~agentgym.rollout.manager.GenerationManager`
+    plays an env: ``run(rows, n)`` returns the trajectories (an episode may yield
+    several), and :attr:`stats` the step's counts (:meth:`take_stats`)."""
+
+    def __init__(self, engine, tokenizer, cfg, seed: int = 0, greedy: bool = False) -> None:
+        from agentgym.rollout.chat import ChatTokens
+        self.engine, self.tok, self.cfg, self.seed = engine, tokenizer, cfg, seed
+        self.greedy = greedy
+        self.fn = load_agent(cfg.agent)
+        self.reward_fn = None
+        if cfg.reward:
+            from agentgym.envs.plugins import load_reward
+            self.reward_fn = load_reward(cfg.reward)
+        self.chat_tokens = ChatTokens(tokenizer, image_processor=None)
+        self.episodes: dict[str, EpisodeFrontend] = {}
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            cfg.rollout.max_concurrency, thread_name_prefix="agent")
+        self.stats = _zero_stats()
+        self._server, self._thread, self.url = _serve(self._route)
+
+    def _route(self, request) -> EpisodeFrontend:
+        eid = request.path_params.get("eid") or \
+            request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        if eid not in self.episodes:
+            raise OpenAIError(f"no running episode {eid!r}: each episode has its own base URL "
+                              f"(or API key); this one has ended or never began", 404,
+                              code="episode_not_found")
+        return self.episodes[eid]
+
+    async def rollout(self, row: dict, uid: str, k: int,
+                      base_seed: int | None = None) -> list[Trajectory]:
+        """One episode of ``row``: its trajectories (none when the agent failed)."""
+        from agentgym.rollout.manager import trajectory_seed
+        seed = trajectory_seed(self.seed if base_seed is None else base_seed, uid, k)
+        eid = f"{uid}-{k}-{uuid.uuid4().hex[:8]}"
+        front = EpisodeFrontend(self.engine, self.tok, self.chat_tokens, self.cfg.rollout,
+                                seed, eid, self.greedy)
+        self.episodes[eid] = front
+        t0 = time.perf_counter()
+        try:
+            reward = await self._play(row, eid)
+        except Exception as e:  # the agent's own failure: logged, counted, not trained on
+            logger.warning("agent episode %s failed: %s: %s", eid, type(e).__name__, e)
+            self.stats["failed"] += 1
+            return []
+        finally:
+            self.episodes.pop(eid, None)
+        trajs = trajectories(front.episode, uid, k, reward, str(row.get("data_source", "")))
+        for t in trajs:
+            t.metrics["env_s"] = time.perf_counter() - t0
+        self._count(front.episode, trajs)
+        return trajs
+
+    async def _play(self, row: dict, eid: str) -> float:
+        url = f"{self.url}/episodes/{eid}/v1"
+        params = list(inspect.signature(self.fn).parameters)
+        wants_url = len(params) > 1 and params[1] == "base_url"
+        if inspect.iscoroutinefunction(self.fn):
+            client = url if wants_url else _client(url, eid, asynchronous=True)
+            result = await self.fn(row, client)
+        else:
+            client = url if wants_url else _client(url, eid, asynchronous=False)
+            loop = asyncio.get_running_loop()
+            result = await loop.run_in_executor(self._pool, self.fn, row, client)
+        episode = self.episodes[eid].episode
+        if not episode.turns:
+            raise RuntimeError("the agent made no call to its endpoint")
+        if result is None:
+            if self.reward_fn is None:
+                raise ValueError("the agent returned None and no reward= was given")
+            result = self.reward_fn(row.get("data_source", ""), episode.final_text,
+                                    row.get("reward_model", {}).get("ground_truth"),
+                                    row.get("extra_info"))
+        reward = float(result)
+        if not math.isfinite(reward):
+            raise ValueError(f"the agent's reward {result!r} is not a finite number")
+        return reward
+
+    def _count(self, episode: Episode, trajs: list[Trajectory]) -> None:
+        s = self.stats
+        s["episodes"] += 1
+        s["trajectories"] += len(trajs)
+        measured = [t.drift_tokens for t in episode.turns if t.drift_tokens >= 0]
+        s["extended_calls"] += len(measured)
+        s["drifted_calls"] += sum(d > 0 for d in measured)
+        s["drift_tokens"] += sum(measured)
+
+    def take_stats(self) -> dict[str, float]:
+        """``agent/*`` metrics since the last call: failed episodes, trajectories per
+        episode, and the share of extending calls whose re-rendered prompt differs."""
+        s, self.stats = self.stats, _zero_stats()
+        calls = max(s["extended_calls"], 1)
+        return {"agent/failed": float(s["failed"]),
+                "agent/trajectories_per_episode": s["trajectories"] / max(s["episodes"], 1),
+                "agent/drift_calls": s["drifted_calls"] / calls,
+                "agent/drift_tokens": s["drift_tokens"] / calls}
+
+    play = rollout  # the GenerationManager's name for an episode's trajectories
+
+    async def run(self, rows: list[dict], n: int | None = None, on_done=None) -> list:
+        from agentgym.rollout.manager import row_uid
+        n = n or self.cfg.rollout.n
+        gate = asyncio.Semaphore(self.cfg.rollout.max_concurrency)
+
+        async def one(i: int, row: dict, k: int) -> list:
+            async with gate:
+                trajs = await self.rollout(row, row_uid(row, i), k)
+            if on_done is not None:
+                on_done(trajs)
+            return trajs
+        groups = await asyncio.gather(*(one(i, row, k) for i, row in enumerate(rows)
+                                        for k in range(n)))
+        return [t for g in groups for t in g]
+
+    def close(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=30)
+        self._pool.shutdown(wait=True)
+
+
+def _zero_stats() -> dict[str, int]:
+    return {"failed": 0, "episodes": 0, "trajectories": 0, "extended_calls": 0,
+            "drifted_calls": 0, "drift_tokens": 0}
+
+
+def _client(url: str, eid: str, asynchronous: bool):
+    try:
+        import openai
+    except ImportError as e:
+        from agentgym.tools.errors import MissingExtra
+        raise MissingExtra("env=agent hands the agent an OpenAI client: pip install openai "
+                           "(or name run's second parameter base_url)") from e
+    make = openai.AsyncOpenAI if asynchronous else openai.OpenAI
+    return make(base_url=url, api_key=eid, max_retries=0, timeout=600.0)
+
+
+def _serve(route) -> tuple[Any, threading.Thread, str]:
+    """The episodes' endpoints on loopback (uvicorn in a thread): ``/episodes/{eid}/v1/…``
+    and ``/v1/…`` with the episode's id as the API key."""
+    import uvicorn
+    from fastapi import FastAPI
+
+    from agentgym.core.server_process import free_port
+    app = FastAPI(title="agentgym agent endpoints")
+    openai_routes(app, route, prefix="/episodes/{eid}")
+    openai_routes(app, route)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True, name="agent-endpoints")
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the agents' endpoint server did not start")
+        time.sleep(0.01)
+    return server, thread, f"http://127.0.0.1:{port}"

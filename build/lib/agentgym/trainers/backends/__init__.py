@@ -1,0 +1,1 @@
+"""Training backends behind one protocol (see ``agentgym.trainers.backends.base``)."""

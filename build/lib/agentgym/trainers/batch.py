@@ -1,0 +1,131 @@
+"""Trajectories → padded tensors, and token-budgeted micro-batches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from agentgym.core.types import Trajectory
+
+
+@dataclass
+class Batch:
+    """Right-padded tensors of ``B`` trajectories of up to ``T`` tokens.
+
+    ``input_ids``, ``attention_mask``, ``loss_mask`` (sampled tokens only) and
+    ``rollout_logp`` (the engine's logprobs, 0 where mask is 0) and ``token_rewards``
+    (each turn's env reward on the last token sampled in that turn, see
+    :func:`turn_reward_positions`) are ``(B, T)``; ``rewards`` (the episode reward) and
+    ``truncated`` (cut off by a turn or token budget, as opposed to terminated) are
+    ``(B,)``. ``extra`` holds tensors the recipe adds (old/ref logprobs, values,
+    advantages), all ``(B, T)`` or ``(B,)``.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    rollout_logp: torch.Tensor
+    rewards: torch.Tensor
+    uids: list[str]
+    token_rewards: torch.Tensor
+    truncated: torch.Tensor
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: per row, the prompt's processed images (VL models; :mod:`agentgym.models.vision`) or None
+    images: list | None = None
+    #: per row, its episode (an agent episode may yield several rows; advantages count an
+    #: episode once, :func:`agentgym.trainers.algos._group_stats`); None: one row per episode
+    episodes: list[str] | None = None
+    #: ``(B, T)`` the turn (the env's step index) of each sampled token, -1 elsewhere: what
+    #: turn-level estimators (:mod:`agentgym.trainers.turn_credit`) read; None when not collated here
+    turn_ids: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def select(self, index: list[int]) -> "Batch":
+        """Rows ``index``, trimmed to their longest sequence."""
+        idx = torch.tensor(index)
+        width = int(self.attention_mask[idx].sum(-1).max())
+        cut = lambda t: t[idx, :width] if t.dim() == 2 else t[idx]  # noqa: E731
+        return Batch(cut(self.input_ids), cut(self.attention_mask), cut(self.loss_mask),
+                     cut(self.rollout_logp), cut(self.rewards), [self.uids[i] for i in index],
+                     cut(self.token_rewards), cut(self.truncated),
+                     {k: cut(v) for k, v in self.extra.items()},
+                     [self.images[i] for i in index] if self.images is not None else None,
+                     [self.episodes[i] for i in index] if self.episodes is not None else None,
+                     cut(self.turn_ids) if self.turn_ids is not None else None)
+
+
+def turn_reward_positions(traj: Trajectory) -> list[int]:
+    """Where each step reward of ``traj`` lands: the last token sampled in that turn.
+
+    ``traj.step_rewards[k]`` is what the env returned for the action of turn ``k``, so it
+    belongs to the last token of that action. Returns one position per step reward.
+    """
+    last: dict[int, int] = {}
+    for seg in traj.segments:
+        if seg.kind == "generated":
+            last[seg.turn] = seg.end - 1
+    if not last:
+        raise ValueError(f"trajectory {traj.uid!r} has no sampled token to carry its reward")
+    out, prev = [], min(last.values())
+    for k in range(len(traj.step_rewards)):
+        prev = last.get(k, prev)
+        out.append(prev)
+    return out
+
+
+def collate(trajs: list[Trajectory], pad_id: int) -> Batch:
+    width = max(len(t.token_ids) for t in trajs)
+    B = len(trajs)
+    ids = torch.full((B, width), pad_id, dtype=torch.long)
+    attn = torch.zeros((B, width), dtype=torch.long)
+    mask = torch.zeros((B, width), dtype=torch.float32)
+    logp = torch.zeros((B, width), dtype=torch.float32)
+    turn_ids = torch.full((B, width), -1, dtype=torch.long)
+    for i, t in enumerate(trajs):
+        n = len(t.token_ids)
+        ids[i, :n] = torch.tensor(t.token_ids)
+        attn[i, :n] = 1
+        mask[i, :n] = torch.tensor(t.loss_mask, dtype=torch.float32)
+        logp[i, :n] = torch.tensor(t.logprobs, dtype=torch.float32)
+        for seg in t.segments:
+            if seg.kind == "generated":
+                turn_ids[i, seg.start:seg.end] = seg.turn
+    token_rewards = torch.zeros((B, width), dtype=torch.float32)
+    for i, t in enumerate(trajs):
+        if t.step_rewards:
+            for pos, r in zip(turn_reward_positions(t), t.step_rewards):
+                token_rewards[i, pos] += float(r)
+        elif t.reward:  # built without per-turn rewards: the last token
+            sampled = [j for j, m in enumerate(t.loss_mask) if m]
+            if not sampled:
+                raise ValueError(f"trajectory {t.uid!r} has a reward but no sampled token")
+            token_rewards[i, sampled[-1]] += float(t.reward)
+    rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
+    truncated = torch.tensor([bool(t.truncated) for t in trajs])
+    images = [t.images for t in trajs]
+    episodes = [t.info.get("episode") for t in trajs]
+    return Batch(ids, attn, mask, logp, rewards, [t.uid for t in trajs], token_rewards,
+                 truncated, images=images if any(v is not None for v in images) else None,
+                 episodes=[e or f"{t.uid}/{t.sample_index}/{i}" for i, (e, t) in
+                           enumerate(zip(episodes, trajs))] if any(episodes) else None,
+                 turn_ids=turn_ids)
+
+
+def micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Split row indices, in order, so each group's padded size ``rows * longest`` stays
+    within ``max_tokens`` (a single longer row gets a group of its own)."""
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    longest = 0
+    for i, n in enumerate(lengths):
+        if cur and (len(cur) + 1) * max(longest, n) > max_tokens:
+            groups.append(cur)
+            cur, longest = [], 0
+        cur.append(i)
+        longest = max(longest, n)
+    if cur:
+        groups.append(cur)
+    return groups

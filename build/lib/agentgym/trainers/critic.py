@@ -1,0 +1,117 @@
+"""PPO's critic: a value model, its values aligned with tokens, its clipped-value update.
+
+The value model is the policy's architecture with a scalar head: transformers'
+``AutoModelForTokenClassification`` with one label, as verl builds its critic
+(``agentgym.models.zoo.load_value_model``). Its
+backbone starts from the policy's checkpoint (``critic.model`` empty) or from another
+model (``critic.model=tiny|smollm2-135m|/path``); the head (``score``) starts fresh.
+Dropout is off, so the values the update trains are those the advantages were computed
+from. Checkpoints are HF folders (``checkpoints/step_N/critic``).
+
+Alignment, as for logprobs: ``values[b, t]`` is V of the prefix ``< t`` (read from the
+hidden state at ``t - 1``), the state in which token ``t`` was sampled; ``values[:, 0]``
+is 0. ``last_values[b]`` is V of the whole sequence, the bootstrap for a truncated
+episode.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from agentgym.config import Config
+from agentgym.models.zoo import resolve_model
+from agentgym.trainers.algos import aggregate, explained_variance, masked_mean, value_loss
+from agentgym.trainers.backends.base import ModelSpec
+from agentgym.trainers.batch import Batch
+from agentgym.trainers.grpo import minibatch_updates
+from agentgym.trainers.run import make_backend
+
+logger = logging.getLogger(__name__)
+
+
+def values_fn(model, mb: Batch, device):
+    """:func:`token_values` of a micro-batch, as a backend ``apply`` function."""
+    return token_values(model, mb.input_ids.to(device), mb.attention_mask.to(device))
+
+
+def token_values(model, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+    """``(B, T)`` values aligned with tokens (``[:, 0]`` is 0) and ``(B,)`` values of each
+    whole (right-padded) sequence, in fp32."""
+    out = model(input_ids=input_ids, attention_mask=attention_mask).logits[..., 0].float()
+    values = torch.zeros_like(out)
+    values[:, 1:] = out[:, :-1]
+    last = attention_mask.sum(-1).clamp(min=1) - 1
+    return values, out[torch.arange(out.shape[0], device=out.device), last]
+
+
+@dataclass(frozen=True)
+class ValueLoss:
+    """The clipped value loss of a micro-batch, normalized by mini-batch totals
+    (picklable, like :class:`agentgym.trainers.grpo.PolicyLoss`)."""
+
+    clip: float
+    mode: str
+    num_tokens: float
+    num_seqs: int
+    norm_len: int
+
+    def __call__(self, model, mb: Batch):
+        dev = next(model.parameters()).device
+        mask = mb.loss_mask.to(dev)
+        v, _ = token_values(model, mb.input_ids.to(dev), mb.attention_mask.to(dev))
+        per_tok, stats = value_loss(v, mb.extra["values"].to(dev), mb.extra["returns"].to(dev),
+                                    mask, self.clip or None)
+        loss = aggregate(per_tok, mask, self.mode, num_tokens=self.num_tokens,
+                         num_seqs=self.num_seqs, norm_len=self.norm_len)
+        share = float(mask.sum()) / self.num_tokens
+        return loss, {"vf_loss": float(loss.detach()), **{k: x * share for k, x in stats.items()}}
+
+
+class Critic:
+    """The value model and its own optimizer (``critic.lr``; the trainer's backend,
+    schedule, micro-batching and mixed precision).
+
+    Args:
+        cfg: the run's config (``critic.*``, ``trainer.*``, ``algo.loss_agg_mode``).
+        policy_path: the policy's HF folder, the critic's start when ``critic.model`` is
+            empty.
+        cluster: the run's Ray placement (its ranks become actors), or None.
+    """
+
+    def __init__(self, cfg: Config, policy_path: str | Path, cluster=None) -> None:
+        self.cfg = cfg
+        path = resolve_model(cfg.critic.model) if cfg.critic.model else Path(policy_path)
+        logger.info("critic from %s", path)
+        spec = ModelSpec(str(path), cfg.model.dtype, "value", device=cfg.trainer.device,
+                         gradient_checkpointing=cfg.model.gradient_checkpointing)
+        self.backend = make_backend(cfg, spec, cfg.critic.lr, cluster)
+
+    def values(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(values (B, T), last_values (B,))`` of the current critic, no grad."""
+        v, last = self.backend.apply(values_fn, batch)
+        return v, last
+
+    def update(self, batch: Batch, step: int, hooks) -> dict[str, float]:
+        """``ppo_epochs`` x ``mini_batches`` steps on ``batch.extra['returns']`` with
+        value clipping around ``batch.extra['values']``; ``critic/…`` metrics."""
+        mask = batch.loss_mask
+        m = {"critic/values_mean": float(masked_mean(batch.extra["values"], mask)),
+             "critic/returns_mean": float(masked_mean(batch.extra["returns"], mask)),
+             "critic/explained_var": explained_variance(batch.extra["values"],
+                                                        batch.extra["returns"], mask)}
+        c = self.cfg
+
+        def make_loss(mini: Batch):
+            return ValueLoss(c.critic.value_clip, c.algo.loss_agg_mode,
+                             float(mini.loss_mask.sum().clamp(min=1)), len(mini),
+                             c.rollout.max_response_tokens)
+        m.update(minibatch_updates(c, self.backend, batch, make_loss, step, hooks, "critic",
+                                   "critic/"))
+        return m
+
+    def close(self) -> None:
+        self.backend.close()

@@ -1,0 +1,109 @@
+"""One installed namespace: a wheel built from the repository adds the import name
+``agentgym`` and nothing else at the top level; the repository's folders ``envs/``,
+``tools/``, ``trainers/`` and ``retriever_server/`` are its subpackages there, and in a
+checkout; their old top-level names still import, as the same modules, with a warning."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDERS = ("agentgym", "envs", "tools", "trainers", "retriever_server")
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                    "--no-build-isolation", "-w", str(out), str(ROOT)], check=True,
+                   capture_output=True, text=True)
+    (whl,) = out.glob("agentgym-*.whl")
+    return whl
+
+
+def _installed_path(path: Path) -> str:
+    rel = path.relative_to(ROOT).as_posix()
+    return rel if rel.startswith("agentgym/") else f"agentgym/{rel}"
+
+
+def test_the_wheel_holds_one_top_level_package_and_every_module(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert tops == {"agentgym"}, tops
+    tracked = subprocess.run(["git", "ls-files", *FOLDERS], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout.split()
+    modules = [ROOT / p for p in tracked if p.endswith(".py")]
+    assert len(modules) > 100
+    missing = [str(p.relative_to(ROOT)) for p in modules if _installed_path(p) not in names]
+    assert missing == []  # a new subpackage must be listed in pyproject's packages
+    assert "agentgym/reporting/inspector.html" in names
+
+
+def test_the_installed_wheel_imports_under_agentgym_alone(wheel, tmp_path):
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+                    "--target", str(target), str(wheel)], check=True, capture_output=True)
+    tops = {p.name for p in target.iterdir() if not p.name.endswith(".dist-info")}
+    assert tops - {"bin"} == {"agentgym"}, tops  # bin/: the console script
+    code = textwrap.dedent("""
+        import importlib.util, warnings
+        import agentgym.envs, agentgym.trainers, agentgym.tools.sandbox
+        import agentgym.retriever_server.schema
+        for m in (agentgym, agentgym.envs, agentgym.trainers, agentgym.tools.sandbox):
+            assert m.__file__.startswith(TARGET), m.__file__
+        assert "agentgym/Search-v0" in agentgym.envs.env_ids()
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            import envs.search  # the old name, served once agentgym is imported
+        assert envs.search is agentgym.envs.search
+        assert any("envs moved to agentgym.envs" in str(x.message) for x in w)
+        print("installed ok")
+    """).replace("TARGET", repr(str(target)))
+    env = {**os.environ, "PYTHONPATH": str(target)}  # before site-packages' editable finder
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "installed ok" in out.stdout
+
+
+def test_in_a_checkout_the_folders_are_agentgym_subpackages_and_old_names_warn():
+    code = textwrap.dedent("""
+        import warnings
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            import envs                      # before agentgym: the folder by its old name
+            import trainers.grpo, tools.sandbox, retriever_server.schema
+        import agentgym.envs, agentgym.trainers.grpo, agentgym.tools.sandbox
+        import agentgym.retriever_server.schema
+        assert envs is agentgym.envs and trainers.grpo is agentgym.trainers.grpo
+        assert tools.sandbox is agentgym.tools.sandbox
+        assert retriever_server.schema is agentgym.retriever_server.schema
+        moved = sorted({str(x.message).split(" moved")[0] for x in w
+                        if x.category is DeprecationWarning})
+        print(moved)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == str(sorted(["envs", "trainers", "trainers.grpo", "tools",
+                                             "tools.sandbox", "retriever_server",
+                                             "retriever_server.schema"]))
+
+
+def test_the_projects_own_code_uses_the_new_names_only():
+    code = textwrap.dedent("""
+        import warnings
+        warnings.filterwarnings("error", message=".* moved to agentgym", category=DeprecationWarning)
+        import agentgym.cli, agentgym.envs, agentgym.trainers.grpo, agentgym.trainers.ppo
+        import agentgym.rollout.runtime, agentgym.serving.serve, agentgym.retriever_server.app
+        print("clean")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
