@@ -40,7 +40,9 @@ MOVED = {
     "agentgym.engines": "agentgym.rollout.engines",
     "agentgym.demos": "agentgym.data.demos",
     "agentgym.demo_builders": "agentgym.data.demo_builders",
-    "agentgym.answerable": "agentgym.data.answerable",
+    "agentgym.answerable": "agentgym.envs.answerable",
+    "agentgym.data.answerable": "agentgym.envs.answerable",
+    "agentgym.data.arith": "agentgym.envs.arith",
     "agentgym.serve": "agentgym.serving.serve",
     "agentgym.metrics": "agentgym.reporting.metrics",
     "agentgym.evaluation": "agentgym.reporting.evaluation",
@@ -83,6 +85,9 @@ class _Alias(importlib.abc.Loader):
     def exec_module(self, module) -> None:
         pass  # already executed under its new name
 
+    def get_code(self, fullname):  # ``python -m`` an old name runs the new module's code
+        return importlib.util.find_spec(self.new).loader.get_code(self.new)
+
 
 class _Finder(importlib.abc.MetaPathFinder):
     """Resolves the old module names of :data:`MOVED` to the new modules."""
@@ -122,6 +127,14 @@ def install() -> None:
         sys.meta_path.insert(0, _Finder())
     if not any(isinstance(f, _Folders) for f in sys.meta_path):
         sys.meta_path.insert(1, _Folders())
+
+
+def moved_attribute(package: str, name: str, module: str):
+    """``module.name``, served under ``package`` with a DeprecationWarning pointing at the
+    caller (for a module ``__getattr__`` whose names moved to several modules)."""
+    warnings.warn(f"{package}.{name} moved to {module}.{name}; the old path works until the "
+                  f"next release", DeprecationWarning, stacklevel=3)
+    return getattr(importlib.import_module(module), name)
 
 
 def deprecated_attributes(package: str, module: str, names: tuple[str, ...] = ()):

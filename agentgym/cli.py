@@ -66,11 +66,11 @@ def _run_rollouts(cfg: Config, desc: str):
     from tqdm import tqdm
 
     from agentgym.data.rows import load_rows
-    from agentgym.rollout.runtime import build_manager
+    from agentgym.rollout.runtime import build_manager, played_by_program
 
     rows = load_rows(cfg.env, cfg.data.name, cfg.limit)
     manager, engine, tokenizer = build_manager(cfg)
-    if cfg.env == "agent":  # the agent program plays the rows
+    if played_by_program(cfg):  # the agent program plays the rows
         from agentgym.serving.agents import program_manager
         manager = program_manager(manager, engine, tokenizer, cfg)
     total = len(rows) * cfg.rollout.n
@@ -178,7 +178,7 @@ def cmd_check_env(args: list[str]) -> int:
     from gymnasium.utils.env_checker import check_env as gym_check_env
 
     from agentgym import envs
-    from agentgym.envs.agent_program import PlayedByProgram
+    from agentgym.envs.base import NotSteppable
     from agentgym.tools.errors import MissingExtra
 
     _setup_logging("WARNING")
@@ -194,7 +194,7 @@ def cmd_check_env(args: list[str]) -> int:
                 gym_check_env(gymnasium.make(env_id).unwrapped, skip_render_check=True)
             extra = f" ({len(caught)} gymnasium warnings)" if caught else ""
             print(f"ok    {env_id}{extra}")
-        except (MissingExtra, PlayedByProgram) as e:  # an optional package; env=agent
+        except (MissingExtra, NotSteppable) as e:  # an optional package; env=agent
             print(f"skip  {env_id}: {e}")
         except Exception as e:  # noqa: BLE001 - report every env, then fail
             failed += 1
@@ -274,12 +274,12 @@ def cmd_train(args: list[str]) -> int:
 def _print_comparison(run_dir: Path, cfg: Config) -> None:
     """The run's before / after-SFT / after-RL table (a table per env of a mixed run)."""
     from agentgym.config import env_names
-    from agentgym.data.rows import answerable_filter_applies
+    from agentgym.data.rows import row_filter_applies
     from agentgym.reporting.evaluation import comparison_lines
     from agentgym.rollout.runtime import sub_config
     names = env_names(cfg.env)
     subs = [(None, cfg)] if len(names) == 1 else [(e, sub_config(cfg, e)) for e in names]
-    for line in comparison_lines(run_dir, [(e, c.trainer.eval_data, answerable_filter_applies(c))
+    for line in comparison_lines(run_dir, [(e, c.trainer.eval_data, row_filter_applies(c))
                                            for e, c in subs]):
         print(line)
 
@@ -334,8 +334,8 @@ def cmd_demos(args: list[str]) -> int:
 
     cfg = _config(args)
     rows = load_rows(cfg.env, cfg.data.name, cfg.limit)
-    options = {"search": {"max_searches": cfg.sft.max_searches},
-               "code": {"max_cells": cfg.sft.max_cells}}.get(cfg.env, {})
+    from agentgym import envs
+    options = envs.env_class(cfg.env).demo_options(cfg)
     t0 = time.perf_counter()
     with tqdm(total=len(rows), desc=f"{cfg.env} demos", unit="row", file=sys.stderr) as bar:
         demos = build_demos(cfg.env, rows, env_factory(cfg), workers=cfg.rollout.env_workers,

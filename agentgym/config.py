@@ -7,8 +7,12 @@ section that has a ``name`` sets that name (``model=tiny`` is ``model.name=tiny`
 ``engine=hf`` is ``engine.name=hf``, ``data=nq`` is ``data.name=nq``), and ``n=4`` is
 ``rollout.n=4``.
 
-Precedence, lowest first: dataclass defaults, the environment's preset
-(:data:`ENV_PRESETS`), the command's own defaults (e.g. ``train``'s group of 5), the
+The envs own their sections (``search.*``, ``retriever.*``, ``code.*``, ``sandbox.*`` …):
+each env class declares them (``AgentEnv.config_sections``) and :data:`Config` is built
+with every discovered env's, so an env added under ``envs/`` brings its keys along.
+
+Precedence, lowest first: dataclass defaults, the environment's preset (its class's
+``presets``: :func:`agentgym.presets.env_presets`), the command's own defaults (e.g. ``train``'s group of 5), the
 algorithm's preset (``algo=ppo``, :data:`ALGO_PRESETS`), a recipe's keys
 (``recipe=search_r1_qwen2.5_3b_grpo``: ``recipes/``), then the user's overrides.
 """
@@ -23,20 +27,9 @@ from typing import Any
 
 import yaml
 
-from agentgym.core.registry import did_you_mean
-from agentgym.presets import (ALGO_PRESETS, ALIASES, ENV_PRESETS, PER_ENV_KEYS,  # noqa: F401
+from agentgym.core.registry import check_choices, did_you_mean  # noqa: F401
+from agentgym.presets import (ALGO_PRESETS, ALIASES, PER_ENV_KEYS, env_presets,  # noqa: F401
                               load_recipe)
-
-
-def check_choices(section: str, obj: Any, choices: dict[str, tuple]) -> None:
-    """Raise ValueError naming ``section.key``, its value and the valid ones (with a "did
-    you mean") when a field of ``obj`` is not among its ``choices``."""
-    for key, valid in choices.items():
-        value = getattr(obj, key)
-        if value not in valid:
-            names = [repr(v) if v == "" else str(v) for v in valid]
-            raise ValueError(f"{section}.{key}={value!r}{did_you_mean(str(value), names)}; "
-                             f"valid: {', '.join(names)}")
 
 
 @dataclass
@@ -95,81 +88,6 @@ class EngineConfig:
         for key in ("cache_tokens", "prefill_chunk", "max_batch_size"):
             if getattr(self, key) < 1:
                 raise ValueError(f"engine.{key}={getattr(self, key)}; must be >= 1")
-
-
-@dataclass
-class RetrieverConfig:
-    url: str = ""  # a running Search-R1 /retrieve server; empty starts a local one
-    index: str = ""  # local server: a saved index dir (`agentgym index build`); empty = BM25 of data/corpus
-    topk: int = 3
-    timeout: float = 5.0
-    max_restarts: int = 5  # local server: restarts by its supervisor within 10 minutes before the run stops
-
-    def __post_init__(self) -> None:
-        if self.max_restarts < 0:
-            raise ValueError(f"retriever.max_restarts must be >= 0, got {self.max_restarts}")
-
-
-@dataclass
-class SandboxConfig:
-    """Where and under which limits model-written code runs (``agentgym.tools.sandbox``)."""
-
-    backend: str = "local"  # local (bubblewrap / unshare on this machine) | e2b (needs E2B_API_KEY)
-    isolation: str = "auto"  # local only: auto (bwrap, else unshare, logged) | bwrap | unshare
-    cpu_s: float = 5.0  # CPU seconds per execution
-    wall_s: float = 10.0  # wall-clock seconds per execution
-    memory_mb: int = 1024  # address space per execution
-    file_size_mb: int = 16  # largest file it may write
-    max_procs: int = 32  # processes/threads of the sandbox user
-    max_output_bytes: int = 65536  # stdout and stderr each, beyond which output is cut
-    max_concurrency: int = 4  # executions running at once
-    stateful: bool = False  # code env: later cells of an episode see earlier variables
-
-    def __post_init__(self) -> None:
-        check_choices("sandbox", self, {"backend": ("local", "e2b"),
-                                        "isolation": ("auto", "bwrap", "unshare")})
-        for name in ("cpu_s", "wall_s", "memory_mb", "file_size_mb", "max_procs",
-                     "max_output_bytes", "max_concurrency"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"sandbox.{name} must be > 0, got {getattr(self, name)}")
-
-
-@dataclass
-class CodeConfig:
-    obs_bytes: int = 1024  # interpreter output shown to the model (env=code), bytes
-    protocol: str = "tags"  # tags (ReTool's <code> text) | tools (a python function, Hermes <tool_call>)
-    run_reward: float = 0.0  # turn reward: the first cell of an episode that runs without error (0 = off)
-
-    def __post_init__(self) -> None:
-        check_choices("code", self, {"protocol": ("tags", "tools")})
-        if self.run_reward < 0:
-            raise ValueError(f"code.run_reward must be >= 0, got {self.run_reward}")
-
-
-@dataclass
-class GeometryConfig:
-    tool: bool = False  # env=geometry: offer a <calculator> tool (multi-turn, as verl's geo3k tool)
-    rel_tol: float = 1e-6  # env=geometry: float-noise slack on the gold's rounding (answer check)
-
-
-@dataclass
-class SearchConfig:
-    format_reward: float = 0.0  # reward for a well-formed but wrong answer (env=search)
-    reward: str = "em"  # em (exact match, Search-R1) | f1 (token F1: partial credit)
-    protocol: str = "tags"  # tags (Search-R1's <search> text) | tools (a search function, Hermes <tool_call>)
-    retrieval_reward: float = 0.0  # turn reward: the first search whose results hold a gold answer (0 = off)
-
-    def __post_init__(self) -> None:
-        check_choices("search", self, {"reward": ("em", "f1"), "protocol": ("tags", "tools")})
-        if self.retrieval_reward < 0:
-            raise ValueError(f"search.retrieval_reward must be >= 0, got {self.retrieval_reward}")
-
-
-@dataclass
-class MCPConfig:  # env=mcp: the MCP server whose tools the env offers (neither: a calculator)
-    command: str = ""  # launched, spoken to over stdio: "python my_server.py"
-    url: str = ""  # or reached over streamable HTTP: http://host:8000/mcp
-    timeout_s: float = 30.0  # one tool call
 
 
 @dataclass
@@ -452,17 +370,18 @@ class JudgeConfig:
     max_tokens: int = 64  # the judge's reply budget
 
 
+def _default_env() -> str:
+    from agentgym import envs
+    return envs.default_env()
+
+
 @dataclass
-class Config:
-    env: str = "search"
+class RunConfig:
+    """The run's own sections; :data:`Config` adds the envs' (module docstring)."""
+
+    env: str = field(default_factory=_default_env)  # the env that sets AgentEnv.default
     model: ModelConfig = field(default_factory=ModelConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
-    retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
-    search: SearchConfig = field(default_factory=SearchConfig)
-    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
-    code: CodeConfig = field(default_factory=CodeConfig)
-    geometry: GeometryConfig = field(default_factory=GeometryConfig)
-    mcp: MCPConfig = field(default_factory=MCPConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
@@ -485,6 +404,33 @@ class Config:
     recipe: str = ""  # recipes/NAME.yaml (or a .yaml path) layered under the user's keys
 
 
+
+
+def _with_env_sections(base: type) -> type:
+    """``base`` with a field per config section the discovered envs own (their classes'
+    ``config_sections``), each defaulting to its dataclass's defaults."""
+    from agentgym import envs
+    sections = [(name, cls, field(default_factory=cls))
+                for name, cls in envs.config_sections().items()]
+    cls = dataclasses.make_dataclass("Config", sections, bases=(base,))
+    cls.__module__ = __name__  # pickled by reference (Ray, processes): agentgym.config.Config
+    return cls
+
+
+#: the whole config: :class:`RunConfig` and every env's sections
+Config = _with_env_sections(RunConfig)
+
+_MOVED_SECTIONS = {"SearchConfig": "agentgym.envs.search", "RetrieverConfig": "agentgym.envs.search",
+                   "CodeConfig": "agentgym.envs.code", "GeometryConfig": "agentgym.envs.geometry",
+                   "MCPConfig": "agentgym.envs.mcp_env", "SandboxConfig": "agentgym.tools.sandbox",
+                   "ENV_PRESETS": "agentgym.presets"}
+
+
+def __getattr__(name: str):  # the env sections moved into their envs (one release)
+    from agentgym._compat import moved_attribute
+    if name in _MOVED_SECTIONS:
+        return moved_attribute(__name__, name, _MOVED_SECTIONS[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _field_names(obj: Any) -> list[str]:
@@ -611,7 +557,7 @@ def build_config(overrides: dict[str, Any], command_defaults: dict[str, Any] | N
     mixed = len(env_names(env)) > 1
     if mixed:  # a mixed run: one name for it, and no single env's preset
         overrides = {**overrides, "env": ",".join(env_names(env))}
-    layers = [{} if mixed else ENV_PRESETS.get(str(env), {}), command_defaults or {}]
+    layers = [{} if mixed else env_presets(str(env)), command_defaults or {}]
     algo = overrides.get("algo.name", overrides.get("algo",
                                                     recipe.get("algo.name", recipe.get("algo"))))
     if hasattr(cfg, "algo") and isinstance(algo, str):

@@ -1,5 +1,5 @@
 """The presets a configuration is layered from (:func:`agentgym.config.build_config`):
-each env's, each algorithm's, the key shorthands, the keys a mixed run may set per env,
+each env's (its class's ``presets``), each algorithm's, the key shorthands, the keys a mixed run may set per env,
 and the recipes (``recipes/*.yaml``: a paper's or the demo's settings as dotted keys).
 """
 
@@ -14,22 +14,6 @@ from agentgym.core.paths import repo_root
 from agentgym.core.registry import did_you_mean
 
 #: Per-environment overrides applied before the user's.
-ENV_PRESETS: dict[str, dict[str, Any]] = {
-    "search": {},  # Search-R1's budgets are the dataclass defaults
-    # ReTool allows many code cells (verl's recipe: 16 turns, 16k tokens). On CPU: 4
-    # actions (up to 3 cells, then the answer) fit the 1024-token response budget when
-    # cells print short results, as GSM8K's do; the manager truncates when they don't.
-    # GPU users raise rollout.max_turns and rollout.max_response_tokens together.
-    "code": {"rollout.max_turns": 4, "trainer.eval_data": "gsm8k"},
-    # an answer, and one retry when it has no \boxed{} (geometry.tool=true: allow more turns)
-    "geometry": {"rollout.max_turns": 2, "trainer.eval_data": "test"},
-    # an MCP server's tools (the calculator unless mcp.command / mcp.url name another)
-    "mcp": {"data.name": "calc", "trainer.eval_data": "calc_test"},
-    # the user's agent program plays the rows (agent=); data= names them, no held-out set
-    "agent": {"trainer.eval_limit": 0, "data.answerable_only": False},
-}
-#: ``algo=NAME``: the keys each algorithm sets, applied after the env preset and the
-#: command's defaults, before the user's overrides. Names follow verl's estimators.
 ALGO_PRESETS: dict[str, dict[str, Any]] = {
     "grpo": {},
     # Dr. GRPO (Liu et al. 2025): no std division, token sums over a constant length
@@ -58,6 +42,28 @@ ALIASES = {"n": "rollout.n", "seed": "trainer.seed", "backend": "trainer.backend
 #: (the trainer's sequence budget) takes the largest.
 PER_ENV_KEYS = ("rollout.max_turns", "rollout.max_tokens_per_turn",
                 "trainer.cold_start_demos", "trainer.eval_limit")
+
+
+def env_presets(env: str) -> dict[str, Any]:
+    """The keys env ``env`` sets when chosen (``AgentEnv.presets``); {} for a name no env
+    has (the config's check names the valid ones)."""
+    from agentgym import envs
+    try:
+        return dict(envs.env_class(env).presets)
+    except KeyError:
+        return {}
+
+
+def __getattr__(name: str):  # ENV_PRESETS: each env's presets are its class's (one release)
+    if name == "ENV_PRESETS":
+        import warnings
+
+        from agentgym import envs
+        warnings.warn("agentgym.presets.ENV_PRESETS moved to each env class's presets "
+                      "(agentgym.presets.env_presets(name)); the old name works until the next "
+                      "release", DeprecationWarning, stacklevel=2)
+        return {short: dict(envs.env_class(short).presets) for short in envs.short_names()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def recipes_dir() -> Path:

@@ -1,5 +1,5 @@
 """Does GRPO teach a 135M model to use its tool? ``data=arith`` (the code env's generated
-arithmetic, :mod:`agentgym.data.arith`) with the solve-rate curriculum, on the CPU, against
+arithmetic, :mod:`agentgym.envs.arith`) with the solve-rate curriculum, on the CPU, against
 the cold-start (SFT) model it starts from, on the same held-out questions.
 
     python bench/arith_rl.py --minutes 10 --name full trainer.lr=2e-5   # the CPU recipe

@@ -10,7 +10,8 @@ serve_old_name(__name__)  # `import envs`, the old name: it now is agentgym.envs
 
 from agentgym.envs.base import AgentEnv, MessagesSpace, TextSpace
 from agentgym.envs.checker import EnvContractError, check_env
-from agentgym.envs.registration import (discover_envs, env_aliases, env_ids, make_env,
+from agentgym.envs.registration import (config_sections, default_env, discover_envs,
+                                        env_aliases, env_class, env_ids, make_env,
                                         register_entry_points, register_env, resolve_env_id,
                                         short_name, short_names)
 
@@ -18,5 +19,5 @@ discover_envs()  # every module of this folder: each env class registers itself
 register_entry_points()  # installed packages' envs (group agentgym.envs, envs.plugins)
 
 __all__ = ["AgentEnv", "MessagesSpace", "TextSpace", "EnvContractError", "check_env",
-           "discover_envs", "env_aliases", "env_ids", "make_env", "register_entry_points", "register_env",
+           "config_sections", "default_env", "discover_envs", "env_aliases", "env_class", "env_ids", "make_env", "register_entry_points", "register_env",
            "resolve_env_id", "short_name", "short_names"]

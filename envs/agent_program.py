@@ -5,15 +5,19 @@ reports it as skipped."""
 
 from __future__ import annotations
 
-from agentgym.envs.base import AgentEnv
+from agentgym.envs.base import AgentEnv, NotSteppable
 
 
-class PlayedByProgram(RuntimeError):
+class PlayedByProgram(NotSteppable):
     """``env=agent`` is driven by ``agent=``; it has no step loop to check or run."""
 
 
 class AgentProgram(AgentEnv, env_id="agentgym/Agent-v0", short="agent"):
     """Stands for ``env=agent`` in the registry (see the module docstring)."""
+
+    presets = {"trainer.eval_limit": 0, "data.answerable_only": False}
+    plays_any_rows = True  # an agent program plays any env's rows
+    played_by_program = True
 
     def __init__(self, max_turns: int = 4) -> None:
         raise PlayedByProgram("env=agent is played by the agent= program (agent=pkg.mod:run, "

@@ -106,6 +106,11 @@ def is_message(m: Any) -> bool:
         isinstance(p, dict) and p.get("type") in ("text", "image") for p in content)
 
 
+class NotSteppable(RuntimeError):
+    """Raised by an env that is registered but not stepped here (``env=agent``: the user's
+    program plays its rows); checks report such an env as skipped."""
+
+
 class AgentEnv(gymnasium.Env, abc.ABC):
     """Base class of every AgentGym environment (see the module docstring for the contract).
 
@@ -130,6 +135,77 @@ class AgentEnv(gymnasium.Env, abc.ABC):
         super().__init_subclass__(**kwargs)
         if env_id is not None:
             cls.env_id, cls.env_short = env_id, short
+
+    # -- what the env owns beyond its episodes: the run asks the class, by these names --
+    @classmethod
+    def config_kwargs(cls, cfg) -> dict[str, Any]:
+        """Constructor arguments, beyond ``max_turns``, from the run's config (an
+        :class:`agentgym.config.Config`: the env reads its own section). Starts or connects
+        what the env needs (a retriever, a sandbox, a server) once per process; called once
+        per env factory, not per episode."""
+        return {}
+
+    @classmethod
+    def from_config(cls, cfg, **overrides) -> "AgentEnv":
+        """One env built from the run's config (``overrides`` win)."""
+        return cls(**{"max_turns": cfg.rollout.max_turns, **cls.config_kwargs(cfg),
+                      **overrides})
+
+    #: the config sections the env owns, ``{name: dataclass}``: ``cfg.<name>`` in every run,
+    #: set on the command line as ``<name>.<key>=value`` (agentgym.config builds them in)
+    config_sections: dict[str, type] = {}
+    #: keys the run's config takes when this env is chosen, under the command's own and the
+    #: user's (``{"rollout.max_turns": 2}``)
+    presets: dict[str, Any] = {}
+    #: the default env of ``agentgym train`` without ``env=`` (one env sets it)
+    default: bool = False
+    #: rows whose ``env`` names another env are still this env's to play (``env=agent``)
+    plays_any_rows: bool = False
+    #: the rows are played by the user's program (``agent=pkg.mod:run``, through an
+    #: OpenAI-compatible endpoint: agentgym.serving.agents), not stepped here
+    played_by_program: bool = False
+    #: the env's datasets for ``data=NAME``: a file under the data folder (``data/``), or
+    #: a function that makes the rows (generated data)
+    datasets: dict[str, Any] = {}
+
+    @classmethod
+    def row_filter(cls, cfg) -> str | None:
+        """What :meth:`filter_rows` keeps of the training and held-out rows under ``cfg``,
+        in words ("have a gold answer in the corpus"); None: the rows are used as they are."""
+        return None
+
+    @classmethod
+    def filter_rows(cls, cfg, rows: list[dict], limit: int = 0) -> tuple[list[dict], int]:
+        """``(the first limit rows the filter keeps (0: all), how many it keeps)``; called
+        only when :meth:`row_filter` names one. Raises ValueError, saying what to change,
+        when it keeps none."""
+        return (rows[:limit] if limit else rows), len(rows)
+
+    #: ``(row, env, **demo_options(cfg)) -> demonstration | None``: plays one training row
+    #: through a live env for the cold start's SFT (agentgym.data.demo_builders); None: the
+    #: env has no builder, and the cold start starts RL from the model as it is
+    demonstrate: Any = None
+
+    @classmethod
+    def demo_options(cls, cfg) -> dict[str, Any]:
+        """The keyword arguments :attr:`demonstrate` takes from the config."""
+        return {}
+
+    @classmethod
+    def demo_refusal(cls, cfg) -> str | None:
+        """Why this config's protocol has no demonstrations (None: it has them)."""
+        return None if cls.demonstrate is not None else "it has no demonstration builder"
+
+    @classmethod
+    def sources(cls, cfg) -> Any:
+        """What the observations come from under ``cfg`` (a corpus, a sandbox's settings),
+        as JSON-able data: part of the cache key of work that depends on them (the cold
+        start's demonstrations and probe)."""
+        return {}
+
+    #: info keys of an episode's last step that rollouts average into their metrics (a
+    #: key missing from an episode counts 0); ``em`` and ``f1`` are every env's
+    episode_metrics: tuple[str, ...] = ()
 
     def __init__(self, max_turns: int = 4) -> None:
         if max_turns < 1:
@@ -185,6 +261,8 @@ class AgentEnv(gymnasium.Env, abc.ABC):
         if self._ended:
             obs = []
         info = {**info, **self._counters, "turn": self._turn}
+        if self._ended and self.episode_metrics:
+            info["episode_metrics"] = list(self.episode_metrics)
         if self._infra_error:
             info["infra_error"] = self._infra_error
         return obs, float(reward), bool(terminated), truncated, info

@@ -26,16 +26,23 @@ more; the episode's return is the run reward plus the answer's.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import uuid
+from dataclasses import dataclass
 
+from agentgym.core.registry import check_choices
+from agentgym.envs import arith
 from agentgym.envs.base import AgentEnv
-from agentgym.envs.code_prompt import make_prompt, make_tools_prompt
+from agentgym.envs.code_demos import code_demo
+from agentgym.envs.code_prompt import code_row, make_prompt, make_tools_prompt  # noqa: F401
 from agentgym.envs.function_calling import CallError, function_tool, parse_tool_calls, tool_message
 from agentgym.envs.math_reward import extract_boxed, is_equivalent
+from agentgym.tools.sandbox import SandboxConfig
 
 logger = logging.getLogger(__name__)
+_SANDBOXES: dict[str, object] = {}  # sandbox config (JSON) -> the sandbox built for it
 
 _CODE = re.compile(r"<code>(.*?)</code>", re.DOTALL)
 _NOT_PROSE = re.compile(r"<code>.*?(?:</code>|$)|```.*?```", re.DOTALL)
@@ -57,14 +64,6 @@ BUILTIN_PROBLEMS = [
     ("A shirt costs $20 and is on sale for 15% off. What is the sale price in dollars?", "17"),
     ("What is the sum of the integers from 1 to 100?", "5050"),
 ]
-
-
-def code_row(question: str, answer: str, source: str = "builtin",
-             extra_info: dict | None = None, prompt=make_prompt) -> dict:
-    """A verl-format dataset row for the code env (``prompt``: the user message's maker)."""
-    return {"data_source": source, "prompt": [{"role": "user", "content": prompt(question)}],
-            "ability": "math", "reward_model": {"style": "rule", "ground_truth": answer},
-            "extra_info": {"question": question, **(extra_info or {})}, "env": "code"}
 
 
 def parse_action(text: str) -> tuple[str | None, str]:
@@ -99,6 +98,18 @@ def truncate_utf8(text: str, limit: int) -> str:
     return f"{head}\n[... {cut} bytes truncated ...]\n{tail}"
 
 
+@dataclass
+class CodeConfig:
+    obs_bytes: int = 1024  # interpreter output shown to the model (env=code), bytes
+    protocol: str = "tags"  # tags (ReTool's <code> text) | tools (a python function, Hermes <tool_call>)
+    run_reward: float = 0.0  # turn reward: the first cell of an episode that runs without error (0 = off)
+
+    def __post_init__(self) -> None:
+        check_choices("code", self, {"protocol": ("tags", "tools")})
+        if self.run_reward < 0:
+            raise ValueError(f"code.run_reward must be >= 0, got {self.run_reward}")
+
+
 class CodeEnv(AgentEnv, env_id="agentgym/Code-v0", short="code"):
     """ReTool code-interpreter environment.
 
@@ -117,6 +128,26 @@ class CodeEnv(AgentEnv, env_id="agentgym/Code-v0", short="code"):
 
     observation_format = "inline"
     stop_strings = ("</code>", "</answer>")
+    demonstrate = staticmethod(code_demo)  # the cold start's demonstrations
+    config_sections = {"code": CodeConfig, "sandbox": SandboxConfig}
+    presets = {"rollout.max_turns": 4, "trainer.eval_data": "gsm8k"}
+
+    datasets = {"train": "math/gsm8k_train.jsonl.gz", "gsm8k": "math/gsm8k_test.jsonl",
+                "math500": "math/math500.jsonl", "aime24": "math/aime24.jsonl",
+                "arith_test": "arith/test.jsonl", "arith": arith.train_rows,
+                **{f"arith_test_l{k}": functools.partial(arith.shipped_test_rows, k)
+                   for k in arith.LEVELS}}
+
+    @classmethod
+    def demo_options(cls, cfg) -> dict:
+        return {"max_cells": cfg.sft.max_cells}
+
+    @classmethod
+    def demo_refusal(cls, cfg) -> str | None:
+        if cfg.code.protocol != "tags":
+            return (f"its demonstration builder writes the text tags, not "
+                    f"code.protocol={cfg.code.protocol}")
+        return None
 
     def __init__(self, sandbox=None, obs_bytes: int = 1024, stateful: bool = False,
                  max_turns: int = 4, protocol: str = "tags", run_reward: float = 0.0) -> None:
@@ -138,6 +169,31 @@ class CodeEnv(AgentEnv, env_id="agentgym/Code-v0", short="code"):
         self._sandbox, self._owns_sandbox = sandbox, sandbox is None
         self._golds: list[str] = []
         self._uid, self._episodes, self._session = uuid.uuid4().hex[:12], 0, None
+
+    @classmethod
+    def config_kwargs(cls, cfg) -> dict:
+        """``code.*`` and ``sandbox.*``: one sandbox per process and sandbox config, shared
+        by every env of every factory (a trainer builds a factory per eval), with its own
+        concurrency bound; closed at exit."""
+        import atexit
+        import dataclasses
+        import json
+
+        from agentgym.tools.sandbox import make_sandbox
+        key = json.dumps(dataclasses.asdict(cfg.sandbox), sort_keys=True)
+        if key not in _SANDBOXES:
+            _SANDBOXES[key] = make_sandbox(cfg.sandbox)
+            atexit.register(_SANDBOXES[key].close)
+            logger.info("started %s sandbox (%s)", cfg.sandbox.backend, _SANDBOXES[key].backend)
+        return {"sandbox": _SANDBOXES[key], "obs_bytes": cfg.code.obs_bytes,
+                "protocol": cfg.code.protocol, "run_reward": cfg.code.run_reward,
+                "stateful": cfg.sandbox.stateful}
+
+    @classmethod
+    def sources(cls, cfg) -> dict:
+        """The sandbox's settings and how much of its output the model sees."""
+        import dataclasses
+        return {"sandbox": dataclasses.asdict(cfg.sandbox), "obs_bytes": cfg.code.obs_bytes}
 
     def _box(self):
         if self._sandbox is None:

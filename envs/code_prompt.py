@@ -47,7 +47,7 @@ TOOLS_TEMPLATE = (
 )
 
 
-#: the same protocol in fewer words: ``data=arith``'s prompt (agentgym.data.arith). With
+#: the same protocol in fewer words: ``data=arith``'s prompt (agentgym.envs.arith). With
 #: smollm2's chat template a prompt is 99 tokens against ReTool's 229; every sample of a
 #: group carries it through the update, which on a CPU is most of a GRPO step's time.
 SHORT_TEMPLATE = (
@@ -80,3 +80,11 @@ def make_prompt(question: str) -> str:
     if not question:
         raise ValueError("question is empty")
     return TEMPLATE.replace("{question}", question)
+
+
+def code_row(question: str, answer: str, source: str = "builtin",
+             extra_info: dict | None = None, prompt=make_prompt) -> dict:
+    """A verl-format dataset row for the code env (``prompt``: the user message's maker)."""
+    return {"data_source": source, "prompt": [{"role": "user", "content": prompt(question)}],
+            "ability": "math", "reward_model": {"style": "rule", "ground_truth": answer},
+            "extra_info": {"question": question, **(extra_info or {})}, "env": "code"}

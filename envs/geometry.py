@@ -35,6 +35,7 @@ import io
 import math
 import operator
 import re
+from dataclasses import dataclass
 
 from agentgym.envs.base import AgentEnv
 from agentgym.envs.math_reward import extract_boxed, matches_rounded, numeric_value, strip_text_macros
@@ -160,11 +161,26 @@ def calculate(expr: str) -> float:
     return value
 
 
+@dataclass
+class GeometryConfig:
+    tool: bool = False  # env=geometry: offer a <calculator> tool (multi-turn, as verl's geo3k tool)
+    rel_tol: float = 1e-6  # env=geometry: float-noise slack on the gold's rounding (answer check)
+
+
 class GeometryEnv(AgentEnv, env_id="agentgym/Geometry-v0", short="geometry"):
     """See the module docstring. ``rel_tol``: relative slack for float noise in the
     numeric check (the tolerance itself is the gold's rounding)."""
 
     observation_format = "chat"
+    config_sections = {"geometry": GeometryConfig}
+    datasets = {"train": "geometry/train.jsonl.gz", "val": "geometry/val.jsonl",
+                "test": "geometry/test.jsonl"}
+    presets = {"rollout.max_turns": 2, "trainer.eval_data": "test"}
+
+    @classmethod
+    def config_kwargs(cls, cfg) -> dict:
+        """``geometry.tool`` and ``geometry.rel_tol``."""
+        return {"tool": cfg.geometry.tool, "rel_tol": cfg.geometry.rel_tol}
 
     def __init__(self, max_turns: int = 2, tool: bool = False, rel_tol: float = 1e-6) -> None:
         super().__init__(max_turns=max_turns)

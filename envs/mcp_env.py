@@ -19,7 +19,9 @@ it with the user's function or a judge (:mod:`agentgym.envs.plugins`), as for ev
 
 from __future__ import annotations
 
+import functools
 import re
+from dataclasses import dataclass
 
 from agentgym.envs.base import AgentEnv
 from agentgym.envs.function_calling import CallError, parse_tool_calls, tool_message
@@ -67,6 +69,13 @@ def golds_of(row: dict) -> list[str]:
     return [str(g) for g in gold] if isinstance(gold, list) else [str(gold)]
 
 
+@dataclass
+class MCPConfig:  # env=mcp: the MCP server whose tools the env offers (neither: a calculator)
+    command: str = ""  # launched, spoken to over stdio: "python my_server.py"
+    url: str = ""  # or reached over streamable HTTP: http://host:8000/mcp
+    timeout_s: float = 30.0  # one tool call
+
+
 class MCPEnv(AgentEnv, env_id="agentgym/MCP-v0", short="mcp"):
     """An MCP server's tools as a multi-turn function-calling env.
 
@@ -79,6 +88,16 @@ class MCPEnv(AgentEnv, env_id="agentgym/MCP-v0", short="mcp"):
     """
 
     observation_format = "chat"
+    config_sections = {"mcp": MCPConfig}
+    datasets = {"calc": functools.partial(calc_rows, 500, 0),
+                "calc_test": functools.partial(calc_rows, 100, 1)}
+    presets = {"data.name": "calc", "trainer.eval_data": "calc_test"}
+
+    @classmethod
+    def config_kwargs(cls, cfg) -> dict:
+        """``mcp.*``: one connection per process and server, shared by every env."""
+        from agentgym.tools.mcp_client import shared
+        return {"server": shared(cfg.mcp.command, cfg.mcp.url, cfg.mcp.timeout_s)}
 
     def __init__(self, command: str = "", url: str = "", timeout_s: float = 30.0,
                  server=None, max_turns: int = 4) -> None:

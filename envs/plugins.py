@@ -59,8 +59,9 @@ def plugin_env_class(spec: str):
 
 
 def plugin_env_id(cls, default_namespace: str) -> str:
-    """``cls.env_id`` when the class sets one, else ``<namespace>/<ClassName>-v0``."""
-    env_id = getattr(cls, "env_id", None)
+    """``cls.env_id`` when the class itself sets one (not one it inherits from a built-in
+    env it extends), else ``<namespace>/<ClassName>-v0``."""
+    env_id = vars(cls).get("env_id")
     if env_id:
         return env_id
     namespace = "".join(c if c.isalnum() or c in "._-" else "-" for c in default_namespace)

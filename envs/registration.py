@@ -67,6 +67,38 @@ def make_env(name: str, **kwargs):
     return cls(**{**ENVS.extras(env_id)["kwargs"], **kwargs})
 
 
+def env_class(name: str) -> type:
+    """The class of a registered env (short name, full id or plugin spec); imports it."""
+    return ENVS.get(resolve_env_id(name))
+
+
+def discovered() -> list[type]:
+    """The env classes :func:`discover_envs` registered from this package, in id order."""
+    return [_DISCOVERED[i] for i in sorted(_DISCOVERED)]
+
+
+def config_sections() -> dict[str, type]:
+    """Every config section the discovered envs own (``AgentEnv.config_sections``): the
+    run's config has them all, whichever env it plays (a mixed run plays several)."""
+    out: dict[str, type] = {}
+    for cls in discovered():
+        for name, section in cls.config_sections.items():
+            if out.setdefault(name, section) is not section:
+                raise ValueError(f"config section {name!r} of {cls.__name__} is already "
+                                 f"{out[name].__name__}'s; an env needs a name of its own")
+    return out
+
+
+def default_env() -> str:
+    """The short name of the env that sets ``AgentEnv.default`` (``agentgym train`` without
+    ``env=``)."""
+    found = [cls for cls in discovered() if vars(cls).get("default")]
+    if len(found) != 1:
+        raise RuntimeError(f"{len(found)} envs set AgentEnv.default "
+                           f"({', '.join(c.__name__ for c in found)}); exactly one must")
+    return found[0].env_short or found[0].env_id
+
+
 def env_ids() -> list[str]:
     return ENVS.names()
 
@@ -107,8 +139,10 @@ def discover_envs() -> None:
                     cls.env_id not in ENVS:
                 register_env(cls.env_id, f"{cls.__module__}:{cls.__qualname__}",
                              short=cls.env_short)
+                _DISCOVERED[cls.env_id] = cls
 
 
+_DISCOVERED: dict[str, type] = {}  # env id -> class, for the envs of this package
 _ENTRY_POINTS: set[tuple[str, str, str]] = set()  # (short, spec, dist) already registered
 
 

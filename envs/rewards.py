@@ -13,7 +13,7 @@ _DROP_PUNCT = str.maketrans("", "", string.punctuation)
 def normalize_answer(s: str) -> str:
     """Lowercase, drop punctuation and articles, collapse whitespace (SQuAD v1.1).
     ``str.translate`` drops the punctuation: fast enough to normalize a whole corpus
-    (:mod:`agentgym.data.answerable`)."""
+    (:mod:`agentgym.envs.answerable`)."""
     s = _ARTICLES.sub(" ", s.lower().translate(_DROP_PUNCT))
     return " ".join(s.split())
 
@@ -56,3 +56,12 @@ def f1_score(prediction: str, golds: list[str] | str) -> float:
         precision, recall = same / len(p_tokens), same / len(g_tokens)
         best = max(best, 2 * precision * recall / (precision + recall))
     return best
+
+
+def gold_answers(row: dict) -> list[str]:
+    """A search row's gold answers (``reward_model.ground_truth``: a string, a list, or
+    ``{"target": …}`` as in Search-R1's parquet)."""
+    target = row["reward_model"]["ground_truth"]
+    if isinstance(target, dict):
+        target = target["target"]
+    return [target] if isinstance(target, str) else list(target)

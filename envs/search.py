@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import dataclass
 
+from agentgym.core.registry import check_choices
 from agentgym.envs.base import AgentEnv
 from agentgym.envs.function_calling import CallError, function_tool, parse_tool_calls, tool_message
-from agentgym.envs.rewards import contains_answer, exact_match, f1_score
+from agentgym.envs.rewards import contains_answer, exact_match, f1_score, gold_answers
+from agentgym.envs.search_demos import search_demo
 from agentgym.envs.search_prompt import make_prompt, make_tools_prompt
 
 logger = logging.getLogger(__name__)
@@ -52,19 +55,36 @@ def search_row(question: str, answers: list[str], source: str = "builtin") -> di
             "extra_info": {"question": question}, "env": "search"}
 
 
-def gold_answers(row: dict) -> list[str]:
-    """A search row's gold answers (``reward_model.ground_truth``: a string, a list, or
-    ``{"target": …}`` as in Search-R1's parquet)."""
-    target = row["reward_model"]["ground_truth"]
-    if isinstance(target, dict):
-        target = target["target"]
-    return [target] if isinstance(target, str) else list(target)
-
-
 def parse_action(text: str) -> tuple[str | None, str]:
     """The first ``<search>``/``<answer>`` block: ``("search"|"answer"|None, content)``."""
     m = _ACTION.search(text)
     return (m.group(1), m.group(2).strip()) if m else (None, "")
+
+
+@dataclass
+class RetrieverConfig:
+    url: str = ""  # a running Search-R1 /retrieve server; empty starts a local one
+    index: str = ""  # local server: a saved index dir (`agentgym index build`); empty = BM25 of data/corpus
+    topk: int = 3
+    timeout: float = 5.0
+    max_restarts: int = 5  # local server: restarts by its supervisor within 10 minutes before the run stops
+
+    def __post_init__(self) -> None:
+        if self.max_restarts < 0:
+            raise ValueError(f"retriever.max_restarts must be >= 0, got {self.max_restarts}")
+
+
+@dataclass
+class SearchConfig:
+    format_reward: float = 0.0  # reward for a well-formed but wrong answer (env=search)
+    reward: str = "em"  # em (exact match, Search-R1) | f1 (token F1: partial credit)
+    protocol: str = "tags"  # tags (Search-R1's <search> text) | tools (a search function, Hermes <tool_call>)
+    retrieval_reward: float = 0.0  # turn reward: the first search whose results hold a gold answer (0 = off)
+
+    def __post_init__(self) -> None:
+        check_choices("search", self, {"reward": ("em", "f1"), "protocol": ("tags", "tools")})
+        if self.retrieval_reward < 0:
+            raise ValueError(f"search.retrieval_reward must be >= 0, got {self.retrieval_reward}")
 
 
 class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
@@ -90,6 +110,54 @@ class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
 
     observation_format = "inline"
     stop_strings = ("</search>", "</answer>")
+    episode_metrics = ("answer_seen",)  # a search result held a gold answer
+    config_sections = {"search": SearchConfig, "retriever": RetrieverConfig}
+    default = True  # agentgym train without env= plays search (Search-R1's budgets: defaults)
+    demonstrate = staticmethod(search_demo)  # the cold start's demonstrations
+
+    datasets = {"train": "search/train.jsonl", "nq": "search/nq_eval.jsonl",
+                "hotpotqa": "search/hotpotqa_eval.jsonl"}
+
+    @classmethod
+    def row_filter(cls, cfg) -> str | None:
+        """With ``data.answerable_only`` and the shipped corpus: the questions one of whose
+        gold answers the corpus holds (:mod:`agentgym.envs.answerable`; with
+        ``retriever.url`` / ``retriever.index`` their presence is unknown)."""
+        if not cfg.data.answerable_only:
+            return None
+        if cfg.retriever.url or cfg.retriever.index:
+            logger.info("data.answerable_only applies to the shipped corpus; with retriever.url"
+                        "/retriever.index every question is used")
+            return None
+        return "have a gold answer in the corpus (data.answerable_only=true)"
+
+    @classmethod
+    def filter_rows(cls, cfg, rows: list[dict], limit: int = 0) -> tuple[list[dict], int]:
+        """The answerable rows (the first ``limit``); with ``data.curriculum`` each gets its
+        difficulty as ``extra_info.level`` (:func:`agentgym.envs.answerable.difficulty_levels`),
+        which the curriculum orders by."""
+        from agentgym.core.paths import shipped_corpus
+        from agentgym.envs.answerable import answerable, difficulty_levels
+        kept = [row for row, ok in zip(rows, answerable(rows, shipped_corpus())) if ok]
+        if not kept:
+            raise ValueError("no question has a gold answer in the shipped corpus; set "
+                             "data.answerable_only=false to use them anyway")
+        found, kept = len(kept), kept[:limit] if limit else kept
+        if cfg.data.curriculum:
+            kept = [{**row, "extra_info": {**row.get("extra_info", {}), "level": level}}
+                    for row, level in zip(kept, difficulty_levels(kept, shipped_corpus()))]
+        return kept, found
+
+    @classmethod
+    def demo_options(cls, cfg) -> dict:
+        return {"max_searches": cfg.sft.max_searches}
+
+    @classmethod
+    def demo_refusal(cls, cfg) -> str | None:
+        if cfg.search.protocol != "tags":
+            return (f"its demonstration builder writes the text tags, not "
+                    f"search.protocol={cfg.search.protocol}")
+        return None
 
     def __init__(self, retriever_url: str | None = None, topk: int = 3, max_turns: int = 4,
                  format_reward: float = 0.0, timeout: float = 5.0, retriever=None,
@@ -118,6 +186,33 @@ class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
         self._owns_retriever = retriever is None
         self._targets: list[str] = []
         self._well_formed = True
+
+    @classmethod
+    def config_kwargs(cls, cfg) -> dict:
+        """``search.*`` and ``retriever.*``; without ``retriever.url`` a local server is
+        started (once per process) over ``retriever.index`` or the shipped corpus."""
+        url, r = cfg.retriever.url, cfg.retriever
+        if not url:
+            from agentgym.core.paths import shipped_corpus
+            from agentgym.tools.local_retriever import ensure_local_retriever
+            if r.index:
+                url = ensure_local_retriever(index_dir=r.index, max_restarts=r.max_restarts)
+            else:
+                url = ensure_local_retriever(shipped_corpus(), max_restarts=r.max_restarts)
+            logger.info("started local retriever at %s", url)
+        s = cfg.search
+        return {"retriever_url": url, "topk": r.topk, "timeout": r.timeout,
+                "format_reward": s.format_reward, "reward": s.reward, "protocol": s.protocol,
+                "retrieval_reward": s.retrieval_reward}
+
+    @classmethod
+    def sources(cls, cfg) -> dict:
+        """The corpus (its bytes, when shipped) or the server, and what scores answers."""
+        from agentgym.core.paths import file_digest, shipped_corpus
+        r = cfg.retriever
+        corpus = "" if (r.url or r.index) else file_digest(shipped_corpus())
+        return {"url": r.url, "index": r.index, "corpus": corpus, "topk": r.topk,
+                "format_reward": cfg.search.format_reward, "reward": cfg.search.reward}
 
     def _client(self):
         if self._retriever is None:

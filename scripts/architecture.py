@@ -1,7 +1,7 @@
 """The project's layers, read from its imports: the table the layering test enforces and the
 picture in docs/ARCHITECTURE.md.
 
-    python scripts/architecture.py            # check, print the unit graph, draw the PNG
+    python scripts/architecture.py   # check, print the unit graph, draw the PNG, write the table
 
 Every ``import`` and ``from … import`` of the packages (function-level ones included) is
 read with ``ast``; each module belongs to one unit (:data:`LAYERS`, lowest first), and a
@@ -34,16 +34,15 @@ LAYERS: dict[str, tuple[str, ...]] = {
     _TOOLS: (_CORE,),
     _RETRIEVER: (_CORE,),
     _ENVS: (_CORE, _TOOLS),
-    "agentgym.presets": (_CORE,),
-    "agentgym.config": (_CORE, "agentgym.presets"),
+    "agentgym.presets": (_CORE, _ENVS),
+    "agentgym.config": (_CORE, "agentgym.presets", _ENVS),
     "agentgym.models": (_CORE,),
-    "agentgym.rollout": (_CORE, "agentgym.config", "agentgym.models", _ENVS, _TOOLS),
-    "agentgym.data": (_CORE, "agentgym.config", "agentgym.models", "agentgym.rollout", _ENVS,
-                      _TOOLS),
+    "agentgym.rollout": (_CORE, "agentgym.config", "agentgym.models", _ENVS),
+    "agentgym.data": (_CORE, "agentgym.config", "agentgym.models", "agentgym.rollout", _ENVS),
     "agentgym.reporting": (_CORE, "agentgym.rollout", _ENVS),
     "agentgym.serving": (_CORE, "agentgym.models", "agentgym.rollout", _ENVS, _TOOLS),
     _TRAINERS: (_CORE, "agentgym.config", "agentgym.models", "agentgym.rollout",
-                "agentgym.data", "agentgym.reporting", "agentgym.serving", _ENVS, _TOOLS),
+                "agentgym.data", "agentgym.reporting", "agentgym.serving", _ENVS),
     "agentgym.cli": (_CORE, "agentgym.config", "agentgym.models", "agentgym.rollout",
                      "agentgym.data", "agentgym.reporting", "agentgym.serving", _TRAINERS,
                      _ENVS, _TOOLS, _RETRIEVER),
@@ -53,23 +52,100 @@ ROLES = {
     _CORE: "types (Trajectory: the loss mask), registry, paths, server processes, device, memory",
     _TOOLS: "what envs call: retriever client and launcher, the code sandbox",
     _RETRIEVER: "the Search-R1 retrieval service (BM25, faiss)",
-    _ENVS: "Gymnasium-style envs, the contract checker, rewards, plugins",
-    "agentgym.presets": "env, algorithm and per-env key presets, key shorthands, recipes",
-    "agentgym.config": "the typed config and its key=value overrides",
+    _ENVS: "each env whole (config section, datasets, demos, metrics); checker, registry",
+    "agentgym.presets": "algorithm presets, per-env keys, key shorthands, recipes",
+    "agentgym.config": "the typed config (with the envs' sections), key=value overrides",
     "agentgym.models": "model zoo, tiny models, vision inputs",
     "agentgym.rollout": "generation manager, chat templates, engines (HF, SGLang), runtime",
-    "agentgym.data": "datasets, answerable filter, cold-start demonstrations",
+    "agentgym.data": "rows read, filtered and mixed; demonstrations built and replayed",
     "agentgym.reporting": "metrics, eval (pass@k), stats, the inspector page",
     "agentgym.serving": "agentgym serve (SGLang / OpenAI API), agent endpoints",
     _TRAINERS: "recipes (GRPO family, PPO, SFT), algos, backends, async, Ray",
     "agentgym.cli": "the agentgym command",
 }
+#: where each unit lives in the repository, and what it holds (docs/ARCHITECTURE.md's table,
+#: written by :func:`write_docs`)
+WHERE = {_CORE: "agentgym/core/", _TOOLS: "tools/", _RETRIEVER: "retriever_server/",
+         _ENVS: "envs/", "agentgym.presets": "agentgym/presets.py",
+         "agentgym.config": "agentgym/config.py", "agentgym.models": "agentgym/models/",
+         "agentgym.rollout": "agentgym/rollout/", "agentgym.data": "agentgym/data/",
+         "agentgym.reporting": "agentgym/reporting/", "agentgym.serving": "agentgym/serving/",
+         _TRAINERS: "trainers/", "agentgym.cli": "agentgym/cli.py"}
+HOLDS = {
+    _CORE: "the ground floor: `types` (Trajectory, Segment, SamplingParams), `registry` (with "
+           "`check_choices`), `paths`, `server_process` (child servers that end with their "
+           "parent), `device`, `memory`; with `agentgym/__init__.py` and `_compat.py` (old "
+           "import paths, and the top-level folders as agentgym's subpackages in a checkout)",
+    _TOOLS: "what envs call: retriever client (`retriever.py`), local retriever launcher, the "
+            "code sandbox (`sandbox.py` entry and `SandboxConfig`, `sandbox_base.py` contract, "
+            "`sandbox_local.py` bubblewrap, `sandbox_e2b.py`), MCP servers (`mcp_client.py`, "
+            "the `mcp_calculator.py` server)",
+    _RETRIEVER: "the Search-R1 `/retrieve` service: BM25 and faiss indexes, batching",
+    _ENVS: "each env whole, one module each (search, code, geometry, MCP tools; "
+           "`agent_program` stands for `env=agent`): its class, config section, presets, "
+           "datasets, row filter, demonstrations (`search_demos`, `code_demos`), episode "
+           "metrics (docs/ENVS.md); shared by all: `base` (the contract), `registration` "
+           "(ids, discovery), `checker`, `rewards`, `math_reward`, `function_calling`, "
+           "`plugins`, `judge`",
+    "agentgym.presets": "the layers a config is built from: each env's preset (its class's), "
+                        "each algorithm's, key shorthands, the keys a mixed run sets per env "
+                        "(`rollout.max_turns=[3,2]`), the recipes (`recipes/*.yaml`)",
+    "agentgym.config": "the typed config: the run's sections and every env's, `key=value` "
+                       "overrides",
+    "agentgym.models": "`zoo` (names → local HF folders; loading), `tiny` (models built "
+                       "locally), `shapes` (published configs, `tiny:SHAPE`), `plan` (the "
+                       "memory planner), `vision`",
+    "agentgym.rollout": "`manager` (the multi-turn loop), `chat`, `context`, `engines/` (HF, "
+                        "SGLang client and launcher, weight sync), `runtime` (building them "
+                        "from a config)",
+    "agentgym.data": "`rows` (datasets read, filtered and mixed; held-out sets), `demos` "
+                     "(replay, conversion, filters), `demo_builders` (runs an env's builder)",
+    "agentgym.reporting": "`metrics` (JSONL, TensorBoard, PNG, W&B), `evaluation` (EM, "
+                          "pass@k), `stats`, `inspector`",
+    "agentgym.serving": "`serve` (`agentgym serve`: SGLang's native API and OpenAI's), "
+                        "`openai_api` / `openai_chat` / `openai_stream` (OpenAI's API over any "
+                        "engine), `agents` (`env=agent`: an endpoint per episode)",
+    _TRAINERS: "recipes (`grpo`, `ppo`, `sft`, `cold_start`), `sampling` (step 1), "
+               "`curriculum`, `local_rollout`, `async_rollout`, `ray_cluster`, `algos` (with "
+               "`group_stats`, `turn_credit`, `rollout_correction`), `backends/`, `critic`, "
+               "`lora`, `samples`, `run` (run dir, checkpoints, backends, reference)",
+    "agentgym.cli": "the `agentgym` command: it owns printing and progress bars",
+}
+DOC = ROOT / "docs" / "ARCHITECTURE.md"
+_BEGIN, _END = "<!-- floors: written by scripts/architecture.py -->", "<!-- floors end -->"
+
+
+def floors_table() -> str:
+    """docs/ARCHITECTURE.md's table of units, from :data:`LAYERS`, lowest floor first."""
+    lv = levels({u: set(allowed) for u, allowed in LAYERS.items()})
+    short = lambda u: u.removeprefix("agentgym.")  # noqa: E731
+    rows = ["| unit | where | what lives there | may import |", "|---|---|---|---|"]
+    for u in sorted(LAYERS, key=lambda u: (lv[u], list(LAYERS).index(u))):
+        allowed = ", ".join(short(a) for a in LAYERS[u]) or "nothing of the project"
+        if u == "agentgym.cli":
+            allowed = "everything"
+        rows.append(f"| `{u}` | `{WHERE[u]}` | {HOLDS[u]} | {allowed} |")
+    return "\n".join(rows)
+
+
+def documented_table() -> str:
+    """The table as docs/ARCHITECTURE.md holds it now."""
+    text = DOC.read_text(encoding="utf-8")
+    return text[text.index(_BEGIN) + len(_BEGIN):text.index(_END)].strip()
+
+
+def write_docs() -> None:
+    text = DOC.read_text(encoding="utf-8")
+    a, b = text.index(_BEGIN) + len(_BEGIN), text.index(_END)
+    DOC.write_text(text[:a] + "\n" + floors_table() + "\n" + text[b:], encoding="utf-8")
+
+
 #: the path a trajectory takes, stage by stage: (stage, module, the function that does it,
 #: what it hands on). :func:`check_path` verifies each function is defined there.
 TRAJECTORY = [
     ("data", "agentgym.data.rows", "training_rows", "rows (a question, its gold answers)"),
     ("step", "agentgym.trainers.sampling", "collect", "this step's prompts x n"),
-    ("manager", "agentgym.rollout.manager", "run",
+    ("manager", "agentgym.rollout.manager", "play",
      "token ids in, the loss mask built turn by turn"),
     ("engine", "agentgym.rollout.engines.hf", "generate", "sampled ids + their logprobs"),
     ("env", "agentgym.envs.base", "step", "an action parsed, an observation back"),
@@ -305,7 +381,8 @@ def main() -> int:
         print("trajectory path:", line)
     out = ROOT / "docs" / "architecture.png"
     draw(out)
-    print(f"wrote {out}")
+    write_docs()
+    print(f"wrote {out} and {DOC}'s table of floors")
     return 1 if bad or circles or missing else 0
 
 

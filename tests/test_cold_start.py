@@ -149,7 +149,7 @@ def test_cli_train_runs_the_cold_start_then_rl(tmp_path, tiny_path, retriever_ur
 # --- training data that can reward -------------------------------------------------------
 def test_answerable_rows_hold_a_gold_answer_in_the_corpus():
     """The index's verdict against a brute-force scan of the whole corpus, on a sample."""
-    from agentgym.data.answerable import CorpusIndex, answerable
+    from agentgym.envs.answerable import CorpusIndex, answerable
     from agentgym.core.paths import shipped_corpus
     from agentgym.envs.rewards import normalize_answer
     from agentgym.envs.search import gold_answers
@@ -176,7 +176,7 @@ def test_training_rows_keep_the_answerable_questions_with_the_shipped_corpus():
 
 
 def test_heldout_rows_are_filtered_like_the_training_rows():
-    from agentgym.data.answerable import answerable
+    from agentgym.envs.answerable import answerable
     from agentgym.data.rows import heldout_rows
     from agentgym.core.paths import shipped_corpus
     cfg = build_config({"env": "search", "trainer.eval_limit": 30})

@@ -8,7 +8,7 @@ import pytest
 
 from agentgym.config import build_config
 from agentgym.core.types import Trajectory
-import agentgym.data.arith as arith
+import agentgym.envs.arith as arith
 from agentgym.data.rows import load_rows, write_jsonl
 from agentgym.trainers import train
 from agentgym.trainers.curriculum import MIN_GROUPS, Curriculum
@@ -155,7 +155,7 @@ def test_search_questions_are_ordered_by_difficulty_for_the_curriculum():
     """Single-hop questions whose answer BM25 ranks first come first, HotpotQA last; the
     levels are what the retrieval says, checked here against the passages themselves."""
     from agentgym.core.paths import shipped_corpus
-    from agentgym.data.answerable import MULTI_HOP, TOP1, _bm25, difficulty_levels
+    from agentgym.envs.answerable import MULTI_HOP, TOP1, _bm25, difficulty_levels
     from agentgym.data.rows import question_rows
     cfg = build_config({"env": "search", "data.curriculum": "solve_rate"})
     rows = question_rows(cfg, "train", limit=120).rows

@@ -5,7 +5,6 @@ the concurrency cap."""
 
 from __future__ import annotations
 
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx

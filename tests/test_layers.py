@@ -21,6 +21,32 @@ def test_every_import_goes_down_the_layers():
     assert arch.violations(deps) == []
 
 
+def test_docs_architecture_table_is_the_codes():
+    """docs/ARCHITECTURE.md's table of floors is written from LAYERS (scripts/architecture.py
+    rewrites it); a changed table without the doc, or the reverse, fails here."""
+    assert arch.documented_table() == arch.floors_table()
+
+
+def test_relative_imports_and_registry_strings_count(tmp_path, monkeypatch):
+    pkg = tmp_path / "agentgym" / "envs"
+    pkg.mkdir(parents=True)
+    (tmp_path / "agentgym" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("from . import base\n")
+    (pkg / "base.py").write_text("from ..trainers import grpo\n")
+    (pkg / "reg.py").write_text('SPEC = "agentgym.trainers.grpo:train"\n')
+    (tmp_path / "agentgym" / "trainers").mkdir()
+    (tmp_path / "agentgym" / "trainers" / "__init__.py").write_text("")
+    (tmp_path / "agentgym" / "trainers" / "grpo.py").write_text("")
+    monkeypatch.setattr(arch, "ROOT", tmp_path)
+    monkeypatch.setattr(arch, "PACKAGES", ("agentgym",))
+    deps = arch.imports()
+    assert deps["agentgym.envs"] == {"agentgym.envs.base"}
+    assert deps["agentgym.envs.base"] == {"agentgym.trainers.grpo"}  # relative, two up
+    assert deps["agentgym.envs.reg"] == {"agentgym.trainers.grpo"}  # a registry string
+    assert arch.imports(registry=False)["agentgym.envs.reg"] == set()
+    assert len(arch.violations(deps)) == 2
+
+
 def test_no_import_circles():
     assert arch.module_cycles(arch.imports(registry=False)) == []
 

@@ -6,6 +6,7 @@ checkout; their old top-level names still import, as the same modules, with a wa
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -20,9 +21,14 @@ FOLDERS = ("agentgym", "envs", "tools", "trainers", "retriever_server")
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
+    out, src = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("src")
+    tracked = subprocess.run(["git", "ls-files", *FOLDERS, "pyproject.toml", "README.md"],
+                             cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    for rel in tracked:  # built from a copy: setuptools leaves build/ where it builds
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, src / rel)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                    "--no-build-isolation", "-w", str(out), str(ROOT)], check=True,
+                    "--no-build-isolation", "-w", str(out), str(src)], check=True,
                    capture_output=True, text=True)
     (whl,) = out.glob("agentgym-*.whl")
     return whl

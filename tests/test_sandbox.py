@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from agentgym.cli import main as cli_main
-from agentgym.config import SandboxConfig
+from agentgym.tools.sandbox import SandboxConfig
 from conftest import wait_until
 from agentgym.tools import sandbox_local
 from agentgym.tools.sandbox import E2BSandbox, ExecResult, Limits, LocalSandbox, make_sandbox

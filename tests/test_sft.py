@@ -19,8 +19,8 @@ from agentgym.rollout.chat import ChatTokens
 from agentgym.cli import main as cli
 from agentgym.config import RolloutConfig, build_config
 from agentgym.data.rows import load_rows, write_jsonl
-from agentgym.data.demo_builders import (bridge_entities, build_demos, find_answer,
-                                         keyword_rewrite, search_demo)
+from agentgym.data.demo_builders import build_demos
+from agentgym.envs.search_demos import bridge_entities, find_answer, keyword_rewrite, search_demo
 from agentgym.data.demos import (budget_violation, filter_trajectories, record_to_trajectory,
                             replay_demo)
 from agentgym.rollout.manager import GenerationManager

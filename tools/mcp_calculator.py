@@ -1,6 +1,6 @@
 """A calculator served over MCP (stdio), written with the official ``mcp`` SDK: the server
 ``env=mcp`` talks to when no ``mcp.command`` / ``mcp.url`` is given, and an example of
-the shape any MCP server has. Run it alone with ``python -m tools.mcp_calculator``."""
+the shape any MCP server has. Run it alone with ``python -m agentgym.tools.mcp_calculator``."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ from agentgym.tools.errors import MissingExtra, ToolTimeout, ToolUnavailable
 logger = logging.getLogger(__name__)
 
 #: the calculator every ``env=mcp`` without ``mcp.command`` / ``mcp.url`` talks to
-DEFAULT_COMMAND = f"{shlex.quote(sys.executable)} -m tools.mcp_calculator"
+DEFAULT_COMMAND = f"{shlex.quote(sys.executable)} -m agentgym.tools.mcp_calculator"
 
 
 class MCPServerFailed(ServiceFailed, ToolUnavailable):

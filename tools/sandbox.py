@@ -72,14 +72,41 @@ mode and backend.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from agentgym.core.registry import check_choices
 from agentgym.tools.sandbox_base import ExecResult, Limits, Sandbox, cap_bytes, cap_text
 
 __all__ = ["Limits", "ExecResult", "Sandbox", "LocalSandbox", "E2BSandbox", "make_sandbox",
-           "cap_bytes", "cap_text"]
+           "SandboxConfig", "cap_bytes", "cap_text"]
+
+
+@dataclass
+class SandboxConfig:
+    """Where and under which limits model-written code runs (``agentgym.tools.sandbox``)."""
+
+    backend: str = "local"  # local (bubblewrap / unshare on this machine) | e2b (needs E2B_API_KEY)
+    isolation: str = "auto"  # local only: auto (bwrap, else unshare, logged) | bwrap | unshare
+    cpu_s: float = 5.0  # CPU seconds per execution
+    wall_s: float = 10.0  # wall-clock seconds per execution
+    memory_mb: int = 1024  # address space per execution
+    file_size_mb: int = 16  # largest file it may write
+    max_procs: int = 32  # processes/threads of the sandbox user
+    max_output_bytes: int = 65536  # stdout and stderr each, beyond which output is cut
+    max_concurrency: int = 4  # executions running at once
+    stateful: bool = False  # code env: later cells of an episode see earlier variables
+
+    def __post_init__(self) -> None:
+        check_choices("sandbox", self, {"backend": ("local", "e2b"),
+                                        "isolation": ("auto", "bwrap", "unshare")})
+        for name in ("cpu_s", "wall_s", "memory_mb", "file_size_mb", "max_procs",
+                     "max_output_bytes", "max_concurrency"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"sandbox.{name} must be > 0, got {getattr(self, name)}")
 
 
 def make_sandbox(cfg) -> Sandbox:
-    """The sandbox an ``agentgym.config.SandboxConfig`` describes (``backend`` local | e2b)."""
+    """The sandbox a :class:`SandboxConfig` describes (``backend`` local | e2b)."""
     limits = Limits.from_config(cfg)
     if cfg.backend == "local":
         from agentgym.tools.sandbox_local import LocalSandbox

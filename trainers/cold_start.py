@@ -49,7 +49,7 @@ from typing import Any
 from agentgym.config import Config, env_names, to_dict
 from agentgym.data.rows import training_rows, write_jsonl
 from agentgym.core.device import engine_dtype, mixed_precision, resolve_device
-from agentgym.core.paths import cache_dir, shipped_corpus
+from agentgym.core.paths import cache_dir, file_digest
 from agentgym.trainers.local_rollout import Hooks
 from agentgym.trainers.run import latest_checkpoint, resolve_run_dir
 
@@ -72,23 +72,19 @@ def prepare(cfg: Config, hooks: Hooks | None = None, probe_engine=None) -> Confi
     cfg.run_dir = str(resolve_run_dir(cfg))
     if mode != "auto":
         return _from_path(cfg, Path(mode), hooks)
-    from agentgym.data.demo_builders import BUILDERS
-    from agentgym.rollout.runtime import sub_config
     from agentgym import envs
+    from agentgym.data.demo_builders import builders
+    from agentgym.rollout.runtime import sub_config
     names = env_names(cfg.env)
     parts: dict[str, Config] = {}  # env -> its config (a mixed run: sub_config)
     for name in names:
         sub = sub_config(cfg, name) if len(names) > 1 else cfg
         env = envs.short_name(envs.resolve_env_id(name))
-        protocol = {"search": cfg.search.protocol, "code": cfg.code.protocol}.get(env, "tags")
-        if protocol != "tags":
-            hooks.announce(f"cold start: the {env} demonstration builder writes the text tags, "
-                           f"not {env}.protocol={protocol}; RL starts from the model as it is "
+        refusal = envs.env_class(name).demo_refusal(sub)
+        if refusal is not None:
+            hooks.announce(f"cold start: env {name}: {refusal} (builders: "
+                           f"{', '.join(builders())}); RL starts from the model as it is "
                            f"(or give trainer.cold_start=PATH)")
-            return cfg
-        if env not in BUILDERS:
-            hooks.announce(f"cold start: env {name} has no demonstration builder "
-                           f"(builders: {', '.join(BUILDERS)}); RL starts from the model as it is")
             return cfg
         parts[env] = sub
     return _auto(cfg, parts, Path(cfg.run_dir) / "cold_start", hooks, probe_engine)
@@ -124,8 +120,8 @@ def _auto(cfg: Config, parts: dict[str, Config], stage_dir: Path, hooks: Hooks,
     env = next(iter(parts))
     inputs = {"model": folder_digest(base),
               "env": env if single else list(parts),
-              "tools": (_tool_identity(cfg, env) if single else
-                        {e: _tool_identity(sub, e) for e, sub in parts.items()}),
+              "tools": (_sources(cfg, env) if single else
+                        {e: _sources(sub, e) for e, sub in parts.items()}),
               "budgets": to_dict(cfg.rollout) | {"temperature": 0.0, "n": 1},
               **({"per_env": cfg.per_env} if cfg.per_env else {}),
               "engine_dtype": engine_dtype(cfg.engine.dtype, cfg.model.dtype,
@@ -134,8 +130,8 @@ def _auto(cfg: Config, parts: dict[str, Config], stage_dir: Path, hooks: Hooks,
     probe_key = _digest({**inputs, "rows": probe_rows})
     key = _digest({**inputs, "rows": rows[env] if single else rows,
                    "demos": t.cold_start_demos,
-                   "builder": (_builder_options(cfg, env) if single else
-                               {e: _builder_options(cfg, e) for e in parts}),
+                   "builder": (_demo_options(cfg, env) if single else
+                               {e: _demo_options(cfg, e) for e in parts}),
                    "sft": _sft_settings(cfg), "probe": probe_key,
                    "threshold": t.cold_start_threshold})
     earlier = _read(stage_dir / _RECORD)
@@ -207,7 +203,6 @@ def _run_stage(cfg: Config, parts: dict[str, Config], rows: dict[str, list[dict]
                hooks: Hooks) -> Path:
     """Demonstrations (each env's), SFT, the probe of its result; the model published to
     ``cached`` and the record written. Returns the published model's folder."""
-    t = cfg.trainer
     before = record["probe_before"]
     t0 = time.perf_counter()
     demos, looked_at, over = [], 0, 0
@@ -235,7 +230,7 @@ def _run_stage(cfg: Config, parts: dict[str, Config], rows: dict[str, list[dict]
                    f"(SFT loss {sft_summary['loss_first']:.3f} -> {sft_summary['loss_last']:.3f}, "
                    f"{sft_summary['steps']} steps, {t2 - t1:.0f}s)")
     done = {**record, "probe_after": after, "demos": len(demos), "rows_looked_at": looked_at,
-            "demos_over_budget": over, "demos_sha256": _file_digest(demos_file),
+            "demos_over_budget": over, "demos_sha256": file_digest(demos_file),
             "sft": {**sft_summary, **_sft_settings(cfg)},
             "seconds": {"demos": t1 - t0, "sft": t2 - t1, "probe_after": t3 - t2}}
     model_dir = _publish_model(sft_model, cached, done)
@@ -315,7 +310,7 @@ def build_demos(cfg: Config, env: str, rows: list[dict], model_path, want: int,
         # about a quarter of the rows yield one on the shipped search data; ask for more
         chunk = rows[at:at + max(16, 4 * (want - len(kept)))]
         for demo in build(env, chunk, make_env, workers=cfg.rollout.env_workers,
-                          **_builder_options(cfg, env)):
+                          **_demo_options(cfg, env)):
             if len(kept) == want:
                 break
             if budget_violation(record_to_trajectory(demo, chat, env), cfg.rollout) is None:
@@ -391,34 +386,19 @@ def folder_digest(folder: Path) -> str:
     return h.hexdigest()
 
 
-def _file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
-def _tool_identity(cfg: Config, env: str) -> Any:
-    """What the env's observations come from: the corpus (its bytes) or server for search,
-    the sandbox settings for code."""
-    if env == "search":
-        r = cfg.retriever
-        corpus = "" if (r.url or r.index) else _file_digest(shipped_corpus())
-        return {"url": r.url, "index": r.index, "corpus": corpus, "topk": r.topk,
-                "format_reward": cfg.search.format_reward, "reward": cfg.search.reward}
-    if env == "code":
-        return {"sandbox": to_dict(cfg.sandbox), "obs_bytes": cfg.code.obs_bytes}
-    return {}
+def _sources(cfg: Config, env: str) -> Any:
+    """What the env's observations come from (``AgentEnv.sources``): the cache key's part."""
+    from agentgym import envs
+    return envs.env_class(env).sources(cfg)
 
 
-def _builder_options(cfg: Config, env: str) -> dict:
-    return {"search": {"max_searches": cfg.sft.max_searches},
-            "code": {"max_cells": cfg.sft.max_cells}}.get(env, {})
+def _demo_options(cfg: Config, env: str) -> dict:
+    from agentgym import envs
+    return envs.env_class(env).demo_options(cfg)
 
 
 def _sft_settings(cfg: Config) -> dict:

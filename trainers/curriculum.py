@@ -8,7 +8,7 @@ solved the prompt: ``info["em"]`` when the env reports it, else ``reward >= 1``)
 ``data.curriculum_band`` (default ``[0.2, 0.8]``), and moves on as they are mastered.
 
 * **By level**, when the rows carry ``extra_info.level`` (``data=arith``; search rows
-  ordered by difficulty, :func:`agentgym.data.answerable.difficulty_levels`): a step's
+  ordered by difficulty, :func:`agentgym.envs.answerable.difficulty_levels`): a step's
   prompts come from the *current level*, in a shuffled order per level. The level's recent solve rate is the mean over its last
   :data:`WINDOW` groups; once at least :data:`MIN_GROUPS` are in and it is above the
   band, the level counts as mastered and the next one becomes current. The run starts at

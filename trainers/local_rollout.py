@@ -12,7 +12,7 @@ import threading
 
 from agentgym.config import Config, is_mixed
 from agentgym.rollout.manager import GenerationManager, summarize
-from agentgym.rollout.runtime import env_factory
+from agentgym.rollout.runtime import env_factory, played_by_program
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class LocalRollout:
             if greedy:
                 cfg = copy.deepcopy(cfg)
                 cfg.rollout = dataclasses.replace(cfg.rollout, temperature=0.0, n=1)
-            if cfg.env == "agent":  # the user's agent program plays the rows
+            if played_by_program(cfg):  # the user's agent program plays the rows
                 from agentgym.serving.agents import AgentManager
                 self._managers[greedy] = AgentManager(self.engine, self.tokenizer, cfg,
                                                       seed=cfg.trainer.seed, greedy=greedy)
@@ -117,7 +117,7 @@ class LocalRollout:
         """``n`` samples of one row with base seed ``seed`` (asynchronous training: may run
         across weight updates, each turn tagged with its version)."""
         with self._managers_lock:
-            if "async" not in self._managers and self.cfg.env == "agent":
+            if "async" not in self._managers and played_by_program(self.cfg):
                 from agentgym.serving.agents import AgentManager  # turns record versions
                 self._managers["async"] = AgentManager(self.engine, self.tokenizer, self.cfg,
                                                        seed=self.cfg.trainer.seed)

@@ -31,3 +31,13 @@ def data_dir() -> Path:
 def shipped_corpus() -> Path:
     """The retrieval corpus the search env's local BM25 server indexes by default."""
     return data_dir() / "corpus" / "wiki_passages.jsonl.gz"
+
+
+def file_digest(path: Path) -> str:
+    """The SHA-256 of a file's bytes (hex), read in 1 MiB chunks."""
+    import hashlib
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()

@@ -83,3 +83,14 @@ class Registry(Generic[T]):
     def __len__(self) -> int:
         return len(self._entries)
 
+
+
+def check_choices(section: str, obj: Any, choices: dict[str, tuple]) -> None:
+    """Raise ValueError naming ``section.key``, its value and the valid ones (with a "did
+    you mean") when a field of ``obj`` is not among its ``choices``."""
+    for key, valid in choices.items():
+        value = getattr(obj, key)
+        if value not in valid:
+            names = [repr(v) if v == "" else str(v) for v in valid]
+            raise ValueError(f"{section}.{key}={value!r}{did_you_mean(str(value), names)}; "
+                             f"valid: {', '.join(names)}")

@@ -12,29 +12,16 @@ or a folder written by ``datasets``' ``save_to_disk``.
 from __future__ import annotations
 
 import collections
-import functools
 import glob
 import gzip
 import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from agentgym.core.paths import data_dir
 from agentgym.core.registry import did_you_mean
-import agentgym.data.arith as arith
 
-#: env -> dataset name -> file under data/.
-DATASETS: dict[str, dict[str, str]] = {
-    "search": {"train": "search/train.jsonl", "nq": "search/nq_eval.jsonl",
-               "hotpotqa": "search/hotpotqa_eval.jsonl"},
-    "code": {"train": "math/gsm8k_train.jsonl.gz", "gsm8k": "math/gsm8k_test.jsonl",
-             "math500": "math/math500.jsonl", "aime24": "math/aime24.jsonl",
-             "arith_test": "arith/test.jsonl"},
-    "geometry": {"train": "geometry/train.jsonl.gz", "val": "geometry/val.jsonl",
-                 "test": "geometry/test.jsonl"},
-}
 REQUIRED = ("data_source", "prompt", "reward_model")
 #: what ``data=`` accepts as a path (the error for an unreadable one names them)
 ACCEPTED = ("a .parquet file (as verl writes it), a .jsonl or .jsonl.gz file, a directory "
@@ -42,20 +29,17 @@ ACCEPTED = ("a .parquet file (as verl writes it), a .jsonl or .jsonl.gz file, a 
 _SHARDS = (".parquet", ".jsonl", ".jsonl.gz")
 
 
-#: env -> dataset name -> a function making its rows (generated, or a view of a file).
-GENERATED: dict[str, dict[str, Callable[[], list[dict]]]] = {
-    "mcp": {"calc": lambda: _calc(500, 0), "calc_test": lambda: _calc(100, 1)},
-    "code": {"arith": arith.train_rows,
-             **{f"arith_test_l{k}": functools.partial(arith.shipped_test_rows, k)
-                for k in arith.LEVELS}},
-}
-
 logger = logging.getLogger(__name__)
 
 
-def _calc(n: int, seed: int) -> list[dict]:
-    from agentgym.envs.mcp_env import calc_rows
-    return calc_rows(n, seed)
+def datasets(env: str) -> dict:
+    """Env ``env``'s datasets (``AgentEnv.datasets``): name -> a file under the data folder
+    or a function making the rows; {} for a name no env has."""
+    from agentgym import envs
+    try:
+        return dict(envs.env_class(env).datasets)
+    except KeyError:
+        return {}
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
@@ -149,9 +133,8 @@ def dataset_path(env: str, name: str) -> Path:
         if not path.exists() and not any(c in name for c in "*?["):
             raise FileNotFoundError(f"dataset file {name!r} does not exist")
         return path
-    names = DATASETS.get(env, {})
-    if name not in names:
-        names = {**names, **GENERATED.get(env, {})}
+    names = datasets(env)
+    if not isinstance(names.get(name), str):
         raise KeyError(f"unknown dataset {name!r} for env {env!r}{did_you_mean(name, list(names))}"
                        f"; valid: {', '.join(names) or '(none)'}, or {ACCEPTED}")
     return data_dir() / names[name]
@@ -159,18 +142,20 @@ def dataset_path(env: str, name: str) -> Path:
 
 def load_rows(env: str, name: str, limit: int = 0) -> list[dict]:
     """Rows of a dataset, validated; the first ``limit`` (0 = all)."""
-    made = GENERATED.get(env, {}).get(name)
+    made = datasets(env).get(name)
+    made = made if callable(made) else None
     path = f"data={name}" if made else dataset_path(env, name)
     rows = made() if made else read_rows(path)
     if limit:
         rows = rows[:limit]
     from agentgym import envs
     names = envs.env_aliases(env)  # its id and short names (a plugin: its class spec too)
+    any_rows = envs.env_class(env).plays_any_rows  # env=agent plays any env's rows
     for i, row in enumerate(rows):
         validate_row(row, f"{path}:{i + 1}")
         if row.get("env") is None:  # verl's rows: the command's env decides
             row["env"] = env
-        elif row["env"] not in names and env != "agent":  # an agent plays any env's rows
+        elif row["env"] not in names and not any_rows:
             raise ValueError(f"{path}:{i + 1}: row is for env {row['env']!r}, not {env!r} "
                              f"(valid: {', '.join(sorted(names))})")
     verl_fields(rows, env, str(path))
@@ -201,9 +186,10 @@ class TrainingRows:
 
     rows: list[dict]
     total: int  # rows of the dataset
-    answerable: int | None = None  # of them, answerable (None: not filtered)
+    answerable: int | None = None  # of them, kept by the env's row filter (None: unfiltered)
     parts: dict | None = None  # a mixed run: env -> its TrainingRows
     source: str = ""  # the dataset's name
+    kept_by: str = ""  # what the filter keeps, in words (AgentEnv.row_filter)
 
     def describe(self, name: str, what: str = "training") -> str:
         if self.parts:
@@ -214,14 +200,12 @@ class TrainingRows:
         if self.answerable is None:
             return f"{len(self.rows)} {what} rows from {name}"
         return (f"{len(self.rows)} {what} rows from {name}: {self.answerable} of "
-                f"{self.total} questions have a gold answer in the corpus "
-                f"(data.answerable_only=true)")
+                f"{self.total} questions {self.kept_by}")
 
 
 def training_rows(cfg) -> TrainingRows:
-    """The rows a training run draws from: ``data.name``, filtered to answerable questions
-    (:mod:`agentgym.data.answerable`) when ``data.answerable_only`` applies (the search env
-    with the shipped corpus), then the first ``limit``. A mixed run
+    """The rows a training run draws from: ``data.name``, filtered by the env's row filter
+    where it applies (:func:`row_filter_applies`), then the first ``limit``. A mixed run
     (``env=[search,code]``): each env's rows, mixed by ``data.mix``
     (:func:`mix_rows`)."""
     from agentgym.config import env_names
@@ -285,41 +269,29 @@ def mixed(parts: dict[str, "TrainingRows"], rows: list[dict]) -> "TrainingRows":
     return out
 
 
-def answerable_filter_applies(cfg) -> bool:
-    """``data.answerable_only`` on, the search env, and the shipped corpus (with
-    ``retriever.url`` / ``retriever.index`` the answers' presence is unknown)."""
+def row_filter_applies(cfg) -> bool:
+    """Whether the env filters its rows under ``cfg`` (``AgentEnv.row_filter``: the search
+    env's answerable filter with the shipped corpus); a mixed run decides env by env."""
     from agentgym import envs
 
     from agentgym.config import env_names
     if len(env_names(cfg.env)) > 1:  # a mixed run: decided env by env (sub_config)
         return False
-    if envs.short_name(envs.resolve_env_id(cfg.env)) != "search" or not cfg.data.answerable_only:
-        return False
-    if cfg.retriever.url or cfg.retriever.index:
-        logger.info("data.answerable_only applies to the shipped corpus; with retriever.url/"
-                    "retriever.index every question is used")
-        return False
-    return True
+    return envs.env_class(cfg.env).row_filter(cfg) is not None
 
 
 def question_rows(cfg, name: str, limit: int = 0) -> TrainingRows:
-    """The rows of dataset ``name``, answerable ones only when
-    :func:`answerable_filter_applies`, then the first ``limit`` (0: all). With
-    ``data.curriculum`` there, each row gets its difficulty as ``extra_info.level``
-    (:func:`agentgym.data.answerable.difficulty_levels`), which the curriculum orders by."""
-    from agentgym.core.paths import shipped_corpus
+    """The rows of dataset ``name``, those the env's row filter keeps when it applies
+    (:func:`row_filter_applies`; ``AgentEnv.filter_rows``), then the first ``limit`` (0:
+    all)."""
+    from agentgym import envs
     rows = load_rows(cfg.env, name)
     total = len(rows)
-    if not answerable_filter_applies(cfg):
+    if not row_filter_applies(cfg):
         return TrainingRows(rows[:limit] if limit else rows, total, source=name)
-    from agentgym.data.answerable import answerable, difficulty_levels
-    keep = answerable(rows, shipped_corpus())
-    kept = [row for row, ok in zip(rows, keep) if ok]
-    if not kept:
-        raise ValueError(f"no question of {name} has a gold answer in the shipped "
-                         f"corpus; set data.answerable_only=false to use them anyway")
-    found, kept = len(kept), kept[:limit] if limit else kept
-    if cfg.data.curriculum:
-        kept = [{**row, "extra_info": {**row.get("extra_info", {}), "level": level}}
-                for row, level in zip(kept, difficulty_levels(kept, shipped_corpus()))]
-    return TrainingRows(kept, total, found, source=name)
+    cls = envs.env_class(cfg.env)
+    try:
+        kept, found = cls.filter_rows(cfg, rows, limit)
+    except ValueError as e:
+        raise ValueError(f"data={name}: {e}") from e
+    return TrainingRows(kept, total, found, source=name, kept_by=cls.row_filter(cfg))

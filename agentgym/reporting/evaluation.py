@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agentgym.rollout.manager import last_parts, summarize
+from agentgym.rollout.manager import episode_metric_keys, last_parts, summarize
 from agentgym.reporting.stats import bootstrap_ci95, pass_at_k, wilson_ci95
 
 
@@ -54,7 +54,7 @@ def _episode(t) -> dict[str, Any]:
             "answer": str(t.info.get("answer", "")),
             "format_valid": bool(t.terminated and t.metrics["malformed_actions"] == 0),
             "tool_calls": int(t.metrics.get("tool_calls", 0)),
-            **({"answer_seen": bool(t.info["answer_seen"])} if "answer_seen" in t.info else {})}
+            **{k: t.info[k] for k in t.info.get("episode_metrics", ()) if k in t.info}}
 
 
 def eval_result(cfg, trajs: list, elapsed: float, k: int = 1) -> dict[str, Any]:
@@ -72,8 +72,8 @@ def eval_result(cfg, trajs: list, elapsed: float, k: int = 1) -> dict[str, Any]:
         "seconds": elapsed, "temperature": cfg.rollout.temperature,
         # per episode (k=1: per question), for paired comparisons (agentgym.reporting.stats.mcnemar)
         "episodes": [_episode(t) for t in trajs]}
-    if "answer_seen" in s:
-        result["answer_seen"] = s["answer_seen"]
+    result["episode_metrics"] = episode_metric_keys(trajs)
+    result.update({key: s[key] for key in result["episode_metrics"]})
     if k > 1:
         groups: dict[str, list] = {}
         for t in trajs:
@@ -113,8 +113,8 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
                  f"   format-valid {result['format_valid']:.3f}   answered "
                  f"{result['answered']:.3f}   turns {result['mean_turns']:.2f}   tool calls "
                  f"{result['mean_tool_calls']:.2f}" + (
-                     f"   answer in results {result['answer_seen']:.3f}"
-                     if "answer_seen" in result else ""))
+                     "".join(f"   {k} {result[k]:.3f}"
+                             for k in result.get("episode_metrics", ()))))
     if k > 1:
         parts = [f"pass@{j} {result[f'pass@{j}']:.3f} [{result[f'pass@{j}_ci95'][0]:.3f}, "
                  f"{result[f'pass@{j}_ci95'][1]:.3f}]" for j in ks_reported(k)]

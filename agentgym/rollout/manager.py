@@ -281,6 +281,11 @@ def _jsonable(v: Any) -> bool:
         isinstance(v, list) and all(isinstance(x, (str, int, float)) for x in v))
 
 
+def episode_metric_keys(trajs: list[Trajectory]) -> list[str]:
+    """The info keys the trajectories' envs report as episode metrics, in first-seen order."""
+    return list(dict.fromkeys(k for t in trajs for k in t.info.get("episode_metrics", ())))
+
+
 def summarize(trajs: list[Trajectory]) -> dict[str, float]:
     """Mean metrics over episodes (reward, em, f1, turns, lengths, tool counters): an
     episode that became several trajectories (``info["parts"]``) counts once, each of its
@@ -294,8 +299,8 @@ def summarize(trajs: list[Trajectory]) -> dict[str, float]:
     out["reward"] = mean(lambda t: t.reward)
     for key in ("em", "f1"):
         out[key] = mean(lambda t: float(t.info.get(key, 0.0)))
-    if any("answer_seen" in t.info for t in trajs):  # search: a result held a gold answer
-        out["answer_seen"] = mean(lambda t: float(t.info.get("answer_seen", 0)))
+    for key in episode_metric_keys(trajs):  # what the envs declare (AgentEnv.episode_metrics)
+        out[key] = mean(lambda t: float(t.info.get(key, 0)))
     out["answered"] = mean(lambda t: float(t.terminated))
     out["format_valid"] = mean(lambda t: float(t.terminated
                                                and t.metrics["malformed_actions"] == 0))

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import atexit
-import dataclasses
 import functools
-import json
 import logging
 from typing import Any, Callable
 
@@ -47,57 +44,6 @@ def engine_for(cfg: Config, path, tokenizer) -> Engine:
     return build_engine(cfg, model, tokenizer)
 
 
-def _search_kwargs(cfg: Config) -> dict[str, Any]:
-    url = cfg.retriever.url
-    if not url:
-        from agentgym.core.paths import shipped_corpus
-        from agentgym.tools.local_retriever import ensure_local_retriever
-        r = cfg.retriever
-        if r.index:
-            url = ensure_local_retriever(index_dir=r.index, max_restarts=r.max_restarts)
-        else:
-            url = ensure_local_retriever(shipped_corpus(), max_restarts=r.max_restarts)
-        logger.info("started local retriever at %s", url)
-    return {"retriever_url": url, "topk": cfg.retriever.topk, "timeout": cfg.retriever.timeout,
-            "format_reward": cfg.search.format_reward, "reward": cfg.search.reward,
-            "protocol": cfg.search.protocol, "retrieval_reward": cfg.search.retrieval_reward}
-
-
-_SANDBOXES: dict[str, Any] = {}  # sandbox config (JSON) -> the sandbox built for it
-
-
-def _code_kwargs(cfg: Config) -> dict[str, Any]:
-    # One sandbox per process and sandbox config, shared by every env of every factory
-    # (a trainer builds a factory per eval), with its own concurrency bound; closed at exit.
-    from agentgym.tools.sandbox import make_sandbox
-    key = json.dumps(dataclasses.asdict(cfg.sandbox), sort_keys=True)
-    if key not in _SANDBOXES:
-        _SANDBOXES[key] = make_sandbox(cfg.sandbox)
-        atexit.register(_SANDBOXES[key].close)
-        logger.info("started %s sandbox (%s)", cfg.sandbox.backend, _SANDBOXES[key].backend)
-    return {"sandbox": _SANDBOXES[key], "obs_bytes": cfg.code.obs_bytes,
-            "protocol": cfg.code.protocol, "run_reward": cfg.code.run_reward,
-            "stateful": cfg.sandbox.stateful}
-
-
-def _geometry_kwargs(cfg: Config) -> dict[str, Any]:
-    return {"tool": cfg.geometry.tool, "rel_tol": cfg.geometry.rel_tol}
-
-
-def _mcp_kwargs(cfg: Config) -> dict[str, Any]:
-    # one connection per process and server, shared by every env (tools.mcp_client.shared)
-    from agentgym.tools.mcp_client import shared
-    server = shared(cfg.mcp.command, cfg.mcp.url, cfg.mcp.timeout_s)
-    return {"server": server}
-
-
-#: Config → constructor kwargs for envs that need more than ``max_turns``.
-ENV_KWARGS: dict[str, Callable[[Config], dict[str, Any]]] = {"search": _search_kwargs,
-                                                             "code": _code_kwargs,
-                                                             "geometry": _geometry_kwargs,
-                                                             "mcp": _mcp_kwargs}
-
-
 class MixedEnvs:
     """A mixed run's env factory (``env=[search,code]``): ``factory(row)`` makes the env
     that ``row["env"]`` names, each with its own settings (:func:`env_factory`), and
@@ -127,6 +73,14 @@ class MixedEnvs:
         return self.turn_tokens.get(self._name(row))
 
 
+def played_by_program(cfg: Config) -> bool:
+    """Whether the run's rows are played by the user's program (``agent=``), not stepped
+    by an env here (``AgentEnv.played_by_program``: ``env=agent``)."""
+    from agentgym import envs
+    from agentgym.config import env_names
+    return any(envs.env_class(e).played_by_program for e in env_names(cfg.env))
+
+
 def env_factory(cfg: Config) -> Callable[[], Any]:
     """A zero-argument factory of fresh envs for ``cfg.env`` (resolves tools once); for a
     mixed run, a :class:`MixedEnvs` that makes the env each row names."""
@@ -138,10 +92,9 @@ def env_factory(cfg: Config) -> Callable[[], Any]:
                          {e: sub.rollout.max_tokens_per_turn for e, sub in subs.items()})
     from agentgym import envs
     env_id = envs.resolve_env_id(cfg.env)
-    short = envs.short_name(env_id)
-    kwargs = {"max_turns": cfg.rollout.max_turns}
-    if short in ENV_KWARGS:
-        kwargs.update(ENV_KWARGS[short](cfg))
+    # the env builds its own arguments from the config (AgentEnv.config_kwargs): starts or
+    # connects its services once here, not per episode
+    kwargs = {"max_turns": cfg.rollout.max_turns, **envs.env_class(env_id).config_kwargs(cfg)}
     make = functools.partial(envs.make_env, env_id, **kwargs)
     if cfg.reward:  # a judge or the user's function replaces the env's reward (envs.plugins)
         from agentgym.envs.plugins import RewardOverride, load_reward
@@ -173,11 +126,11 @@ def sub_config(cfg: Any, env: str) -> Any:
     value of each key given per env (``rollout.max_turns=[4,2]``: ``cfg.per_env``)."""
     import copy
 
-    from agentgym.config import ENV_PRESETS, env_names, set_key
+    from agentgym.config import env_names, env_presets, set_key
     names = env_names(cfg.env)
     sub = copy.deepcopy(cfg)
     sub.env = env
-    preset = ENV_PRESETS.get(env, {})
+    preset = env_presets(env)
     if "trainer.eval_data" in preset:
         sub.trainer.eval_data = preset["trainer.eval_data"]
     data, evals = env_names(cfg.data.name), env_names(cfg.trainer.eval_data)

@@ -149,7 +149,7 @@ class EpisodeFrontend(OpenAIFrontend):
 
 
 def trajectories(episode: Episode, uid: str, k: int, reward: float,
-                 data_source: str = "") -> list[Trajectory]:
+                 data_source: str = "", env: str = "") -> list[Trajectory]:
     """The episode's calls as trajectories: a call whose prompt extends the current
     trajectory token for token continues it (the new prompt tokens masked out, the
     completion in); any other starts a new one. Each gets the episode's reward."""
@@ -173,7 +173,7 @@ def trajectories(episode: Episode, uid: str, k: int, reward: float,
         traj.step_rewards[-1] = reward
         traj.reward, traj.terminated = reward, True
         traj.policy_version = min(traj.turn_versions)
-        traj.info = {"env": "agent", "episode": episode.eid, "part": j, "parts": len(out),
+        traj.info = {"env": env, "episode": episode.eid, "part": j, "parts": len(out),
                      "em": reward, "answer": episode.final_text[:500]}
         observed = sum(len(s) for s in traj.segments if s.kind == "observation")
         traj.metrics = {"turns": float(len(traj.turn_versions)), "generate_s": 0.0,
@@ -263,7 +263,8 @@ class AgentManager:
             return []
         finally:
             self.episodes.pop(eid, None)
-        trajs = trajectories(front.episode, uid, k, reward, str(row.get("data_source", "")))
+        trajs = trajectories(front.episode, uid, k, reward, str(row.get("data_source", "")),
+                             self.cfg.env)
         for t in trajs:
             t.metrics["env_s"] = time.perf_counter() - t0
         self._count(front.episode, trajs)

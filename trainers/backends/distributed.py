@@ -19,7 +19,7 @@ machine has CUDA) and each build their shard of the model
   ``torch.distributed.checkpoint``, DeepSpeed through ``save_checkpoint``), and rank 0
   the full HF weights, so a checkpoint both resumes the run and loads in transformers.
 
-Without Ray, the ranks are processes started as ``python -m trainers.backends.distributed``
+Without Ray, the ranks are processes started as ``python -m agentgym.trainers.backends.distributed``
 (like torchrun's workers, so a user's script is never re-imported) that connect back
 to the driver over an authenticated loopback socket (pickled bytes). They die with the
 driver (``PR_SET_PDEATHSIG``), so a killed run leaves no rank behind holding memory or
@@ -126,7 +126,7 @@ def serve(conn, rank: int, world: int, port: int, kind: str, spec: ModelSpec,
 
 
 class ProcessRanks:
-    """N rank processes, started as ``python -m trainers.backends.distributed`` (as
+    """N rank processes, started as ``python -m agentgym.trainers.backends.distributed`` (as
     torchrun starts its workers: the driver's ``__main__`` is never re-imported) and
     connected back to the driver over an authenticated loopback socket."""
 

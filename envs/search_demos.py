@@ -1,31 +1,15 @@
-"""Demonstration builders: episodes in an env's exact protocol, played through the env.
-
-Every builder drives a real env instance (the same factory rollouts use: the retriever,
-the sandbox), proposes each action, and records the observations the env itself
-returned, so a demonstration replays exactly (:func:`agentgym.data.demos.replay_demo`). A
-demonstration is kept only if the env rewards its final answer as correct.
-
-* ``search``: search with the question, then (if no retrieved passage holds a gold
-  answer) a second search: for a two-hop question a name the first passages mention (the
-  bridge), else a keyword rewrite; when a passage holds a gold answer, answer with it,
-  citing the passage. Reasoning is in ``<think>``, as Search-R1's prompt asks.
-* ``code``: a GSM8K solution carries its arithmetic as ``<<48/2=24>>``; its lines become
-  up to ``max_cells`` ``<code>`` cells (the line as a comment, each calculation printed),
-  run in the sandbox; then ``\\boxed{}`` with the answer. A cell must run cleanly and
-  print the annotated values, else the question is skipped.
-"""
+"""The search env's demonstrations for the cold start (:attr:`SearchEnv.demonstrate`):
+search with the question, then (if no retrieved passage holds a gold answer) a second
+search: for a two-hop question a name the first passages mention (the bridge), else a
+keyword rewrite; when a passage holds a gold answer, answer with it, citing the passage.
+Reasoning is in ``<think>``, as Search-R1's prompt asks. Played through a live env, so the
+observations are the env's own; kept only if the env rewards the answer as correct."""
 
 from __future__ import annotations
 
-import concurrent.futures
-import logging
 import re
-from typing import Callable
 
-from agentgym.envs.rewards import normalize_answer
-from agentgym.envs.search import gold_answers
-
-logger = logging.getLogger(__name__)
+from agentgym.envs.rewards import gold_answers, normalize_answer
 
 _WH = {"who", "what", "when", "where", "which", "why", "how", "whom", "whose"}
 _STOP = _WH | {"is", "are", "was", "were", "be", "been", "do", "does", "did", "the", "a", "an",
@@ -145,111 +129,3 @@ def search_demo(row: dict, env, max_searches: int = 2) -> dict | None:
             if demo is not None:
                 return demo
     return None
-
-
-_CALC = re.compile(r"<<([^<>=]+)=([^<>]*)>>")
-
-
-def _chunks(items: list, k: int) -> list[list]:
-    """``items`` in at most ``k`` contiguous, nearly equal chunks."""
-    k = max(1, min(k, len(items)))
-    size, extra = divmod(len(items), k)
-    out, at = [], 0
-    for i in range(k):
-        n = size + (i < extra)
-        out.append(items[at:at + n])
-        at += n
-    return out
-
-
-def _numbers(text: str) -> list[float]:
-    return [float(x) for x in re.findall(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?", text)]
-
-
-def code_demo(row: dict, env, max_cells: int = 3) -> dict | None:
-    """One code-interpreter demonstration for a GSM8K ``row`` (played through ``env``)."""
-    solution = (row.get("extra_info") or {}).get("solution", "")
-    if "####" not in solution:
-        return None
-    body, final = solution.rsplit("####", 1)
-    final = final.strip().replace(",", "")
-    steps = []  # (line without annotations, [(expression, annotated result)])
-    for line in body.strip().splitlines():
-        calcs = [(m.group(1).strip(), m.group(2).strip()) for m in _CALC.finditer(line)]
-        prose = _CALC.sub("", line).strip()
-        if prose:
-            steps.append((prose, calcs))
-    if not any(c for _, c in steps):
-        return None
-    prompt, _ = env.reset(seed=0, options={"row": row})
-    actions, observations = [], []
-    cells = _chunks(steps, max_cells)
-    for k, cell in enumerate(cells):
-        lines, expected = [], []
-        for prose, calcs in cell:
-            lines.append(f"# {prose}")
-            for expr, result in calcs:
-                lines.append(f"print({expr})")
-                expected.append(result)
-        lead = "Let me compute this step by step with Python." if k == 0 else \
-            "Next, I continue the calculation."
-        code = "\n".join(lines)
-        action = f"{lead}\n<code>\n```python\n{code}\n```\n</code>"
-        obs, _, terminated, truncated, _ = env.step(action)
-        if terminated or truncated:
-            return None
-        text = "".join(m["content"] for m in obs)
-        if "Error" in text or "Traceback" in text:
-            return None
-        got = _numbers(text)
-        for want in expected:  # every annotated value must be among the printed ones
-            w = _numbers(want.replace(",", ""))
-            if w and not any(abs(g - w[0]) <= 1e-6 * max(1.0, abs(w[0])) for g in got):
-                return None
-        actions.append(action)
-        observations.append(obs)
-    action = f"The final answer is {final}.\n<answer>\n\\boxed{{{final}}}\n</answer>"
-    _, reward, terminated, _, _ = env.step(action)
-    if not terminated or reward < 1.0:
-        return None
-    actions.append(action)
-    return {"type": "demonstration", "env": "code", "builder": "gsm8k-annotations",
-            "prompt": prompt, "actions": actions, "observations": observations,
-            "reward": reward, "row": row}
-
-
-#: env short name -> builder(row, env, **options) -> demonstration or None.
-BUILDERS: dict[str, Callable[..., dict | None]] = {"search": search_demo, "code": code_demo}
-
-
-def build_demos(env_name: str, rows: list[dict], make_env: Callable, workers: int = 4,
-                on_done: Callable[[bool], None] | None = None, **options) -> list[dict]:
-    """Run the env's builder over ``rows`` in ``workers`` threads (one env each per row).
-
-    Returns the kept demonstrations in row order, each with a ``uid``.
-    """
-    from agentgym.rollout.manager import row_uid
-    if env_name not in BUILDERS:
-        raise ValueError(f"no demonstration builder for env {env_name!r}; valid: "
-                         f"{', '.join(BUILDERS)} (or rejection-sample: agentgym rollout, "
-                         f"then agentgym filter)")
-    builder = BUILDERS[env_name]
-
-    def one(i: int, row: dict) -> dict | None:
-        env = make_env()
-        try:
-            demo = builder(row, env, **options)
-        except Exception as e:  # noqa: BLE001 - one bad row must not stop the build
-            logger.warning("row %d: builder failed (%s: %s)", i, type(e).__name__, e)
-            demo = None
-        finally:
-            env.close()
-        if demo is not None:
-            demo["uid"] = row_uid(row, i)
-        if on_done is not None:
-            on_done(demo is not None)
-        return demo
-
-    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="demo") as pool:
-        results = list(pool.map(one, range(len(rows)), rows))
-    return [d for d in results if d is not None]

@@ -24,7 +24,7 @@ env's demonstration builder (:func:`agentgym.data.demo_builders.code_demo`) turn
 The training stream (:func:`train_rows`) is generated from a seed; the held-out set
 (``data=arith_test``: :data:`TEST_PER_LEVEL` problems per level, interleaved level by level;
 ``arith_test_l1`` … ``arith_test_l5`` one level) is shipped in ``data/arith/test.jsonl``,
-written by :func:`test_rows` (``python -m agentgym.data.arith``). The training stream never
+written by :func:`test_rows` (``python -m agentgym.envs.arith``). The training stream never
 holds a held-out question: its generator skips them.
 """
 
@@ -117,8 +117,7 @@ GENERATORS: dict[int, Callable[[random.Random], Problem]] = {
 
 def problem_row(level: int, problem: Problem, split: str, index: int) -> dict:
     """A verl-format code-env row for one generated problem."""
-    from agentgym.envs.code import code_row
-    from agentgym.envs.code_prompt import make_short_prompt
+    from agentgym.envs.code_prompt import code_row, make_short_prompt
     question, expr, label = problem
     answer = str(eval(expr, {"__builtins__": {}}))  # noqa: S307 - our own digits and operators
     solution = f"{label}: <<{expr}={answer}>>\n#### {answer}"

@@ -2,7 +2,7 @@
 
 A question is *answerable* when one of its gold answers occurs in some passage of the
 corpus as whole words, after SQuAD normalization (the same test the search demonstration
-builder applies to retrieved passages, :func:`agentgym.data.demo_builders.find_answer`). A
+builder applies to retrieved passages, :func:`agentgym.envs.search_demos.find_answer`). A
 question the corpus cannot answer earns reward 0 from every rollout, so its GRPO group
 has no reward variance and adds nothing to an update; ``data.answerable_only`` (default
 true with the shipped corpus) leaves such questions out of training.
@@ -25,7 +25,7 @@ import logging
 from pathlib import Path
 
 from agentgym.envs.rewards import normalize_answer
-from agentgym.envs.search import gold_answers
+from agentgym.envs.rewards import gold_answers
 
 logger = logging.getLogger(__name__)
 

@@ -1,1 +1,0 @@
-"""Training backends behind one protocol (see ``agentgym.trainers.backends.base``)."""
