@@ -35,7 +35,7 @@ from agentgym.core.types import Trajectory  # noqa: E402
 from bench.report import write_section  # noqa: E402
 from agentgym.trainers.backends.base import ModelSpec  # noqa: E402
 from agentgym.trainers.batch import collate  # noqa: E402
-from agentgym.trainers.grpo import make_loss_fn  # noqa: E402
+from agentgym.trainers.phases import make_loss_fn  # noqa: E402
 
 CONFIGS = [("single", {}), ("fsdp", {}), ("deepspeed ZeRO-1", {"zero_stage": 1}),
            ("deepspeed ZeRO-2", {"zero_stage": 2}), ("deepspeed ZeRO-3", {"zero_stage": 3})]
@@ -57,12 +57,12 @@ def make_batch(tokenizer, seqs: int, tokens: int, seed: int):
                  logprobs=[-1.0] * (tokens - p - gen - 8))
         trajs.append(t)
     b = collate(trajs, tokenizer.pad_token_id)
-    b.extra["adv"] = torch.randn(seqs, generator=g)[:, None] * b.loss_mask
+    b.adv = torch.randn(seqs, generator=g)[:, None] * b.loss_mask
     return b
 
 
 def run(name: str, opts: dict, a, path: Path, tok) -> dict:
-    from agentgym.trainers.grpo import make_backend
+    from agentgym.trainers.run import make_backend
     over = {"trainer.micro_batch_tokens": a.micro_batch_tokens, "trainer.lr": 1e-5}
     if name != "single":
         over.update({"trainer.backend": name.split()[0], "trainer.nprocs": a.nprocs})

@@ -23,7 +23,7 @@ from agentgym.models.zoo import load_model, resolve_model  # noqa: E402
 from agentgym.core.types import Trajectory  # noqa: E402
 from agentgym.trainers.backends.single import SingleBackend  # noqa: E402
 from agentgym.trainers.batch import collate  # noqa: E402
-from agentgym.trainers.grpo import make_loss_fn  # noqa: E402
+from agentgym.trainers.phases import make_loss_fn  # noqa: E402
 
 
 def main() -> None:
@@ -39,8 +39,8 @@ def main() -> None:
         trajs.append(t)
     batch = collate(trajs, 0)
     mask = batch.loss_mask
-    batch.extra["old_logp"] = -torch.rand(mask.shape, generator=g) * mask
-    batch.extra["adv"] = torch.randn(16, generator=g)[:, None] * mask
+    batch.old_logp = -torch.rand(mask.shape, generator=g) * mask
+    batch.adv = torch.randn(16, generator=g)[:, None] * mask
     backend = SingleBackend(model, lr=1e-5, micro_batch_tokens=budget, mixed_precision="bf16")
     t0 = time.time()
     backend.train_step(backend.split(batch),

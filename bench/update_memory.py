@@ -55,7 +55,7 @@ def one(length: int, setting: str) -> dict:
     from agentgym.trainers.backends.base import ModelSpec
     from agentgym.trainers.backends.single import SingleBackend
     from agentgym.trainers.batch import collate
-    from agentgym.trainers.grpo import make_loss_fn
+    from agentgym.trainers.phases import make_loss_fn
     chunk, ckpt = SETTINGS[setting]
     precision = "bf16" if _native_bf16() else ""
     model = ModelSpec(str(resolve_model("smollm2-135m")), gradient_checkpointing=ckpt).load()
@@ -72,8 +72,8 @@ def one(length: int, setting: str) -> dict:
         trajs.append(t)
     batch = collate(trajs, 0)
     mask = batch.loss_mask
-    batch.extra["old_logp"] = -torch.rand(mask.shape, generator=g) * mask
-    batch.extra["adv"] = torch.randn(ROWS, generator=g)[:, None] * mask
+    batch.old_logp = -torch.rand(mask.shape, generator=g) * mask
+    batch.adv = torch.randn(ROWS, generator=g)[:, None] * mask
     cfg = build_config({"trainer.logprob_chunk": chunk})
     loss = make_loss_fn(cfg, 1.0, float(mask.sum()), ROWS, length)
     backend.train_step(backend.split(batch), loss)  # first step: optimizer state, allocator

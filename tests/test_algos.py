@@ -18,7 +18,7 @@ from agentgym.trainers.algos import (ADVANTAGES, POLICY_LOSSES, aggregate, compu
                             reinforce_pp_advantages, reinforce_pp_baseline_advantages,
                             rloo_advantages, value_loss)
 from agentgym.trainers.batch import collate, micro_batches
-from agentgym.trainers.grpo import make_loss_fn
+from agentgym.trainers.phases import make_loss_fn
 
 ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gae")
 
@@ -477,9 +477,9 @@ def _toy_batch(tokenizer, seed=0):
         trajs.append(t)
     batch = collate(trajs, tokenizer.pad_token_id)
     mask = batch.loss_mask
-    batch.extra["old_logp"] = -torch.rand(mask.shape, generator=g) * mask
-    batch.extra["adv"] = torch.randn(len(trajs), generator=g)[:, None] * mask
-    batch.extra["ref_logp"] = -torch.rand(mask.shape, generator=g) * mask
+    batch.old_logp = -torch.rand(mask.shape, generator=g) * mask
+    batch.adv = torch.randn(len(trajs), generator=g)[:, None] * mask
+    batch.ref_logp = -torch.rand(mask.shape, generator=g) * mask
     return batch
 
 
@@ -515,7 +515,7 @@ def test_values_at_masked_positions_do_not_matter(tiny_model, tiny_tokenizer, po
     loss_a, g_a = _grads(tiny_model, batch, cfg, [list(range(8))])
     off = 1 - batch.loss_mask
     for key in ("old_logp", "adv", "ref_logp"):
-        batch.extra[key] = batch.extra[key] + 123.0 * torch.randn(off.shape) * off
+        setattr(batch, key, getattr(batch, key) + 123.0 * torch.randn(off.shape) * off)
     loss_b, g_b = _grads(tiny_model, batch, cfg, [list(range(8))])
     assert loss_a == pytest.approx(loss_b, rel=1e-6)
     for name in g_a:
@@ -526,9 +526,9 @@ def test_update_reusing_its_own_logprobs_equals_a_separate_old_pass(tiny_model, 
     from agentgym.trainers.backends.base import batched_logprobs
     cfg = build_config({"algo.kl_coef": 0.1})
     batch = _toy_batch(tiny_tokenizer)
-    batch.extra["old_logp"], _ = batched_logprobs(tiny_model, batch, 1.0, 4096)
+    batch.old_logp, _ = batched_logprobs(tiny_model, batch, 1.0, 4096)
     loss_a, g_a = _grads(tiny_model, batch, cfg, [[0, 1, 2], [3, 4, 5, 6, 7]])
-    del batch.extra["old_logp"]  # as the recipe leaves it with one optimizer step per batch
+    batch.old_logp = None  # as the recipe leaves it with one optimizer step per batch
     loss_b, g_b = _grads(tiny_model, batch, cfg, [list(range(8))])
     assert loss_a == pytest.approx(loss_b, rel=1e-5)
     for name in g_a:
@@ -594,7 +594,7 @@ def test_off_policy_correction_scales_the_policy_gradient(tiny_tokenizer, tiny_m
 
     from agentgym.trainers.backends.base import batched_logprobs
     batch = _toy_batch(tiny_tokenizer)
-    del batch.extra["old_logp"], batch.extra["ref_logp"]
+    batch.old_logp = batch.ref_logp = None
     model = copy.deepcopy(tiny_model)
     batch.rollout_logp = batched_logprobs(model, batch, 1.0, 4096)[0] * batch.loss_mask
     _, base = _grads(model, batch, build_config({}), [list(range(8))])
@@ -621,7 +621,7 @@ def _update(model, batch, cfg, steps=2):
     import copy
 
     from agentgym.trainers.backends.single import SingleBackend
-    from agentgym.trainers.grpo import update_policy
+    from agentgym.trainers.phases import update_policy
     from agentgym.trainers.local_rollout import Hooks
     backend = SingleBackend(copy.deepcopy(model), lr=1e-3)
     return backend, [update_policy(cfg, backend, batch, 1.0, s, Hooks()) for s in range(steps)]
@@ -630,7 +630,7 @@ def _update(model, batch, cfg, steps=2):
 def test_all_zero_advantages_skip_the_update_and_leave_adam_untouched(tiny_model, tiny_tokenizer):
     cfg = build_config({"trainer.mini_batches": 2})
     batch = _toy_batch(tiny_tokenizer)
-    batch.extra["adv"] = torch.zeros_like(batch.extra["adv"])
+    batch.adv = torch.zeros_like(batch.adv)
     backend, ms = _update(tiny_model, batch, cfg)
     assert [m["train/skipped_steps"] for m in ms] == [1.0, 1.0]
     assert ms[0]["train/skipped_tokens"] == float(batch.loss_mask.sum())
@@ -649,12 +649,12 @@ def test_zero_advantage_rows_left_out_give_the_same_update(tiny_model, tiny_toke
                                                          policy_loss, monkeypatch):
     """Half the rows have all-zero advantages: leaving them out of the forward/backward
     gives the same weights and Adam state as training on every row."""
-    from agentgym.trainers import grpo
+    from agentgym.trainers import phases
     batch = _toy_batch(tiny_tokenizer)
-    batch.extra["adv"][:4] = 0.0  # group "0": rewards all equal
+    batch.adv[:4] = 0.0  # group "0": rewards all equal
     cfg = build_config({"trainer.mini_batches": 2, "algo.policy_loss": policy_loss})
     trimmed, mt = _update(tiny_model, batch, cfg)
-    monkeypatch.setattr(grpo, "zero_gradient_rows", lambda cfg, b: None)  # no trimming
+    monkeypatch.setattr(phases, "zero_gradient_rows", lambda cfg, b: None)  # no trimming
     full, mf = _update(tiny_model, batch, cfg)
     assert mt[0]["train/skipped_steps"] == 0.0
     assert mt[0]["train/skipped_tokens"] == float(batch.loss_mask[:4].sum())

@@ -14,7 +14,7 @@ from agentgym.trainers.backends.distributed import DistributedBackend
 from agentgym.trainers.backends.ranks import OptimSpec
 from agentgym.trainers.backends.single import SingleBackend
 from agentgym.trainers.batch import collate
-from agentgym.trainers.grpo import make_loss_fn
+from agentgym.trainers.phases import make_loss_fn
 
 STEPS = 3
 # Measured agreement with the single backend on `tiny` (fp32, lr 1e-2, 3 AdamW steps that
@@ -40,8 +40,8 @@ def _batches(tokenizer, steps: int = STEPS):
             trajs.append(t)
         b = collate(trajs, tokenizer.pad_token_id)
         mask = b.loss_mask
-        b.extra["old_logp"] = -torch.rand(mask.shape, generator=g) * mask - 3.0
-        b.extra["adv"] = torch.randn(len(trajs), generator=g)[:, None] * mask
+        b.old_logp = -torch.rand(mask.shape, generator=g) * mask - 3.0
+        b.adv = torch.randn(len(trajs), generator=g)[:, None] * mask
         out.append(b)
     return out
 
@@ -139,3 +139,25 @@ def test_sharded_reference_lives_in_the_ranks(tiny_path, tiny_tokenizer, kind):
     torch.testing.assert_close(before, local, atol=LPTOL, rtol=0)
     torch.testing.assert_close(after, before, atol=0, rtol=0)  # ... the reference does not
     assert (policy - local).abs().max() > 100 * LPTOL
+
+
+def test_both_backends_satisfy_the_backend_protocol():
+    """Every method of :class:`Backend` exists on both backends and takes the protocol's
+    parameters (same names, same order, defaults where it has them)."""
+    import inspect
+
+    from agentgym.trainers.backends.base import Backend
+    from agentgym.trainers.backends.distributed import DistributedBackend
+    from agentgym.trainers.backends.single import SingleBackend
+    members = [n for n, v in vars(Backend).items()
+               if callable(v) and not n.startswith("_")]
+    assert {"logprobs", "split", "train_step", "state_dict", "close"} <= set(members)
+    for cls in (SingleBackend, DistributedBackend):
+        for name in members:
+            want = list(inspect.signature(getattr(Backend, name)).parameters.values())
+            got = list(inspect.signature(getattr(cls, name)).parameters.values())
+            assert [p.name for p in got[:len(want)]] == [p.name for p in want], (cls, name)
+            assert all(p.default is not inspect.Parameter.empty for p in got[len(want):]), \
+                (cls, name)  # anything more is optional
+            assert all(g.default is not inspect.Parameter.empty for w, g in zip(want, got)
+                       if w.default is not inspect.Parameter.empty), (cls, name)

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from agentgym import envs
 from agentgym.envs.registration import discovered
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -47,7 +47,7 @@ from fakes import SearchingEngine
 from test_kill_resume import _args, _metrics, _start
 
 import agentgym.tools.local_retriever as local_retriever
-import agentgym.trainers.grpo as grpo
+import agentgym.trainers.loop as loop
 from agentgym.cli import main
 from agentgym.models.zoo import load_model
 from agentgym.rollout.engines.base import ENGINES
@@ -112,7 +112,7 @@ def _train(run, monkeypatch, kill_at: int, *extra: str) -> tuple[int, list[dict]
 
     monkeypatch.setattr(_RunEngine, "fault", staticmethod(fault))
     trained: list[str] = []
-    update = grpo.update_policy
+    update = loop.update_policy
 
     def recording_update(cfg, backend, batch, *args, **kwargs):
         tok = _RunEngine.tokenizer
@@ -120,7 +120,7 @@ def _train(run, monkeypatch, kill_at: int, *extra: str) -> tuple[int, list[dict]
             trained.append(tok.decode(ids[keep.bool()].tolist()))
         return update(cfg, backend, batch, *args, **kwargs)
 
-    monkeypatch.setattr(grpo, "update_policy", recording_update)
+    monkeypatch.setattr(loop, "update_policy", recording_update)
     local_retriever.stop_local_retrievers()  # this run starts (and owns) its own
     try:
         code = main(["train", "env=search", "model=tiny", "engine=test-searching",

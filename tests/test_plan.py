@@ -6,8 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 
-import pytest
-
 from agentgym.cli import main
 from agentgym.models.plan import (GiB, Setting, breakdown, cheapest_fit, count_parameters,
                                   parse_bytes, shape_numbers, total)

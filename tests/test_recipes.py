@@ -18,7 +18,8 @@ from agentgym.core.types import Trajectory
 from toy_envs import letter_rows
 from agentgym.trainers import train
 from agentgym.trainers.batch import collate
-from agentgym.trainers.grpo import advantages, make_backend, score
+from agentgym.trainers.phases import advantages, score
+from agentgym.trainers.run import make_backend
 
 TOY = "agentgym-test/Letter-v0"
 
@@ -132,8 +133,8 @@ def test_gae_in_the_step_bootstraps_only_truncated_rows():
     cfg = build_config({"algo": "ppo", "algo.norm_adv_by_std": False, "algo.gamma": 0.9,
                         "algo.lam": 0.5})
     batch = collate([_traj("a", 2, 1.0), _traj("b", 2, 1.0, truncated=True)], pad_id=0)
-    batch.extra["values"] = torch.full(batch.loss_mask.shape, 0.25)
-    batch.extra["last_values"] = torch.tensor([3.0, 3.0])
+    batch.values = torch.full(batch.loss_mask.shape, 0.25)
+    batch.last_values = torch.tensor([3.0, 3.0])
     adv, _ = advantages(cfg, batch, batch.token_rewards)
     diff = (adv[1] - adv[0])[batch.loss_mask[0] > 0]
     # the sampled tokens of row b, last first: 0.9*3, then x (0.9*0.5) per sampled step back
@@ -200,7 +201,7 @@ def test_dynamic_sampling_cap_skips_the_update(tmp_path, tiny_path):
 
 
 def test_group_estimators_and_dynamic_sampling_need_groups(tmp_path):
-    from agentgym.trainers.grpo import check_algo
+    from agentgym.trainers.phases import check_algo
     for over in ({"algo": "grpo"}, {"algo": "rloo"}, {"algo": "dapo"},
                  {"algo": "reinforce_plus_plus_baseline"},
                  {"algo": "reinforce_plus_plus", "algo.dynamic_sampling": True}):

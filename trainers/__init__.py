@@ -9,16 +9,13 @@ serve_old_name(__name__)  # `import trainers`, the old name: it now is agentgym.
 
 
 def train(cfg, hooks=None):
-    """Run the recipe ``cfg.algo`` needs: :mod:`agentgym.trainers.ppo` when the advantage estimator
-    reads a critic's values (``gae``), else :mod:`agentgym.trainers.grpo`; first the cold start
-    ``trainer.cold_start`` asks for (:mod:`agentgym.trainers.cold_start`). Returns the run dir."""
-    from agentgym.trainers.algos import needs_critic
+    """Run ``agentgym train``: the algorithm's settings checked once (:func:`agentgym.trainers.
+    phases.check_algo`, before a cold start spends minutes), the cold start
+    ``trainer.cold_start`` asks for (:mod:`agentgym.trainers.cold_start`), then the step loop
+    (:mod:`agentgym.trainers.loop`, a critic's phases when the estimator reads values).
+    Returns the run dir."""
     from agentgym.trainers.cold_start import prepare
-    from agentgym.trainers.grpo import check_algo
-    check_algo(cfg)  # settings that clash fail before a cold start spends minutes
-    cfg = prepare(cfg, hooks)
-    if needs_critic(cfg.algo.advantage):
-        from agentgym.trainers.ppo import train as recipe
-    else:
-        from agentgym.trainers.grpo import train as recipe
-    return recipe(cfg, hooks)
+    from agentgym.trainers.loop import run
+    from agentgym.trainers.phases import check_algo
+    check_algo(cfg)
+    return run(prepare(cfg, hooks), hooks)

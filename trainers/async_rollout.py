@@ -257,6 +257,13 @@ class AsyncRollout:
             self._consumed_at_version = 0
             self._cv.notify_all()
 
+    def weights_unchanged(self) -> None:
+        """A step ended without new weights (PPO's critic warm-up): the steps the current
+        version may train move on by one, as after an update to the same weights."""
+        with self._cv:
+            self._consumed_at_version = 0
+            self._cv.notify_all()
+
     def generate(self, rows: list[dict], n: int, seed: int, hooks, greedy: bool = False):
         """Evals and other one-off rollouts, next to the producer on the same engine."""
         return self.local.generate(rows, n, seed, hooks, greedy)

@@ -2,24 +2,44 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+import warnings
+from collections.abc import MutableMapping
+from dataclasses import dataclass
 
 import torch
 
 from agentgym.core.types import Trajectory
 
 
+#: the fields the step's phases fill in (None until then), in the order they do
+STAGE_FIELDS = ("old_logp", "ref_logp", "values", "last_values", "adv", "returns")
+
+
 @dataclass
 class Batch:
     """Right-padded tensors of ``B`` trajectories of up to ``T`` tokens.
 
-    ``input_ids``, ``attention_mask``, ``loss_mask`` (sampled tokens only) and
-    ``rollout_logp`` (the engine's logprobs, 0 where mask is 0) and ``token_rewards``
-    (each turn's env reward on the last token sampled in that turn, see
-    :func:`turn_reward_positions`) are ``(B, T)``; ``rewards`` (the episode reward) and
-    ``truncated`` (cut off by a turn or token budget, as opposed to terminated) are
-    ``(B,)``. ``extra`` holds tensors the recipe adds (old/ref logprobs, values,
-    advantages), all ``(B, T)`` or ``(B,)``.
+    From the trajectories (:func:`collate`):
+
+    * ``input_ids``, ``attention_mask`` ``(B, T)``;
+    * ``loss_mask`` ``(B, T)``: 1 on sampled tokens only;
+    * ``rollout_logp`` ``(B, T)``: the engine's logprobs of the sampled tokens (0 elsewhere);
+    * ``token_rewards`` ``(B, T)``: each turn's env reward on the last token sampled in that
+      turn (:func:`turn_reward_positions`);
+    * ``rewards`` ``(B,)``: the episode reward; ``truncated`` ``(B,)``: cut off by a turn or
+      token budget (as opposed to terminated);
+    * ``turn_ids`` ``(B, T)``: the turn of each sampled token, -1 elsewhere.
+
+    Filled in by the step's phases (None until then; :data:`STAGE_FIELDS`):
+
+    * ``old_logp`` ``(B, T)``: the trainer's logprobs before the update (omitted when the
+      update's own forward pass gives them, ``grpo.reuses_update_logprobs``);
+    * ``ref_logp`` ``(B, T)``: the frozen reference's (``algo.kl_coef`` > 0);
+    * ``values`` ``(B, T)``: the critic's value of each token's state; ``last_values``
+      ``(B,)``: of the state each sequence ends in (PPO);
+    * ``adv`` ``(B, T)``: each sampled token's advantage; ``returns`` ``(B, T)``: the
+      critic's targets (PPO; None for critic-free estimators).
     """
 
     input_ids: torch.Tensor
@@ -30,7 +50,6 @@ class Batch:
     uids: list[str]
     token_rewards: torch.Tensor
     truncated: torch.Tensor
-    extra: dict[str, torch.Tensor] = field(default_factory=dict)
     #: per row, the prompt's processed images (VL models; :mod:`agentgym.models.vision`) or None
     images: list | None = None
     #: per row, its episode (an agent episode may yield several rows; advantages count an
@@ -39,22 +58,71 @@ class Batch:
     #: ``(B, T)`` the turn (the env's step index) of each sampled token, -1 elsewhere: what
     #: turn-level estimators (:mod:`agentgym.trainers.turn_credit`) read; None when not collated here
     turn_ids: torch.Tensor | None = None
+    old_logp: torch.Tensor | None = None
+    ref_logp: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    last_values: torch.Tensor | None = None
+    adv: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
+
+    def map_tensors(self, fn) -> "Batch":
+        """A batch whose every tensor is ``fn(tensor)`` (the row lists kept as they are)."""
+        return dataclasses.replace(self, **{
+            f.name: fn(v) for f in dataclasses.fields(self)
+            if isinstance(v := getattr(self, f.name), torch.Tensor)})
 
     def select(self, index: list[int]) -> "Batch":
         """Rows ``index``, trimmed to their longest sequence."""
         idx = torch.tensor(index)
         width = int(self.attention_mask[idx].sum(-1).max())
-        cut = lambda t: t[idx, :width] if t.dim() == 2 else t[idx]  # noqa: E731
-        return Batch(cut(self.input_ids), cut(self.attention_mask), cut(self.loss_mask),
-                     cut(self.rollout_logp), cut(self.rewards), [self.uids[i] for i in index],
-                     cut(self.token_rewards), cut(self.truncated),
-                     {k: cut(v) for k, v in self.extra.items()},
-                     [self.images[i] for i in index] if self.images is not None else None,
-                     [self.episodes[i] for i in index] if self.episodes is not None else None,
-                     cut(self.turn_ids) if self.turn_ids is not None else None)
+        out = self.map_tensors(lambda t: t[idx, :width] if t.dim() == 2 else t[idx])
+        out.uids = [self.uids[i] for i in index]
+        out.images = [self.images[i] for i in index] if self.images is not None else None
+        out.episodes = [self.episodes[i] for i in index] if self.episodes is not None else None
+        return out
+
+    @property
+    def extra(self) -> "MutableMapping[str, torch.Tensor]":
+        """The phase fields as a mapping (``batch.adv``): the old access, kept for
+        one release with a DeprecationWarning; use the attributes."""
+        warnings.warn("Batch.extra[...] is Batch.<field> now (old_logp, ref_logp, values, "
+                      "last_values, adv, returns); the mapping works until the next release",
+                      DeprecationWarning, stacklevel=2)
+        return _StageFields(self)
+
+
+class _StageFields(MutableMapping):
+    """:attr:`Batch.extra`: the set phase fields of a batch, read and written by name."""
+
+    def __init__(self, batch: Batch) -> None:
+        self._b = batch
+
+    def _check(self, key: str) -> None:
+        if key not in STAGE_FIELDS:
+            raise KeyError(f"{key!r} is no batch field; valid: {', '.join(STAGE_FIELDS)}")
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        self._check(key)
+        if getattr(self._b, key) is None:
+            raise KeyError(key)
+        return getattr(self._b, key)
+
+    def __setitem__(self, key: str, value: torch.Tensor) -> None:
+        self._check(key)
+        setattr(self._b, key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self[key]  # noqa: B018 - KeyError when unset
+        setattr(self._b, key, None)
+
+    def __iter__(self):
+        return (k for k in STAGE_FIELDS if getattr(self._b, k) is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 def turn_reward_positions(traj: Trajectory) -> list[int]:

@@ -27,7 +27,7 @@ from agentgym.models.zoo import resolve_model
 from agentgym.trainers.algos import aggregate, explained_variance, masked_mean, value_loss
 from agentgym.trainers.backends.base import ModelSpec
 from agentgym.trainers.batch import Batch
-from agentgym.trainers.grpo import minibatch_updates
+from agentgym.trainers.phases import minibatch_updates
 from agentgym.trainers.run import make_backend
 
 logger = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class ValueLoss:
         dev = next(model.parameters()).device
         mask = mb.loss_mask.to(dev)
         v, _ = token_values(model, mb.input_ids.to(dev), mb.attention_mask.to(dev))
-        per_tok, stats = value_loss(v, mb.extra["values"].to(dev), mb.extra["returns"].to(dev),
+        per_tok, stats = value_loss(v, mb.values.to(dev), mb.returns.to(dev),
                                     mask, self.clip or None)
         loss = aggregate(per_tok, mask, self.mode, num_tokens=self.num_tokens,
                          num_seqs=self.num_seqs, norm_len=self.norm_len)
@@ -96,13 +96,13 @@ class Critic:
         return v, last
 
     def update(self, batch: Batch, step: int, hooks) -> dict[str, float]:
-        """``ppo_epochs`` x ``mini_batches`` steps on ``batch.extra['returns']`` with
-        value clipping around ``batch.extra['values']``; ``critic/…`` metrics."""
+        """``ppo_epochs`` x ``mini_batches`` steps on ``batch.returns`` with value clipping
+        around ``batch.values``; ``critic/…`` metrics."""
         mask = batch.loss_mask
-        m = {"critic/values_mean": float(masked_mean(batch.extra["values"], mask)),
-             "critic/returns_mean": float(masked_mean(batch.extra["returns"], mask)),
-             "critic/explained_var": explained_variance(batch.extra["values"],
-                                                        batch.extra["returns"], mask)}
+        m = {"critic/values_mean": float(masked_mean(batch.values, mask)),
+             "critic/returns_mean": float(masked_mean(batch.returns, mask)),
+             "critic/explained_var": explained_variance(batch.values,
+                                                        batch.returns, mask)}
         c = self.cfg
 
         def make_loss(mini: Batch):

@@ -15,12 +15,15 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from agentgym._compat import deprecated_attributes
 from agentgym.config import Config, to_dict
+
+if TYPE_CHECKING:
+    from agentgym.trainers.backends.base import Backend
 
 logger = logging.getLogger(__name__)
 
@@ -296,7 +299,7 @@ def _checkpoint_bytes(run_dir: Path, backend, critic) -> int | None:
 
 
 def make_backend(cfg: Config, spec, lr: float, cluster=None, total_steps: int | None = None,
-                 warmup_steps: int | None = None):
+                 warmup_steps: int | None = None) -> Backend:
     """The training backend (``trainer.backend``: single, or fsdp/deepspeed over
     ``trainer.nprocs`` rank processes, or rank actors of a Ray ``cluster``) for the model
     ``spec`` (a :class:`~agentgym.trainers.backends.base.ModelSpec`) describes. The LR schedule

@@ -83,14 +83,14 @@ def write_samples(run_dir: Path, step: int, n: int, trajs: list[Trajectory], bat
                   backend, tokenizer, temperature: float) -> Path | None:
     """Write step ``step``'s chosen samples to ``run_dir/samples/step_<step>.jsonl``.
 
-    ``batch`` is the step's collated batch after :func:`agentgym.trainers.grpo.advantages` (it holds
-    ``adv`` and, unless the update computes them, ``old_logp`` in ``batch.extra``)."""
+    ``batch`` is the step's collated batch after :func:`agentgym.trainers.phases.advantages` (it holds
+    ``adv`` and, unless the update computes them, ``old_logp`` of the batch)."""
     chosen = pick([t.reward for t in trajs], n)
     if not chosen:
         return None
     rows = [i for i, _ in chosen]
-    if "old_logp" in batch.extra:
-        logp = batch.extra["old_logp"][rows]
+    if batch.old_logp is not None:
+        logp = batch.old_logp[rows]
     else:  # the update computes its own: the chosen rows' here, before it changes weights
         with torch.no_grad():
             logp, _ = backend.logprobs(collate([trajs[i] for i in rows],
@@ -100,7 +100,7 @@ def write_samples(run_dir: Path, step: int, n: int, trajs: list[Trajectory], bat
         n = len(trajs[i].token_ids)
         mask = batch.loss_mask[i, :n] > 0
         trainer_logp.append(torch.where(mask, logp[j, :n].float(), 0.0).tolist())
-        adv.append(torch.where(mask, batch.extra["adv"][i, :n].float(), 0.0).tolist())
+        adv.append(torch.where(mask, batch.adv[i, :n].float(), 0.0).tolist())
     out = run_dir / "samples" / f"step_{step}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")

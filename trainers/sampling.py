@@ -176,3 +176,7 @@ class SyncSteps:
         trajs, self.cursor, m = collect(self.cfg, self.rollout, self.rows, self.cursor, step,
                                         self.hooks, self.curriculum)
         return trajs, m
+
+    def weights_unchanged(self) -> None:
+        """A step ended without new weights: the next one rolls out on the same (nothing
+        to do here; :meth:`AsyncRollout.weights_unchanged` opens its schedule)."""

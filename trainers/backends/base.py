@@ -18,7 +18,7 @@ A backend owns the policy's trainable weights and optimizer:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
 
@@ -67,21 +67,37 @@ class ModelSpec:
         return model
 
 
+@runtime_checkable
 class Backend(Protocol):
+    """What the step loop and its phases ask of a trainer backend. Both
+    :class:`~agentgym.trainers.backends.single.SingleBackend` (one process) and
+    :class:`~agentgym.trainers.backends.distributed.DistributedBackend` (FSDP2 / DeepSpeed
+    ranks) satisfy it (``tests/test_backends.py`` checks the signatures)."""
+
     def logprobs(self, batch: Batch, temperature: float,
-                 with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+                 with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(B, T)`` logprobs of each token under the current weights (and entropies)."""
 
-    def apply(self, fn, batch: Batch) -> list[torch.Tensor]: ...
+    def apply(self, fn, batch: Batch) -> list[torch.Tensor]:
+        """``fn(model, micro_batch)`` over the batch's micro-batches, without gradients."""
 
-    def split(self, batch: Batch) -> list[Batch]: ...
+    def split(self, batch: Batch) -> list[Batch]:
+        """The batch as this backend's micro-batches (token-budgeted; per rank)."""
 
-    def train_step(self, batches: list[Batch], loss_fn: LossFn) -> dict[str, float]: ...
+    def train_step(self, batches: list[Batch], loss_fn: LossFn) -> dict[str, float]:
+        """One optimizer step over ``batches`` (gradients accumulated); its metrics."""
 
-    def state_dict(self) -> dict[str, torch.Tensor]: ...
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The full weights, gathered (what the rollout engines load)."""
 
-    def save(self, path: str) -> None: ...
+    def save(self, path: str, tokenizer=None) -> None:
+        """Weights (HF format), optimizer and scheduler state under ``path``."""
 
-    def load(self, path: str) -> None: ...
+    def load(self, path: str) -> None:
+        """What :meth:`save` wrote."""
+
+    def close(self) -> None:
+        """Release the model (and a sharded backend's rank processes)."""
 
 
 def first_needed_position(loss_mask: torch.Tensor) -> int:

@@ -225,11 +225,11 @@ def dummy_like(batch: Batch) -> Batch:
     micro-batches runs to join the collectives of a step."""
     one = batch.select([0])
     width = min(2, one.input_ids.shape[1])
-    cut = lambda t: (t[:, :width] if t.dim() == 2 else t).clone()  # noqa: E731
-    return Batch(cut(one.input_ids), cut(one.attention_mask).fill_(1),
-                 cut(one.loss_mask).zero_(), cut(one.rollout_logp).zero_(),
-                 cut(one.rewards).zero_(), list(one.uids), cut(one.token_rewards).zero_(),
-                 cut(one.truncated), {k: cut(v).zero_() for k, v in one.extra.items()})
+    out = one.map_tensors(lambda t: (t[:, :width] if t.dim() == 2 else t).clone().zero_())
+    out.attention_mask.fill_(1)
+    out.input_ids, out.truncated = one.input_ids[:, :width].clone(), one.truncated.clone()
+    out.images = out.episodes = out.turn_ids = None
+    return out
 
 
 class DistributedBackend:
