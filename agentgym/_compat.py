@@ -43,6 +43,10 @@ MOVED = {
     "agentgym.answerable": "agentgym.envs.answerable",
     "agentgym.data.answerable": "agentgym.envs.answerable",
     "agentgym.data.arith": "agentgym.envs.arith",
+    "agentgym.trainers.local_rollout": "agentgym.trainers.workers",
+    "agentgym.trainers.async_rollout": "agentgym.trainers.async_steps",
+    "agentgym.trainers.sampling": "agentgym.trainers.steps",
+    "agentgym.trainers.samples": "agentgym.trainers.sample_log",
     "agentgym.serve": "agentgym.serving.serve",
     "agentgym.metrics": "agentgym.reporting.metrics",
     "agentgym.evaluation": "agentgym.reporting.evaluation",
@@ -129,12 +133,14 @@ def install() -> None:
         sys.meta_path.insert(1, _Folders())
 
 
-def moved_attribute(package: str, name: str, module: str):
-    """``module.name``, served under ``package`` with a DeprecationWarning pointing at the
-    caller (for a module ``__getattr__`` whose names moved to several modules)."""
-    warnings.warn(f"{package}.{name} moved to {module}.{name}; the old path works until the "
+def moved_attribute(package: str, name: str, module: str, new: str | None = None):
+    """``module.new`` (``new`` defaults to ``name``), served as ``package.name`` with a
+    DeprecationWarning pointing at the caller (for a module ``__getattr__`` whose names
+    moved to other modules, or were renamed)."""
+    new = new or name
+    warnings.warn(f"{package}.{name} moved to {module}.{new}; the old path works until the "
                   f"next release", DeprecationWarning, stacklevel=3)
-    return getattr(importlib.import_module(module), name)
+    return getattr(importlib.import_module(module), new)
 
 
 def deprecated_attributes(package: str, module: str, names: tuple[str, ...] = ()):

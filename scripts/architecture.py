@@ -60,7 +60,7 @@ ROLES = {
     "agentgym.data": "rows read, filtered and mixed; demonstrations built and replayed",
     "agentgym.reporting": "metrics, eval (pass@k), stats, the inspector page",
     "agentgym.serving": "agentgym serve (SGLang / OpenAI API), agent endpoints",
-    _TRAINERS: "recipes (GRPO family, PPO, SFT), algos, backends, async, Ray",
+    _TRAINERS: "one step loop (GRPO family, PPO), SFT, algos, backends, async, Ray",
     "agentgym.cli": "the agentgym command",
 }
 #: where each unit lives in the repository, and what it holds (docs/ARCHITECTURE.md's table,
@@ -105,10 +105,12 @@ HOLDS = {
     "agentgym.serving": "`serve` (`agentgym serve`: SGLang's native API and OpenAI's), "
                         "`openai_api` / `openai_chat` / `openai_stream` (OpenAI's API over any "
                         "engine), `agents` (`env=agent`: an endpoint per episode)",
-    _TRAINERS: "recipes (`grpo`, `ppo`, `sft`, `cold_start`), `sampling` (step 1), "
-               "`curriculum`, `local_rollout`, `async_rollout`, `ray_cluster`, `algos` (with "
-               "`group_stats`, `turn_credit`, `rollout_correction`), `backends/`, `critic`, "
-               "`lora`, `samples`, `run` (run dir, checkpoints, backends, reference)",
+    _TRAINERS: "`loop` (the one step loop), `phases` (what each step does), `session` (the "
+               "run around the steps), step sources `steps` (sync) and `async_steps`, "
+               "`curriculum`; workers `workers` (this process) and `ray_cluster`; recipes' "
+               "entry points `grpo`, `ppo`, `sft`, `cold_start`; `algos` (with `group_stats`, "
+               "`turn_credit`, `rollout_correction`), `backends/`, `critic`, `lora`, "
+               "`sample_log`, `hooks`, `run` (run dir, checkpoints, backends, reference)",
     "agentgym.cli": "the `agentgym` command: it owns printing and progress bars",
 }
 DOC = ROOT / "docs" / "ARCHITECTURE.md"
@@ -144,14 +146,15 @@ def write_docs() -> None:
 #: what it hands on). :func:`check_path` verifies each function is defined there.
 TRAJECTORY = [
     ("data", "agentgym.data.rows", "training_rows", "rows (a question, its gold answers)"),
-    ("step", "agentgym.trainers.sampling", "collect", "this step's prompts x n"),
+    ("step", "agentgym.trainers.steps", "collect", "this step's prompts x n"),
     ("manager", "agentgym.rollout.manager", "play",
      "token ids in, the loss mask built turn by turn"),
     ("engine", "agentgym.rollout.engines.hf", "generate", "sampled ids + their logprobs"),
     ("env", "agentgym.envs.base", "step", "an action parsed, an observation back"),
-    ("trainer", "agentgym.trainers.grpo", "update_policy",
+    ("trainer", "agentgym.trainers.phases", "update_policy",
      "Trajectory batch: mask, logprobs, advantages"),
-    ("weights", "agentgym.trainers.grpo", "sync", "new weights into the engine (version + 1)"),
+    ("weights", "agentgym.trainers.session", "sync",
+     "new weights into the engine (version + 1)"),
 ]
 
 

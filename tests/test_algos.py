@@ -622,7 +622,7 @@ def _update(model, batch, cfg, steps=2):
 
     from agentgym.trainers.backends.single import SingleBackend
     from agentgym.trainers.phases import update_policy
-    from agentgym.trainers.local_rollout import Hooks
+    from agentgym.trainers.hooks import Hooks
     backend = SingleBackend(copy.deepcopy(model), lr=1e-3)
     return backend, [update_policy(cfg, backend, batch, 1.0, s, Hooks()) for s in range(steps)]
 

@@ -15,8 +15,8 @@ from agentgym.data.rows import write_jsonl
 from agentgym.rollout.engines.hf import HFEngine
 from toy_envs import Gate, letter_rows
 from agentgym.trainers import train
-from agentgym.trainers.async_rollout import AsyncRollout
-from agentgym.trainers.local_rollout import LocalRollout
+from agentgym.trainers.async_steps import AsyncSteps
+from agentgym.trainers.workers import LocalWorkers
 
 
 def _metrics(run):
@@ -67,10 +67,10 @@ def _producer(tiny_model, tiny_tokenizer, max_staleness: int, P: int = 2, n: int
                         "rollout.max_turns": 3, "rollout.max_tokens_per_turn": 6,
                         "trainer.mode": "async", "trainer.max_staleness": max_staleness})
     engine = HFEngine(copy.deepcopy(tiny_model), tiny_tokenizer, batch_wait_s=0.002)
-    local = LocalRollout(cfg, engine, tiny_tokenizer)
+    local = LocalWorkers(cfg, engine, tiny_tokenizer)
     if version:  # a resumed run's engine holds the version it resumes from
         local.update_weights(tiny_model.state_dict(), version)
-    return AsyncRollout(cfg, local, rows or _talk_rows(40), start_group=start_group,
+    return AsyncSteps(cfg, local, rows or _talk_rows(40), start_group=start_group,
                         version=version, taken=taken)
 
 
@@ -115,7 +115,7 @@ def test_resume_after_out_of_order_takes_loses_and_repeats_nothing(tiny_model, t
     rows = _slow_first_rows(60, slow={0, 1, 5})
     weights = {k: v.clone() for k, v in tiny_model.state_dict().items()}
 
-    def run(ar, first: int, until) -> AsyncRollout:
+    def run(ar, first: int, until) -> AsyncSteps:
         try:
             step = first
             while not until(ar) and step < first + 40:

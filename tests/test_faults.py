@@ -52,7 +52,7 @@ from agentgym.cli import main
 from agentgym.models.zoo import load_model
 from agentgym.rollout.engines.base import ENGINES
 from agentgym.trainers.backends.single import SingleBackend
-from agentgym.trainers.local_rollout import Hooks
+from agentgym.trainers.hooks import Hooks
 from agentgym.trainers.run import (CheckpointError, checkpoint_state, latest_checkpoint, resume,
                           rng_state, save_checkpoint, set_rng_state)
 
@@ -208,7 +208,7 @@ def test_sandbox_worker_killed_mid_execution_is_replayed_not_trained_on(tiny_tok
     killer = threading.Thread(target=_kill_sandbox_worker_once, args=(killed, stop))
     killer.start()
     try:
-        traj = asyncio.run(mgr.rollout(code_row("what is 6 * 7?", "42"), uid="q0"))
+        traj = asyncio.run(mgr.play_one(code_row("what is 6 * 7?", "42"), uid="q0"))
     finally:
         stop.set()
         killer.join()

@@ -57,7 +57,7 @@ def _rollout(tok, script, retriever_url, **env_kw):
                                                            protocol="tools", topk=1, **env_kw),
                             RolloutConfig(max_turns=3, max_response_tokens=8192))
     try:
-        return asyncio.run(mgr.rollout(ROW, uid="q0")), engine
+        return asyncio.run(mgr.play_one(ROW, uid="q0")), engine
     finally:
         mgr.close()
 

@@ -77,7 +77,7 @@ def test_samples_per_step_hold_what_a_debugger_needs(run, tiny_tokenizer):
 
 
 def test_pick_spreads_over_the_reward_order():
-    from agentgym.trainers.samples import pick
+    from agentgym.trainers.sample_log import pick
     rewards = [0.5, 0.0, 1.0, 0.25, 0.75]
     assert pick(rewards, 3) == [(1, "worst"), (0, "median"), (2, "best")]
     assert pick(rewards, 1) == [(0, "median")]

@@ -22,7 +22,7 @@ ROW = search_row("what is the capital of australia", ["Canberra"], source="test"
 def run(engine, tok, env_factory, **cfg):
     mgr = GenerationManager(engine, tok, env_factory, RolloutConfig(**cfg))
     try:
-        return asyncio.run(mgr.rollout(ROW, uid="q0"))
+        return asyncio.run(mgr.play_one(ROW, uid="q0"))
     finally:
         mgr.close()
 

@@ -88,7 +88,7 @@ def talk_rollouts(engine, tok, rows=2, n=3, turns=3):
              "extra_info": {"index": i}} for i in range(rows)]
 
     async def go():
-        return await asyncio.gather(*(mgr.rollout(row, uid=str(i), sample_index=k)
+        return await asyncio.gather(*(mgr.play_one(row, uid=str(i), sample_index=k)
                                       for i, row in enumerate(data) for k in range(n)))
     try:
         return asyncio.run(go())

@@ -38,7 +38,7 @@ def rollout(tok, factory, actions, row, **budgets):
     engine = ScriptedEngine(tok, actions)
     mgr = GenerationManager(engine, tok, factory, RolloutConfig(**{**BIG, **budgets}))
     try:
-        return asyncio.run(mgr.rollout(row, uid="u0"))
+        return asyncio.run(mgr.play_one(row, uid="u0"))
     finally:
         mgr.close()
 

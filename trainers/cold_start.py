@@ -50,7 +50,7 @@ from agentgym.config import Config, env_names, to_dict
 from agentgym.data.rows import training_rows, write_jsonl
 from agentgym.core.device import engine_dtype, mixed_precision, resolve_device
 from agentgym.core.paths import cache_dir, file_digest
-from agentgym.trainers.local_rollout import Hooks
+from agentgym.trainers.hooks import Hooks
 from agentgym.trainers.run import latest_checkpoint, resolve_run_dir
 
 logger = logging.getLogger(__name__)
@@ -246,7 +246,7 @@ def _probe(cfg: Config, model_path: Path, rows: list[dict], hooks: Hooks, engine
     in-process HF engine: format validity and EM, with the run's budgets and tools."""
     from agentgym.models.zoo import load_tokenizer
     from agentgym.rollout.runtime import engine_for
-    from agentgym.trainers.local_rollout import evaluate
+    from agentgym.trainers.workers import evaluate
     tokenizer = load_tokenizer(model_path)
     own = engine is None
     if own:  # in this process, whatever engine RL uses: servers would hold other weights

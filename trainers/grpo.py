@@ -37,17 +37,17 @@ from pathlib import Path
 from agentgym._compat import moved_attribute
 from agentgym.config import Config
 from agentgym.trainers.algos import needs_critic
-from agentgym.trainers.local_rollout import Hooks
+from agentgym.trainers.hooks import Hooks
 from agentgym.trainers.loop import train as _loop_train
 
 #: names this module held, and where they live now (the old path works for one release)
-_MOVED = {**{n: "agentgym.trainers.sampling" for n in ("collect", "regroup", "rollout_metrics")},
+_MOVED = {**{n: "agentgym.trainers.steps" for n in ("collect", "regroup", "rollout_metrics")},
           **{n: "agentgym.trainers.phases" for n in (
               "check_algo", "reuses_update_logprobs", "drift_metrics", "score", "advantages",
               "PolicyLoss", "make_loss_fn", "minibatch_updates", "zero_gradient_rows",
               "update_policy")},
           **{n: "agentgym.trainers.session" for n in (
-              "check_vision", "setup", "make_rollout", "Session", "open_session",
+              "check_vision", "setup", "make_workers", "Session", "open_session",
               "step_source")},
           "make_backend": "agentgym.trainers.run"}
 

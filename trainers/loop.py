@@ -28,7 +28,7 @@ from agentgym.config import Config
 from agentgym.core.device import peak_memory_gb
 from agentgym.trainers.algos import needs_critic
 from agentgym.trainers.phases import advantages, check_algo, score, update_policy
-from agentgym.trainers.local_rollout import Hooks
+from agentgym.trainers.hooks import Hooks
 from agentgym.trainers.session import Session, open_session, step_source
 
 

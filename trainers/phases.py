@@ -19,7 +19,7 @@ from agentgym.trainers.algos import (ADVANTAGES, POLICY_LOSSES, aggregate, behav
                                      masked_mean, needs_groups, overlong_penalty)
 from agentgym.trainers.backends.base import Backend, first_needed_position, sequence_logprobs
 from agentgym.trainers.batch import Batch, collate
-from agentgym.trainers.local_rollout import Hooks
+from agentgym.trainers.hooks import Hooks
 
 logger = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from agentgym.config import Config
 from agentgym.trainers.algos import needs_critic
-from agentgym.trainers.local_rollout import Hooks
+from agentgym.trainers.hooks import Hooks
 from agentgym.trainers.loop import train as _loop_train
 
 

@@ -95,16 +95,16 @@ class RolloutWorker:
     def __init__(self, cfg: Config, path: str) -> None:
         from agentgym.models.zoo import load_tokenizer
         from agentgym.rollout.runtime import engine_for
-        from agentgym.trainers.local_rollout import LocalRollout
+        from agentgym.trainers.workers import LocalWorkers
         tokenizer = load_tokenizer(path)
-        self.local = LocalRollout(cfg, engine_for(cfg, path, tokenizer), tokenizer)
+        self.local = LocalWorkers(cfg, engine_for(cfg, path, tokenizer), tokenizer)
 
     def node(self) -> str:
         import ray
         return ray.get_runtime_context().get_node_id()
 
     def generate(self, rows: list[dict], n: int, seed: int, greedy: bool) -> list:
-        from agentgym.trainers.local_rollout import Hooks
+        from agentgym.trainers.hooks import Hooks
         return self.local.generate(rows, n, seed, Hooks(), greedy)
 
     def run_group(self, row: dict, uid: str, n: int, seed: int) -> list:
@@ -220,8 +220,8 @@ class RayRanks:
         self.actors = []
 
 
-class RayRollout:
-    """Rollouts on ``ray.rollout_workers`` actors, with :class:`~agentgym.trainers.local_rollout.LocalRollout`'s
+class RayWorkers:
+    """Rollouts on ``ray.rollout_workers`` actors, with :class:`~agentgym.trainers.workers.LocalWorkers`'s
     interface (``generate``, ``update_weights``, ``close``).
 
     A worker that dies during :meth:`generate` (its process killed, its node lost) is
@@ -339,3 +339,10 @@ def wait_for_nodes(address: str, n: int, timeout_s: float = 60.0) -> None:
         if time.monotonic() - start > timeout_s:
             raise TimeoutError(f"{address}: fewer than {n} Ray nodes after {timeout_s:.0f}s")
         time.sleep(0.5)
+
+
+def __getattr__(name: str):  # the old name (RayRollout), one release
+    if name == "RayRollout":
+        from agentgym._compat import moved_attribute
+        return moved_attribute(__name__, name, __name__, "RayWorkers")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

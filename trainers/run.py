@@ -1,7 +1,7 @@
 """What every training recipe (GRPO, PPO, SFT) shares: the run directory, atomic
 checkpoints and resume, the training backend (single, FSDP2, DeepSpeed, Ray ranks) and the
 frozen KL reference. Rollouts in this process, the progress hooks and the greedy eval are
-in :mod:`agentgym.trainers.local_rollout`."""
+in :mod:`agentgym.trainers.workers`."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from agentgym._compat import deprecated_attributes
+from agentgym._compat import moved_attribute
 from agentgym.config import Config, to_dict
 
 if TYPE_CHECKING:
@@ -28,9 +28,17 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
-# moved to trainers.local_rollout; the old path works for one release
-__getattr__ = deprecated_attributes(__name__, "agentgym.trainers.local_rollout", (
-    "Hooks", "LocalRollout", "evaluate", "eval_metrics", "split_by_env", "rollouts"))
+#: names this module held, and where they live now (the old path works for one release)
+_MOVED = {"Hooks": ("agentgym.trainers.hooks", "Hooks"),
+          "LocalRollout": ("agentgym.trainers.workers", "LocalWorkers"),
+          **{n: ("agentgym.trainers.workers", n)
+             for n in ("evaluate", "eval_metrics", "split_by_env", "rollouts")}}
+
+
+def __getattr__(name: str):
+    if name in _MOVED:
+        return moved_attribute(__name__, name, *_MOVED[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def resolve_run_dir(cfg: Config) -> Path:

@@ -24,11 +24,12 @@ from agentgym.rollout.engines.base import ENGINES
 from agentgym.rollout.runtime import engine_for
 from agentgym.trainers.backends.base import Backend
 from agentgym.trainers.batch import Batch
-from agentgym.trainers.local_rollout import Hooks, LocalRollout, eval_metrics
+from agentgym.trainers.hooks import Hooks
+from agentgym.trainers.workers import LocalWorkers, eval_metrics
 from agentgym.trainers.run import (make_backend, policy_spec, reference, resume, save_checkpoint,
                                    start_run)
-from agentgym.trainers.samples import write_samples
-from agentgym.trainers.sampling import SyncSteps
+from agentgym.trainers.sample_log import write_samples
+from agentgym.trainers.steps import SyncSteps
 
 logger = logging.getLogger(__name__)
 
@@ -52,9 +53,10 @@ def check_vision(cfg: Config, path) -> None:
 
 
 def setup(cfg: Config):
-    """Load the policy (trained), the rollouts (an engine with its own copy, here or in
-    Ray actors) and an optional frozen reference. Returns ``(path, tokenizer, backend,
-    rollout, ref_model, cluster)`` (``cluster``: the Ray placement, or None)."""
+    """Load the policy (trained), the workers that play episodes (an engine with its own
+    copy, here or in Ray actors) and an optional frozen reference. Returns ``(path,
+    tokenizer, backend, workers, ref_model, cluster)`` (``cluster``: the Ray placement, or
+    None)."""
     cluster = None
     if cfg.ray.address:
         from agentgym.trainers.ray_cluster import RayCluster
@@ -63,19 +65,19 @@ def setup(cfg: Config):
     check_vision(cfg, path)
     tokenizer = load_tokenizer(path)
     backend = make_backend(cfg, policy_spec(cfg, path), cfg.trainer.lr, cluster)
-    rollout = make_rollout(cfg, path, tokenizer, cluster)
+    workers = make_workers(cfg, path, tokenizer, cluster)
     ref = reference(cfg, path, backend) if cfg.algo.kl_coef > 0 else None
-    return path, tokenizer, backend, rollout, ref, cluster
+    return path, tokenizer, backend, workers, ref, cluster
 
 
-def make_rollout(cfg: Config, path, tokenizer, cluster=None):
-    """Where rollouts run: this process (:class:`~agentgym.trainers.local_rollout.LocalRollout`), or
+def make_workers(cfg: Config, path, tokenizer, cluster=None):
+    """Where episodes are played: this process (:class:`~agentgym.trainers.workers.LocalWorkers`), or
     ``ray.rollout_workers`` actors of a Ray ``cluster``. Engines whose weights live in
     servers (``engine=sglang``) are driven from this process either way."""
     if cluster is not None and ENGINES.get(cfg.engine.name).needs_model:
-        from agentgym.trainers.ray_cluster import RayRollout
-        return RayRollout(cluster, cfg, str(path))
-    return LocalRollout(cfg, engine_for(cfg, path, tokenizer), tokenizer)
+        from agentgym.trainers.ray_cluster import RayWorkers
+        return RayWorkers(cluster, cfg, str(path))
+    return LocalWorkers(cfg, engine_for(cfg, path, tokenizer), tokenizer)
 
 
 @dataclass(kw_only=True)
@@ -89,7 +91,7 @@ class Session:
     eval_rows: list[dict]
     tokenizer: Any
     backend: Backend  # SingleBackend, or DistributedBackend (FSDP2 / DeepSpeed ranks)
-    rollout: Any  # trainers.local_rollout.LocalRollout or trainers.ray_cluster.RayRollout
+    workers: Any  # where episodes are played: LocalWorkers, or ray_cluster.RayWorkers
     ref: Any  # the frozen KL reference (Reference), or None
     metrics_log: MetricsLogger
     critic: Any  # trainers.critic.Critic, or None
@@ -104,6 +106,9 @@ class Session:
     #: this process's service counters when the run started (``infra/*`` count from it)
     infra_base: dict = field(default_factory=infra_totals)
     curriculum: Any = None  # trainers.curriculum.Curriculum (data.curriculum=solve_rate)
+    #: where each step's trajectories come from (:func:`step_source`): it also pushes the
+    #: weights and closes the workers
+    steps: Any = None
 
     def end_step(self, done: int, m: dict) -> None:
         """Periodic eval, the step's metrics line, and a checkpoint when one is due.
@@ -154,7 +159,7 @@ class Session:
         """Greedy single-sample accuracy on the held-out rows; each question's outcome in
         ``eval/step_<step>.json`` (for the paired test of two steps,
         :func:`agentgym.reporting.evaluation.paired_steps`)."""
-        trajs = self.rollout.generate(self.eval_rows, 1, self.cfg.trainer.seed, self.hooks,
+        trajs = self.workers.generate(self.eval_rows, 1, self.cfg.trainer.seed, self.hooks,
                                       greedy=True)
         write_outcomes(self.run_dir / "eval" / f"step_{step}.json", trajs)
         return eval_metrics(trajs, per_env=is_mixed(self.cfg))
@@ -163,7 +168,7 @@ class Session:
         """A new policy version: the trainer's full weights, gathered once, into every
         rollout engine."""
         self.version += 1
-        self.rollout.update_weights(self.backend.state_dict(), self.version)
+        (self.steps or self.workers).update_weights(self.backend.state_dict(), self.version)
 
     def finish(self) -> None:
         """The final held-out eval (when configured and a step ran)."""
@@ -174,7 +179,7 @@ class Session:
             self.hooks.step_end(t.total_steps, final)
 
     def close(self) -> None:
-        self.rollout.close()
+        (self.steps or self.workers).close()  # a step source closes its workers
         self.metrics_log.close()
         self.backend.close()  # a sharded backend stops its rank processes / actors
         if self.critic is not None:
@@ -201,7 +206,7 @@ def open_session(cfg: Config, hooks: Hooks | None = None,
     if t.eval_limit:
         hooks.announce(held_out.describe(t.eval_data, "held-out"))
     eval_rows = held_out.rows
-    path, tokenizer, backend, rollout, ref, cluster = setup(cfg)
+    path, tokenizer, backend, workers, ref, cluster = setup(cfg)
     critic = make_critic(path, cluster) if make_critic else None
     if cluster is not None:
         (run_dir / "placement.json").write_text(json.dumps(
@@ -210,10 +215,10 @@ def open_session(cfg: Config, hooks: Hooks | None = None,
     state = resume(t.resume, run_dir, backend, critic.backend if critic else None)
     start = state["step"]
     version = state.get("policy_version", start)
-    if version or getattr(rollout, "remote", False):  # servers start from their own copy
-        rollout.update_weights(backend.state_dict(), version)
+    if version or getattr(workers, "remote", False):  # servers start from their own copy
+        workers.update_weights(backend.state_dict(), version)
     s = Session(cfg=cfg, hooks=hooks, run_dir=run_dir, rows=rows, eval_rows=eval_rows,
-                tokenizer=tokenizer, backend=backend, rollout=rollout, ref=ref,
+                tokenizer=tokenizer, backend=backend, workers=workers, ref=ref,
                 metrics_log=MetricsLogger(run_dir, resume_step=start, sink=t.logger,
                                           config=to_dict(cfg)),
                 critic=critic, cluster=cluster, start=start,
@@ -232,14 +237,15 @@ def open_session(cfg: Config, hooks: Hooks | None = None,
 def step_source(cfg: Config, s: Session):
     """Where each step's trajectories come from, the same for every algorithm, behind one
     interface (``take(step)``, ``weights_unchanged()``, ``cursor``, ``taken_after_cursor``):
-    :class:`~agentgym.trainers.sampling.SyncSteps`, or with ``trainer.mode=async`` an
-    :class:`~agentgym.trainers.async_rollout.AsyncRollout` that keeps rolling out while the
+    :class:`~agentgym.trainers.steps.SyncSteps`, or with ``trainer.mode=async`` an
+    :class:`~agentgym.trainers.async_steps.AsyncSteps` that keeps rolling out while the
     trainer trains (it then also serves the session's evals and weight pushes)."""
     if cfg.trainer.mode == "async":
         if s.curriculum:
             raise ValueError("data.curriculum=solve_rate picks each step's prompts from the "
                              "last step's outcomes; run it with trainer.mode=sync")
-        from agentgym.trainers.async_rollout import AsyncRollout
-        s.rollout = AsyncRollout(cfg, s.rollout, s.rows, s.cursor, s.version, s.taken)
-        return s.rollout
-    return SyncSteps(cfg, s.rollout, s.rows, s.cursor, s.hooks, s.curriculum)
+        from agentgym.trainers.async_steps import AsyncSteps
+        s.steps = AsyncSteps(cfg, s.workers, s.rows, s.cursor, s.version, s.taken)
+    else:
+        s.steps = SyncSteps(cfg, s.workers, s.rows, s.cursor, s.hooks, s.curriculum)
+    return s.steps

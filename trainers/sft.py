@@ -37,7 +37,7 @@ from agentgym.core.types import Trajectory
 from agentgym.trainers.algos import aggregate
 from agentgym.trainers.backends.base import first_needed_position, sequence_logprobs
 from agentgym.trainers.batch import Batch, collate
-from agentgym.trainers.local_rollout import Hooks
+from agentgym.trainers.hooks import Hooks
 from agentgym.trainers.run import make_backend, policy_spec, resume, save_checkpoint, start_run
 
 logger = logging.getLogger(__name__)
@@ -204,7 +204,7 @@ def evaluate_policy(cfg: Config, backend, tokenizer, path, hooks: Hooks) -> dict
     merged, loaded into an engine's copy of the model): format validity and EM."""
     from agentgym.data.rows import load_rows
     from agentgym.rollout.runtime import engine_for
-    from agentgym.trainers.local_rollout import evaluate
+    from agentgym.trainers.workers import evaluate
     rows = load_rows(cfg.env, cfg.trainer.eval_data, cfg.sft.eval_limit)
     engine = engine_for(cfg, path, tokenizer)
     try:

@@ -104,7 +104,7 @@ class GenerationManager:
         ["infra_failures"] > 0``, the reason in ``info["infra_error"]``) is, with
         ``rollout.on_infra_error=retry``, played once more with the same seed when the
         local services are healthy again (``metrics["infra_retried"] = 1``); whether a
-        still-marked episode is trained on is the trainer's choice (``agentgym.trainers.sampling``).
+        still-marked episode is trained on is the trainer's choice (``agentgym.trainers.steps``).
         """
         parts = await self._play(row, uid, sample_index, base_seed)
         if parts[-1].metrics["infra_failures"] and self.cfg.on_infra_error == "retry":
@@ -117,14 +117,23 @@ class GenerationManager:
                 t.metrics["infra_retried"] = 1.0
         return parts
 
-    async def rollout(self, row: dict, uid: str = "0", sample_index: int = 0,
-                      base_seed: int | None = None) -> Trajectory:
+    async def play_one(self, row: dict, uid: str = "0", sample_index: int = 0,
+                       base_seed: int | None = None) -> Trajectory:
         """:meth:`play` for an episode that stays one trajectory (``rollout.context=keep``)."""
         parts = await self.play(row, uid, sample_index, base_seed)
         if len(parts) != 1:
             raise ValueError(f"episode {uid}/{sample_index} became {len(parts)} trajectories "
                              f"(rollout.context={self.cfg.context}); use play()")
         return parts[0]
+
+    async def rollout(self, row: dict, uid: str = "0", sample_index: int = 0,
+                      base_seed: int | None = None) -> Trajectory:
+        """The old name of :meth:`play_one` (one release, with a DeprecationWarning)."""
+        import warnings
+        warnings.warn("GenerationManager.rollout is GenerationManager.play_one (an episode "
+                      "that stays one trajectory; play() returns them all); the old name "
+                      "works until the next release", DeprecationWarning, stacklevel=2)
+        return await self.play_one(row, uid, sample_index, base_seed)
 
     def _tokens_per_turn(self, row: dict) -> int:
         """One action's token budget: the row's env's own in a mixed run, else the run's."""

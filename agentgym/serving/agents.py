@@ -245,8 +245,8 @@ class AgentManager:
                               code="episode_not_found")
         return self.episodes[eid]
 
-    async def rollout(self, row: dict, uid: str, k: int,
-                      base_seed: int | None = None) -> list[Trajectory]:
+    async def play(self, row: dict, uid: str, k: int,
+                   base_seed: int | None = None) -> list[Trajectory]:
         """One episode of ``row``: its trajectories (none when the agent failed)."""
         from agentgym.rollout.manager import trajectory_seed
         seed = trajectory_seed(self.seed if base_seed is None else base_seed, uid, k)
@@ -314,7 +314,6 @@ class AgentManager:
                 "agent/drift_calls": s["drifted_calls"] / calls,
                 "agent/drift_tokens": s["drift_tokens"] / calls}
 
-    play = rollout  # the GenerationManager's name for an episode's trajectories
 
     async def run(self, rows: list[dict], n: int | None = None, on_done=None) -> list:
         from agentgym.rollout.manager import row_uid
@@ -323,7 +322,7 @@ class AgentManager:
 
         async def one(i: int, row: dict, k: int) -> list:
             async with gate:
-                trajs = await self.rollout(row, row_uid(row, i), k)
+                trajs = await self.play(row, row_uid(row, i), k)
             if on_done is not None:
                 on_done(trajs)
             return trajs

@@ -1,6 +1,6 @@
-"""Rollouts in the trainer's process: :class:`LocalRollout` (an engine and a generation
-manager; Ray puts the same in actors, :mod:`agentgym.trainers.ray_cluster`), the progress
-:class:`Hooks` the CLI draws from, and the held-out eval's metrics."""
+"""Where episodes are played, in the trainer's process: :class:`LocalWorkers` (an engine
+and a generation manager; Ray puts the same in actors, :class:`~agentgym.trainers.
+ray_cluster.RayWorkers`), and the held-out eval's metrics."""
 
 from __future__ import annotations
 
@@ -13,19 +13,9 @@ import threading
 from agentgym.config import Config, is_mixed
 from agentgym.rollout.manager import GenerationManager, summarize
 from agentgym.rollout.runtime import env_factory, played_by_program
+from agentgym.trainers.hooks import Hooks
 
 logger = logging.getLogger(__name__)
-
-
-class Hooks:
-    """Progress callbacks; the CLI draws bars and prints from them (library code logs)."""
-
-    def phase(self, name: str, total: int) -> None: ...
-    def advance(self, k: int = 1) -> None: ...
-    def step_end(self, step: int, metrics: dict) -> None: ...
-    def announce(self, text: str) -> None:
-        """A stage starts, or a fact the user should see (the CLI prints it)."""
-        logger.info("%s", text)
 
 
 async def rollouts(manager: GenerationManager, rows: list[dict], n: int, hooks: Hooks):
@@ -54,15 +44,15 @@ def eval_metrics(trajs: list, per_env: bool = False) -> dict:
 
 def evaluate(cfg: Config, engine, tokenizer, rows: list[dict], hooks: Hooks) -> dict:
     """Greedy single-sample accuracy on ``rows`` (the same env, budgets and tools)."""
-    rollout = LocalRollout(cfg, engine, tokenizer)
+    workers = LocalWorkers(cfg, engine, tokenizer)
     try:
-        return eval_metrics(rollout.generate(rows, 1, cfg.trainer.seed, hooks, greedy=True),
+        return eval_metrics(workers.generate(rows, 1, cfg.trainer.seed, hooks, greedy=True),
                             per_env=is_mixed(cfg))
     finally:
-        rollout.close(engine_too=False)
+        workers.close(engine_too=False)
 
 
-class LocalRollout:
+class LocalWorkers:
     """Rollouts in this process: the engine and a generation manager (the default; Ray
     puts the same in actors, :mod:`agentgym.trainers.ray_cluster`).
 
@@ -140,3 +130,10 @@ class LocalRollout:
         self._managers = {}
         if engine_too:
             self.engine.close()
+
+
+def __getattr__(name: str):  # the old name (trainers.local_rollout.LocalRollout), one release
+    if name == "LocalRollout":
+        from agentgym._compat import moved_attribute
+        return moved_attribute(__name__, name, __name__, "LocalWorkers")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,8 +1,8 @@
 """Step 1 of a recipe, rollouts: ``collect`` (this step's prompts, DAPO's dynamic sampling),
 ``rollout_metrics`` and ``regroup``; and the one interface the sync and async paths share,
 ``take(step) -> (trajectories, metrics)`` with ``cursor`` / ``taken_after_cursor`` (the data
-position a checkpoint keeps): :class:`SyncSteps` here, :class:`agentgym.trainers.async_rollout.
-AsyncRollout` when rollouts keep going while the trainer trains.
+position a checkpoint keeps): :class:`SyncSteps` here, :class:`agentgym.trainers.async_steps.
+AsyncSteps` when rollouts keep going while the trainer trains.
 """
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ from agentgym.config import Config, is_mixed
 from agentgym.core.types import Trajectory
 from agentgym.rollout.manager import last_parts, summarize
 from agentgym.trainers.algos import groups_with_signal, signal_share
-from agentgym.trainers.local_rollout import Hooks, split_by_env
+from agentgym.trainers.hooks import Hooks
+from agentgym.trainers.workers import split_by_env
 
 logger = logging.getLogger(__name__)
 
 
-def collect(cfg: Config, rollout, rows: list[dict], cursor: int,
+def collect(cfg: Config, workers, rows: list[dict], cursor: int,
             step: int, hooks: Hooks, curriculum=None) -> tuple[list[Trajectory], int, dict]:
     """Roll out this step's prompts from ``rows[cursor:]``; return the trajectories to
     train on, the next data position and rollout metrics (over *every* sampled
@@ -46,7 +47,7 @@ def collect(cfg: Config, rollout, rows: list[dict], cursor: int,
                   [(cursor + i) % len(rows) for i in range(need)])
         step_rows = [rows[i] for i in picked]
         cursor += need
-        trajs = rollout.generate(step_rows, cfg.rollout.n, t.seed * 1_000_003 + step + 104_729 * rnd,
+        trajs = workers.generate(step_rows, cfg.rollout.n, t.seed * 1_000_003 + step + 104_729 * rnd,
                                  hooks)
         if curriculum:
             # one trajectory per episode (its last, when rollout.context split it): n a row
@@ -66,7 +67,7 @@ def collect(cfg: Config, rollout, rows: list[dict], cursor: int,
         if n_kept >= t.prompts_per_step:
             break
     m = {**rollout_metrics(seen, per_env=is_mixed(cfg)), **infra_metrics(seen, infra_dropped),
-         **(cm if curriculum else {}), **getattr(rollout, "extra_metrics", dict)()}
+         **(cm if curriculum else {}), **getattr(workers, "extra_metrics", dict)()}
     if a.dynamic_sampling:
         groups = len({tr.uid for tr in seen})
         m.update({"rollout/sampling_rounds": float(rounds),
@@ -167,16 +168,22 @@ class SyncSteps:
 
     taken_after_cursor: list[int] = []  # prompts are taken in order: nothing after the cursor
 
-    def __init__(self, cfg: Config, rollout, rows: list[dict], cursor: int, hooks: Hooks,
+    def __init__(self, cfg: Config, workers, rows: list[dict], cursor: int, hooks: Hooks,
                  curriculum=None) -> None:
-        self.cfg, self.rollout, self.rows, self.cursor, self.hooks = cfg, rollout, rows, cursor, hooks
-        self.curriculum = curriculum
+        self.cfg, self.workers, self.rows, self.cursor = cfg, workers, rows, cursor
+        self.hooks, self.curriculum = hooks, curriculum
 
     def take(self, step: int) -> tuple[list[Trajectory], dict]:
-        trajs, self.cursor, m = collect(self.cfg, self.rollout, self.rows, self.cursor, step,
+        trajs, self.cursor, m = collect(self.cfg, self.workers, self.rows, self.cursor, step,
                                         self.hooks, self.curriculum)
         return trajs, m
 
+    def update_weights(self, state_dict: dict, version: int) -> None:
+        self.workers.update_weights(state_dict, version)
+
+    def close(self) -> None:
+        self.workers.close()
+
     def weights_unchanged(self) -> None:
         """A step ended without new weights: the next one rolls out on the same (nothing
-        to do here; :meth:`AsyncRollout.weights_unchanged` opens its schedule)."""
+        to do here; :meth:`AsyncSteps.weights_unchanged` opens its schedule)."""

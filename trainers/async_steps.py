@@ -23,10 +23,10 @@ Group ``g`` plays row ``g`` with the seed and uid synchronous training gives it 
 weights it trains, so the run reproduces synchronous training sample for sample.
 
 Every group is consumed or dropped exactly once. Groups are taken oldest *finished*
-first, so the groups taken are not always a prefix: :attr:`AsyncRollout.cursor` is the
-first group not taken and :attr:`AsyncRollout.taken_after_cursor` the ones after it that
+first, so the groups taken are not always a prefix: :attr:`AsyncSteps.cursor` is the
+first group not taken and :attr:`AsyncSteps.taken_after_cursor` the ones after it that
 were; a checkpoint keeps both, and a resumed run skips those. Groups in flight or
-finished but not taken at a kill are rolled out again. :meth:`AsyncRollout.restart` (a
+finished but not taken at a kill are rolled out again. :meth:`AsyncSteps.restart` (a
 crashed producer) re-schedules the groups that were in flight and keeps the finished
 ones.
 """
@@ -41,15 +41,22 @@ import time
 from agentgym.config import is_mixed
 from agentgym.core.types import Trajectory
 from agentgym.rollout.manager import row_uid
-from agentgym.trainers.sampling import infra_metrics, regroup, rollout_metrics, without_infra_failures
+from agentgym.trainers.steps import infra_metrics, regroup, rollout_metrics, without_infra_failures
 
 logger = logging.getLogger(__name__)
 
 
-class AsyncRollout:
+def __getattr__(name: str):  # the old name (trainers.async_rollout.AsyncRollout), one release
+    if name == "AsyncRollout":
+        from agentgym._compat import moved_attribute
+        return moved_attribute(__name__, name, __name__, "AsyncSteps")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class AsyncSteps:
     """Continuous rollouts over ``rows`` from group ``start_group`` on (module docstring).
 
-    Wraps a :class:`~agentgym.trainers.local_rollout.LocalRollout` or a :class:`~agentgym.trainers.ray_cluster.RayRollout`
+    Wraps a :class:`~agentgym.trainers.workers.LocalWorkers` or a :class:`~agentgym.trainers.ray_cluster.RayWorkers`
     (their ``run_group`` rolls out one group: in this process, or on the rollout worker
     with the fewest groups in flight; their ``generate`` serves evals);
     ``update_weights`` pushes to the engines and opens the schedule.

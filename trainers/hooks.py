@@ -1,0 +1,19 @@
+"""The progress callbacks training calls (:class:`Hooks`): the CLI draws its bars and prints
+from them; library code only logs."""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+
+
+class Hooks:
+    """Progress callbacks; the CLI draws bars and prints from them (library code logs)."""
+
+    def phase(self, name: str, total: int) -> None: ...
+    def advance(self, k: int = 1) -> None: ...
+    def step_end(self, step: int, metrics: dict) -> None: ...
+    def announce(self, text: str) -> None:
+        """A stage starts, or a fact the user should see (the CLI prints it)."""
+        logger.info("%s", text)
