@@ -245,3 +245,15 @@ def test_search_retrieval_reward_pays_the_first_search_that_finds_the_answer(ret
     from agentgym.config import build_config
     with pytest.raises(ValueError, match="search.retrieval_reward"):
         build_config({"search.retrieval_reward": -0.5})
+
+
+def test_an_env_builds_itself_from_the_config():
+    """``AgentEnv.from_config``: the env reads its own section and the run's budgets (its
+    presets among them), and the result obeys the contract."""
+    from agentgym.config import build_config
+    cfg = build_config({"env": "geometry", "geometry.tool": True, "geometry.rel_tol": 1e-3})
+    env = envs.env_class("geometry").from_config(cfg)
+    assert (env.tool, env.rel_tol, env.max_turns) == (True, 1e-3, 2)  # 2: the env's preset
+    assert env.stop_strings == ("</calculator>",)
+    check_env(env)
+    assert envs.env_class("geometry").from_config(cfg, max_turns=3).max_turns == 3
