@@ -135,12 +135,24 @@ def install() -> None:
 
 def moved_attribute(package: str, name: str, module: str, new: str | None = None):
     """``module.new`` (``new`` defaults to ``name``), served as ``package.name`` with a
-    DeprecationWarning pointing at the caller (for a module ``__getattr__`` whose names
-    moved to other modules, or were renamed)."""
+    DeprecationWarning pointing at the caller of the module ``__getattr__`` that calls it."""
     new = new or name
     warnings.warn(f"{package}.{name} moved to {module}.{new}; the old path works until the "
                   f"next release", DeprecationWarning, stacklevel=3)
     return getattr(importlib.import_module(module), new)
+
+
+def moved_names(package: str, moved: dict[str, str]):
+    """A module ``__getattr__`` for ``package`` serving each old name of ``moved`` (old name
+    -> ``"module"``, or ``"module:new_name"`` for a rename) with a DeprecationWarning."""
+
+    def __getattr__(name: str):
+        if name not in moved:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        module, _, new = moved[name].partition(":")
+        return moved_attribute(package, name, module, new or None)
+
+    return __getattr__
 
 
 def deprecated_attributes(package: str, module: str, names: tuple[str, ...] = ()):
@@ -149,13 +161,9 @@ def deprecated_attributes(package: str, module: str, names: tuple[str, ...] = ()
     held, or names that moved out of a module."""
 
     def __getattr__(name: str):
-        if name.startswith("__") or (names and name not in names):
+        if name.startswith("__") or (names and name not in names) or \
+                not hasattr(importlib.import_module(module), name):
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        target = importlib.import_module(module)
-        if not hasattr(target, name):
-            raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        warnings.warn(f"{package}.{name} moved to {module}.{name}; the old path works until "
-                      f"the next release", DeprecationWarning, stacklevel=2)
-        return getattr(target, name)
+        return moved_attribute(package, name, module)
 
     return __getattr__

@@ -398,7 +398,8 @@ def cmd_plan(args: list[str]) -> int:
 def cmd_index(args: list[str]) -> int:
     """``agentgym index build --corpus FILE --method dense|bm25 --out DIR``."""
     p = argparse.ArgumentParser(prog="agentgym index", description="Build a retrieval index "
-                                "for `agentgym serve-retriever` / `python -m agentgym.retriever_server`.")
+                                "for `agentgym serve-retriever` / "
+                                "`python -m agentgym.retriever_server`.")
     sub = p.add_subparsers(dest="action", required=True)
     b = sub.add_parser("build", help="index a Search-R1 JSONL(.gz) corpus (id, contents)")
     b.add_argument("--corpus", type=Path, required=True)
@@ -449,7 +450,8 @@ def cmd_index(args: list[str]) -> int:
 
 
 def cmd_serve_retriever(args: list[str]) -> int:
-    """``agentgym serve-retriever --index DIR [--port N …]`` (= python -m agentgym.retriever_server)."""
+    """``agentgym serve-retriever --index DIR [--port N …]`` (= ``python -m
+    agentgym.retriever_server``)."""
     from agentgym.retriever_server.__main__ import add_server_args, serve
 
     p = argparse.ArgumentParser(prog="agentgym serve-retriever",
@@ -582,14 +584,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"agentgym {command}: error: {msg}", file=sys.stderr)
         return 2
     except (OSError, ServiceFailed) as e:  # a checkpoint (2) or a service (1): says what to do
-        from agentgym.trainers.run import CheckpointError  # loaded by then; torch stays out of --help
+        # loaded by then; importing it here keeps torch out of --help
+        from agentgym.trainers.run import CheckpointError
         if isinstance(e, OSError) and not isinstance(e, CheckpointError):
             raise
         log.debug("command failed", exc_info=True)
         print(f"agentgym {command}: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, CheckpointError) else 1
     finally:  # an MCP server lives as long as the command that connected to it
-        sys.modules.get("agentgym.tools.mcp_client") and sys.modules["agentgym.tools.mcp_client"].close_shared()
+        if (mcp := sys.modules.get("agentgym.tools.mcp_client")) is not None:
+            mcp.close_shared()
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ each env class declares them (``AgentEnv.config_sections``) and :data:`Config` i
 with every discovered env's, so an env added under ``envs/`` brings its keys along.
 
 Precedence, lowest first: dataclass defaults, the environment's preset (its class's
-``presets``: :func:`agentgym.presets.env_presets`), the command's own defaults (e.g. ``train``'s group of 5), the
+``presets``: :func:`agentgym.presets.env_presets`), the command's own defaults (e.g.
+``train``'s group of 5), the
 algorithm's preset (``algo=ppo``, :data:`ALGO_PRESETS`), a recipe's keys
 (``recipe=search_r1_qwen2.5_3b_grpo``: ``recipes/``), then the user's overrides.
 """
@@ -27,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from agentgym._compat import moved_names
 from agentgym.core.registry import check_choices, did_you_mean  # noqa: F401
 from agentgym.presets import (ALGO_PRESETS, ALIASES, PER_ENV_KEYS, env_presets,  # noqa: F401
                               load_recipe)
@@ -404,8 +406,6 @@ class RunConfig:
     recipe: str = ""  # recipes/NAME.yaml (or a .yaml path) layered under the user's keys
 
 
-
-
 def _with_env_sections(base: type) -> type:
     """``base`` with a field per config section the discovered envs own (their classes'
     ``config_sections``), each defaulting to its dataclass's defaults."""
@@ -420,17 +420,12 @@ def _with_env_sections(base: type) -> type:
 #: the whole config: :class:`RunConfig` and every env's sections
 Config = _with_env_sections(RunConfig)
 
-_MOVED_SECTIONS = {"SearchConfig": "agentgym.envs.search", "RetrieverConfig": "agentgym.envs.search",
-                   "CodeConfig": "agentgym.envs.code", "GeometryConfig": "agentgym.envs.geometry",
-                   "MCPConfig": "agentgym.envs.mcp_env", "SandboxConfig": "agentgym.tools.sandbox",
-                   "ENV_PRESETS": "agentgym.presets"}
-
-
-def __getattr__(name: str):  # the env sections moved into their envs (one release)
-    from agentgym._compat import moved_attribute
-    if name in _MOVED_SECTIONS:
-        return moved_attribute(__name__, name, _MOVED_SECTIONS[name])
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# the env sections moved into their envs (the old names work for one release)
+__getattr__ = moved_names(__name__, {
+    "SearchConfig": "agentgym.envs.search", "RetrieverConfig": "agentgym.envs.search",
+    "CodeConfig": "agentgym.envs.code", "GeometryConfig": "agentgym.envs.geometry",
+    "MCPConfig": "agentgym.envs.mcp_env", "SandboxConfig": "agentgym.tools.sandbox",
+    "ENV_PRESETS": "agentgym.presets"})
 
 
 def _field_names(obj: Any) -> list[str]:

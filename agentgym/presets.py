@@ -1,5 +1,6 @@
 """The presets a configuration is layered from (:func:`agentgym.config.build_config`):
-each env's (its class's ``presets``), each algorithm's, the key shorthands, the keys a mixed run may set per env,
+each env's (its class's ``presets``), each algorithm's, the key shorthands, the keys a
+mixed run may set per env,
 and the recipes (``recipes/*.yaml``: a paper's or the demo's settings as dotted keys).
 """
 
@@ -62,7 +63,7 @@ def __getattr__(name: str):  # ENV_PRESETS: each env's presets are its class's (
         warnings.warn("agentgym.presets.ENV_PRESETS moved to each env class's presets "
                       "(agentgym.presets.env_presets(name)); the old name works until the next "
                       "release", DeprecationWarning, stacklevel=2)
-        return {short: dict(envs.env_class(short).presets) for short in envs.short_names()}
+        return {short: env_presets(short) for short in envs.short_names()}
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -30,7 +30,8 @@ from bench.report import write_section  # noqa: E402
 from agentgym.envs.rewards import normalize_answer  # noqa: E402
 from agentgym.retriever_server.corpus import read_corpus  # noqa: E402
 from agentgym.retriever_server.encoder import EncoderSpec  # noqa: E402
-from agentgym.retriever_server.index import build_index, is_index, load_index, save_index  # noqa: E402
+from agentgym.retriever_server.index import (build_index, is_index, load_index,  # noqa: E402
+                                             save_index)
 
 CORPUS = data_dir() / "corpus" / "wiki_passages.jsonl.gz"
 KS = (1, 3, 5, 10, 20)

@@ -19,5 +19,6 @@ discover_envs()  # every module of this folder: each env class registers itself
 register_entry_points()  # installed packages' envs (group agentgym.envs, envs.plugins)
 
 __all__ = ["AgentEnv", "MessagesSpace", "TextSpace", "EnvContractError", "check_env",
-           "config_sections", "default_env", "discover_envs", "env_aliases", "env_class", "env_ids", "make_env", "register_entry_points", "register_env",
-           "resolve_env_id", "short_name", "short_names"]
+           "config_sections", "default_env", "discover_envs", "env_aliases", "env_class",
+           "env_ids", "make_env", "register_entry_points", "register_env", "resolve_env_id",
+           "short_name", "short_names"]

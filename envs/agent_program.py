@@ -15,6 +15,7 @@ class PlayedByProgram(NotSteppable):
 class AgentProgram(AgentEnv, env_id="agentgym/Agent-v0", short="agent"):
     """Stands for ``env=agent`` in the registry (see the module docstring)."""
 
+    # the user's agent program plays the rows (agent=); data= names them, no held-out set
     presets = {"trainer.eval_limit": 0, "data.answerable_only": False}
     plays_any_rows = True  # an agent program plays any env's rows
     played_by_program = True

@@ -191,10 +191,20 @@ class AgentEnv(gymnasium.Env, abc.ABC):
         """The keyword arguments :attr:`demonstrate` takes from the config."""
         return {}
 
+    #: config keys and the values :attr:`demonstrate` needs (``{"search.protocol": "tags"}``:
+    #: the builder writes the text tags)
+    demo_requires: dict[str, Any] = {}
+
     @classmethod
     def demo_refusal(cls, cfg) -> str | None:
-        """Why this config's protocol has no demonstrations (None: it has them)."""
-        return None if cls.demonstrate is not None else "it has no demonstration builder"
+        """Why there are no demonstrations under ``cfg`` (None: there are)."""
+        if cls.demonstrate is None:
+            return "it has no demonstration builder"
+        for key, want in cls.demo_requires.items():
+            section, _, name = key.partition(".")
+            if (value := getattr(getattr(cfg, section), name)) != want:
+                return f"its demonstration builder needs {key}={want}, not {value}"
+        return None
 
     @classmethod
     def sources(cls, cfg) -> Any:

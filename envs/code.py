@@ -20,7 +20,8 @@ action with neither code nor an answer, or with empty code, counts in
 Turn reward (off by default): with ``run_reward > 0``, the first cell of an episode that
 runs without error (exit code 0, no timeout, memory or sandbox failure) earns that much on
 its turn, for turn-level credit (``algo.advantage=mt_grpo|gigpo``,
-:mod:`agentgym.trainers.turn_credit`). Paid once per episode: printing ``1`` every turn earns nothing
+:mod:`agentgym.trainers.turn_credit`). Paid once per episode: printing ``1`` every turn earns
+nothing
 more; the episode's return is the run reward plus the answer's.
 """
 
@@ -30,7 +31,7 @@ import functools
 import logging
 import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from agentgym.core.registry import check_choices
 from agentgym.envs import arith
@@ -129,7 +130,12 @@ class CodeEnv(AgentEnv, env_id="agentgym/Code-v0", short="code"):
     observation_format = "inline"
     stop_strings = ("</code>", "</answer>")
     demonstrate = staticmethod(code_demo)  # the cold start's demonstrations
+    demo_requires = {"code.protocol": "tags"}  # the builder writes the text tags
     config_sections = {"code": CodeConfig, "sandbox": SandboxConfig}
+    # ReTool allows many code cells (verl's recipe: 16 turns, 16k tokens). On CPU: 4 actions
+    # (up to 3 cells, then the answer) fit the 1024-token response budget when cells print
+    # short results, as GSM8K's do; the manager truncates when they don't. GPU users raise
+    # rollout.max_turns and rollout.max_response_tokens together.
     presets = {"rollout.max_turns": 4, "trainer.eval_data": "gsm8k"}
 
     datasets = {"train": "math/gsm8k_train.jsonl.gz", "gsm8k": "math/gsm8k_test.jsonl",
@@ -142,12 +148,6 @@ class CodeEnv(AgentEnv, env_id="agentgym/Code-v0", short="code"):
     def demo_options(cls, cfg) -> dict:
         return {"max_cells": cfg.sft.max_cells}
 
-    @classmethod
-    def demo_refusal(cls, cfg) -> str | None:
-        if cfg.code.protocol != "tags":
-            return (f"its demonstration builder writes the text tags, not "
-                    f"code.protocol={cfg.code.protocol}")
-        return None
 
     def __init__(self, sandbox=None, obs_bytes: int = 1024, stateful: bool = False,
                  max_turns: int = 4, protocol: str = "tags", run_reward: float = 0.0) -> None:
@@ -176,11 +176,10 @@ class CodeEnv(AgentEnv, env_id="agentgym/Code-v0", short="code"):
         by every env of every factory (a trainer builds a factory per eval), with its own
         concurrency bound; closed at exit."""
         import atexit
-        import dataclasses
         import json
 
         from agentgym.tools.sandbox import make_sandbox
-        key = json.dumps(dataclasses.asdict(cfg.sandbox), sort_keys=True)
+        key = json.dumps(asdict(cfg.sandbox), sort_keys=True)
         if key not in _SANDBOXES:
             _SANDBOXES[key] = make_sandbox(cfg.sandbox)
             atexit.register(_SANDBOXES[key].close)
@@ -192,8 +191,7 @@ class CodeEnv(AgentEnv, env_id="agentgym/Code-v0", short="code"):
     @classmethod
     def sources(cls, cfg) -> dict:
         """The sandbox's settings and how much of its output the model sees."""
-        import dataclasses
-        return {"sandbox": dataclasses.asdict(cfg.sandbox), "obs_bytes": cfg.code.obs_bytes}
+        return {"sandbox": asdict(cfg.sandbox), "obs_bytes": cfg.code.obs_bytes}
 
     def _box(self):
         if self._sandbox is None:

@@ -38,7 +38,8 @@ import re
 from dataclasses import dataclass
 
 from agentgym.envs.base import AgentEnv
-from agentgym.envs.math_reward import extract_boxed, matches_rounded, numeric_value, strip_text_macros
+from agentgym.envs.math_reward import (extract_boxed, matches_rounded, numeric_value,
+                                       strip_text_macros)
 
 _CALC = re.compile(r"<calculator>(.*?)(?:</calculator>|$)", re.DOTALL)
 INSTRUCTION = ("Look at the diagram and answer the question. Think step by step, then put "
@@ -175,6 +176,7 @@ class GeometryEnv(AgentEnv, env_id="agentgym/Geometry-v0", short="geometry"):
     config_sections = {"geometry": GeometryConfig}
     datasets = {"train": "geometry/train.jsonl.gz", "val": "geometry/val.jsonl",
                 "test": "geometry/test.jsonl"}
+    # an answer, and one retry when it has no \boxed{} (geometry.tool=true: allow more turns)
     presets = {"rollout.max_turns": 2, "trainer.eval_data": "test"}
 
     @classmethod

@@ -91,6 +91,7 @@ class MCPEnv(AgentEnv, env_id="agentgym/MCP-v0", short="mcp"):
     config_sections = {"mcp": MCPConfig}
     datasets = {"calc": functools.partial(calc_rows, 500, 0),
                 "calc_test": functools.partial(calc_rows, 100, 1)}
+    # the calculator's problems unless data= names others (mcp.command / mcp.url: a server)
     presets = {"data.name": "calc", "trainer.eval_data": "calc_test"}
 
     @classmethod

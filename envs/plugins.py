@@ -49,7 +49,8 @@ def load_spec(spec: str, what: str) -> Any:
 
 
 def plugin_env_class(spec: str):
-    """The :class:`~agentgym.envs.base.AgentEnv` subclass ``spec`` names (a clear error otherwise)."""
+    """The :class:`~agentgym.envs.base.AgentEnv` subclass ``spec`` names (a clear error
+    otherwise)."""
     from agentgym.envs.base import AgentEnv
     cls = load_spec(spec, "env")
     if not (isinstance(cls, type) and issubclass(cls, AgentEnv)):

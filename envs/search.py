@@ -114,6 +114,7 @@ class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
     config_sections = {"search": SearchConfig, "retriever": RetrieverConfig}
     default = True  # agentgym train without env= plays search (Search-R1's budgets: defaults)
     demonstrate = staticmethod(search_demo)  # the cold start's demonstrations
+    demo_requires = {"search.protocol": "tags"}  # the builder writes the text tags
 
     datasets = {"train": "search/train.jsonl", "nq": "search/nq_eval.jsonl",
                 "hotpotqa": "search/hotpotqa_eval.jsonl"}
@@ -152,12 +153,6 @@ class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
     def demo_options(cls, cfg) -> dict:
         return {"max_searches": cfg.sft.max_searches}
 
-    @classmethod
-    def demo_refusal(cls, cfg) -> str | None:
-        if cfg.search.protocol != "tags":
-            return (f"its demonstration builder writes the text tags, not "
-                    f"search.protocol={cfg.search.protocol}")
-        return None
 
     def __init__(self, retriever_url: str | None = None, topk: int = 3, max_turns: int = 4,
                  format_reward: float = 0.0, timeout: float = 5.0, retriever=None,

@@ -6,4 +6,4 @@ loads indices; ``app`` is the FastAPI app; ``python -m agentgym.retriever_server
 
 from agentgym._compat import serve_old_name
 
-serve_old_name(__name__)  # `import retriever_server`, the old name: it now is agentgym.retriever_server
+serve_old_name(__name__)  # `import retriever_server`, the old name: agentgym.retriever_server

@@ -7,7 +7,8 @@ Examples::
     python -m agentgym.retriever_server --index /tmp/wiki_dense --port 8000
 
     # BM25 straight from a corpus: builds the index into --index on first start, loads it later
-    python -m agentgym.retriever_server --corpus data/corpus/wiki_passages.jsonl.gz --index /tmp/wiki_bm25
+    python -m agentgym.retriever_server --corpus data/corpus/wiki_passages.jsonl.gz \\
+        --index /tmp/wiki_bm25
 
     curl -s localhost:8000/retrieve -H 'content-type: application/json' \\
          -d '{"queries": ["who founded citibank"], "topk": 3}'

@@ -334,7 +334,8 @@ def draw(path: Path) -> None:
         axes.text(x, y - 0.15, sub, ha="center", va="center", fontsize=6.2, zorder=4)
 
     for u, (x, y) in pos.items():
-        box(ax, x, y, W, u, ROLES[u], "#f3f3f3" if u in (_TOOLS, _RETRIEVER, _ENVS, _TRAINERS) else "#eef3fb")
+        outside = u in (_TOOLS, _RETRIEVER, _ENVS, _TRAINERS)  # folders beside agentgym/
+        box(ax, x, y, W, u, ROLES[u], "#f3f3f3" if outside else "#eef3fb")
     for a, bs in g.items():
         for b in bs:
             (x1, y1), (x2, y2) = pos[a], pos[b]

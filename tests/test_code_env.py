@@ -14,7 +14,8 @@ import pytest
 
 from agentgym import envs
 from agentgym.data.rows import load_rows
-from agentgym.envs.code import INVALID_ACTION, NO_CODE, CodeEnv, code_row, parse_action, truncate_utf8
+from agentgym.envs.code import (INVALID_ACTION, NO_CODE, CodeEnv, code_row, parse_action,
+                                truncate_utf8)
 from agentgym.envs.math_reward import _symbolic, is_equivalent
 from agentgym.tools.sandbox import ExecResult, Limits, Sandbox
 

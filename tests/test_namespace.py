@@ -106,7 +106,8 @@ def test_in_a_checkout_the_folders_are_agentgym_subpackages_and_old_names_warn()
 def test_the_projects_own_code_uses_the_new_names_only():
     code = textwrap.dedent("""
         import warnings
-        warnings.filterwarnings("error", message=".* moved to agentgym", category=DeprecationWarning)
+        warnings.filterwarnings("error", message=".* moved to agentgym",
+                                category=DeprecationWarning)
         import agentgym.cli, agentgym.envs, agentgym.trainers.grpo, agentgym.trainers.ppo
         import agentgym.rollout.runtime, agentgym.serving.serve, agentgym.retriever_server.app
         print("clean")

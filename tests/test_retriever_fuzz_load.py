@@ -1,4 +1,5 @@
-"""The retrieval server under hostile and heavy input: a real ``python -m agentgym.retriever_server``
+"""The retrieval server under hostile and heavy input: a real
+``python -m agentgym.retriever_server``
 process (BM25 over 2,000 shipped passages, batching on) on a loopback port.
 
 * fuzz: schemathesis generates schema-valid and schema-violating bodies from the server's

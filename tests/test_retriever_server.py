@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from agentgym.retriever_server.bm25 import BM25Index
-from agentgym.tools.local_retriever import (LocalRetriever, default_index_dir, ensure_local_retriever,
-                                   stop_local_retrievers)
+from agentgym.tools.local_retriever import (LocalRetriever, default_index_dir,
+                                            ensure_local_retriever, stop_local_retrievers)
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "corpus" / "wiki_passages.jsonl.gz"
 N_SMALL = 2000

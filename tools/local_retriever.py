@@ -1,4 +1,5 @@
-"""Start and stop a local retrieval server (``python -m agentgym.retriever_server``) as a subprocess.
+"""Start and stop a local retrieval server (``python -m agentgym.retriever_server``) as a
+subprocess.
 
 Used when no ``retriever.url`` is configured: the laptop default and the tests. The
 server runs in its own process group on a free loopback port; its output goes to a log
@@ -54,7 +55,8 @@ class LocalRetriever:
         index_dir: saved-index directory (loaded if present, else built and saved there);
             None uses the on-disk cache (:func:`default_index_dir`).
         startup_timeout: seconds to wait for ``/health`` before giving up.
-        extra_args: more ``python -m agentgym.retriever_server`` flags (e.g. ``["--batching", "off"]``).
+        extra_args: more ``python -m agentgym.retriever_server`` flags (e.g.
+            ``["--batching", "off"]``).
         supervise: watch the server and restart it on the same port when it dies or stops
             answering (:class:`agentgym.core.supervisor.Supervisor`); False leaves a dead
             server dead.

@@ -1,4 +1,5 @@
-"""The E2B backend of :mod:`agentgym.tools.sandbox`: each sandbox is a Firecracker microVM in E2B's cloud.
+"""The E2B backend of :mod:`agentgym.tools.sandbox`: each sandbox is a Firecracker microVM in
+E2B's cloud.
 
 Needs ``pip install e2b-code-interpreter`` and ``E2B_API_KEY``. Isolation is the VM's: a
 separate kernel, so kernel exploits and side channels on this host are out of reach.

@@ -38,6 +38,7 @@ import logging
 import threading
 import time
 
+from agentgym._compat import moved_names
 from agentgym.config import is_mixed
 from agentgym.core.types import Trajectory
 from agentgym.rollout.manager import row_uid
@@ -46,17 +47,15 @@ from agentgym.trainers.steps import infra_metrics, regroup, rollout_metrics, wit
 logger = logging.getLogger(__name__)
 
 
-def __getattr__(name: str):  # the old name (trainers.async_rollout.AsyncRollout), one release
-    if name == "AsyncRollout":
-        from agentgym._compat import moved_attribute
-        return moved_attribute(__name__, name, __name__, "AsyncSteps")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# the old name, one release
+__getattr__ = moved_names(__name__, {"AsyncRollout": f"{__name__}:AsyncSteps"})
 
 
 class AsyncSteps:
     """Continuous rollouts over ``rows`` from group ``start_group`` on (module docstring).
 
-    Wraps a :class:`~agentgym.trainers.workers.LocalWorkers` or a :class:`~agentgym.trainers.ray_cluster.RayWorkers`
+    Wraps a :class:`~agentgym.trainers.workers.LocalWorkers` or a
+    :class:`~agentgym.trainers.ray_cluster.RayWorkers`
     (their ``run_group`` rolls out one group: in this process, or on the rollout worker
     with the fewest groups in flight; their ``generate`` serves evals);
     ``update_weights`` pushes to the engines and opens the schedule.

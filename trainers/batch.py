@@ -34,7 +34,7 @@ class Batch:
     Filled in by the step's phases (None until then; :data:`STAGE_FIELDS`):
 
     * ``old_logp`` ``(B, T)``: the trainer's logprobs before the update (omitted when the
-      update's own forward pass gives them, ``grpo.reuses_update_logprobs``);
+      update's own forward pass gives them, ``phases.reuses_update_logprobs``);
     * ``ref_logp`` ``(B, T)``: the frozen reference's (``algo.kl_coef`` > 0);
     * ``values`` ``(B, T)``: the critic's value of each token's state; ``last_values``
       ``(B,)``: of the state each sequence ends in (PPO);
@@ -56,7 +56,8 @@ class Batch:
     #: episode once, :func:`agentgym.trainers.algos._group_stats`); None: one row per episode
     episodes: list[str] | None = None
     #: ``(B, T)`` the turn (the env's step index) of each sampled token, -1 elsewhere: what
-    #: turn-level estimators (:mod:`agentgym.trainers.turn_credit`) read; None when not collated here
+    #: turn-level estimators (:mod:`agentgym.trainers.turn_credit`) read; None when not
+    #: collated here
     turn_ids: torch.Tensor | None = None
     old_logp: torch.Tensor | None = None
     ref_logp: torch.Tensor | None = None

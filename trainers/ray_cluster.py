@@ -38,6 +38,7 @@ import os
 import time
 from typing import Any
 
+from agentgym._compat import moved_names
 from agentgym.config import Config
 
 logger = logging.getLogger(__name__)
@@ -221,7 +222,8 @@ class RayRanks:
 
 
 class RayWorkers:
-    """Rollouts on ``ray.rollout_workers`` actors, with :class:`~agentgym.trainers.workers.LocalWorkers`'s
+    """Episodes played on ``ray.rollout_workers`` actors, with
+    :class:`~agentgym.trainers.workers.LocalWorkers`'s
     interface (``generate``, ``update_weights``, ``close``).
 
     A worker that dies during :meth:`generate` (its process killed, its node lost) is
@@ -341,8 +343,5 @@ def wait_for_nodes(address: str, n: int, timeout_s: float = 60.0) -> None:
         time.sleep(0.5)
 
 
-def __getattr__(name: str):  # the old name (RayRollout), one release
-    if name == "RayRollout":
-        from agentgym._compat import moved_attribute
-        return moved_attribute(__name__, name, __name__, "RayWorkers")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# the old name, one release
+__getattr__ = moved_names(__name__, {"RayRollout": f"{__name__}:RayWorkers"})

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from agentgym._compat import moved_attribute
+from agentgym._compat import moved_names
 from agentgym.config import Config, to_dict
 
 if TYPE_CHECKING:
@@ -29,16 +29,10 @@ logger = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 #: names this module held, and where they live now (the old path works for one release)
-_MOVED = {"Hooks": ("agentgym.trainers.hooks", "Hooks"),
-          "LocalRollout": ("agentgym.trainers.workers", "LocalWorkers"),
-          **{n: ("agentgym.trainers.workers", n)
-             for n in ("evaluate", "eval_metrics", "split_by_env", "rollouts")}}
-
-
-def __getattr__(name: str):
-    if name in _MOVED:
-        return moved_attribute(__name__, name, *_MOVED[name])
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = moved_names(__name__, {
+    "Hooks": "agentgym.trainers.hooks", "LocalRollout": "agentgym.trainers.workers:LocalWorkers",
+    **{n: "agentgym.trainers.workers"
+       for n in ("evaluate", "eval_metrics", "split_by_env", "rollouts")}})
 
 
 def resolve_run_dir(cfg: Config) -> Path:

@@ -83,7 +83,8 @@ def write_samples(run_dir: Path, step: int, n: int, trajs: list[Trajectory], bat
                   backend, tokenizer, temperature: float) -> Path | None:
     """Write step ``step``'s chosen samples to ``run_dir/samples/step_<step>.jsonl``.
 
-    ``batch`` is the step's collated batch after :func:`agentgym.trainers.phases.advantages` (it holds
+    ``batch`` is the step's collated batch after :func:`agentgym.trainers.phases.advantages`
+    (it holds
     ``adv`` and, unless the update computes them, ``old_logp`` of the batch)."""
     chosen = pick([t.reward for t in trajs], n)
     if not chosen:

@@ -71,7 +71,8 @@ def setup(cfg: Config):
 
 
 def make_workers(cfg: Config, path, tokenizer, cluster=None):
-    """Where episodes are played: this process (:class:`~agentgym.trainers.workers.LocalWorkers`), or
+    """Where episodes are played: this process
+    (:class:`~agentgym.trainers.workers.LocalWorkers`), or
     ``ray.rollout_workers`` actors of a Ray ``cluster``. Engines whose weights live in
     servers (``engine=sglang``) are driven from this process either way."""
     if cluster is not None and ENGINES.get(cfg.engine.name).needs_model:

@@ -47,8 +47,8 @@ def collect(cfg: Config, workers, rows: list[dict], cursor: int,
                   [(cursor + i) % len(rows) for i in range(need)])
         step_rows = [rows[i] for i in picked]
         cursor += need
-        trajs = workers.generate(step_rows, cfg.rollout.n, t.seed * 1_000_003 + step + 104_729 * rnd,
-                                 hooks)
+        seed = t.seed * 1_000_003 + step + 104_729 * rnd
+        trajs = workers.generate(step_rows, cfg.rollout.n, seed, hooks)
         if curriculum:
             # one trajectory per episode (its last, when rollout.context split it): n a row
             cm = curriculum.observe(picked, last_parts(trajs), cfg.rollout.n)

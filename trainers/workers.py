@@ -10,6 +10,7 @@ import dataclasses
 import logging
 import threading
 
+from agentgym._compat import moved_names
 from agentgym.config import Config, is_mixed
 from agentgym.rollout.manager import GenerationManager, summarize
 from agentgym.rollout.runtime import env_factory, played_by_program
@@ -132,8 +133,5 @@ class LocalWorkers:
             self.engine.close()
 
 
-def __getattr__(name: str):  # the old name (trainers.local_rollout.LocalRollout), one release
-    if name == "LocalRollout":
-        from agentgym._compat import moved_attribute
-        return moved_attribute(__name__, name, __name__, "LocalWorkers")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# the old name, one release
+__getattr__ = moved_names(__name__, {"LocalRollout": f"{__name__}:LocalWorkers"})

@@ -15,19 +15,15 @@ import concurrent.futures
 import logging
 from typing import Callable
 
-from agentgym._compat import moved_attribute
+from agentgym._compat import moved_names
 
 logger = logging.getLogger(__name__)
 
-_MOVED = {"keyword_rewrite": "search_demos", "find_answer": "search_demos",
-          "bridge_entities": "search_demos", "search_demo": "search_demos",
-          "code_demo": "code_demos"}
-
-
-def __getattr__(name: str):  # the builders moved into the envs (one release)
-    if name in _MOVED:
-        return moved_attribute(__name__, name, f"agentgym.envs.{_MOVED[name]}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# the builders moved into the envs (the old names work for one release)
+__getattr__ = moved_names(__name__, {
+    **{n: "agentgym.envs.search_demos"
+       for n in ("keyword_rewrite", "find_answer", "bridge_entities", "search_demo")},
+    "code_demo": "agentgym.envs.code_demos"})
 
 
 def builders() -> list[str]:

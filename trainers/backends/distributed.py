@@ -142,8 +142,8 @@ class ProcessRanks:
             host, lport = listener.address
             for r in range(n):
                 self.procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "agentgym.trainers.backends.distributed", f"{host}:{lport}",
-                     str(r)], env=env))
+                    [sys.executable, "-m", "agentgym.trainers.backends.distributed",
+                     f"{host}:{lport}", str(r)], env=env))
             listener._listener._socket.settimeout(start_timeout_s)
             accepted = {}
             for _ in range(n):
