@@ -70,7 +70,10 @@ class EngineConfig:
     continuous_batching: bool = True  # hf: requests join the running batch (false: static batches)
     prefix_cache: bool = True  # hf: reuse cached keys/values of prompt prefixes (radix tree)
     cache_tokens: int = 65536  # hf: prefix-cache budget in positions (smollm2-135m bf16: ~1.5 GB)
-    prefill_chunk: int = 256  # hf: prompt tokens prefilled between two decode steps
+    prefill_chunk: int = 0  # hf: prompt tokens (padded) prefilled per step; 0: CPU 512, GPU 8192
+    cuda_graphs: bool = True  # hf on a GPU: the decode step replayed as CUDA graphs
+    max_len: int = 0  # hf with CUDA graphs: positions per request in the KV pool; 0: the model's
+    kv_fraction: float = 0.5  # hf with CUDA graphs: most of the free GPU memory the KV pool takes
     urls: list[str] = field(default_factory=list)  # sglang: servers; empty launches one (GPU)
     dtype: str = ""  # weights of the rollout copy; "" = model.dtype (bfloat16: faster, drifts)
     timeout_s: float = 600.0  # sglang: read timeout of one request
@@ -87,9 +90,14 @@ class EngineConfig:
             self.urls = [self.urls]
         if self.retries < 0:
             raise ValueError(f"engine.retries={self.retries}; must be >= 0")
-        for key in ("cache_tokens", "prefill_chunk", "max_batch_size"):
+        for key in ("cache_tokens", "max_batch_size"):
             if getattr(self, key) < 1:
                 raise ValueError(f"engine.{key}={getattr(self, key)}; must be >= 1")
+        for key in ("prefill_chunk", "max_len"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"engine.{key}={getattr(self, key)}; must be >= 0 (0: auto)")
+        if not 0 < self.kv_fraction <= 1:
+            raise ValueError(f"engine.kv_fraction={self.kv_fraction}; must be in (0, 1]")
 
 
 @dataclass

@@ -157,34 +157,6 @@ def test_bad_requests_fail_clearly(tiny_model, tiny_tokenizer):
         asyncio.run(engine.generate([1], SamplingParams()))
 
 
-def test_sampler_draws_from_the_truncated_distribution(tiny_model, tiny_tokenizer):
-    """The vectorized sampler against known distributions: frequencies of 40,000 draws
-    per case (4 standard errors of tolerance), top-k / top-p cuts, greedy rows mixed in."""
-    from types import SimpleNamespace
-    engine = HFEngine(tiny_model, tiny_tokenizer)
-    try:
-        p = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
-        logits = p.clamp(min=1e-12).log()
-        cases = [(SamplingParams(temperature=1.0), p),
-                 (SamplingParams(temperature=1.0, top_k=2), torch.tensor([0.625, 0.375, 0, 0, 0])),
-                 (SamplingParams(temperature=1.0, top_p=0.9), torch.tensor([0.5, 0.3, 0.15, 0, 0]) / 0.95),
-                 (SamplingParams(temperature=0.0), torch.tensor([1.0, 0, 0, 0, 0]))]
-        n = 40_000
-        g = torch.Generator().manual_seed(0)
-        for sp, want in cases:
-            reqs = [SimpleNamespace(sampling=sp, generator=g) for _ in range(n // 100)]
-            counts = torch.zeros(5)
-            for _ in range(100):
-                tokens, logps, _ = engine._sample(logits.expand(len(reqs), 5).clone(), reqs)
-                counts += torch.bincount(tokens, minlength=5).float()
-            freq = counts / n
-            tol = 4 * (want * (1 - want) / n).sqrt() + 1e-9
-            assert ((freq - want).abs() <= tol).all(), (sp, freq, want)
-            torch.testing.assert_close(logps, logits.log_softmax(-1)[tokens])  # untruncated
-    finally:
-        engine.close()
-
-
 def test_requests_arriving_in_a_stream_share_a_batch_within_the_cap(tiny_model, tiny_tokenizer):
     """Static batching: a batch starts once no request arrived for batch_wait_s, or max_batch_wait_s after
     its first request (margins of 3x and more, so a loaded machine does not flip it)."""

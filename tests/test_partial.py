@@ -20,20 +20,20 @@ from agentgym.rollout.engines.hf import HFEngine
 
 class BlockingForward:
     """The model's forward, held at its ``at``-th call until :meth:`release` (fault
-    injection: a slow step the test can place an update in)."""
+    injection: a slow step the test can place an update in). A forward pre-hook: the
+    engine's model runner calls the model's hooks as the model's own forward does."""
 
     def __init__(self, model, at: int) -> None:
-        self.inner, self.at, self.calls = model.forward, at, 0
+        self.at, self.calls = at, 0
         self.arrived, self._go = threading.Event(), threading.Event()
-        model.forward = self
+        self.handle = model.register_forward_pre_hook(self)
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, module, args):
         self.calls += 1
         if self.calls == self.at:
             self.arrived.set()
             if not self._go.wait(120):
                 raise TimeoutError("the test never released the forward")
-        return self.inner(*args, **kwargs)
 
     def release(self) -> None:
         self._go.set()

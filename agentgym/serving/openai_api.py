@@ -169,10 +169,13 @@ class OpenAIFrontend:
         return text
 
     def token_entry(self, token: int, logprob: float, top: list | None) -> dict:
-        """A chat ``logprobs.content`` entry: the token's text, bytes and alternatives."""
+        """A chat ``logprobs.content`` entry: the token's text, bytes and alternatives. A
+        special token the content skips keeps its text but has no bytes, so the entries'
+        bytes join to exactly the content."""
         raw = token_bytes(self.tok, token)
+        skipped = token in self.tok.all_special_ids
         entry = {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob,
-                 "bytes": list(raw)}
+                 "bytes": [] if skipped else list(raw)}
         entry["top_logprobs"] = [{"token": token_bytes(self.tok, t).decode(
             "utf-8", errors="replace"), "logprob": lp, "bytes": list(token_bytes(self.tok, t))}
             for t, lp in (top or [])]

@@ -9,8 +9,6 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from agentgym.core.types import GenerateOutput, SamplingParams
 
 
@@ -20,13 +18,14 @@ class _Request:
     sampling: SamplingParams
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
-    generator: torch.Generator | None = None
+    seed: int = 0  # the counter-based draw's seed (agentgym.rollout.engines.sampler)
     images: Any = None  # agentgym.models.vision.VisionInputs (VL models)
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     tops: list[list[tuple[int, float]]] = field(default_factory=list)
     pieces: asyncio.Queue | None = None  # streaming: each token, then None at the end
     versions: list[int] = field(default_factory=list)  # per token, the weights that sampled it
+    tail: str = ""  # the text of the last tokens, where a stop string would show
 
     @property
     def context_ids(self) -> list[int]:
@@ -84,3 +83,58 @@ def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:
 
 def _put(queue: asyncio.Queue, item: Any) -> None:
     queue.put_nowait(item)
+
+
+class StopCheck:
+    """Whether a request is done after its last token: an EOS id, a stop string, or its
+    ``max_new_tokens``. Stop strings are found incrementally: each token's text is looked
+    up once per id and appended to the request's tail, and only a match that ends in the
+    new token's text is looked for (the earlier text was checked already). A tokenizer
+    whose per-token texts do not concatenate to its decoded text (one that strips or
+    merges at boundaries), and any token whose text is a partial UTF-8 character, falls
+    back to decoding the request's last tokens."""
+
+    WINDOW = 32  # tokens decoded on the fallback (each token is >= 1 character)
+
+    def __init__(self, tokenizer, eos_ids: set[int]) -> None:
+        import functools
+        self.tokenizer, self.eos_ids = tokenizer, eos_ids
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._decode = (functools.partial(backend.decode, skip_special_tokens=False)
+                        if backend is not None else
+                        functools.partial(tokenizer.decode, skip_special_tokens=False))
+        self._pieces: dict[int, str] = {}
+        probe = tokenizer.encode("a stop: </tag> ok\n", add_special_tokens=False)
+        self.incremental = "".join(self._piece(i) for i in probe) == self._decode(probe)
+
+    def _piece(self, token: int) -> str:
+        piece = self._pieces.get(token)
+        if piece is None:
+            piece = self._pieces[token] = self._decode([token])
+        return piece
+
+    def __call__(self, r: _Request) -> tuple[str, str | None] | None:
+        last = r.ids[-1]
+        if last in self.eos_ids:
+            return "stop", self.tokenizer.convert_ids_to_tokens(last)
+        if r.sampling.stop:
+            found = self._stop_string(r, last)
+            if found is not None:
+                return "stop", found
+        if len(r.ids) >= r.sampling.max_new_tokens:
+            return "length", None
+        return None
+
+    def _stop_string(self, r: _Request, last: int) -> str | None:
+        piece = self._piece(last)
+        longest = max(len(s) for s in r.sampling.stop)
+        if not self.incremental or "\ufffd" in piece:
+            r.tail = self._decode(r.ids[-self.WINDOW:])[-(longest + self.WINDOW):]
+            return next((s for s in r.sampling.stop if s in r.tail), None)
+        if not piece:  # nothing new to end a match in
+            return None
+        r.tail = (r.tail + piece)[-(longest + len(piece)):]
+        for s in r.sampling.stop:  # a match must end inside the new piece
+            if s in r.tail[-(len(s) + len(piece) - 1):]:
+                return s
+        return None

@@ -1,0 +1,138 @@
+"""The keys and values of the running requests: one slot per request, allocated once.
+
+Per layer, ``k[layer]`` and ``v[layer]`` are ``(slots + 1, kv_heads, capacity, head_dim)``:
+slot ``s`` holds its request's positions ``0 .. length[s] - 1`` at columns of the same
+index, so a position's column never moves and the attention mask of a row is simply
+``column <= position``. The last slot is scratch: padded tokens write there, so a padded
+batch never touches a live row.
+
+Live rows are kept in slots ``0 .. live - 1`` (compact): a decode step works on the leading
+slots as one view, with no gather. When a row leaves, the last row moves into its slot
+(one copy of its filled columns).
+
+Allocated once when :meth:`allocate` is given the final size (a CUDA graph captures the
+buffers' addresses); on the CPU the pool grows instead (``growable``), doubling its columns
+or slots when a request needs more, so memory follows use.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+class KVPool:
+    """Slots of keys/values for ``n_layers`` layers; ``rows[s]`` is slot ``s``'s owner."""
+
+    def __init__(self, n_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 device, slots: int, capacity: int, growable: bool) -> None:
+        self.n_layers, self.kv_heads, self.head_dim = n_layers, kv_heads, head_dim
+        self.dtype, self.device, self.growable = dtype, torch.device(device), growable
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self.rows: list[object] = []  # owners of slots 0 .. live - 1
+        self.length: list[int] = []  # filled positions of slots 0 .. live - 1
+        self.slots = self.capacity = 0
+        self.grown = 0
+        self._allocate(slots, capacity)
+
+    @property
+    def live(self) -> int:
+        return len(self.rows)
+
+    @property
+    def scratch(self) -> int:
+        """The slot padded tokens write to."""
+        return self.slots
+
+    def bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+    def _allocate(self, slots: int, capacity: int) -> None:
+        shape = (slots + 1, self.kv_heads, capacity, self.head_dim)
+        new_k = [torch.zeros(shape, dtype=self.dtype, device=self.device)
+                 for _ in range(self.n_layers)]
+        new_v = [torch.zeros(shape, dtype=self.dtype, device=self.device)
+                 for _ in range(self.n_layers)]
+        for old, new in ((self.k, new_k), (self.v, new_v)):
+            for a, b in zip(old, new):  # live rows keep their columns
+                n = max(self.length, default=0)
+                b[:self.live, :, :n] = a[:self.live, :, :n]
+        self.k, self.v, self.slots, self.capacity = new_k, new_v, slots, capacity
+
+    def ensure(self, rows: int, positions: int) -> None:
+        """Room for ``rows`` live slots of up to ``positions`` columns each."""
+        if rows <= self.slots and positions <= self.capacity:
+            return
+        if not self.growable:
+            raise ValueError(f"the KV pool holds {self.slots} requests of {self.capacity} "
+                             f"positions; this one needs {positions} positions (raise "
+                             "engine.max_len, or lower the request's prompt or max_new_tokens)")
+        slots, capacity = self.slots, self.capacity
+        while slots < rows:
+            slots = max(2 * slots, 4)
+        while capacity < positions:
+            capacity = max(2 * capacity, 256)
+        self.grown += 1
+        logger.debug("KV pool grows to %d slots x %d positions", slots, capacity)
+        self._allocate(slots, capacity)
+
+    def release(self) -> None:
+        """Idle (nothing live): a growable pool gives its memory back (the engine asks
+        at a weight update, not whenever the batch drains: reallocating costs more than
+        a decode step on the CPU)."""
+        if self.growable and not self.rows and self.slots:
+            self.k, self.v, self.slots, self.capacity = [], [], 0, 0
+
+    # -- rows ---------------------------------------------------------------------------
+    def add(self, owner: object, length: int) -> int:
+        """A new live row whose first ``length`` columns the caller fills; its slot."""
+        self.ensure(self.live + 1, length)
+        self.rows.append(owner)
+        self.length.append(length)
+        return self.live - 1
+
+    def remove(self, slot: int) -> object | None:
+        """Free ``slot``: the last row moves into it (one copy of its filled columns).
+        Returns the moved row's owner (None when ``slot`` was the last)."""
+        last = self.live - 1
+        moved = None
+        if slot != last:
+            n = self.length[last]
+            for t in self.k + self.v:
+                t[slot, :, :n] = t[last, :, :n]
+            self.rows[slot], self.length[slot] = self.rows[last], n
+            moved = self.rows[slot]
+        self.rows.pop()
+        self.length.pop()
+        return moved
+
+    def clear(self) -> None:
+        self.rows.clear()
+        self.length.clear()
+
+    # -- contents -----------------------------------------------------------------------
+    def put(self, slot: int, kv: torch.Tensor) -> None:
+        """Write ``kv`` ``(layers, 2, kv_heads, n, head_dim)`` at columns ``0 .. n-1``."""
+        n = kv.shape[3]
+        for layer in range(self.n_layers):
+            self.k[layer][slot, :, :n] = kv[layer, 0]
+            self.v[layer][slot, :, :n] = kv[layer, 1]
+
+    def copy(self, src: int, dst: int, n: int) -> None:
+        """Columns ``0 .. n-1`` of slot ``src`` into slot ``dst``."""
+        for t in self.k + self.v:
+            t[dst, :, :n] = t[src, :, :n]
+
+    def copy_from(self, other: "KVPool", src: int, dst: int, n: int) -> None:
+        """Columns ``0 .. n-1`` of ``other``'s slot ``src`` into this pool's slot ``dst``."""
+        for mine, theirs in zip(self.k + self.v, other.k + other.v):
+            mine[dst, :, :n] = theirs[src, :, :n]
+
+    def kv_of(self, slot: int, a: int, b: int) -> torch.Tensor:
+        """Columns ``a .. b-1`` of ``slot``: ``(layers, 2, kv_heads, b - a, head_dim)``."""
+        return torch.stack([torch.stack((k[slot, :, a:b], v[slot, :, a:b]))
+                            for k, v in zip(self.k, self.v)])

@@ -1,0 +1,231 @@
+"""The model's forward over the KV pool, and its decode step captured as CUDA graphs.
+
+:class:`ModelRunner` runs a decoder of the Llama family (Llama, SmolLM2, Qwen2/2.5,
+Qwen3, Mistral without a sliding window) with the model's own modules (embedding, norms,
+projections, MLPs, head: the same parameter storage, so a weight update is seen at once),
+and its own attention over :class:`~agentgym.rollout.engines.kv_pool.KVPool`: each new
+position's keys and values are written to its row's slot at the column of its position,
+and the attention reads the slot's leading columns with the mask ``column <= position``.
+Grouped-query heads are folded into the query length (a key/value head's query heads
+attend as one sequence), so no key or value is repeated.
+
+On a GPU the decode step is captured as a CUDA graph per (batch bucket, column bucket):
+the step's inputs are copied into static tensors, the graph replays, the logits are read
+from its static output (nano-vllm's ``model_runner``; the pool, the rotary table and the
+parameters keep their addresses). Batches are padded to the bucket: padded rows write
+into free slots at column 0 and are never read. ``graphs=False`` (and any CPU) runs the
+same step eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from agentgym.rollout.engines.kv_pool import KVPool
+
+logger = logging.getLogger(__name__)
+
+#: model types whose decoder layers are read as Llama's (pre-norm, RoPE, full attention)
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+#: batch buckets of the captured decode step
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+
+
+def why_not_supported(model) -> str | None:
+    """Why :class:`ModelRunner` cannot run ``model`` (None: it can)."""
+    config = model.config.get_text_config()
+    kind = getattr(config, "model_type", None)
+    if kind not in FAMILIES:
+        return f"model_type {kind!r} is not one of {', '.join(FAMILIES)}"
+    if getattr(config, "use_sliding_window", False) or (
+            kind == "mistral" and getattr(config, "sliding_window", None)):
+        return "the model uses sliding-window attention"
+    types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if types != {"full_attention"}:
+        return f"the model has layers of types {sorted(types)}"
+    if not hasattr(model, "lm_head") or not hasattr(getattr(model, "model", None), "layers"):
+        return "the model has no .model.layers / .lm_head"
+    return None
+
+
+def _bucket(n: int, buckets) -> int:
+    return next((b for b in buckets if b >= n), n)
+
+
+def column_bucket(n: int) -> int:
+    """Columns a captured step attends over: ``n`` rounded up (steps of about 1.5x)."""
+    b = 128
+    while b < n:
+        b = b * 3 // 2 if (b & (b - 1)) == 0 else (b // 3) * 4
+    return b
+
+
+class ModelRunner:
+    """Prefill and decode of a Llama-family model over a :class:`KVPool`."""
+
+    def __init__(self, model, pool: KVPool, graphs: bool = False) -> None:
+        self.model, self.pool = model, pool
+        base = model.model
+        self.layers = list(base.layers)
+        config = model.config.get_text_config()
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads or self.heads
+        self.group = self.heads // self.kv_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.scale = self.layers[0].self_attn.scaling
+        self.rope = sys.modules[type(self.layers[0].self_attn).__module__].apply_rotary_pos_emb
+        self.device = next(model.parameters()).device
+        self.graphs = graphs and self.device.type == "cuda"
+        self._cos = self._sin = None
+        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._static: dict[str, torch.Tensor] = {}
+        self._graph_pool = None
+        self.stats = {"graph_replays": 0, "eager_steps": 0, "graphs": 0}
+
+    # -- rotary table -------------------------------------------------------------------
+    def _rotary(self, positions: torch.Tensor, capacity: int):
+        """cos, sin ``(*positions.shape, head_dim)`` from a table of every position up to
+        the model's context (built once: a captured graph keeps reading the same table)."""
+        if self._cos is None or self._cos.shape[0] < capacity:
+            config = self.model.config.get_text_config()
+            n = max(capacity, min(getattr(config, "max_position_embeddings", 0) or 0, 1 << 17))
+            x = torch.zeros(1, dtype=self.pool.dtype, device=self.device)
+            cos, sin = self.model.model.rotary_emb(
+                x, torch.arange(n, device=self.device)[None])
+            self._cos, self._sin = cos[0], sin[0]
+        return self._cos[positions], self._sin[positions]
+
+    # -- the forward --------------------------------------------------------------------
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, write_slots: torch.Tensor,
+                read_slots: torch.Tensor | None, columns: int,
+                last: torch.Tensor | None, pool: KVPool | None = None) -> torch.Tensor:
+        """Logits of each row's last token.
+
+        Args:
+            ids: ``(N, T)`` token ids.
+            positions: ``(N, T)`` their positions (= pool columns).
+            write_slots: ``(N, T)`` slot each token's keys/values go to (scratch for pads).
+            read_slots: ``(N,)`` slot each row attends over; None: slots ``0 .. N-1``.
+            columns: columns read (at least every row's last position + 1).
+            last: ``(N,)`` index in ``T`` of each row's last token; None: ``T - 1``.
+            pool: the pool read and written (default: the decode pool).
+
+        Returns:
+            ``(N, vocab)`` logits in the model's dtype.
+        """
+        n, t = ids.shape
+        pool, base = pool or self.pool, self.model.model
+        self._announce(ids)
+        cos, sin = self._rotary(positions, pool.capacity)
+        cols = torch.arange(columns, device=self.device)
+        mask = (cols[None, None, :] <= positions[:, :, None])[:, None]  # (N, 1, T, C)
+        if self.group > 1 and t > 1:
+            mask = mask.repeat(1, 1, self.group, 1)  # query order: (head in group, token)
+        h = base.embed_tokens(ids)
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            x = layer.input_layernorm(h)
+            q = attn.q_proj(x).view(n, t, self.heads, self.head_dim)
+            k = attn.k_proj(x).view(n, t, self.kv_heads, self.head_dim)
+            v = attn.v_proj(x).view(n, t, self.kv_heads, self.head_dim)
+            if hasattr(attn, "q_norm"):  # Qwen3
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k = self.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+            pool.k[i][write_slots, :, positions] = k.transpose(1, 2)
+            pool.v[i][write_slots, :, positions] = v
+            if read_slots is None:
+                keys, values = pool.k[i][:n, :, :columns], pool.v[i][:n, :, :columns]
+            else:
+                keys = pool.k[i][:, :, :columns].index_select(0, read_slots)
+                values = pool.v[i][:, :, :columns].index_select(0, read_slots)
+            q = q.reshape(n, self.kv_heads, self.group * t, self.head_dim)
+            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
+                                               scale=self.scale)
+            o = o.view(n, self.heads, t, self.head_dim).transpose(1, 2).reshape(n, t, -1)
+            h = h + attn.o_proj(o)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        h = h[:, -1] if last is None else h[torch.arange(n, device=self.device), last]
+        return self.model.lm_head(base.norm(h))
+
+    # -- steps --------------------------------------------------------------------------
+    def _announce(self, ids: torch.Tensor) -> None:
+        """The model's forward pre-hooks see each forward's ``input_ids``, as when the
+        model itself is called (profilers; the tests' fault injection)."""
+        hooks = self.model._forward_pre_hooks
+        if hooks and not (self.graphs and torch.cuda.is_current_stream_capturing()):
+            with_kwargs = self.model._forward_pre_hooks_with_kwargs
+            for key, hook in list(hooks.items()):
+                if key in with_kwargs:
+                    hook(self.model, (), {"input_ids": ids})
+                else:
+                    hook(self.model, ())
+
+    def prefill(self, ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
+                slots: torch.Tensor, last: torch.Tensor, columns: int,
+                pool: KVPool) -> torch.Tensor:
+        """A padded batch of prompt chunks in ``pool``, one row per slot; ``valid``
+        ``(N, T)`` marks real tokens (pads write to scratch). Eager: shapes vary."""
+        write = torch.where(valid, slots[:, None], pool.scratch)
+        return self.forward(ids, positions, write, slots, columns, last, pool)
+
+    def decode(self, ids: torch.Tensor, positions: torch.Tensor, columns: int) -> torch.Tensor:
+        """One token for each of the live slots ``0 .. B-1``: ``ids``, ``positions``
+        ``(B,)``; returns ``(B, vocab)`` logits (a view of a static buffer when graphs
+        run: read it before the next step)."""
+        b = ids.shape[0]
+        if not self.graphs:
+            self.stats["eager_steps"] += 1
+            slots = torch.arange(b, device=self.device)[:, None]
+            return self.forward(ids[:, None], positions[:, None], slots, None, columns, None)
+        rows = _bucket(b, BATCH_BUCKETS)
+        cols = min(column_bucket(columns), self.pool.capacity)
+        if rows > self.pool.slots:
+            rows = self.pool.slots  # the pool was sized for the largest batch
+        graph = self._graphs.get((rows, cols)) or self._capture(rows, cols)
+        st = self._static
+        st["ids"][:b].copy_(ids)
+        st["positions"][:b].copy_(positions)
+        st["ids"][b:rows].zero_()
+        st["positions"][b:rows].zero_()
+        graph.replay()
+        self.stats["graph_replays"] += 1
+        return st["logits"][:b]
+
+    def _capture(self, rows: int, cols: int):
+        """Capture the decode step of ``rows`` rows over ``cols`` columns. Every graph
+        shares one memory pool, so each copies its logits into a buffer of its own
+        allocated outside the pool (another graph's replay may reuse the pool's memory)."""
+        if not self._static:
+            most = self.pool.slots
+            self._static = {"ids": torch.zeros(most, dtype=torch.long, device=self.device),
+                            "positions": torch.zeros(most, dtype=torch.long,
+                                                     device=self.device),
+                            "slots": torch.arange(most, device=self.device)[:, None],
+                            "logits": torch.empty((most, self.model.lm_head.out_features),
+                                                  dtype=self.pool.dtype, device=self.device)}
+            self._graph_pool = torch.cuda.graph_pool_handle()
+            self._rotary(torch.zeros(1, dtype=torch.long, device=self.device),
+                         self.pool.capacity)
+        st = self._static
+
+        def step() -> None:
+            out = self.forward(st["ids"][:rows, None], st["positions"][:rows, None],
+                               st["slots"][:rows], None, cols, None)
+            st["logits"][:rows].copy_(out)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up outside the capture (allocator, kernels' choices)
+                step()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._graph_pool):
+            step()
+        self._graphs[(rows, cols)] = graph
+        self.stats["graphs"] += 1
+        logger.debug("captured the decode step for %d rows x %d columns", rows, cols)
+        return graph

@@ -1,0 +1,130 @@
+"""One batched draw on the device for every row of a step: no per-request host work.
+
+Each row carries its own settings as tensors (:class:`RowParams`): temperature (greedy rows
+take the argmax), top-p, top-k, and a seed. The draw is counter-based: a row's uniform is a
+hash of (seed, position in its output), computed on the device, so a seeded request gets
+the same tokens whoever shares its batch, and nothing holds a ``torch.Generator`` per
+request. Sampling is by inverse CDF: the first token whose cumulative probability passes
+the uniform. A row that truncates (top-p < 1 or top-k) draws over its probabilities sorted
+in descending order, the others over the vocabulary order; which one a row uses depends on
+its own settings only, so a row's token never depends on its companions.
+
+Logprobs are ``log_softmax(logits / temperature)`` of the chosen token (temperature 1 for
+greedy rows), before truncation, in fp32: what a trainer recomputes with a forward pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+# murmur3's 32-bit finaliser constants; products stay exact in int64 after masking
+_M1, _M2 = 0x85EBCA6B, 0xC2B2AE35
+_GOLDEN = 0x9E3779B9
+
+
+def _fmix32(h: torch.Tensor) -> torch.Tensor:
+    """murmur3's finaliser on int64 tensors holding 32-bit values (bijective, avalanching).
+    Multiplications may wrap past 2**63; the low 32 bits are exact either way."""
+    h = h ^ (h >> 16)
+    h = (h * _M1) & _MASK32
+    h = h ^ (h >> 13)
+    h = (h * _M2) & _MASK32
+    return h ^ (h >> 16)
+
+
+def uniforms(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """One uniform in (0, 1) per row from (seed, position): ``(B,)`` float32.
+
+    Args:
+        seeds: ``(B,)`` int64, any value (both 32-bit halves are mixed in).
+        positions: ``(B,)`` int64, the index of the token being drawn in the row's output.
+    """
+    lo, hi = seeds & _MASK32, (seeds >> 32) & _MASK32
+    h = _fmix32(lo ^ _fmix32(hi + _GOLDEN))
+    h = _fmix32(h ^ ((positions * _GOLDEN) & _MASK32))
+    # 24 random bits, centred in their bucket: never exactly 0 or 1
+    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+
+
+@dataclass
+class RowParams:
+    """Sampling settings of a step's rows, on the device. Rebuilt when rows join or
+    leave; between two such changes only ``positions`` moves (one add per step)."""
+
+    temperature: torch.Tensor  # (B,) float32, 1.0 for greedy rows
+    greedy: torch.Tensor  # (B,) bool
+    top_p: torch.Tensor  # (B,) float32
+    top_k: torch.Tensor  # (B,) int64, vocabulary size where off
+    seeds: torch.Tensor  # (B,) int64
+    positions: torch.Tensor  # (B,) int64: tokens each row has sampled so far
+    all_greedy: bool
+    truncating: torch.Tensor | None  # (B,) bool, None when no row truncates
+    top_logprobs: int  # the most alternatives any row asks for
+
+    @classmethod
+    def build(cls, settings: list, seeds: list[int], positions: list[int], vocab: int,
+              device) -> "RowParams":
+        """``settings``: each row's :class:`~agentgym.core.types.SamplingParams`."""
+        greedy = [s.temperature == 0 for s in settings]
+        trunc = [not g and (s.top_p < 1.0 or 0 < s.top_k < vocab)
+                 for g, s in zip(greedy, settings)]
+
+        def t(values, dtype):
+            return torch.tensor(values, dtype=dtype, device=device)
+        return cls(temperature=t([s.temperature or 1.0 for s in settings], torch.float32),
+                   greedy=t(greedy, torch.bool),
+                   top_p=t([s.top_p for s in settings], torch.float32),
+                   top_k=t([s.top_k if 0 < s.top_k < vocab else vocab for s in settings],
+                           torch.long),
+                   seeds=t(seeds, torch.long), positions=t(positions, torch.long),
+                   all_greedy=all(greedy), truncating=t(trunc, torch.bool) if any(trunc) else None,
+                   top_logprobs=max((s.top_logprobs for s in settings), default=0))
+
+
+def sample(logits: torch.Tensor, rows: RowParams):
+    """Draw one token per row.
+
+    Args:
+        logits: ``(B, V)`` raw logits of the next position (any float dtype).
+        rows: the rows' settings (``B`` rows).
+
+    Returns:
+        ``(tokens (B,) int64, logprobs (B,) float32, top)``: ``top`` is ``(values, ids)``,
+        each ``(B, rows.top_logprobs)``, or None when no row asks for alternatives.
+    """
+    logits = logits.float()
+    logp = torch.log_softmax(logits / rows.temperature[:, None], dim=-1)
+    tokens = logp.argmax(-1)
+    if not rows.all_greedy:
+        u = uniforms(rows.seeds, rows.positions)
+        probs = logp.exp()
+        drawn = _inverse_cdf(probs, u)
+        if rows.truncating is not None:
+            drawn = torch.where(rows.truncating, _truncated_draw(probs, rows, u), drawn)
+        tokens = torch.where(rows.greedy, tokens, drawn)
+    top = None
+    if rows.top_logprobs:
+        top = logp.topk(rows.top_logprobs, dim=-1)
+    return tokens, logp.gather(1, tokens[:, None])[:, 0], top
+
+
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Index of the first entry whose running sum passes ``u`` of the row's total."""
+    cdf = probs.cumsum(-1)
+    index = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
+    return index.clamp(max=probs.shape[-1] - 1)
+
+
+def _truncated_draw(probs: torch.Tensor, rows: RowParams, u: torch.Tensor) -> torch.Tensor:
+    """Draw within each row's top-k and top-p nucleus (the smallest prefix of the sorted
+    probabilities whose mass reaches top_p), over the probabilities in descending order."""
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    rank = torch.arange(probs.shape[-1], device=probs.device)[None, :]
+    keep = rank < rows.top_k[:, None]
+    nucleus = (sorted_p.cumsum(-1) - sorted_p) <= rows.top_p[:, None]
+    keep &= nucleus | (rows.top_p[:, None] >= 1.0)
+    sorted_p = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
+    return order.gather(1, _inverse_cdf(sorted_p, u)[:, None])[:, 0]

@@ -1,0 +1,252 @@
+"""Continuous batching: each step, a batched prefill of waiting prompts and one decode step
+of every running request (nano-vllm's scheduler and the loop's body).
+
+Requests whose context ids are equal (the n samples of a group) form one prefill
+:class:`Job`. Jobs are prefilled in a staging pool, several at once as one padded batch
+of up to ``prefill_tokens`` tokens (a long prompt in chunks, so it never stalls the rows
+already decoding for long); a job's longest cached prefix is copied in instead of
+computed. When its prompt is done, each request samples its first token and, unless
+already finished, moves into the decode pool (a copy of the prompt's keys/values), where
+one step decodes all rows together. A row leaves the moment it is finished; its keys and
+values go to the prefix cache.
+
+Per step the host does one copy from the device (the sampled ids and logprobs); rows'
+sampling settings and inputs live on the device and are rebuilt only when rows join or
+leave.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from agentgym.rollout.engines.hf_request import StopCheck, _Request
+from agentgym.rollout.engines.kv_pool import KVPool
+from agentgym.rollout.engines.model_runner import ModelRunner
+from agentgym.rollout.engines.prefix_cache import PrefixCache
+from agentgym.rollout.engines.sampler import RowParams, sample
+
+
+@dataclass
+class Job:
+    """Requests with the same context ids, prefilled once in staging slot ``slot``."""
+
+    ids: list[int]
+    reqs: list[_Request]
+    slot: int | None = None
+    pos: int = 0  # context positions already in the slot
+
+
+@dataclass
+class _Rows:
+    """The decode rows' state on the device (valid until rows join or leave)."""
+
+    tokens: torch.Tensor  # (B,) the next input token of each row
+    positions: torch.Tensor  # (B,) its position
+    params: RowParams
+
+
+@dataclass
+class Scheduler:
+    """The continuous batch: prefill jobs, decode rows, and what finished this step."""
+
+    runner: ModelRunner
+    staging: KVPool
+    decode: KVPool
+    prefix: PrefixCache | None
+    stops: StopCheck
+    stats: dict
+    max_rows: int
+    prefill_tokens: int
+    vocab: int
+    version: int = 0
+    jobs: list[Job] = field(default_factory=list)
+    ready: list[tuple[_Request, tuple]] = field(default_factory=list)
+    _rows: _Rows | None = None
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.jobs or self.decode.live)
+
+    def room(self) -> int:
+        """Requests that can still be admitted."""
+        return self.max_rows - self.decode.live - sum(len(j.reqs) for j in self.jobs)
+
+    def admit(self, r: _Request) -> None:
+        ids = r.context_ids  # the prompt, and the tokens so far of an interrupted request
+        self.stats["requests"] += 1
+        for job in self.jobs:
+            if job.ids == ids:
+                job.reqs.append(r)
+                return
+        self.jobs.append(Job(ids, [r]))
+
+    def step(self) -> None:
+        """One prefill (if prompts wait) and one decode step (if rows run)."""
+        if self.jobs:
+            self._prefill()
+        if self.decode.live:
+            self._decode()
+
+    def running(self) -> list[_Request]:
+        return [r for j in self.jobs for r in j.reqs] + list(self.decode.rows)
+
+    def clear(self) -> None:
+        """Drop every job and row (their requests are the caller's to requeue or fail)."""
+        self.jobs.clear()
+        self.staging.clear()
+        self.decode.clear()
+        self._rows = None
+        self.staging.release()
+        self.decode.release()
+
+    # -- prefill ------------------------------------------------------------------------
+    def _prefill(self) -> None:
+        chunks = self._chunks()
+        if not chunks:
+            return
+        width = chunks[0][1]
+        device = self.runner.device
+        ids = torch.zeros((len(chunks), width), dtype=torch.long)
+        positions = torch.zeros((len(chunks), width), dtype=torch.long)
+        valid = torch.zeros((len(chunks), width), dtype=torch.bool)
+        for i, (job, n) in enumerate(chunks):
+            ids[i, :n] = torch.tensor(job.ids[job.pos:job.pos + n])
+            positions[i, :n] = torch.arange(job.pos, job.pos + n)
+            valid[i, :n] = True
+        last = valid.sum(1) - 1
+        columns = max(job.pos + n for job, n in chunks)
+        slots = torch.tensor([job.slot for job, _ in chunks])
+        logits = self.runner.prefill(ids.to(device), positions.to(device), valid.to(device),
+                                     slots.to(device), last.to(device), columns, self.staging)
+        done = []
+        for i, (job, n) in enumerate(chunks):
+            job.pos += n
+            self.stats["prefilled_tokens"] += n
+            if job.pos == len(job.ids):
+                done.append((job, i))
+        for job, i in done:
+            self._first_tokens(job, logits[i])
+        for job, _ in sorted(done, key=lambda d: -d[0].slot):
+            self.jobs.remove(job)
+            self._free_staging(job.slot)
+
+    def _chunks(self) -> list[tuple[Job, int]]:
+        """This step's (job, tokens) pairs: the oldest job's next chunk sets the width,
+        later jobs join with chunks no wider while the padded batch fits the budget."""
+        chunks: list[tuple[Job, int]] = []
+        for job in list(self.jobs):
+            job.reqs = [r for r in job.reqs if not r.abandoned]
+            if not job.reqs:
+                self.jobs.remove(job)
+                if job.slot is not None:
+                    self._free_staging(job.slot)
+                continue
+            width = chunks[0][1] if chunks else min(self.prefill_tokens, len(job.ids) - job.pos)
+            if chunks and (len(chunks) + 1) * width > self.prefill_tokens:
+                break
+            if job.slot is None:
+                self._start(job)
+            chunks.append((job, min(width, len(job.ids) - job.pos)))
+        return chunks
+
+    def _start(self, job: Job) -> None:
+        """A staging slot for the job, holding its longest cached prefix."""
+        job.slot = self.staging.add(job, len(job.ids))
+        if self.prefix is None:
+            return
+        path = self.prefix.match(job.ids, limit=len(job.ids) - 1)  # the last gives logits
+        kv = PrefixCache.gather(path)
+        if kv is not None:
+            self.staging.put(job.slot, kv)
+            job.pos = kv.shape[3]
+            self.stats["cached_tokens"] += job.pos
+
+    def _free_staging(self, slot: int) -> None:
+        moved = self.staging.remove(slot)
+        if moved is not None:
+            moved.slot = slot
+
+    def _first_tokens(self, job: Job, logits: torch.Tensor) -> None:
+        """Each request's first token from the prompt's logits; the unfinished ones join
+        the decode rows with a copy of the prompt's keys/values."""
+        n = len(job.ids)
+        self.stats["cached_tokens"] += (len(job.reqs) - 1) * n  # the group shared it
+        if self.prefix is not None:
+            slot = job.slot
+            self.prefix.insert(job.ids, lambda a, b: self.staging.kv_of(slot, a, b))
+        params = self._params(job.reqs)
+        tokens, logps, top = sample(logits.expand(len(job.reqs), -1), params)
+        for r, token, logp, alt in _host(tokens, logps, top, job.reqs):
+            r.push(token, logp, alt, self.version)
+            done = self.stops(r)
+            if done is not None:
+                self._finish(r, done)
+                continue
+            slot = self.decode.add(r, n)
+            self.decode.copy_from(self.staging, job.slot, slot, n)
+            self._rows = None
+
+    # -- decode -------------------------------------------------------------------------
+    def _decode(self) -> None:
+        pool = self.decode
+        t0 = time.perf_counter()
+        if self._rows is None:
+            self._rows = self._rebuild()
+        rows = self._rows
+        self.stats["decode_steps"] += 1
+        self.stats["max_rows"] = max(self.stats["max_rows"], pool.live)
+        columns = max(pool.length) + 1
+        pool.ensure(pool.live, columns)
+        logits = self.runner.decode(rows.tokens, rows.positions, columns)
+        tokens, logps, top = sample(logits, rows.params)
+        reqs = list(pool.rows)
+        out = _host(tokens, logps, top, reqs)  # the step's one copy to the host
+        t1 = time.perf_counter()
+        rows.tokens, rows.positions = tokens, rows.positions + 1
+        rows.params.positions = rows.params.positions + 1
+        finished = []
+        for slot, (r, token, logp, alt) in enumerate(out):
+            pool.length[slot] += 1
+            r.push(token, logp, alt, self.version)
+            done = ("stop", None) if r.abandoned else self.stops(r)
+            if done is not None:
+                finished.append((slot, r, done))
+        for slot, r, done in reversed(finished):  # the last slots first: moves stay valid
+            if self.prefix is not None and not r.abandoned:
+                self.prefix.insert(r.prompt_ids + r.ids[:-1],
+                                   lambda a, b, s=slot: pool.kv_of(s, a, b))
+            pool.remove(slot)
+            self._finish(r, done)
+            self._rows = None
+        self.stats["forward_s"] += t1 - t0
+        self.stats["host_s"] += time.perf_counter() - t1
+
+    def _rebuild(self) -> _Rows:
+        reqs, device = self.decode.rows, self.runner.device
+        tokens = torch.tensor([r.ids[-1] for r in reqs], device=device)
+        positions = torch.tensor(self.decode.length, device=device)
+        return _Rows(tokens, positions, self._params(reqs))
+
+    def _params(self, reqs: list[_Request]) -> RowParams:
+        return RowParams.build([r.sampling for r in reqs], [r.seed for r in reqs],
+                               [len(r.ids) for r in reqs], self.vocab, self.runner.device)
+
+    def _finish(self, r: _Request, done: tuple) -> None:
+        """Delivered at the end of the step, once the engine's state is settled."""
+        self.stats["generated_tokens"] += len(r.ids)
+        self.ready.append((r, done))
+
+
+def _host(tokens: torch.Tensor, logps: torch.Tensor, top, reqs: list[_Request]):
+    """``(request, token, logprob, alternatives)`` per row, from one copy to the host
+    (a second when some row asks for alternatives)."""
+    both = torch.stack((tokens.double(), logps.double())).cpu().tolist()
+    alts: list = [None] * len(reqs)
+    if top is not None:
+        values, ids = top[0].tolist(), top[1].tolist()
+        alts = [list(zip(ids[j], values[j]))[:r.sampling.top_logprobs]
+                if r.sampling.top_logprobs else None for j, r in enumerate(reqs)]
+    return [(r, int(t), lp, a) for r, t, lp, a in zip(reqs, both[0], both[1], alts)]
