@@ -202,12 +202,23 @@ def _gpu_tests(select: str, run: Path) -> tuple[int, tuple[str, str]]:
     print(f"gpu-check: the tests marked gpu, -k '{select}'", flush=True)
     t0 = time.perf_counter()
     tests = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rs", "-k",
-                            select, "tests/test_gpu.py"], cwd=ROOT, capture_output=True,
-                           text=True, env={**os.environ, "AGENTGYM_GPU_RUN_DIR": str(run)})
+                            select, "tests/test_gpu.py", "tests/test_model_runner.py"],
+                           cwd=ROOT, capture_output=True, text=True, env={**os.environ, "AGENTGYM_GPU_RUN_DIR": str(run)})
     print(tests.stdout[-3000:], tests.stderr[-2000:], flush=True)
     summary = (tests.stdout.strip().splitlines() or ["(no output)"])[-1]
     return tests.returncode, (f"tests marked gpu, `-k '{select}'`",
                               f"{summary} ({time.perf_counter() - t0:.0f} s)")
+
+
+def _engine_speed(smoke: bool) -> str:
+    """bench/engine_speed.py on the device: ours against transformers' generate (eager
+    and static-cache compiled) on random-initialised shapes; its section's text."""
+    from bench import engine_speed
+    argv = (["--device", "cpu", "--batch", "4", "--episodes", "2", "--turns", "2"] if smoke
+            else ["--device", "cuda", "--batch", "64", "256", "--episodes", "64",
+                  "--shapes", "smollm2-135m", "qwen2.5-1.5b"])
+    return engine_speed.run(engine_speed.parse(argv),
+                            "python bench/engine_speed.py " + " ".join(argv))
 
 
 def _write(out: Path, header: list[str], rows: list[tuple[str, str]], footer: str) -> None:
@@ -250,6 +261,11 @@ def main() -> int:
     footer = f"Peak used for MFU: {peak / 1e12:.0f} TFLOP/s dense bf16." if peak else ""
     rows: list[tuple[str, str]] = []
     tests_rc = 0
+    # the engine against transformers' compiled generate: no weights, the first figures
+    print("gpu-check: engine speed", flush=True)
+    footer = "## Engine speed against transformers' generate\n\n" + _engine_speed(a.cpu_smoke) \
+        + ("\n\n" + footer if footer else "")
+    _write(out, header, rows, footer)
     if not a.cpu_smoke:  # correctness first; the 20-step GRPO run (minutes) comes last
         rc, row = _gpu_tests("not grpo_20_steps", run)
         rows.append(row)

@@ -1,0 +1,170 @@
+"""The engine's model runner and KV pool (agentgym.rollout.engines.model_runner, kv_pool):
+its forward equals the model's own, padded prefill rows do not see each other, a pushed
+weight is seen by the next step, and on a GPU the captured step equals the eager one."""
+
+import copy
+
+import pytest
+import torch
+
+from agentgym.rollout.engines.kv_pool import KVPool
+from agentgym.rollout.engines.model_runner import ModelRunner, column_bucket, why_not_supported
+
+SHAPES = ["smollm2-135m", "qwen2.5-0.5b"]  # the Llama and Qwen2 families (biases, GQA)
+
+
+def shrunk(shape: str, device: str = "cpu", layers: int = 2):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from agentgym.models.shapes import shape_config
+    config = {k: v for k, v in shape_config(shape).items()
+              if k not in ("_name_or_path", "transformers_version", "torch_dtype")}
+    config.update(num_hidden_layers=layers, dtype="float32")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config),
+                                             attn_implementation="sdpa")
+    return model.to(device).eval()
+
+
+def pool_for(model, slots=4, capacity=256, growable=True) -> KVPool:
+    c = model.config
+    return KVPool(c.num_hidden_layers, c.num_key_value_heads, c.hidden_size // c.num_attention_heads,
+                  next(model.parameters()).dtype, next(model.parameters()).device, slots, capacity,
+                  growable)
+
+
+def reference(model, ids: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(torch.tensor([ids], device=model.device)).logits[0, -1].float()
+
+
+def prefill(runner: ModelRunner, pool: KVPool, prompts: list[list[int]]) -> torch.Tensor:
+    """Every prompt in one padded batch into slots 0.. of ``pool``."""
+    width = max(len(p) for p in prompts)
+    n, dev = len(prompts), runner.device
+    ids = torch.zeros((n, width), dtype=torch.long, device=dev)
+    valid = torch.zeros((n, width), dtype=torch.bool, device=dev)
+    for i, p in enumerate(prompts):
+        ids[i, :len(p)] = torch.tensor(p)
+        valid[i, :len(p)] = True
+        pool.add(i, len(p))
+    positions = torch.arange(width, device=dev)[None].expand(n, -1)
+    last = torch.tensor([len(p) - 1 for p in prompts], device=dev)
+    return runner.prefill(ids, positions, valid, torch.arange(n, device=dev), last, width, pool)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_forward_over_the_pool_equals_the_models_own(shape):
+    model = shrunk(shape)
+    assert why_not_supported(model) is None
+    pool = pool_for(model)
+    runner = ModelRunner(model, pool)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(5, 500, (n,), generator=g).tolist() for n in (7, 19, 3)]
+    with torch.inference_mode():
+        logits = prefill(runner, pool, prompts)
+        for i, p in enumerate(prompts):  # padded rows never see each other's tokens
+            torch.testing.assert_close(logits[i].float(), reference(model, p), atol=2e-5, rtol=0)
+        histories = [list(p) for p in prompts]
+        for _ in range(3):
+            nxt = logits.argmax(-1)
+            for h, t in zip(histories, nxt.tolist()):
+                h.append(t)
+            positions = torch.tensor([len(h) - 1 for h in histories])
+            logits = runner.decode(nxt, positions, max(len(h) for h in histories))
+            for i, h in enumerate(histories):
+                torch.testing.assert_close(logits[i].float(), reference(model, h), atol=2e-5,
+                                           rtol=0)
+
+
+def test_a_row_that_leaves_moves_the_last_row_and_the_pool_grows_with_its_contents():
+    model = shrunk("smollm2-135m")
+    pool = pool_for(model, slots=1, capacity=8)
+    runner = ModelRunner(model, pool)
+    prompts = [[11, 12, 13], [21, 22, 23, 24, 25, 26, 27, 28, 29, 30], [31, 32]]
+    with torch.inference_mode():
+        prefill(runner, pool, prompts)  # grows: 3 slots, 10 columns
+        assert pool.slots >= 3 and pool.capacity >= 10 and pool.grown >= 1
+        kept = pool.kv_of(2, 0, 2).clone()
+        assert pool.remove(0) == 2  # the last row moved into slot 0
+        assert pool.rows == [2, 1] and pool.length == [2, 10]
+        torch.testing.assert_close(pool.kv_of(0, 0, 2), kept)
+        # decoding the moved row continues its own sequence
+        logits = runner.decode(torch.tensor([40, 41]), torch.tensor([2, 10]), 11)
+    torch.testing.assert_close(logits[0].float(), reference(model, [31, 32, 40]), atol=2e-5,
+                               rtol=0)
+    torch.testing.assert_close(logits[1].float(), reference(model, prompts[1] + [41]),
+                               atol=2e-5, rtol=0)
+
+
+def test_a_fixed_pool_refuses_a_request_it_cannot_hold_by_name():
+    model = shrunk("smollm2-135m")
+    pool = pool_for(model, slots=2, capacity=16, growable=False)
+    with pytest.raises(ValueError, match="engine.max_len"):
+        pool.ensure(2, 17)
+
+
+def test_column_buckets_grow_by_about_half():
+    seen = [column_bucket(n) for n in (1, 128, 129, 193, 257, 1000, 5000)]
+    assert seen == [128, 128, 192, 256, 384, 1024, 6144]
+
+
+def devices() -> list:
+    marks = [pytest.param("cpu")]
+    marks.append(pytest.param("cuda", marks=pytest.mark.gpu))
+    return marks
+
+
+@pytest.mark.parametrize("device", devices())
+def test_weights_pushed_between_steps_change_the_next_steps_logits(device):
+    """After load_state_dict (what HFEngine.update_weights does) the next decode step is
+    the new weights' own: on a GPU its captured graph kept the parameters' storage."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    model = shrunk("smollm2-135m", device)
+    pool = pool_for(model, slots=8, capacity=64, growable=device == "cpu")
+    runner = ModelRunner(model, pool, graphs=True)
+    new = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    prompt = [5, 6, 7, 8]
+    with torch.inference_mode():
+        prefill(runner, pool, [prompt])
+        t = torch.tensor([9], device=device)
+        pos = torch.tensor([4], device=device)
+        before = runner.decode(t, pos, 5).float().clone()
+        model.load_state_dict(new.state_dict())
+        pool.clear()  # the old weights' keys/values are stale: prefill again
+        prefill(runner, pool, [prompt])
+        after = runner.decode(t, pos, 5).float().clone()
+    assert not torch.allclose(before, after, atol=1e-3)
+    torch.testing.assert_close(after[0], reference(new, prompt + [9]), atol=1e-4, rtol=0)
+    if device == "cuda":
+        assert runner.stats["graph_replays"] == 2 and runner.stats["graphs"] == 1
+
+
+@pytest.mark.gpu
+def test_the_captured_decode_step_equals_the_eager_step():
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    model = shrunk("qwen2.5-0.5b", "cuda")
+    outs = []
+    for graphs in (False, True):
+        pool = pool_for(model, slots=16, capacity=128, growable=False)
+        runner = ModelRunner(model, pool, graphs=graphs)
+        prompts = [[5 + i, 6, 7 + i, 8, 9][:3 + i % 3] for i in range(5)]
+        got = []
+        with torch.inference_mode():
+            logits = prefill(runner, pool, prompts)
+            lengths = [len(p) for p in prompts]
+            for _ in range(4):
+                nxt = logits.argmax(-1)
+                logits = runner.decode(nxt, torch.tensor(lengths, device="cuda"),
+                                       max(lengths) + 1).float().clone()
+                lengths = [n + 1 for n in lengths]
+                got.append(logits)
+        outs.append(torch.stack(got))
+        if graphs:
+            assert runner.stats["graph_replays"] == 4
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-4, rtol=0)
