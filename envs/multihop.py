@@ -106,15 +106,20 @@ def multihop_rows() -> list[dict]:
     """``data=multihop_curriculum``: the NQ questions of ``data=train`` (the one-hop
     levels) and the multi-hop training questions (``data=multihop``, the multi-hop level),
     for ``data.curriculum=solve_rate``, which starts at the lowest level and moves up as
-    each is solved (:func:`agentgym.envs.answerable.difficulty_levels`)."""
+    each is solved (:func:`agentgym.envs.answerable.difficulty_levels`). The two kinds
+    alternate (then the rest of the NQ rows), so the cold start, which takes the rows in
+    order, demonstrates one search and two."""
     import gzip
     import json
 
     from agentgym.core.paths import data_dir
-    rows = []
+    parts = []
     for name in ("search/train.jsonl", "multihop/train.jsonl.gz"):
         path = data_dir() / name
         opener = gzip.open if name.endswith(".gz") else open
         with opener(path, "rt", encoding="utf-8") as f:
-            rows += [json.loads(line) for line in f if line.strip()]
-    return [r for r in rows if r.get("data_source") == "nq" or is_multihop(r)]
+            parts.append([json.loads(line) for line in f if line.strip()])
+    one = [r for r in parts[0] if r.get("data_source") == "nq"]
+    two = [r for r in parts[1] if is_multihop(r)]
+    mixed = [r for pair in zip(one, two) for r in pair]
+    return mixed + one[len(two):] + two[len(one):]
