@@ -164,8 +164,12 @@ def collect(raw: Path) -> tuple[list[dict], dict, dict]:
             seen |= {q["id"], key}
             q["source"] = f"{name}:{i + 1}"
             q["type_inferred"] = q["type"] is None
+            guess = infer_type(q["question"], q["answer"], q["gold"])
             if q["type"] is None:
-                q["type"] = infer_type(q["question"], q["answer"], q["gold"])
+                q["type"] = guess
+            else:  # how often the heuristic is right where the type is known
+                stats["typed"] += 1
+                stats["typed: heuristic agrees"] += guess == q["type"]
             questions.append(q)
             for para in q["context"]:
                 paragraphs.setdefault(para)
