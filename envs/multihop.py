@@ -67,7 +67,8 @@ def gold_hits(docs: list[dict], golds: list[dict]) -> list[int]:
             if (g["id"] and g["id"] in ids) or (g["title"] and g["title"] in titles)]
 
 
-def hop_order(question: str, kind: str, golds: list[tuple[str, str]]) -> tuple[list[int], str | None]:
+def hop_order(question: str, kind: str,
+              golds: list[tuple[str, str]]) -> tuple[list[int], str | None]:
     """``(order, bridge)``: the indices of the two gold paragraphs ``golds`` (``(title,
     text)``, HotpotQA's order) in hop order, and for a bridge question the phrase its
     second search asks for (None when no gold title fits: no bridge demonstration).

@@ -78,7 +78,7 @@ def parse_action(text: str) -> tuple[str | None, str]:
 class RetrieverConfig:
     url: str = ""  # a running Search-R1 /retrieve server; empty starts a local one
     index: str = ""  # local server: a saved index dir (`agentgym index build`); empty = BM25 of data/corpus
-    corpus: str = "auto"  # local BM25 server's shipped corpus: wiki | multihop | auto (multihop for multi-hop data)
+    corpus: str = "auto"  # local server's shipped corpus: wiki | multihop | auto (by the data)
     topk: int = 3
     timeout: float = 5.0
     max_restarts: int = 5  # local server: restarts by its supervisor within 10 minutes before the run stops
@@ -95,7 +95,7 @@ class SearchConfig:
     reward: str = "em"  # em (exact match, Search-R1) | f1 (token F1: partial credit)
     protocol: str = "tags"  # tags (Search-R1's <search> text) | tools (a search function, Hermes <tool_call>)
     retrieval_reward: float = 0.0  # turn reward: the first search whose results hold a gold answer (0 = off)
-    hop_reward: float = 0.0  # turn reward per gold paragraph a search brings first (multi-hop rows; 0 = off)
+    hop_reward: float = 0.0  # turn reward per gold paragraph a search brings first (0 = off)
 
     def __post_init__(self) -> None:
         check_choices("search", self, {"reward": ("em", "f1"), "protocol": ("tags", "tools")})
