@@ -14,6 +14,18 @@ whose results hold a gold answer (what ``answer_seen`` counts) earns that much o
 for turn-level credit (``algo.advantage=mt_grpo|gigpo``, :mod:`agentgym.trainers.turn_credit`). Paid
 once per episode, so repeating a good search earns nothing more; the episode's return is
 the retrieval reward plus the answer's.
+
+Hop reward (off by default, multi-hop rows, :mod:`agentgym.envs.multihop`): with
+``hop_reward > 0``, a search whose results bring a gold paragraph of the row
+(``extra_info.gold_paragraphs``) not retrieved before in the episode earns ``hop_reward``
+per such paragraph on its turn: at most once per paragraph, so a two-hop question pays at
+most twice, whatever the searches. The counter ``gold_retrieved`` (in ``info``, multi-hop
+rows only) counts them; the step's ``info["gold_hits"]`` lists the gold paragraphs (hop
+indices) among its results. The outcome reward stays EM or F1.
+
+Corpus (``retriever.corpus``, local server only): ``wiki`` (the shipped 21k passages),
+``multihop`` (those plus HotpotQA's paragraphs, ``data/multihop/corpus.jsonl.gz``), or
+``auto`` (multihop when the run's data or held-out set is a multi-hop dataset, else wiki).
 """
 
 from __future__ import annotations
@@ -25,6 +37,7 @@ from dataclasses import dataclass
 from agentgym.core.registry import check_choices
 from agentgym.envs.base import AgentEnv
 from agentgym.envs.function_calling import CallError, function_tool, parse_tool_calls, tool_message
+from agentgym.envs.multihop import MULTIHOP_DATASETS, gold_hits, gold_paragraphs, multihop_rows
 from agentgym.envs.rewards import contains_answer, exact_match, f1_score, gold_answers
 from agentgym.envs.search_demos import search_demo
 from agentgym.envs.search_prompt import make_prompt, make_tools_prompt
@@ -65,6 +78,7 @@ def parse_action(text: str) -> tuple[str | None, str]:
 class RetrieverConfig:
     url: str = ""  # a running Search-R1 /retrieve server; empty starts a local one
     index: str = ""  # local server: a saved index dir (`agentgym index build`); empty = BM25 of data/corpus
+    corpus: str = "auto"  # local server's shipped corpus: wiki | multihop | auto (by the data)
     topk: int = 3
     timeout: float = 5.0
     max_restarts: int = 5  # local server: restarts by its supervisor within 10 minutes before the run stops
@@ -72,6 +86,7 @@ class RetrieverConfig:
     def __post_init__(self) -> None:
         if self.max_restarts < 0:
             raise ValueError(f"retriever.max_restarts must be >= 0, got {self.max_restarts}")
+        check_choices("retriever", self, {"corpus": ("auto", "wiki", "multihop")})
 
 
 @dataclass
@@ -80,11 +95,13 @@ class SearchConfig:
     reward: str = "em"  # em (exact match, Search-R1) | f1 (token F1: partial credit)
     protocol: str = "tags"  # tags (Search-R1's <search> text) | tools (a search function, Hermes <tool_call>)
     retrieval_reward: float = 0.0  # turn reward: the first search whose results hold a gold answer (0 = off)
+    hop_reward: float = 0.0  # turn reward per gold paragraph a search brings first (0 = off)
 
     def __post_init__(self) -> None:
         check_choices("search", self, {"reward": ("em", "f1"), "protocol": ("tags", "tools")})
-        if self.retrieval_reward < 0:
-            raise ValueError(f"search.retrieval_reward must be >= 0, got {self.retrieval_reward}")
+        for name in ("retrieval_reward", "hop_reward"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"search.{name} must be >= 0, got {getattr(self, name)}")
 
 
 class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
@@ -99,6 +116,10 @@ class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
         reward: ``em`` (exact match, 0 or 1) or ``f1`` (token F1, partial credit).
         retrieval_reward: turn reward of the first search whose results hold a gold answer
             (0 disables; module docstring).
+        hop_reward: turn reward per gold paragraph of a multi-hop row that a search brings
+            for the first time in the episode (0 disables; module docstring).
+        corpus: without ``retriever_url``/``retriever``: the shipped corpus the local
+            server indexes (``wiki`` or ``multihop``).
         timeout: seconds per retrieval request.
         retriever: an object with ``retrieve(list[str]) -> list[list[dict]]``; overrides
             ``retriever_url`` (used by tests to inject faults).
@@ -117,7 +138,18 @@ class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
     demo_requires = {"search.protocol": "tags"}  # the builder writes the text tags
 
     datasets = {"train": "search/train.jsonl", "nq": "search/nq_eval.jsonl",
-                "hotpotqa": "search/hotpotqa_eval.jsonl"}
+                "hotpotqa": "search/hotpotqa_eval.jsonl",
+                "multihop": "multihop/train.jsonl.gz", "multihop_test": "multihop/test.jsonl",
+                "multihop_curriculum": multihop_rows}
+
+    @classmethod
+    def corpus_name(cls, cfg) -> str:
+        """The shipped corpus under ``cfg`` (``retriever.corpus``; ``auto``: multihop when
+        ``data`` or ``trainer.eval_data`` names a multi-hop dataset, else wiki)."""
+        if cfg.retriever.corpus != "auto":
+            return cfg.retriever.corpus
+        names = {cfg.data.name, *str(getattr(cfg.trainer, "eval_data", "")).split(",")}
+        return "multihop" if names & set(MULTIHOP_DATASETS) else "wiki"
 
     @classmethod
     def row_filter(cls, cfg) -> str | None:
@@ -139,14 +171,15 @@ class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
         which the curriculum orders by."""
         from agentgym.core.paths import shipped_corpus
         from agentgym.envs.answerable import answerable, difficulty_levels
-        kept = [row for row, ok in zip(rows, answerable(rows, shipped_corpus())) if ok]
+        corpus = shipped_corpus(cls.corpus_name(cfg))
+        kept = [row for row, ok in zip(rows, answerable(rows, corpus)) if ok]
         if not kept:
             raise ValueError("no question has a gold answer in the shipped corpus; set "
                              "data.answerable_only=false to use them anyway")
         found, kept = len(kept), kept[:limit] if limit else kept
         if cfg.data.curriculum:
             kept = [{**row, "extra_info": {**row.get("extra_info", {}), "level": level}}
-                    for row, level in zip(kept, difficulty_levels(kept, shipped_corpus()))]
+                    for row, level in zip(kept, difficulty_levels(kept, corpus))]
         return kept, found
 
     @classmethod
@@ -157,11 +190,15 @@ class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
     def __init__(self, retriever_url: str | None = None, topk: int = 3, max_turns: int = 4,
                  format_reward: float = 0.0, timeout: float = 5.0, retriever=None,
                  reward: str = "em", protocol: str = "tags",
-                 retrieval_reward: float = 0.0) -> None:
+                 retrieval_reward: float = 0.0, hop_reward: float = 0.0,
+                 corpus: str = "wiki") -> None:
         super().__init__(max_turns=max_turns)
-        if retrieval_reward < 0:
-            raise ValueError(f"retrieval_reward must be >= 0, got {retrieval_reward}")
-        self.retrieval_reward = retrieval_reward
+        for name, value in (("retrieval_reward", retrieval_reward), ("hop_reward", hop_reward)):
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+        if corpus not in ("wiki", "multihop"):
+            raise ValueError(f"corpus={corpus!r}; valid: wiki, multihop")
+        self.retrieval_reward, self.hop_reward, self.corpus = retrieval_reward, hop_reward, corpus
         if protocol not in ("tags", "tools"):
             raise ValueError(f"search.protocol={protocol!r}; valid: tags, tools")
         self.protocol = protocol
@@ -180,12 +217,15 @@ class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
         self._retriever = retriever
         self._owns_retriever = retriever is None
         self._targets: list[str] = []
+        self._golds: list[dict] = []  # the row's gold paragraphs (multi-hop rows), hop order
+        self._found: set[int] = set()  # of them, the ones retrieved so far this episode
         self._well_formed = True
 
     @classmethod
     def config_kwargs(cls, cfg) -> dict:
         """``search.*`` and ``retriever.*``; without ``retriever.url`` a local server is
-        started (once per process) over ``retriever.index`` or the shipped corpus."""
+        started (once per process) over ``retriever.index`` or the shipped corpus
+        (:meth:`corpus_name`)."""
         url, r = cfg.retriever.url, cfg.retriever
         if not url:
             from agentgym.core.paths import shipped_corpus
@@ -193,19 +233,21 @@ class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
             if r.index:
                 url = ensure_local_retriever(index_dir=r.index, max_restarts=r.max_restarts)
             else:
-                url = ensure_local_retriever(shipped_corpus(), max_restarts=r.max_restarts)
+                url = ensure_local_retriever(shipped_corpus(cls.corpus_name(cfg)),
+                                             max_restarts=r.max_restarts)
             logger.info("started local retriever at %s", url)
         s = cfg.search
         return {"retriever_url": url, "topk": r.topk, "timeout": r.timeout,
                 "format_reward": s.format_reward, "reward": s.reward, "protocol": s.protocol,
-                "retrieval_reward": s.retrieval_reward}
+                "retrieval_reward": s.retrieval_reward, "hop_reward": s.hop_reward,
+                "corpus": cls.corpus_name(cfg)}
 
     @classmethod
     def sources(cls, cfg) -> dict:
         """The corpus (its bytes, when shipped) or the server, and what scores answers."""
         from agentgym.core.paths import file_digest, shipped_corpus
         r = cfg.retriever
-        corpus = "" if (r.url or r.index) else file_digest(shipped_corpus())
+        corpus = "" if (r.url or r.index) else file_digest(shipped_corpus(cls.corpus_name(cfg)))
         return {"url": r.url, "index": r.index, "corpus": corpus, "topk": r.topk,
                 "format_reward": cfg.search.format_reward, "reward": cfg.search.reward}
 
@@ -216,7 +258,7 @@ class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
             if url is None:
                 from agentgym.tools.local_retriever import ensure_local_retriever
                 from agentgym.core.paths import shipped_corpus
-                url = ensure_local_retriever(shipped_corpus())
+                url = ensure_local_retriever(shipped_corpus(self.corpus))
             self._retriever = RetrieverClient(url, topk=self.topk, timeout=self.timeout)
         return self._retriever
 
@@ -225,6 +267,7 @@ class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
             q, a = BUILTIN_QUESTIONS[int(self.np_random.integers(len(BUILTIN_QUESTIONS)))]
             row = search_row(q, a)
         self._targets = gold_answers(row)
+        self._golds, self._found = gold_paragraphs(row), set()
         if self.protocol == "tools":  # the row's prompt teaches the tags; ask for tool calls
             question = (row.get("extra_info") or {}).get("question")
             if question:
@@ -247,8 +290,9 @@ class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
             self.count("tool_calls")
             if last_turn:  # no turn left to use the result
                 return [], 0.0, False, {"em": 0.0, "f1": 0.0}
-            text = self._search(content)
-            return [self._tool_message(text)], self._retrieved(text), False, {}
+            text, docs = self._search(content)
+            reward, info = self._retrieved(text, docs)
+            return [self._tool_message(text)], reward, False, info
         self._well_formed = False
         self.count("malformed_actions")
         return [{"role": "tool", "content": INVALID_ACTION}], 0.0, False, {}
@@ -263,7 +307,7 @@ class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
             score = em if self.reward == "em" else f1
             reward = max(score, self.format_reward) if self._well_formed else score
             return [], reward, True, {"em": em, "f1": f1, "answer": answer}
-        messages, reward = [], 0.0
+        messages, reward, hits = [], 0.0, set()
         for call in calls:
             if isinstance(call, CallError):
                 self._well_formed = False
@@ -271,24 +315,38 @@ class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
                 messages.append(tool_message(call.name or "error", f"Error: {call.message}"))
                 continue
             self.count("tool_calls")
-            text = self._search(call.arguments["query"]) if call.arguments["query"].strip() \
-                else "Error: the query is empty.\n"
-            reward += self._retrieved(text)
+            text, docs = self._search(call.arguments["query"]) \
+                if call.arguments["query"].strip() else ("Error: the query is empty.\n", [])
+            earned, info = self._retrieved(text, docs)
+            reward, hits = reward + earned, hits | set(info.get("gold_hits", ()))
             messages.append(tool_message("search", text))
         if last_turn:  # no turn left to use the results
             return [], 0.0, False, {"em": 0.0, "f1": 0.0}
-        return messages, reward, False, {}
+        return messages, reward, False, ({"gold_hits": sorted(hits)} if hits else {})
 
-    def _retrieved(self, text: str) -> float:
-        """Note whether search results ``text`` hold a gold answer; the turn reward they
-        earn (``retrieval_reward`` the first time in an episode, else 0)."""
-        if self._seen or not contains_answer(text, self._targets):
-            return 0.0
-        self._seen = True  # the episode's counters report it from here on
-        self.count("answer_seen")
-        return self.retrieval_reward
+    def _retrieved(self, text: str, docs: list[dict]) -> tuple[float, dict]:
+        """Note what search results (``text``, their ``docs``) brought; ``(the turn reward
+        they earn, step info)``: ``retrieval_reward`` the first time in an episode they
+        hold a gold answer, plus ``hop_reward`` per gold paragraph not retrieved before."""
+        reward, info = 0.0, {}
+        if not self._seen and contains_answer(text, self._targets):
+            self._seen = True  # the episode's counters report it from here on
+            self.count("answer_seen")
+            reward += self.retrieval_reward
+        if self._golds:
+            hits = gold_hits(docs, self._golds)
+            new = set(hits) - self._found
+            if hits:
+                info["gold_hits"] = hits
+            if new:
+                self._found |= new
+                self.count("gold_retrieved", len(new))
+                reward += self.hop_reward * len(new)
+        return reward, info
 
-    def _search(self, query: str) -> str:
+    def _search(self, query: str) -> tuple[str, list[dict]]:
+        """The passages for ``query`` as the observation's text, and as the retriever
+        returned them (``[]`` when the search failed)."""
         from agentgym.tools.errors import ToolBadRequest, ToolError
         from agentgym.tools.retriever import format_docs
         try:
@@ -298,8 +356,8 @@ class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
             if not isinstance(e, ToolBadRequest):  # a 4xx is the query's fault, the rest not
                 self.infra_failure(f"search: {type(e).__name__}: {e}")
             logger.warning("search failed (%s): %s", type(e).__name__, e)
-            return f"Search failed ({type(e).__name__}): {e}. Try again or answer.\n"
-        return format_docs(docs)
+            return f"Search failed ({type(e).__name__}): {e}. Try again or answer.\n", []
+        return format_docs(docs), docs
 
     @staticmethod
     def _tool_message(text: str) -> dict:

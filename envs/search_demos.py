@@ -3,7 +3,9 @@ search with the question, then (if no retrieved passage holds a gold answer) a s
 search: for a two-hop question a name the first passages mention (the bridge), else a
 keyword rewrite; when a passage holds a gold answer, answer with it, citing the passage.
 Reasoning is in ``<think>``, as Search-R1's prompt asks. Played through a live env, so the
-observations are the env's own; kept only if the env rewards the answer as correct."""
+observations are the env's own; kept only if the env rewards the answer as correct.
+Multi-hop rows (``data=multihop``) get two-search demonstrations
+(:mod:`agentgym.envs.multihop_demos`)."""
 
 from __future__ import annotations
 
@@ -109,7 +111,15 @@ def search_demo(row: dict, env, max_searches: int = 2) -> dict | None:
     ``max_searches`` allows a second), the second search is, for a two-hop (HotpotQA)
     question, a name the first passages mention that the question does not (the bridge:
     "Doc 1 (X) mentions Y. I need to know more about Y."), kept only when the answer is in
-    Y's own passage; else (and for other questions) the question's keywords."""
+    Y's own passage; else (and for other questions) the question's keywords.
+
+    A multi-hop row (``data=multihop``: gold paragraphs in ``extra_info``) gets a
+    demonstration that searches twice, each search finding its gold paragraph, or none
+    (:func:`agentgym.envs.multihop_demos.multihop_demo`)."""
+    from agentgym.envs.multihop import is_multihop
+    if is_multihop(row):
+        from agentgym.envs.multihop_demos import multihop_demo
+        return multihop_demo(row, env, max_searches)
     question = row["extra_info"]["question"].strip()
     golds = gold_answers(row)
     first = (f"I need to find the answer to: {question}. Let me search for it.", question)
