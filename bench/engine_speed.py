@@ -151,6 +151,44 @@ def ours_turns(engine, episodes: list[list[int]], turns: int, seed: int) -> int:
     return sum(asyncio.run(go()))
 
 
+# -- identity ---------------------------------------------------------------------------
+def identity(device: str, n: int = 64, new: int = 32) -> dict:
+    """smollm2-135m's real weights in fp32: ours (all prompts at once) against
+    transformers' greedy ``generate`` of each prompt alone, and our sampled tokens'
+    logprobs against a forward pass over the finished sequence."""
+    from agentgym.core.types import SamplingParams
+    from agentgym.models.zoo import load_model, load_tokenizer, resolve_model
+    path = resolve_model("smollm2-135m")
+    model, tok = load_model(path, device=device), load_tokenizer(path)
+    from agentgym.rollout.engines.hf import HFEngine
+    engine = HFEngine(model, tok, max_batch_size=n)
+    rng = random.Random(3)
+    words = "the of and to in is was for on with as by at from that which who city river".split()
+    texts = [" ".join(rng.choice(words) for _ in range(rng.randint(6, 20))) for _ in range(n)]
+    batch = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True)
+             for t in texts]
+    batch = [b["input_ids"] if isinstance(b, dict) or hasattr(b, "keys") else b for b in batch]
+
+    async def go(sp):
+        return await asyncio.gather(*(engine.generate(p, sp(k)) for k, p in enumerate(batch)))
+    try:
+        greedy = asyncio.run(go(lambda k: SamplingParams(max_new_tokens=new, temperature=0)))
+        sampled = asyncio.run(go(lambda k: SamplingParams(max_new_tokens=new, seed=k)))
+    finally:
+        engine.close()
+    same, drift = 0, 0.0
+    with torch.inference_mode():
+        for p, g, s in zip(batch, greedy, sampled):
+            ref = model.generate(torch.tensor([p], device=device), max_new_tokens=len(g.ids),
+                                 do_sample=False)[0, len(p):].tolist()
+            same += ref == g.ids
+            ids = torch.tensor([p + s.ids], device=device)
+            logp = torch.log_softmax(model(ids).logits[0, len(p) - 1:-1].float(), -1)
+            want = logp.gather(1, torch.tensor(s.ids, device=device)[:, None])[:, 0]
+            drift = max(drift, (want - torch.tensor(s.logprobs, device=device)).abs().max().item())
+    return {"prompts": n, "same": same, "drift": drift}
+
+
 # -- the run ----------------------------------------------------------------------------
 def timed(device: str, fn) -> tuple[float, int]:
     sync(device)
@@ -247,6 +285,8 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--episodes", type=int, default=None)
     ap.add_argument("--turns", type=int, default=8)
     ap.add_argument("--dtype", nargs="+", default=None, choices=["float32", "bfloat16"])
+    ap.add_argument("--identity", action="store_true", help="also compare greedy sequences "
+                    "and logprobs with transformers' (smollm2-135m's real weights, fp32)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads on the CPU (0: all)")
     ap.add_argument("--out", default=None, help="page to write (default: BENCHMARKS on the "
                     "CPU, GPU.md on a GPU); 'none' writes nothing")
@@ -265,12 +305,21 @@ def run(args: argparse.Namespace, command: str) -> str:
     gpu = args.device == "cuda"
     rows = [r for shape in args.shapes for dtype in args.dtype for r in measure(shape, dtype, args)]
     where = (torch.cuda.get_device_name() if gpu else machine())
+    ident = ""
+    if args.identity:
+        i = identity(args.device)
+        ident = (f"\n\nIdentity (smollm2-135m's real weights, fp32): our greedy sequences equal "
+                 f"transformers' greedy `generate` of each prompt alone on **{i['same']} of "
+                 f"{i['prompts']}** prompts (32 tokens, all {i['prompts']} batched on our side); "
+                 f"our sampled tokens' logprobs are within **{i['drift']:.1e}** of a forward "
+                 "pass over the finished sequence.")
+        print(ident.strip(), flush=True)
     return (f"Machine: {where}; torch {torch.__version__}, transformers "
             f"{__import__('transformers').__version__}, one process. Command: "
             f"`{command}`.\n\n" + table(rows, args.device)
             + f"\n\nSingle-turn: prompts of 40-72 random ids, {SAMPLED} sampled tokens each "
             "(temperature 1, no EOS). Multi-turn: each turn samples 64 tokens, then ~100 "
-            "observation tokens are appended. Random-initialised weights of each shape.")
+            "observation tokens are appended. Random-initialised weights of each shape." + ident)
 
 
 def main(argv=None) -> None:

@@ -4,13 +4,15 @@ its figures). Without CUDA it says so and exits 0, writing nothing; ``--cpu-smok
 every stage but the tests on the CPU with tiny shapes and short sequences, to a file of
 your choosing, to find a stage's bug before a lent GPU does.
 
-In the order that gives the most per minute of a lent GPU: the tests marked gpu but the
+In the order that gives the most per minute of a lent GPU: first the engine against
+transformers' own ``generate`` (eager and static-cache compiled) on random-initialised
+shapes (``bench/engine_speed.py``: no weights needed); the tests marked gpu but the
 20-step GRPO run (correctness: the engine's conformance on the device, FSDP2 over NCCL); update
 throughput, MFU and peak memory of random-initialised models of the shipped shapes
 (smollm2 135M/360M/1.7B, Qwen2.5 0.5B/1.5B/3B/7B, while the planner says a single-GPU full
 fine-tune fits), each peak beside the memory planner's figure; then, on smollm2-135m's
 real weights (the policy's GPU defaults: bf16 rollout copy, bf16 autocast over fp32
-master weights, SDPA or flash attention), and last the 20-step GRPO run on search:
+master weights, SDPA or flash attention), and last the 20-step GRPO run on arith:
 
 - generation tokens/s: the HF engine, 64 prompts x up to 256 sampled tokens, continuous
   batching (tokens counted as generated);
@@ -194,7 +196,8 @@ def _grpo_figures(run: Path) -> dict:
             "drift_mean": max(col("rollout/drift_mean") or [float("nan")]),
             "drift_max": max(col("rollout/drift_max") or [float("nan")]),
             "peak_memory_gb": max(col("perf/peak_memory_gb") or [float("nan")]),
-            "step_s": sum(col("time/step_s")) / len(steps)}
+            "step_s": sum(col("time/step_s")) / len(steps),
+            "gen_share": sum(col("time/generate_s")) / max(sum(col("time/step_s")), 1e-9)}
 
 
 def _gpu_tests(select: str, run: Path) -> tuple[int, tuple[str, str]]:
@@ -301,9 +304,13 @@ def main() -> int:
         _write(out, header, rows, footer)
     grpo = _grpo_figures(run)
     if grpo:
-        rows += [("GRPO on search, 20 steps x 16 prompts x 8 samples (the gpu test's run)",
-                  f"{grpo['step_s']:.1f} s/step, peak memory {grpo['peak_memory_gb']:.2f} GiB, "
-                  f"reward {grpo['reward'][0]:.3f} → {grpo['reward'][-1]:.3f}"),
+        first, last = grpo["reward"][:3], grpo["reward"][-3:]
+        rows += [("GRPO on arith (code env, solve-rate curriculum), 20 steps x 8 prompts x 8 "
+                  "samples, smollm2-135m (the gpu test's run)",
+                  f"{grpo['step_s']:.1f} s/step ({grpo['gen_share']:.0%} generation), peak "
+                  f"memory {grpo['peak_memory_gb']:.2f} GiB, reward first 3 steps "
+                  f"{sum(first) / len(first):.3f} → last 3 {sum(last) / len(last):.3f}; per step: "
+                  + ", ".join(f"{r:.2f}" for r in grpo["reward"])),
                  ("drift, engine vs trainer logprobs over that run (largest step value)",
                   f"mean {grpo['drift_mean']:.4f}, max {grpo['drift_max']:.3f}")]
         _write(out, header, rows, footer)

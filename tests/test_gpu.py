@@ -95,13 +95,15 @@ def test_fsdp2_on_one_nccl_rank_matches_single(single_on_cuda, tiny_path):
 
 # --- the main job on the GPU --------------------------------------------------------------
 
-def test_grpo_20_steps_smollm2_search_on_cuda(tmp_path):
-    """``agentgym train env=search`` (cold start included) for 20 GRPO steps on the GPU.
-    ``AGENTGYM_GPU_RUN_DIR`` keeps the run for ``make gpu-check``'s report."""
+def test_grpo_20_steps_smollm2_arith_on_cuda(tmp_path):
+    """``agentgym train env=code data=arith`` (cold start included) for 20 GRPO steps on
+    the GPU: a task smollm2-135m learns (``make demo``'s arith), so the reward curve means
+    something. ``AGENTGYM_GPU_RUN_DIR`` keeps the run for ``make gpu-check``'s report."""
     run = Path(os.environ.get("AGENTGYM_GPU_RUN_DIR") or tmp_path / "grpo")
-    cmd = [sys.executable, "-m", "agentgym.cli", "train", "env=search", f"run_dir={run}",
-           "trainer.total_steps=20", "trainer.prompts_per_step=16", "n=8", "trainer.lr=1e-5",
-           "trainer.eval_limit=100", "trainer.save_every=20", "trainer.resume=never"]
+    cmd = [sys.executable, "-m", "agentgym.cli", "train", "env=code", "data=arith",
+           "data.curriculum=solve_rate", f"run_dir={run}", "model=smollm2-135m",
+           "trainer.total_steps=20", "trainer.prompts_per_step=8", "n=8", "trainer.lr=1e-5",
+           "trainer.eval_limit=0", "trainer.save_every=20", "trainer.resume=never"]
     subprocess.run(cmd, check=True, cwd=ROOT, timeout=3600)
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in steps if "rollout/reward" in m]

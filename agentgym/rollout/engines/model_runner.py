@@ -143,13 +143,25 @@ class ModelRunner:
                 keys = pool.k[i][:, :, :columns].index_select(0, read_slots)
                 values = pool.v[i][:, :, :columns].index_select(0, read_slots)
             q = q.reshape(n, self.kv_heads, self.group * t, self.head_dim)
-            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
-                                               scale=self.scale)
+            o = self._attend(q, keys, values, mask)
             o = o.view(n, self.heads, t, self.head_dim).transpose(1, 2).reshape(n, t, -1)
             h = h + attn.o_proj(o)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         h = h[:, -1] if last is None else h[torch.arange(n, device=self.device), last]
         return self.model.lm_head(base.norm(h))
+
+    def _attend(self, q, keys, values, mask):
+        """Attention of ``q`` ``(N, kv_heads, group * T, head_dim)`` over the slots' leading
+        columns. An fp32 decode step on the CPU takes two matmuls: about 1.45x faster there
+        than SDPA's CPU kernel over the pool's strided columns (smollm2-135m's heads, 64
+        rows x 201 columns: 1.03 vs 1.50 ms a layer). In bf16 the matmuls are no faster
+        on strided columns and round the scores to bf16, so SDPA stays."""
+        if self.device.type != "cpu" or q.shape[2] != self.group or q.dtype != torch.float32:
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
+                                                  scale=self.scale)
+        scores = torch.matmul(q, keys.transpose(-1, -2)).mul_(self.scale)
+        scores.masked_fill_(~mask, float("-inf"))
+        return torch.matmul(torch.softmax(scores, -1), values)
 
     # -- steps --------------------------------------------------------------------------
     def _announce(self, ids: torch.Tensor) -> None:

@@ -61,6 +61,8 @@ class RowParams:
     seeds: torch.Tensor  # (B,) int64
     positions: torch.Tensor  # (B,) int64: tokens each row has sampled so far
     all_greedy: bool
+    any_greedy: bool
+    unit_temperature: bool  # every row at temperature 1 (or greedy): no division
     truncating: torch.Tensor | None  # (B,) bool, None when no row truncates
     top_logprobs: int  # the most alternatives any row asks for
 
@@ -80,7 +82,9 @@ class RowParams:
                    top_k=t([s.top_k if 0 < s.top_k < vocab else vocab for s in settings],
                            torch.long),
                    seeds=t(seeds, torch.long), positions=t(positions, torch.long),
-                   all_greedy=all(greedy), truncating=t(trunc, torch.bool) if any(trunc) else None,
+                   all_greedy=all(greedy), any_greedy=any(greedy),
+                   unit_temperature=all((s.temperature or 1.0) == 1.0 for s in settings),
+                   truncating=t(trunc, torch.bool) if any(trunc) else None,
                    top_logprobs=max((s.top_logprobs for s in settings), default=0))
 
 
@@ -95,27 +99,33 @@ def sample(logits: torch.Tensor, rows: RowParams):
         ``(tokens (B,) int64, logprobs (B,) float32, top)``: ``top`` is ``(values, ids)``,
         each ``(B, rows.top_logprobs)``, or None when no row asks for alternatives.
     """
-    logits = logits.float()
-    logp = torch.log_softmax(logits / rows.temperature[:, None], dim=-1)
-    tokens = logp.argmax(-1)
+    scaled = logits.float()
+    if not rows.unit_temperature:
+        scaled = scaled / rows.temperature[:, None]
+    lse = torch.logsumexp(scaled, dim=-1)
+    tokens = scaled.argmax(-1) if rows.any_greedy else None
     if not rows.all_greedy:
         u = uniforms(rows.seeds, rows.positions)
-        probs = logp.exp()
-        drawn = _inverse_cdf(probs, u)
+        probs = (scaled - lse[:, None]).exp_()
+        truncated = None
         if rows.truncating is not None:
-            drawn = torch.where(rows.truncating, _truncated_draw(probs, rows, u), drawn)
-        tokens = torch.where(rows.greedy, tokens, drawn)
+            truncated = _truncated_draw(probs, rows, u)
+        drawn = _inverse_cdf(probs.cumsum_(-1), u)  # the probabilities become their CDF
+        if truncated is not None:
+            drawn = torch.where(rows.truncating, truncated, drawn)
+        tokens = drawn if tokens is None else torch.where(rows.greedy, tokens, drawn)
     top = None
     if rows.top_logprobs:
-        top = logp.topk(rows.top_logprobs, dim=-1)
-    return tokens, logp.gather(1, tokens[:, None])[:, 0], top
+        values, ids = scaled.topk(rows.top_logprobs, dim=-1)
+        top = (values - lse[:, None], ids)
+    return tokens, scaled.gather(1, tokens[:, None])[:, 0] - lse, top
 
 
-def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Index of the first entry whose running sum passes ``u`` of the row's total."""
-    cdf = probs.cumsum(-1)
+def _inverse_cdf(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Index of the first entry of each row's running sum ``cdf`` that passes ``u`` of the
+    row's total."""
     index = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
-    return index.clamp(max=probs.shape[-1] - 1)
+    return index.clamp(max=cdf.shape[-1] - 1)
 
 
 def _truncated_draw(probs: torch.Tensor, rows: RowParams, u: torch.Tensor) -> torch.Tensor:
@@ -127,4 +137,4 @@ def _truncated_draw(probs: torch.Tensor, rows: RowParams, u: torch.Tensor) -> to
     nucleus = (sorted_p.cumsum(-1) - sorted_p) <= rows.top_p[:, None]
     keep &= nucleus | (rows.top_p[:, None] >= 1.0)
     sorted_p = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
-    return order.gather(1, _inverse_cdf(sorted_p, u)[:, None])[:, 0]
+    return order.gather(1, _inverse_cdf(sorted_p.cumsum(-1), u)[:, None])[:, 0]
