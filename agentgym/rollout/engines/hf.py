@@ -187,7 +187,8 @@ class HFEngine(Engine):
         if not prompt_ids:
             raise ValueError("prompt_ids is empty: a request needs at least one token")
         if self.scheduler is not None and not self.scheduler.decode.growable:
-            need = len(prompt_ids) + sampling.max_new_tokens
+            # +1: a finished row computes one token more before its end is seen
+            need = len(prompt_ids) + sampling.max_new_tokens + 1
             if need > self.scheduler.decode.capacity:
                 raise ValueError(f"a prompt of {len(prompt_ids)} tokens + max_new_tokens="
                                  f"{sampling.max_new_tokens} needs {need} positions; the KV "
@@ -334,7 +335,8 @@ class HFEngine(Engine):
             except BaseException as e:  # noqa: BLE001 - surface every failure to the caller
                 logger.exception("generation step failed")
                 for r in sched.running():
-                    r.fail(e)
+                    if not r.closed:
+                        r.fail(e)
                 sched.clear()
             with self._cv:
                 if not sched.busy:
@@ -346,16 +348,22 @@ class HFEngine(Engine):
                 r.finish(*done, self.policy_version)
             sched.ready.clear()
         for r in sched.running():
-            r.fail(RuntimeError("engine closed"))
+            if not r.closed:
+                r.fail(RuntimeError("engine closed"))
 
     def _preempt_all(self) -> None:
         """Partial rollouts (lock held): every running request back to the head of the
         queue, in order, with its tokens so far; its keys/values are dropped (recomputed
         under the new weights). The engine is idle after."""
-        back = self.scheduler.running()
+        sched = self.scheduler
+        sched.drain()  # the tokens of the step in flight are kept
+        for r, done in sched.ready:  # finished by that step: delivered now
+            r.finish(*done, self.policy_version)
+        sched.ready.clear()
+        back = [r for r in sched.running() if not r.closed]
         self._queue[:0] = [r for r in back if not r.abandoned]
         self.stats["preempted"] += len(back)
-        self.scheduler.clear()
+        sched.clear()
         self._busy = False
         self._cv.notify_all()
 

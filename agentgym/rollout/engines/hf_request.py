@@ -26,6 +26,7 @@ class _Request:
     pieces: asyncio.Queue | None = None  # streaming: each token, then None at the end
     versions: list[int] = field(default_factory=list)  # per token, the weights that sampled it
     tail: str = ""  # the text of the last tokens, where a stop string would show
+    closed: bool = False  # finished (its result on the way): nothing more is pushed
 
     @property
     def context_ids(self) -> list[int]:

@@ -49,6 +49,16 @@ class _Rows:
 
 
 @dataclass
+class _Step:
+    """A decode step in flight: its rows as launched, their results on the way."""
+
+    reqs: list[_Request]
+    host: torch.Tensor  # (2, B): ids and logprobs
+    event: object | None  # torch.cuda.Event of the copy (None on the CPU: done)
+    top: tuple | None
+
+
+@dataclass
 class Scheduler:
     """The continuous batch: prefill jobs, decode rows, and what finished this step."""
 
@@ -65,10 +75,11 @@ class Scheduler:
     jobs: list[Job] = field(default_factory=list)
     ready: list[tuple[_Request, tuple]] = field(default_factory=list)
     _rows: _Rows | None = None
+    _inflight: _Step | None = None
 
     @property
     def busy(self) -> bool:
-        return bool(self.jobs or self.decode.live)
+        return bool(self.jobs or self.decode.live or self._inflight)
 
     def room(self) -> int:
         """Requests that can still be admitted."""
@@ -89,6 +100,8 @@ class Scheduler:
             self._prefill()
         if self.decode.live:
             self._decode()
+        else:
+            self.drain()
 
     def running(self) -> list[_Request]:
         return [r for j in self.jobs for r in j.reqs] + list(self.decode.rows)
@@ -96,6 +109,7 @@ class Scheduler:
     def clear(self) -> None:
         """Drop every job and row (their requests are the caller's to requeue or fail)."""
         self.jobs.clear()
+        self._inflight = None
         self.staging.clear()
         self.decode.clear()
         self._rows = None
@@ -191,10 +205,16 @@ class Scheduler:
 
     # -- decode -------------------------------------------------------------------------
     def _decode(self) -> None:
+        """Launch a decode step, then take in the previous step's results while this one
+        computes (on a GPU the host's work overlaps the device's). A row that finished in
+        the previous step has computed one token more in this one: it is dropped."""
         pool = self.decode
-        t0 = time.perf_counter()
-        if self._rows is None:
+        if self._rows is None:  # rows joined or left: their last tokens must be known
+            self.drain()
+            if not pool.live:
+                return
             self._rows = self._rebuild()
+        t0 = time.perf_counter()
         rows = self._rows
         self.stats["decode_steps"] += 1
         self.stats["max_rows"] = max(self.stats["max_rows"], pool.live)
@@ -202,19 +222,38 @@ class Scheduler:
         pool.ensure(pool.live, columns)
         logits = self.runner.decode(rows.tokens, rows.positions, columns)
         tokens, logps, top = sample(logits, rows.params)
-        reqs = list(pool.rows)
-        out = _host(tokens, logps, top, reqs)  # the step's one copy to the host
-        t1 = time.perf_counter()
         rows.tokens, rows.positions = tokens, rows.positions + 1
         rows.params.positions = rows.params.positions + 1
+        pool.length[:] = [n + 1 for n in pool.length]
+        step = _Step(list(pool.rows), *_to_host(tokens, logps), top)
+        self.stats["forward_s"] += time.perf_counter() - t0
+        self.drain()
+        self._inflight = step
+
+    def drain(self) -> None:
+        """Take in the step in flight: push each row's token, finish the rows that are
+        done (their keys/values to the prefix cache, their slots freed)."""
+        step, self._inflight = self._inflight, None
+        if step is None:
+            return
+        t0 = time.perf_counter()
+        if step.event is not None:
+            step.event.synchronize()
+        t1 = time.perf_counter()
+        ids, logps = step.host.tolist()
+        alts = _alternatives(step.top, step.reqs)
         finished = []
-        for slot, (r, token, logp, alt) in enumerate(out):
-            pool.length[slot] += 1
-            r.push(token, logp, alt, self.version)
+        for r, token, logp, alt in zip(step.reqs, ids, logps, alts):
+            if r.closed:  # finished a step earlier: this token is beyond its end
+                continue
+            r.push(int(token), logp, alt, self.version)
             done = ("stop", None) if r.abandoned else self.stops(r)
             if done is not None:
-                finished.append((slot, r, done))
-        for slot, r, done in reversed(finished):  # the last slots first: moves stay valid
+                finished.append((r, done))
+        pool = self.decode
+        slots = {id(r): i for i, r in enumerate(pool.rows)}
+        for r, done in sorted(finished, key=lambda f: -slots[id(f[0])]):  # last slots first
+            slot = slots[id(r)]
             if self.prefix is not None and not r.abandoned:
                 self.prefix.insert(r.prompt_ids + r.ids[:-1],
                                    lambda a, b, s=slot: pool.kv_of(s, a, b))
@@ -236,6 +275,7 @@ class Scheduler:
 
     def _finish(self, r: _Request, done: tuple) -> None:
         """Delivered at the end of the step, once the engine's state is settled."""
+        r.closed = True
         self.stats["generated_tokens"] += len(r.ids)
         self.ready.append((r, done))
 
@@ -244,9 +284,27 @@ def _host(tokens: torch.Tensor, logps: torch.Tensor, top, reqs: list[_Request]):
     """``(request, token, logprob, alternatives)`` per row, from one copy to the host
     (a second when some row asks for alternatives)."""
     both = torch.stack((tokens.double(), logps.double())).cpu().tolist()
-    alts: list = [None] * len(reqs)
-    if top is not None:
-        values, ids = top[0].tolist(), top[1].tolist()
-        alts = [list(zip(ids[j], values[j]))[:r.sampling.top_logprobs]
-                if r.sampling.top_logprobs else None for j, r in enumerate(reqs)]
-    return [(r, int(t), lp, a) for r, t, lp, a in zip(reqs, both[0], both[1], alts)]
+    return [(r, int(t), lp, a) for r, t, lp, a in
+            zip(reqs, both[0], both[1], _alternatives(top, reqs))]
+
+
+def _to_host(tokens: torch.Tensor, logps: torch.Tensor):
+    """The step's ids and logprobs, ``(2, B)`` float64, on their way to the host: on a
+    GPU an asynchronous copy into pinned memory and the event that marks its end."""
+    both = torch.stack((tokens.double(), logps.double()))
+    if both.device.type != "cuda":
+        return both, None
+    host = torch.empty(both.shape, dtype=both.dtype, pin_memory=True)
+    host.copy_(both, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+    return host, event
+
+
+def _alternatives(top, reqs: list[_Request]) -> list:
+    """Each row's ``top_logprobs`` likeliest ``(id, logprob)``, or None."""
+    if top is None:
+        return [None] * len(reqs)
+    values, ids = top[0].tolist(), top[1].tolist()
+    return [list(zip(ids[j], values[j]))[:r.sampling.top_logprobs]
+            if r.sampling.top_logprobs else None for j, r in enumerate(reqs)]
