@@ -20,7 +20,6 @@ same step eagerly.
 from __future__ import annotations
 
 import logging
-import sys
 
 import torch
 import torch.nn.functional as F
@@ -77,7 +76,6 @@ class ModelRunner:
         self.group = self.heads // self.kv_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.scale = self.layers[0].self_attn.scaling
-        self.rope = sys.modules[type(self.layers[0].self_attn).__module__].apply_rotary_pos_emb
         self.device = next(model.parameters()).device
         self.graphs = graphs and self.device.type == "cuda"
         self._cos = self._sin = None
@@ -88,16 +86,32 @@ class ModelRunner:
 
     # -- rotary table -------------------------------------------------------------------
     def _rotary(self, positions: torch.Tensor, capacity: int):
-        """cos, sin ``(*positions.shape, head_dim)`` from a table of every position up to
-        the model's context (built once: a captured graph keeps reading the same table)."""
+        """cos and signed sin ``(*positions.shape, 1, head_dim)`` from a table of every
+        position up to the model's context (built once from the model's own rotary
+        embedding: a captured graph keeps reading the same table)."""
         if self._cos is None or self._cos.shape[0] < capacity:
             config = self.model.config.get_text_config()
             n = max(capacity, min(getattr(config, "max_position_embeddings", 0) or 0, 1 << 17))
             x = torch.zeros(1, dtype=self.pool.dtype, device=self.device)
             cos, sin = self.model.model.rotary_emb(
                 x, torch.arange(n, device=self.device)[None])
-            self._cos, self._sin = cos[0], sin[0]
-        return self._cos[positions], self._sin[positions]
+            half = self.head_dim // 2
+            self._cos = cos[0]
+            self._sin = torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)
+        return self._cos[positions][:, :, None], self._sin[positions][:, :, None]
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotary embedding of ``x`` ``(N, T, heads, head_dim)``, the halves rotated as
+        transformers' ``rotate_half`` does: ``x * cos + [x2, x1] * [-sin, sin]``."""
+        flipped = x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)
+        return x * cos + flipped * sin
+
+    def _norm(self, module, x: torch.Tensor) -> torch.Tensor:
+        """An RMSNorm of the model's as one fused op (the module's own forward is six)."""
+        eps = getattr(module, "variance_epsilon", None)
+        if eps is None or not type(module).__name__.endswith("RMSNorm"):
+            return module(x)
+        return F.rms_norm(x, (x.shape[-1],), module.weight, eps)
 
     # -- the forward --------------------------------------------------------------------
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, write_slots: torch.Tensor,
@@ -128,14 +142,14 @@ class ModelRunner:
         h = base.embed_tokens(ids)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            x = layer.input_layernorm(h)
+            x = self._norm(layer.input_layernorm, h)
             q = attn.q_proj(x).view(n, t, self.heads, self.head_dim)
             k = attn.k_proj(x).view(n, t, self.kv_heads, self.head_dim)
             v = attn.v_proj(x).view(n, t, self.kv_heads, self.head_dim)
             if hasattr(attn, "q_norm"):  # Qwen3
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k = self.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
-            pool.k[i][write_slots, :, positions] = k.transpose(1, 2)
+                q, k = self._norm(attn.q_norm, q), self._norm(attn.k_norm, k)
+            q, k = self._rope(q, cos, sin).transpose(1, 2), self._rope(k, cos, sin)
+            pool.k[i][write_slots, :, positions] = k
             pool.v[i][write_slots, :, positions] = v
             if read_slots is None:
                 keys, values = pool.k[i][:n, :, :columns], pool.v[i][:n, :, :columns]
@@ -146,9 +160,9 @@ class ModelRunner:
             o = self._attend(q, keys, values, mask)
             o = o.view(n, self.heads, t, self.head_dim).transpose(1, 2).reshape(n, t, -1)
             h = h + attn.o_proj(o)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            h = h + layer.mlp(self._norm(layer.post_attention_layernorm, h))
         h = h[:, -1] if last is None else h[torch.arange(n, device=self.device), last]
-        return self.model.lm_head(base.norm(h))
+        return self.model.lm_head(self._norm(base.norm, h))
 
     def _attend(self, q, keys, values, mask):
         """Attention of ``q`` ``(N, kv_heads, group * T, head_dim)`` over the slots' leading
