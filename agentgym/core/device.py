@@ -127,3 +127,57 @@ def peak_memory_gb(device) -> float | None:
     peak = torch.cuda.max_memory_allocated(device) / 2**30
     torch.cuda.reset_peak_memory_stats(device)
     return peak
+
+
+# -- what the rollout engine asks of a GPU (agentgym.rollout.engines) -----------------------
+def free_memory_bytes(device) -> int:
+    """Bytes free on a GPU ``device`` now (what a KV pool may be sized from)."""
+    import torch
+    free, _ = torch.cuda.mem_get_info(device)
+    return free
+
+
+def is_capturing(device) -> bool:
+    """Whether a CUDA graph is being captured on ``device``'s current stream (False on the
+    CPU)."""
+    if not is_accelerator(device):
+        return False
+    import torch
+    return torch.cuda.is_current_stream_capturing()
+
+
+def graph_pool():
+    """A memory pool several CUDA graphs share (they replay one at a time)."""
+    import torch
+    return torch.cuda.graph_pool_handle()
+
+
+def capture_graph(step, pool, warmup: int = 2):
+    """``step()`` captured as a CUDA graph in ``pool``, after ``warmup`` eager runs on a
+    side stream (the allocator and the kernels' choices settle outside the capture).
+    Returns the graph; ``graph.replay()`` runs it again over the same tensors."""
+    import torch
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        step()
+    return graph
+
+
+def to_host_async(tensor):
+    """``(host tensor, event)``: on a GPU an asynchronous copy into pinned memory and the
+    CUDA event that marks its end (``event.synchronize()`` before reading); on the CPU the
+    tensor itself and None."""
+    if not is_accelerator(tensor.device):
+        return tensor, None
+    import torch
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host.copy_(tensor, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+    return host, event

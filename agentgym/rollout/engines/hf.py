@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from agentgym.core.device import free_memory_bytes, is_accelerator
 from agentgym.core.types import GenerateOutput, SamplingParams
 from agentgym.rollout.engines.base import Engine
 from agentgym.rollout.engines.hf_request import StopCheck, _Request
@@ -108,7 +109,7 @@ class HFEngine(Engine):
         self.stats = {"batches": 0, "requests": 0, "generated_tokens": 0, "decode_steps": 0,
                       "prefilled_tokens": 0, "cached_tokens": 0, "max_rows": 0, "preempted": 0,
                       "forward_s": 0.0, "host_s": 0.0}
-        self.prefill_chunk = prefill_chunk or (512 if self.device.type == "cpu" else 8192)
+        self.prefill_chunk = prefill_chunk or (8192 if is_accelerator(self.device) else 512)
         why_static = _why_static(model, self.vision) if continuous_batching else None
         if why_static:
             logger.info("continuous batching and the prefix cache are off: %s", why_static)
@@ -141,15 +142,14 @@ class HFEngine(Engine):
         kv_heads = config.num_key_value_heads or heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         dtype = next(self.model.parameters()).dtype
-        graphs = cuda_graphs and self.device.type == "cuda"
+        graphs = cuda_graphs and is_accelerator(self.device)
 
         def pool(slots: int, capacity: int, growable: bool) -> KVPool:
             return KVPool(config.num_hidden_layers, kv_heads, head_dim, dtype, self.device,
                           slots, capacity, growable)
         if graphs:  # allocated once: the graphs keep its addresses
             per_position = 2 * config.num_hidden_layers * kv_heads * head_dim * dtype.itemsize
-            free, _ = torch.cuda.mem_get_info(self.device)
-            fits = int(free * kv_fraction) // (per_position * (self.max_batch_size + 1))
+            fits = int(free_memory_bytes(self.device) * kv_fraction) // (per_position * (self.max_batch_size + 1))
             capacity = min(max_len or config.max_position_embeddings, fits)
             decode = pool(self.max_batch_size, capacity, growable=False)
             logger.info("KV pool: %d requests x %d positions (%.2f GiB)", self.max_batch_size,

@@ -30,7 +30,7 @@ class KVPool:
     def __init__(self, n_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
                  device, slots: int, capacity: int, growable: bool) -> None:
         self.n_layers, self.kv_heads, self.head_dim = n_layers, kv_heads, head_dim
-        self.dtype, self.device, self.growable = dtype, torch.device(device), growable
+        self.dtype, self.device, self.growable = dtype, device, growable
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
         self.rows: list[object] = []  # owners of slots 0 .. live - 1

@@ -1,17 +1,18 @@
 """The model's forward over the KV pool, and its decode step captured as CUDA graphs.
 
 :class:`ModelRunner` runs a decoder of the Llama family (Llama, SmolLM2, Qwen2/2.5,
-Qwen3, Mistral without a sliding window) with the model's own modules (embedding, norms,
-projections, MLPs, head: the same parameter storage, so a weight update is seen at once),
-and its own attention over :class:`~agentgym.rollout.engines.kv_pool.KVPool`: each new
-position's keys and values are written to its row's slot at the column of its position,
-and the attention reads the slot's leading columns with the mask ``column <= position``.
-Grouped-query heads are folded into the query length (a key/value head's query heads
-attend as one sequence), so no key or value is repeated.
+Qwen3, Mistral without a sliding window) with the model's own parameters (embedding,
+norms, projections, MLPs, head: the same storage, so a weight update is seen at once; an
+RMSNorm runs as one fused op over its weight, the rotary embedding from a table of the
+model's own) and its own attention over :class:`~agentgym.rollout.engines.kv_pool.KVPool`:
+each new position's keys and values are written to its row's slot at the column of its
+position, and the attention reads the slot's leading columns with the mask
+``column <= position``. Grouped-query heads are folded into the query length (a
+key/value head's query heads attend as one sequence), so no key or value is repeated.
 
 On a GPU the decode step is captured as a CUDA graph per (batch bucket, column bucket):
 the step's inputs are copied into static tensors, the graph replays, the logits are read
-from its static output (nano-vllm's ``model_runner``; the pool, the rotary table and the
+from a static buffer (nano-vllm's ``model_runner``; the pool, the rotary table and the
 parameters keep their addresses). Batches are padded to the bucket: padded rows write
 into free slots at column 0 and are never read. ``graphs=False`` (and any CPU) runs the
 same step eagerly.
@@ -24,6 +25,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
+from agentgym.core.device import capture_graph, graph_pool, is_accelerator, is_capturing
 from agentgym.rollout.engines.kv_pool import KVPool
 
 logger = logging.getLogger(__name__)
@@ -77,9 +79,9 @@ class ModelRunner:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.scale = self.layers[0].self_attn.scaling
         self.device = next(model.parameters()).device
-        self.graphs = graphs and self.device.type == "cuda"
+        self.graphs = graphs and is_accelerator(self.device)
         self._cos = self._sin = None
-        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._graphs: dict[tuple[int, int], object] = {}  # (rows, columns) -> CUDA graph
         self._static: dict[str, torch.Tensor] = {}
         self._graph_pool = None
         self.stats = {"graph_replays": 0, "eager_steps": 0, "graphs": 0}
@@ -170,7 +172,7 @@ class ModelRunner:
         than SDPA's CPU kernel over the pool's strided columns (smollm2-135m's heads, 64
         rows x 201 columns: 1.03 vs 1.50 ms a layer). In bf16 the matmuls are no faster
         on strided columns and round the scores to bf16, so SDPA stays."""
-        if self.device.type != "cpu" or q.shape[2] != self.group or q.dtype != torch.float32:
+        if is_accelerator(self.device) or q.shape[2] != self.group or q.dtype != torch.float32:
             return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
                                                   scale=self.scale)
         scores = torch.matmul(q, keys.transpose(-1, -2)).mul_(self.scale)
@@ -182,7 +184,7 @@ class ModelRunner:
         """The model's forward pre-hooks see each forward's ``input_ids``, as when the
         model itself is called (profilers; the tests' fault injection)."""
         hooks = self.model._forward_pre_hooks
-        if hooks and not (self.graphs and torch.cuda.is_current_stream_capturing()):
+        if hooks and not is_capturing(self.device):
             with_kwargs = self.model._forward_pre_hooks_with_kwargs
             for key, hook in list(hooks.items()):
                 if key in with_kwargs:
@@ -233,7 +235,7 @@ class ModelRunner:
                             "slots": torch.arange(most, device=self.device)[:, None],
                             "logits": torch.empty((most, self.model.lm_head.out_features),
                                                   dtype=self.pool.dtype, device=self.device)}
-            self._graph_pool = torch.cuda.graph_pool_handle()
+            self._graph_pool = graph_pool()
             self._rotary(torch.zeros(1, dtype=torch.long, device=self.device),
                          self.pool.capacity)
         st = self._static
@@ -242,15 +244,7 @@ class ModelRunner:
             out = self.forward(st["ids"][:rows, None], st["positions"][:rows, None],
                                st["slots"][:rows], None, cols, None)
             st["logits"][:rows].copy_(out)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up outside the capture (allocator, kernels' choices)
-                step()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._graph_pool):
-            step()
+        graph = capture_graph(step, self._graph_pool)
         self._graphs[(rows, cols)] = graph
         self.stats["graphs"] += 1
         logger.debug("captured the decode step for %d rows x %d columns", rows, cols)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from agentgym.core.device import to_host_async
 from agentgym.rollout.engines.hf_request import StopCheck, _Request
 from agentgym.rollout.engines.kv_pool import KVPool
 from agentgym.rollout.engines.model_runner import ModelRunner
@@ -54,7 +55,7 @@ class _Step:
 
     reqs: list[_Request]
     host: torch.Tensor  # (2, B): ids and logprobs
-    event: object | None  # torch.cuda.Event of the copy (None on the CPU: done)
+    event: object | None  # the GPU event that ends the copy (None on the CPU: done)
     top: tuple | None
 
 
@@ -289,16 +290,9 @@ def _host(tokens: torch.Tensor, logps: torch.Tensor, top, reqs: list[_Request]):
 
 
 def _to_host(tokens: torch.Tensor, logps: torch.Tensor):
-    """The step's ids and logprobs, ``(2, B)`` float64, on their way to the host: on a
-    GPU an asynchronous copy into pinned memory and the event that marks its end."""
-    both = torch.stack((tokens.double(), logps.double()))
-    if both.device.type != "cuda":
-        return both, None
-    host = torch.empty(both.shape, dtype=both.dtype, pin_memory=True)
-    host.copy_(both, non_blocking=True)
-    event = torch.cuda.Event()
-    event.record()
-    return host, event
+    """The step's ids and logprobs, ``(2, B)`` float64, on their way to the host (on a GPU
+    an asynchronous copy, and the event that marks its end)."""
+    return to_host_async(torch.stack((tokens.double(), logps.double())))
 
 
 def _alternatives(top, reqs: list[_Request]) -> list:
