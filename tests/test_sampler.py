@@ -77,19 +77,28 @@ def test_seeded_requests_get_the_same_tokens_alone_and_among_64(tiny_model, tiny
     tok = tiny_tokenizer
     prompts = [tok.encode(f"prompt {k} " + "word " * (k % 9)) for k in range(64)]
     kw = {"continuous_batching": mode == "continuous", "prefix_cache": False,
-          "max_batch_size": 64, "batch_wait_s": 0.2}
+          "max_batch_size": 64}
     engine = HFEngine(tiny_model, tok, **kw)
 
     async def together():
-        return await asyncio.gather(*(engine.generate(p, mixed_settings(k))
-                                      for k, p in enumerate(prompts)))
+        await engine.pause()  # all 64 wait in the queue, then start as one batch
+        tasks = [asyncio.ensure_future(engine.generate(p, mixed_settings(k)))
+                 for k, p in enumerate(prompts)]
+        deadline = asyncio.get_running_loop().time() + 120
+        while len(engine._queue) < len(prompts):
+            assert asyncio.get_running_loop().time() < deadline, "requests never queued"
+            await asyncio.sleep(0.001)
+        engine.resume()
+        return await asyncio.gather(*tasks)
     try:
         crowd = asyncio.run(together())
+        crowd_steps = engine.stats["decode_steps"]
         alone = [asyncio.run(engine.generate(p, mixed_settings(k)))
                  for k, p in enumerate(prompts[:16])]
     finally:
         engine.close()
-    assert engine.stats["max_rows"] >= 32  # they really shared batches
+    # they decoded together: 64 requests of 10-16 tokens, one at a time, take >= 640 steps
+    assert crowd_steps < 2 * 16, crowd_steps  # under twice the longest request
     for a, c in zip(alone, crowd):
         assert a.ids == c.ids
         assert a.logprobs == pytest.approx(c.logprobs, abs=1e-4)
