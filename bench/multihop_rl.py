@@ -64,7 +64,6 @@ from bench.report import write_section  # noqa: E402
 from bench.rl_gain import _last_checkpoint  # noqa: E402
 
 log = logging.getLogger("multihop_rl")
-TITLE = "Multi-hop RL: a second search (smollm2-135m)"
 RECIPE = ["data.curriculum=solve_rate", "trainer.lr=2e-5", "search.reward=f1",
           "trainer.eval_limit=0", "trainer.log_samples=1"]
 ARMS = {"curriculum": ["algo.advantage=grpo"],
@@ -78,7 +77,7 @@ MAX_PROMPT_TOKENS = 1024  # rollout.max_prompt_tokens's default
 
 
 class Budget:
-    """The invocation's wall-clock budget: what is left, and RL's share of it."""
+    """The invocation's wall-clock budget (:meth:`left`: seconds left of it)."""
 
     def __init__(self, minutes: float) -> None:
         self.t0, self.seconds = time.monotonic(), minutes * 60
@@ -118,9 +117,8 @@ def run_stage(name: str, argv: list[str], work: Path, seconds: float | None = No
             log.info("%s: its %.1f minutes are spent; stopping it", name, seconds / 60)
             _stop(proc)
             return True
-        except BaseException:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        except BaseException:  # Ctrl-C, or SIGTERM to this script (main): the stage too
+            _stop(proc)
             raise
     if proc.returncode:
         raise SystemExit(f"{name} failed (exit code {proc.returncode}); see {out}")
@@ -238,7 +236,7 @@ def run(a) -> None:
     log.info("all stages done; %.1f of %.0f minutes left", budget.left() / 60,
              a.budget_minutes)
     text = report(a, work, evals, trained)
-    write_section(TITLE if not a.smoke else f"{TITLE} (smoke)", text, Path(a.doc))
+    write_section(f"Multi-hop RL: a second search ({a.model})", text, Path(a.doc))
     log.info("wrote the section to %s", a.doc)
 
 
@@ -286,6 +284,8 @@ def main(argv: list[str] | None = None) -> None:
     a = parse(argv)
     os.chdir(ROOT)  # the stages' paths are relative to the repository root
     Path(a.work).mkdir(parents=True, exist_ok=True)
+    # SIGTERM ends this script as Ctrl-C does: the running stage is stopped with it
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s",
                         handlers=[logging.StreamHandler(sys.stdout),
                                   logging.FileHandler(Path(a.work) / "progress.log")])

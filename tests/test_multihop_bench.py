@@ -84,7 +84,7 @@ def test_the_smoke_runs_every_stage_and_a_rerun_reuses_them(tmp_path):
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     text = doc.read_text()
-    assert "## Multi-hop RL: a second search (smollm2-135m) (smoke)" in text
+    assert "## Multi-hop RL: a second search (tiny)" in text
     for name in ("sft", "curriculum", "turn"):
         result = json.loads((work / f"eval_{name}.json").read_text())
         assert result["n"] == 4 and result["data"] == "multihop_test"
