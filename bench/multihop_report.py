@@ -118,7 +118,8 @@ def report(a, work: Path, evals: dict[str, dict], trained: dict[str, dict]) -> s
     n = evals["sft"]["n"]
     command = " ".join(["python bench/multihop_rl.py", *sys.argv[1:]])
     body = [
-        f"Machine: {machine()}. Command: `{command}`. {a.model}: SFT ({sft['steps']} steps, "
+        f"Machine: {machine()}. Command: `{command}`. {a.model}: SFT ({sft['steps']} step"
+        f"{'s' if sft['steps'] != 1 else ''}, "
         f"lr {a.sft_lr}) on {sft['demos']} demonstrations from the first {a.demo_rows} rows "
         f"of `{a.demo_data}` ({sft['two_search_demos']} of them search twice), then two "
         f"GRPO arms from it on `{a.data}` with `data.curriculum=solve_rate` "
