@@ -1,6 +1,7 @@
 """Multi-hop RL (issue 47): does RL teach smollm2-135m a second search?
 
-    nohup python bench/multihop_rl.py --budget-minutes 115 > runs/multihop_rl.out 2>&1 &
+    mkdir -p runs && nohup python bench/multihop_rl.py --budget-minutes 115 \
+        > runs/multihop_rl.out 2>&1 &
     tail -f runs/multihop_rl/progress.log                  # where it is, stage by stage
 
 About 2 hours on a 2-core CPU (AMD EPYC, native bf16): the budget covers every stage, and
