@@ -5,12 +5,12 @@
     tail -f runs/multihop_rl/progress.log                  # where it is, stage by stage
 
 About 2 hours on a 2-core CPU (AMD EPYC, native bf16): the budget covers every stage, and
-RL gets what the cold start and the three evals leave (each arm about a quarter of it). A
+RL gets what the cold start and the three evals leave, half to each arm. A
 killed or finished run, started again with the same command, skips every stage whose
 output exists (the demonstrations, the SFT model, finished evals, finished arms; an arm
 killed mid-way resumes from its last checkpoint) and rewrites the report.
 ``--smoke`` runs every stage with the tiny model, 1 GRPO step and 4 held-out questions in
-about a minute, writing its report under ``runs/multihop_rl_smoke`` (not docs/).
+about two minutes, writing its report under ``runs/multihop_rl_smoke`` (not docs/).
 
 Stages, each an ``agentgym`` command in its own process (its output in ``WORK/logs/``):
 
