@@ -81,7 +81,7 @@ def _run_rollouts(cfg: Config, desc: str):
     finally:
         manager.close()
         engine.close()
-    return trajs, tokenizer, time.perf_counter() - t0
+    return trajs, tokenizer, time.perf_counter() - t0, rows
 
 
 def cmd_rollout(args: list[str]) -> int:
@@ -89,7 +89,7 @@ def cmd_rollout(args: list[str]) -> int:
     from agentgym.rollout.manager import summarize
 
     cfg = _config(args)
-    trajs, tok, elapsed = _run_rollouts(cfg, "rollout")
+    trajs, tok, elapsed, _ = _run_rollouts(cfg, "rollout")
     out = Path(cfg.out or "trajectories.jsonl")
 
     def record(t):
@@ -110,7 +110,7 @@ def cmd_rollout(args: list[str]) -> int:
 
 
 def cmd_eval(args: list[str]) -> int:
-    from agentgym.reporting.evaluation import eval_result, summary_lines
+    from agentgym.reporting.evaluation import eval_result, summary_lines, write_result
 
     given = parse_overrides(args)
     k = int(given.pop("k", 1))
@@ -125,13 +125,11 @@ def cmd_eval(args: list[str]) -> int:
     if k > 1 and cfg.rollout.temperature == 0:
         raise ValueError(f"k={k} samples at rollout.temperature=0 are all the same answer; "
                          f"pass@k needs rollout.temperature > 0 (e.g. 1.0)")
-    trajs, _, elapsed = _run_rollouts(cfg, "eval")
-    result = eval_result(cfg, trajs, elapsed, k)
-    for line in summary_lines(result):
-        print(line)
+    trajs, _, elapsed, rows = _run_rollouts(cfg, "eval")
+    result = eval_result(cfg, trajs, elapsed, k, rows)
+    print("\n".join(summary_lines(result)))
     if cfg.out:
-        Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.out).write_text(json.dumps(result, indent=2) + "\n")
+        write_result(result, cfg.out)
         print(f"  wrote {cfg.out}")
     return 0
 
@@ -160,9 +158,9 @@ def cmd_compare(args: list[str]) -> int:
     paths = [a for a in args if "=" not in a]
     opts = dict(a.split("=", 1) for a in args if "=" in a)
     metric = opts.pop("metric", "em")
-    if len(paths) != 2 or opts or metric not in ("em", "format_valid"):
+    if len(paths) != 2 or opts or metric not in ("em", "format_valid", "second_hop"):
         raise ValueError(f"usage: agentgym compare BEFORE.json AFTER.json [metric=em|"
-                         f"format_valid]; got {args}")
+                         f"format_valid|second_hop]; got {args}")
     outcomes = [eval_outcomes(Path(p), metric) for p in paths]
     r = mcnemar(*outcomes)
     print(f"{metric} on {r.n} shared questions: {r.before:.3f} -> {r.after:.3f} "
@@ -280,7 +278,7 @@ def _print_comparison(run_dir: Path, cfg: Config) -> None:
     names = env_names(cfg.env)
     subs = [(None, cfg)] if len(names) == 1 else [(e, sub_config(cfg, e)) for e in names]
     for line in comparison_lines(run_dir, [(e, c.trainer.eval_data, row_filter_applies(c))
-                                           for e, c in subs]):
+                                           for e, c in subs], cfg.env):
         print(line)
 
 

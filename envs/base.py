@@ -216,6 +216,8 @@ class AgentEnv(gymnasium.Env, abc.ABC):
     #: info keys of an episode's last step that rollouts average into their metrics (a
     #: key missing from an episode counts 0); ``em`` and ``f1`` are every env's
     episode_metrics: tuple[str, ...] = ()
+    #: what the env's tool calls are, in reports ("searches per episode")
+    tool_calls_label: str = "tool calls"
 
     def __init__(self, max_turns: int = 4) -> None:
         if max_turns < 1:

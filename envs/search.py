@@ -23,6 +23,13 @@ most twice, whatever the searches. The counter ``gold_retrieved`` (in ``info``, 
 rows only) counts them; the step's ``info["gold_hits"]`` lists the gold paragraphs (hop
 indices) among its results. The outcome reward stays EM or F1.
 
+Multi-hop episode metrics (multi-hop rows only, whatever ``hop_reward``): ``gold_retrieved``
+(0-2, the gold paragraphs the episode's searches brought) and ``second_hop`` (1 when the
+episode's second search brought the gold paragraph still missing, so that after it both
+were retrieved: the second hop done by a second search; 0 for an episode with fewer than
+two searches, or whose first search already brought both). A search on the last turn is
+not run (tags protocol) and does not count as the second.
+
 Corpus (``retriever.corpus``, local server only): ``wiki`` (the shipped 21k passages),
 ``multihop`` (those plus HotpotQA's paragraphs, ``data/multihop/corpus.jsonl.gz``), or
 ``auto`` (multihop when the run's data or held-out set is a multi-hop dataset, else wiki).
@@ -132,6 +139,9 @@ class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
     observation_format = "inline"
     stop_strings = ("</search>", "</answer>")
     episode_metrics = ("answer_seen",)  # a search result held a gold answer
+    #: a multi-hop row's episode also reports these (module docstring)
+    multihop_metrics = ("answer_seen", "gold_retrieved", "second_hop")
+    tool_calls_label = "searches"
     config_sections = {"search": SearchConfig, "retriever": RetrieverConfig}
     default = True  # agentgym train without env= plays search (Search-R1's budgets: defaults)
     demonstrate = staticmethod(search_demo)  # the cold start's demonstrations
@@ -219,6 +229,7 @@ class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
         self._targets: list[str] = []
         self._golds: list[dict] = []  # the row's gold paragraphs (multi-hop rows), hop order
         self._found: set[int] = set()  # of them, the ones retrieved so far this episode
+        self._searches = 0  # searches run this episode (counted for second_hop)
         self._well_formed = True
 
     @classmethod
@@ -267,7 +278,12 @@ class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
             q, a = BUILTIN_QUESTIONS[int(self.np_random.integers(len(BUILTIN_QUESTIONS)))]
             row = search_row(q, a)
         self._targets = gold_answers(row)
-        self._golds, self._found = gold_paragraphs(row), set()
+        self._golds, self._found, self._searches = gold_paragraphs(row), set(), 0
+        self.episode_metrics = type(self).multihop_metrics if self._golds else \
+            type(self).episode_metrics
+        if self._golds:  # reported from the first info on, as answer_seen is
+            self.count("gold_retrieved", 0)
+            self.count("second_hop", 0)
         if self.protocol == "tools":  # the row's prompt teaches the tags; ask for tool calls
             question = (row.get("extra_info") or {}).get("question")
             if question:
@@ -334,6 +350,7 @@ class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
             self.count("answer_seen")
             reward += self.retrieval_reward
         if self._golds:
+            self._searches += 1
             hits = gold_hits(docs, self._golds)
             new = set(hits) - self._found
             if hits:
@@ -342,6 +359,8 @@ class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
                 self._found |= new
                 self.count("gold_retrieved", len(new))
                 reward += self.hop_reward * len(new)
+                if self._searches == 2 and len(self._found) == len(self._golds):
+                    self.count("second_hop")  # the second search completed the pair
         return reward, info
 
     def _search(self, query: str) -> tuple[str, list[dict]]:

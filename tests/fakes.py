@@ -66,6 +66,7 @@ class ScriptedServed(ScriptedEngine):
         super().__init__(tokenizer, script, delay_s=delay_s)
         self.model, self.tokenizer = model, tokenizer
         self.eos_ids = {tokenizer.eos_token_id}
+        self.max_batch_size, self.stats = 32, {}  # what /server_info reports (engine=sglang)
         self.running = self.most = 0
         self._lock = threading.Lock()
 

@@ -126,10 +126,13 @@ def test_the_train_table_prints_the_paired_p_value_of_rl_against_sft(tmp_path, c
              for i, ok in enumerate(outcomes)}))
     (run / "metrics.jsonl").write_text("".join(
         json.dumps({"step": s, "eval/count": 40.0, "eval/format_valid": 1.0,
-                    "eval/em": sum(o) / 40}) + "\n" for s, o in ((0, before), (6, after))))
+                    "eval/em": sum(o) / 40, "eval/tool_calls": 1.0 + s / 4}) + "\n"
+        for s, o in ((0, before), (6, after))))
     _print_comparison(run, build_config({"env": "code", "trainer.eval_data": "arith_test"}))
     out = capsys.readouterr().out
     rl_row = next(line for line in out.splitlines() if "after RL (step 6)" in line)
     p = exact_binomial_two_sided(12, 14)
     assert p < 0.05 and f"{p:.3g} (+12/-2)" in rl_row
     assert "0.300 [" in out and "0.550 [" in rl_row  # the two EMs, 12/40 and 22/40
+    # each row's tool calls per episode (the env's word for them: searches for env=search)
+    assert "tool calls/episode" in out and " 2.50 " in rl_row

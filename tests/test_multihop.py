@@ -256,3 +256,104 @@ def test_the_curriculum_rows_hold_both_levels():
         [r for r in rows if r["data_source"] == "hotpotqa"][:20]
     levels = difficulty_levels(sample, shipped_corpus("multihop"))
     assert set(levels[20:]) == {MULTI_HOP} and max(levels[:20]) < MULTI_HOP
+
+
+def test_second_hop_counts_the_second_search_that_completes_the_pair(train, multihop_url):
+    """``second_hop`` (multi-hop rows' episode metric): 1 when the second search brings the
+    gold paragraph still missing; not when it repeats the first, nor on a one-hop row."""
+    from agentgym.envs.search import SearchEnv, search_row
+    row = _bridge_case(train, multihop_url)
+    info = row["extra_info"]
+    ask, bridge = f"<search> {info['question']} </search>", f"<search> {info['bridge']} </search>"
+    answer = "<answer> nothing </answer>"
+    env = SearchEnv(retriever_url=multihop_url, max_turns=5)
+    outcomes = {}
+    for name, actions in (("ask, bridge", (ask, bridge, answer)),
+                          ("ask, ask, bridge", (ask, ask, bridge, answer)),
+                          ("bridge, ask", (bridge, ask, answer)), ("ask", (ask, answer))):
+        env.reset(seed=0, options={"row": row})
+        last = [env.step(a)[4] for a in actions][-1]
+        assert last["episode_metrics"] == ["answer_seen", "gold_retrieved", "second_hop"]
+        outcomes[name] = (last["second_hop"], last["gold_retrieved"])
+    assert outcomes == {"ask, bridge": (1, 2), "ask, ask, bridge": (0, 2),
+                        "bridge, ask": (1, 2), "ask": (0, 1)}
+    env.reset(seed=0, options={"row": search_row(info["question"], ["x"])})
+    last = [env.step(a)[4] for a in (ask, bridge, answer)][-1]
+    assert last["episode_metrics"] == ["answer_seen"] and "second_hop" not in last
+    env.close()
+
+
+def _eval_cases(rows, url):
+    """Two bridge and two comparison held-out rows, each with the model output it gets:
+    a bridge row whose question search brings only hop 1 and whose bridge phrase brings
+    hop 2 (searched in that order, then answered right); a bridge row asked twice with
+    the question (the repeat brings nothing new), answered wrong; a comparison row
+    answered at once, wrong; a comparison row whose entity searches each bring only their
+    own paragraph, answered right."""
+    from agentgym.envs.multihop import strip_title
+    from agentgym.envs.search import SearchEnv
+    env = SearchEnv(retriever_url=url)
+
+    def hits(row, query):
+        env.reset(seed=0, options={"row": row})
+        return env.step(f"<search> {query} </search>")[4].get("gold_hits", [])
+
+    def answer(row, right=True):
+        return f"<answer> {row['reward_model']['ground_truth']['target'][0] if right else 'no'}" \
+               " </answer>"
+    bridge = next(r for r in rows if r["extra_info"]["type"] == "bridge" and
+                  r["extra_info"]["bridge"] and hits(r, r["extra_info"]["question"]) == [0]
+                  and 1 in hits(r, r["extra_info"]["bridge"]))
+    ask = f"<search> {bridge['extra_info']['question']} </search>"
+    other = next(r for r in rows if r["extra_info"]["type"] == "bridge" and r is not bridge)
+    again = f"<search> {other['extra_info']['question']} </search>"
+    comparisons = [r for r in rows if r["extra_info"]["type"] == "comparison"]
+    names = lambda r: [strip_title(g["title"]) for g in gold_paragraphs(r)]  # noqa: E731
+    entities = next(r for r in comparisons if hits(r, names(r)[0]) == [0]
+                    and hits(r, names(r)[1]) == [1])
+    env.close()
+    return [(bridge, [ask, f"<search> {bridge['extra_info']['bridge']} </search>",
+                      answer(bridge)]),
+            (other, [again, again, answer(other, right=False)]),
+            (next(r for r in comparisons if r is not entities), [answer(entities, False)]),
+            (entities, [f"<search> {names(entities)[0]} </search>",
+                        f"<search> {names(entities)[1]} </search>", answer(entities)])]
+
+
+def test_eval_reports_searches_and_the_second_hop_by_type(test_rows, multihop_url,
+                                                          scripted_server, tmp_path, capsys):
+    """`agentgym eval` on multi-hop rows, the model's output scripted (the real serve app,
+    the real BM25 retriever over the multihop corpus): searches per episode, the share
+    with 2+ searches and with a second hop, overall and by type, in print and JSON."""
+    from agentgym.cli import main
+    cases = _eval_cases(test_rows, multihop_url)
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row, _ in cases))
+    url, engine = scripted_server([a for _, actions in cases for a in actions])
+    out = tmp_path / "eval.json"
+    assert main(["eval", "env=search", "model=tiny", f"data={data}", f"out={out}",
+                 "engine=sglang", f"engine.urls=[{url}]", f"retriever.url={multihop_url}",
+                 "rollout.max_concurrency=1", "rollout.max_response_tokens=8192",
+                 "rollout.max_prompt_tokens=4096", "rollout.max_turns=4"]) == 0
+    printed = capsys.readouterr().out
+    assert engine.script == []  # every scripted turn was played, in row order
+    result = json.loads(out.read_text())
+    eps = result["episodes"]
+    assert [(e["type"], e["tool_calls"], e["second_hop"], e["em"]) for e in eps] == [
+        ("bridge", 2, 1, 1.0), ("bridge", 2, 0, 0.0), ("comparison", 0, 0, 0.0),
+        ("comparison", 2, 1, 1.0)]
+    assert result["em"] == 0.5 and result["mean_tool_calls"] == 1.5
+    assert result["tool_calls_2plus"] == 0.75 and result["second_hop"] == 0.5
+    assert result["second_hop_n"] == 4 and result["tool_calls_label"] == "searches"
+    lo, hi = result["mean_tool_calls_ci95"]
+    assert 0.0 <= lo <= 1.5 <= hi <= 2.0
+    by_type = result["by_type"]
+    assert {t: (s["n"], s["em"], s["tool_calls"], s["tool_calls_2plus"], s["second_hop"])
+            for t, s in by_type.items()} == {"bridge": (2, 0.5, 2.0, 1.0, 0.5),
+                                             "comparison": (2, 0.5, 1.0, 0.5, 0.5)}
+    assert "searches per episode 1.50 [" in printed and "2+ searches 0.750 [" in printed
+    assert "second search brought the second gold paragraph 0.500 [" in printed
+    assert "of 4 multi-hop episodes)" in printed
+    assert any(line.split()[:2] == ["bridge", "2"] for line in printed.splitlines())
+    assert main(["compare", str(out), str(out), "metric=second_hop"]) == 0
+    assert "second_hop on 4 shared questions: 0.500 -> 0.500" in capsys.readouterr().out

@@ -260,11 +260,13 @@ def _probe(cfg: Config, model_path: Path, rows: list[dict], hooks: Hooks, engine
         if own:
             engine.close()
     out = {"format_valid": m["eval/format_valid"], "em": m["eval/em"],
-           "count": int(m["eval/count"]), "seconds": time.perf_counter() - t0}
+           "count": int(m["eval/count"]), "tool_calls": m["eval/tool_calls"],
+           "seconds": time.perf_counter() - t0}
     envs = sorted({k.split("/", 1)[0] for k in m if k.endswith("/eval/count")})
     if envs:  # a mixed run: env by env too
         out["envs"] = {e: {"format_valid": m[f"{e}/eval/format_valid"], "em": m[f"{e}/eval/em"],
-                           "count": int(m[f"{e}/eval/count"])} for e in envs}
+                           "count": int(m[f"{e}/eval/count"]),
+                           "tool_calls": m[f"{e}/eval/tool_calls"]} for e in envs}
     return out
 
 

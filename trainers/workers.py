@@ -36,7 +36,7 @@ def eval_metrics(trajs: list, per_env: bool = False) -> dict:
     """``eval/*`` over ``trajs``; a mixed run's also env by env (``search/eval/em``, ...)."""
     s = summarize(trajs)
     m = {"eval/em": s["em"], "eval/f1": s["f1"], "eval/format_valid": s["format_valid"],
-         "eval/count": s["count"]}
+         "eval/count": s["count"], "eval/tool_calls": s["tool_calls"]}
     if per_env:
         for env, part in split_by_env(trajs).items():
             m.update({f"{env}/{k}": v for k, v in eval_metrics(part).items()})

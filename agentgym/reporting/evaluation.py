@@ -14,6 +14,15 @@ EM with its Wilson interval, as before. With ``k=N`` every question is sampled N
 Intervals are 95%: Wilson for the proportion of questions (EM at k=1, maj@N), a
 percentile bootstrap over questions (fixed seed) for the pass@j means. Every question's
 samples are written under ``questions`` for paired comparisons.
+
+Tool use, beside EM (:func:`episode_stats`): tool calls per episode (the env's
+``tool_calls_label``: searches for env=search) with a bootstrap interval, the share of
+episodes with two or more (Wilson); on multi-hop rows (``extra_info.gold_paragraphs``) the
+share whose second search brought the second gold paragraph (the env's ``second_hop``,
+:mod:`agentgym.envs.search`), over those rows only; and, when the rows name a type
+(``extra_info.type``: HotpotQA's bridge / comparison), the same figures type by type
+(``by_type``). Each episode's values are under ``episodes`` (with its ``type``), so two
+results pair question by question (``agentgym compare``, bench/multihop_rl.py).
 """
 
 from __future__ import annotations
@@ -48,6 +57,37 @@ def majority_correct(samples: list) -> bool:
     return bool(float(best[0].info.get("em", 0.0)) >= 1.0)
 
 
+def episode_stats(episodes: list[dict]) -> dict[str, Any]:
+    """EM, tool calls per episode and the share with two or more, and (over the episodes
+    that report it: multi-hop rows) ``second_hop``, each with its 95% interval, from
+    ``episodes`` as :func:`eval_result` writes them (any subset: a type, a model's)."""
+    n = len(episodes)
+    em = sum(float(e["em"]) for e in episodes) / n if n else float("nan")
+    calls = [float(e["tool_calls"]) for e in episodes]
+    two = sum(c >= 2 for c in calls) / n if n else float("nan")
+    out: dict[str, Any] = {
+        "n": n, "em": em, "em_ci95": wilson_ci95(em, n),
+        "tool_calls": sum(calls) / n if n else float("nan"),
+        "tool_calls_ci95": bootstrap_ci95(calls),
+        "tool_calls_2plus": two, "tool_calls_2plus_ci95": wilson_ci95(two, n)}
+    hop = [float(e["second_hop"]) for e in episodes if "second_hop" in e]
+    if hop:
+        out["second_hop"] = sum(hop) / len(hop)
+        out["second_hop_ci95"] = wilson_ci95(out["second_hop"], len(hop))
+        out["second_hop_n"] = len(hop)
+    return out
+
+
+def tool_calls_label(env: str) -> str:
+    """What ``env``'s tool calls are called in reports (``AgentEnv.tool_calls_label``; a
+    mixed run's when its envs agree, else "tool calls")."""
+    from agentgym import envs
+    from agentgym.config import env_names
+    labels = {getattr(envs.env_class(e), "tool_calls_label", "tool calls")
+              for e in env_names(env)}
+    return labels.pop() if len(labels) == 1 else "tool calls"
+
+
 def _episode(t) -> dict[str, Any]:
     return {"uid": t.uid, "sample_index": t.sample_index, "em": float(t.info.get("em", 0.0)),
             "f1": float(t.info.get("f1", 0.0)), "reward": t.reward,
@@ -57,9 +97,14 @@ def _episode(t) -> dict[str, Any]:
             **{k: t.info[k] for k in t.info.get("episode_metrics", ()) if k in t.info}}
 
 
-def eval_result(cfg, trajs: list, elapsed: float, k: int = 1) -> dict[str, Any]:
+def eval_result(cfg, trajs: list, elapsed: float, k: int = 1,
+                rows: list[dict] | None = None) -> dict[str, Any]:
     """The result dict ``agentgym eval`` prints and writes (``out=``): one entry per
-    episode (its last trajectory, when it became several)."""
+    episode (its last trajectory, when it became several). ``rows``: the rows played (in
+    order), whose ``extra_info.type`` marks each episode's type."""
+    from agentgym.rollout.manager import row_uid
+    types = {row_uid(r, i): str((r.get("extra_info") or {}).get("type"))
+             for i, r in enumerate(rows or ()) if (r.get("extra_info") or {}).get("type")}
     trajs = last_parts(trajs)
     s = summarize(trajs)
     n = len(trajs)
@@ -71,9 +116,20 @@ def eval_result(cfg, trajs: list, elapsed: float, k: int = 1) -> dict[str, Any]:
         "tool_failures": s["tool_failures"], "response_length": s["response_length"],
         "seconds": elapsed, "temperature": cfg.rollout.temperature,
         # per episode (k=1: per question), for paired comparisons (agentgym.reporting.stats.mcnemar)
-        "episodes": [_episode(t) for t in trajs]}
+        "episodes": [{**_episode(t), **({"type": types[t.uid]} if t.uid in types else {})}
+                     for t in trajs]}
     result["episode_metrics"] = episode_metric_keys(trajs)
     result.update({key: s[key] for key in result["episode_metrics"]})
+    result["tool_calls_label"] = tool_calls_label(cfg.env)
+    stats = episode_stats(result["episodes"])
+    result.update({"mean_tool_calls_ci95": stats["tool_calls_ci95"],
+                   **{key: stats[key] for key in stats if key.startswith(
+                       ("tool_calls_2plus", "second_hop"))}})  # second_hop: multi-hop rows'
+    if types:
+        by_type: dict[str, list] = {}
+        for e in result["episodes"]:
+            by_type.setdefault(e.get("type", "untyped"), []).append(e)
+        result["by_type"] = {name: episode_stats(eps) for name, eps in sorted(by_type.items())}
     if k > 1:
         groups: dict[str, list] = {}
         for t in trajs:
@@ -111,10 +167,13 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     lo, hi = result["em_ci95"]
     lines.append(f"  EM {result['em']:.3f} [{lo:.3f}, {hi:.3f}] (95% CI)   F1 {result['f1']:.3f}"
                  f"   format-valid {result['format_valid']:.3f}   answered "
-                 f"{result['answered']:.3f}   turns {result['mean_turns']:.2f}   tool calls "
-                 f"{result['mean_tool_calls']:.2f}" + (
+                 f"{result['answered']:.3f}   turns {result['mean_turns']:.2f}" + (
                      "".join(f"   {k} {result[k]:.3f}"
-                             for k in result.get("episode_metrics", ()))))
+                             for k in result.get("episode_metrics", ()) if k != "second_hop")))
+    if "mean_tool_calls_ci95" in result:  # results of earlier versions lack the intervals
+        lines += tool_use_lines(result)
+    if result.get("by_type"):
+        lines += by_type_lines(result)
     if k > 1:
         parts = [f"pass@{j} {result[f'pass@{j}']:.3f} [{result[f'pass@{j}_ci95'][0]:.3f}, "
                  f"{result[f'pass@{j}_ci95'][1]:.3f}]" for j in ks_reported(k)]
@@ -124,9 +183,52 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _cell(value: float, ci: tuple[float, float], digits: int = 3) -> str:
+    return f"{value:.{digits}f} [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
+
+
+def tool_use_lines(result: dict[str, Any]) -> list[str]:
+    """Tool calls per episode, the share with 2+ and (multi-hop rows) the second hop's
+    share, each with its 95% interval."""
+    label = result.get("tool_calls_label", "tool calls")
+    calls = _cell(result["mean_tool_calls"], result["mean_tool_calls_ci95"], 2)
+    lines = [f"  {label} per episode {calls}   2+ {label} "
+             f"{_cell(result['tool_calls_2plus'], result['tool_calls_2plus_ci95'])} (95% CI)"]
+    if "second_hop_n" in result:
+        lines.append(f"  second search brought the second gold paragraph "
+                     f"{_cell(result['second_hop'], result['second_hop_ci95'])} (95% CI; of "
+                     f"{result['second_hop_n']} multi-hop episodes)")
+    return lines
+
+
+def by_type_lines(result: dict[str, Any]) -> list[str]:
+    """The per-type table (``extra_info.type``) of a result with ``by_type``."""
+    label = result.get("tool_calls_label", "tool calls")
+    hop = any("second_hop" in s for s in result["by_type"].values())
+    head = (f"  {'type':12s} {'n':>5s} {'EM':>21s} {label + ' per episode':>22s} "
+            f"{'2+ ' + label:>21s}" + (f" {'second hop':>21s}" if hop else ""))
+    lines = ["  by type (extra_info.type); 95% intervals", head]
+    for name, s in result["by_type"].items():
+        row = (f"  {name:12s} {s['n']:5d} {_cell(s['em'], s['em_ci95']):>21s} "
+               f"{_cell(s['tool_calls'], s['tool_calls_ci95'], 2):>22s} "
+               f"{_cell(s['tool_calls_2plus'], s['tool_calls_2plus_ci95']):>21s}")
+        if hop:
+            cell = _cell(s["second_hop"], s["second_hop_ci95"]) if "second_hop" in s else "–"
+            row += f" {cell:>21s}"
+        lines.append(row)
+    return lines
+
+
+def write_result(result: dict[str, Any], out: str) -> None:
+    """``result`` as JSON at ``out`` (its folder made)."""
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(result, indent=2) + "\n")
+
+
 def eval_outcomes(path: Path, metric: str = "em") -> dict[str, bool]:
     """Question uid -> did ``metric`` hold, from an ``agentgym eval ... out=`` result with
-    one greedy answer per question (what ``agentgym compare`` pairs)."""
+    one greedy answer per question (what ``agentgym compare`` pairs). A metric only some
+    episodes report (``second_hop``: multi-hop rows) pairs those episodes."""
     result = json.loads(path.read_text())
     if result.get("k", 1) > 1:
         raise ValueError(f"{path} holds k={result['k']} samples per question; compare pairs "
@@ -134,7 +236,11 @@ def eval_outcomes(path: Path, metric: str = "em") -> dict[str, bool]:
     if "episodes" not in result:
         raise ValueError(f"{path} has no per-question episodes; write it with this version's "
                          f"`agentgym eval ... out={path}`")
-    return {e["uid"]: bool(e[metric]) for e in result["episodes"]}
+    found = {e["uid"]: bool(e[metric]) for e in result["episodes"] if metric in e}
+    if not found:
+        raise ValueError(f"{path}: no episode reports {metric!r} (second_hop: multi-hop rows, "
+                         f"data=multihop_test)")
+    return found
 
 
 def write_outcomes(path: Path, trajs: list) -> None:
@@ -163,13 +269,16 @@ def paired_steps(run_dir: Path, first: int, last: int, key: str = "em",
     return mcnemar({u: bool(a[u][key]) for u in pick}, {u: bool(b[u][key]) for u in pick})
 
 
-def comparison_lines(run_dir: Path, scopes: list[tuple[str | None, str, bool]]) -> list[str]:
-    """Held-out format validity and EM (95% Wilson intervals) of the model before the cold
-    start, after it (RL's step 0) and after RL (the last step), when the run evaluated;
-    beside the after-RL row, the exact McNemar p-value of its EM against step 0's on the
-    same questions (from each question's outcome, ``eval/step_N.json``). ``scopes``: one
-    table per ``(env, held-out set, answerable filter applied)``; env None for a single-env
-    run, each env's name in a mixed one (its ``<env>/eval/*`` metrics)."""
+def comparison_lines(run_dir: Path, scopes: list[tuple[str | None, str, bool]],
+                     run_env: str = "") -> list[str]:
+    """Held-out format validity and EM (95% Wilson intervals) and tool calls per episode
+    (searches, for env=search) of the model before the cold start, after it (RL's step 0)
+    and after RL (the last step), when the run evaluated; beside the after-RL row, the
+    exact McNemar p-value of its EM against step 0's on the same questions (from each
+    question's outcome, ``eval/step_N.json``). ``scopes``: one table per ``(env, held-out
+    set, answerable filter applied)``; env None for a single-env run (``run_env``, the
+    run's env, names its tool calls), each env's name in a mixed one (its ``<env>/eval/*``
+    metrics)."""
     metrics = Path(run_dir) / "metrics.jsonl"
     if not metrics.exists():
         return []
@@ -182,40 +291,48 @@ def comparison_lines(run_dir: Path, scopes: list[tuple[str | None, str, bool]]) 
     for env, data, answerable in scopes:
         before = record.get("eval_before") or {}
         before = before.get("envs", {}).get(env) if env else before
-        lines += _comparison_table(run_dir, evals, record, before, env, data, answerable)
+        label = tool_calls_label(env or run_env) if env or run_env else "tool calls"
+        lines += _comparison_table(run_dir, evals, record, before, env, data, answerable,
+                                   label)
     return lines
 
 
 def _comparison_table(run_dir: Path, evals: list[dict], record: dict, before: dict | None,
-                      env: str | None, data: str, answerable: bool) -> list[str]:
+                      env: str | None, data: str, answerable: bool,
+                      label: str = "tool calls") -> list[str]:
     pre = f"{env}/" if env else ""
     evals = [r for r in evals if f"{pre}eval/count" in r]
     if not evals:
         return []
     start = "after SFT (RL step 0)" if record.get("model") else "start (RL step 0)"
-    rows = []
+    rows = []  # (model, format-valid, EM, questions, tool calls per episode or None, p)
     if before and record.get("model"):
         rows.append((f"before ({Path(record['base_model']).name})", before["format_valid"],
-                     before["em"], before["count"], ""))
+                     before["em"], before["count"], before.get("tool_calls"), ""))
     first, last = evals[0], evals[-1]
     if first["step"] == 0:
         rows.append((start, first[f"{pre}eval/format_valid"], first[f"{pre}eval/em"],
-                     first[f"{pre}eval/count"], ""))
+                     first[f"{pre}eval/count"], first.get(f"{pre}eval/tool_calls"), ""))
     if last["step"] > 0:
         paired = paired_steps(run_dir, 0, last["step"], env=env) if first["step"] == 0 else None
         rows.append((f"after RL (step {last['step']})", last[f"{pre}eval/format_valid"],
                      last[f"{pre}eval/em"], last[f"{pre}eval/count"],
+                     last.get(f"{pre}eval/tool_calls"),
                      "" if paired is None else f"{paired.p_value:.3g} "
                      f"(+{paired.gained}/-{paired.lost})"))
     n = int(rows[0][3]) if rows else 0
     which = " whose answer is in the corpus (data.answerable_only)" if answerable else ""
+    calls = f"{label}/episode"
     lines = [f"{env + ': ' if env else ''}held-out: {n} questions of {data}{which} (greedy); "
              f"95% intervals; p: exact McNemar of EM against step 0 (questions gained/lost)",
-             f"  {'model':28s} {'format-valid':>24s} {'EM':>24s}   {'p (EM vs step 0)'}"]
-    for label, fv, em, count, p in rows:
+             f"  {'model':28s} {'format-valid':>24s} {'EM':>24s} {calls}   "
+             f"{'p (EM vs step 0)'}"]
+    for name, fv, em, count, tool_calls, p in rows:
         cells = []
         for x in (fv, em):
             lo, hi = wilson_ci95(x, int(count))
             cells.append(f"{x:.3f} [{lo:.3f}, {hi:.3f}]")
-        lines.append(f"  {label:28s} {cells[0]:>24s} {cells[1]:>24s}   {p}".rstrip())
+        used = "–" if tool_calls is None else f"{tool_calls:.2f}"
+        lines.append(f"  {name:28s} {cells[0]:>24s} {cells[1]:>24s} {used:>{len(calls)}s}   "
+                     f"{p}".rstrip())
     return lines

@@ -1,0 +1,138 @@
+"""The report of bench/multihop_rl.py, from its work folder: the SFT model and the two RL
+arms on the same held-out multi-hop questions (each eval's ``episodes``, written by
+``agentgym eval``), paired question by question, and the arms' training signals."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from agentgym.reporting.evaluation import episode_stats
+from agentgym.reporting.stats import mcnemar
+
+#: per-question outcomes the paired tests compare: (label, outcome of an episode)
+PAIRED = [("EM", lambda e: float(e["em"]) >= 1.0),
+          ("2+ searches", lambda e: e["tool_calls"] >= 2),
+          ("second hop", lambda e: bool(e.get("second_hop", 0)))]
+#: training signals per arm: (metrics.jsonl key, column)
+SIGNALS = [("rollout/reward", "reward"), ("rollout/em", "EM"),
+           ("rollout/tool_calls", "searches per episode"),
+           ("rollout/gold_retrieved", "gold paragraphs found"),
+           ("rollout/second_hop", "second hop"), ("rollout/signal_groups", "groups with signal")]
+
+
+def _cell(value: float, ci, digits: int = 3) -> str:
+    return f"{value:.{digits}f} [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
+
+
+def paired(before: dict, after: dict, pick):
+    """The exact McNemar test of ``pick(episode)`` between two evals, question by question."""
+    return mcnemar({e["uid"]: bool(pick(e)) for e in before["episodes"]},
+                   {e["uid"]: bool(pick(e)) for e in after["episodes"]})
+
+
+def _test(p) -> str:
+    return f"{p.gained} / {p.lost}, p = {p.p_value:.3g}"
+
+
+def models_table(evals: dict[str, dict], trained: dict[str, dict]) -> list[str]:
+    """One row per model: EM, searches per episode, 2+ searches, the second hop (95%
+    intervals), and each arm's paired tests against the SFT model."""
+    lines = ["| model | GRPO steps | EM | searches per episode | 2+ searches | second search "
+             "brought the second gold paragraph | EM vs SFT | 2+ searches vs SFT | second "
+             "hop vs SFT |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, ev in evals.items():
+        s = episode_stats(ev["episodes"])
+        hop = _cell(s["second_hop"], s["second_hop_ci95"]) if "second_hop" in s else "–"
+        tests = ["", "", ""] if name == "sft" else \
+            [_test(paired(evals["sft"], ev, pick)) for _, pick in PAIRED]
+        steps = "0" if name == "sft" else str(trained[name]["step"])
+        lines.append(f"| {name} | {steps} | {_cell(s['em'], s['em_ci95'])} | "
+                     f"{_cell(s['tool_calls'], s['tool_calls_ci95'], 2)} | "
+                     f"{_cell(s['tool_calls_2plus'], s['tool_calls_2plus_ci95'])} | {hop} | "
+                     + " | ".join(tests) + " |")
+    return lines
+
+
+def arms_table(evals: dict[str, dict]) -> list[str]:
+    """The two arms side by side, with the paired test of turn against curriculum."""
+    a, b = evals["curriculum"], evals["turn"]
+    lines = ["| metric | curriculum | turn | turn vs curriculum: gained / lost, p |",
+             "|---|---|---|---|"]
+    for label, pick in PAIRED:
+        p = paired(a, b, pick)
+        lines.append(f"| {label} | {p.before:.3f} | {p.after:.3f} | {_test(p)} |")
+    sa, sb = episode_stats(a["episodes"]), episode_stats(b["episodes"])
+    lines.append(f"| searches per episode | {_cell(sa['tool_calls'], sa['tool_calls_ci95'], 2)}"
+                 f" | {_cell(sb['tool_calls'], sb['tool_calls_ci95'], 2)} | |")
+    return lines
+
+
+def type_table(evals: dict[str, dict]) -> list[str]:
+    """Bridge and comparison questions apart (``extra_info.type``), every model."""
+    lines = ["| type | model | questions | EM | searches per episode | 2+ searches | "
+             "second hop |", "|---|---|---|---|---|---|---|"]
+    kinds = sorted({e.get("type", "untyped") for ev in evals.values() for e in ev["episodes"]})
+    for kind in kinds:
+        for name, ev in evals.items():
+            s = episode_stats([e for e in ev["episodes"] if e.get("type", "untyped") == kind])
+            hop = _cell(s["second_hop"], s["second_hop_ci95"]) if "second_hop" in s else "–"
+            lines.append(f"| {kind} | {name} | {s['n']} | {_cell(s['em'], s['em_ci95'])} | "
+                         f"{_cell(s['tool_calls'], s['tool_calls_ci95'], 2)} | "
+                         f"{_cell(s['tool_calls_2plus'], s['tool_calls_2plus_ci95'])} | {hop} |")
+    return lines
+
+
+def _halves(steps: list[dict], key: str) -> str:
+    half = max(1, len(steps) // 2)
+    parts = [[m[key] for m in chunk if key in m] for chunk in (steps[:half], steps[half:])]
+    return " → ".join(f"{sum(p) / len(p):.3f}" if p else "–" for p in parts)
+
+
+def signals_table(work: Path, trained: dict[str, dict]) -> list[str]:
+    """Each arm's training signals (first half of its steps → second half), its minutes and
+    where the curriculum was."""
+    lines = ["| arm | steps | minutes | " + " | ".join(c for _, c in SIGNALS) +
+             " | curriculum level (last; first step at the multi-hop level) |",
+             "|---|---|---|" + "---|" * len(SIGNALS) + "---|"]
+    for arm, record in trained.items():
+        path = work / arm / "metrics.jsonl"
+        metrics = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] \
+            if path.exists() else []
+        steps = [m for m in metrics if "rollout/reward" in m and m["step"] <= record["step"]]
+        levels = [(m["step"], m["curriculum/level"]) for m in steps if "curriculum/level" in m]
+        multi = next((s for s, lv in levels if lv >= 4), None)
+        where = (f"{levels[-1][1]:g}; {'never' if multi is None else f'step {multi}'}"
+                 if levels else "–")
+        stopped = " (budget)" if record.get("stopped") else ""
+        lines.append(f"| {arm} | {record['step']}{stopped} | {record['minutes']:.0f} | " +
+                     " | ".join(_halves(steps, k) for k, _ in SIGNALS) + f" | {where} |")
+    return lines
+
+
+def report(a, work: Path, evals: dict[str, dict], trained: dict[str, dict]) -> str:
+    """The section's text (:mod:`bench.multihop_rl`'s stages and their figures)."""
+    from bench.report import machine
+    sft = json.loads((work / "sft.json").read_text())
+    n = evals["sft"]["n"]
+    command = " ".join(["python bench/multihop_rl.py", *sys.argv[1:]])
+    body = [
+        f"Machine: {machine()}. Command: `{command}`. {a.model}: SFT ({sft['steps']} step"
+        f"{'s' if sft['steps'] != 1 else ''}, "
+        f"lr {a.sft_lr}) on {sft['demos']} demonstrations from the first {a.demo_rows} rows "
+        f"of `{a.demo_data}` ({sft['two_search_demos']} of them search twice), then two "
+        f"GRPO arms from it on `{a.data}` with `data.curriculum=solve_rate` "
+        f"({a.prompts} prompts x {a.n} samples a step, F1 reward, lr 2e-5): `curriculum` "
+        f"(`algo.advantage=grpo`) and `turn` (`algo.advantage=mt_grpo search.hop_reward=0.25`),"
+        f" the second for as many steps as the first reached. Every model played greedily "
+        f"on the same first {n} questions of `{a.eval_data}` "
+        f"(`rollout.max_response_tokens={a.max_response_tokens}`); intervals 95% (Wilson; "
+        f"bootstrap for searches per episode); p: exact McNemar on the questions where the "
+        f"two models differ. Second hop: the episode's second search brought the gold "
+        f"paragraph the first had not (so both were retrieved).", "",
+        *models_table(evals, trained), "", "The two arms:", "", *arms_table(evals), "",
+        "By question type (HotpotQA's bridge and comparison):", "", *type_table(evals), "",
+        "Training (means over the first half of each arm's steps → the second half):", "",
+        *signals_table(work, trained)]
+    return "\n".join(body)
