@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from agentgym._compat import moved_names
-from agentgym.core.registry import check_choices, did_you_mean  # noqa: F401
+from agentgym.core.registry import check_choices, did_you_mean, env_names  # noqa: F401
 from agentgym.presets import (ALGO_PRESETS, ALIASES, PER_ENV_KEYS, env_presets,  # noqa: F401
                               load_recipe)
 
@@ -536,13 +536,6 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
         except yaml.YAMLError:
             out[key.strip()] = raw
     return out
-
-
-def env_names(env: Any) -> list[str]:
-    """The envs of ``env``: one name, or several (``[search,code]``, ``search,code``: a
-    mixed run)."""
-    items = env if isinstance(env, list) else str(env).strip().strip("[]").split(",")
-    return [n for n in (str(x).strip().strip("'\"") for x in items) if n]
 
 
 def is_mixed(cfg: Any) -> bool:

@@ -42,16 +42,19 @@ sys.path.insert(0, str(ROOT))
 
 from bench.report import machine, write_section  # noqa: E402
 
-SAMPLED = 256
+SAMPLED = 256  # tokens each single-turn prompt samples (--new)
+TURN = 64  # tokens each turn of the multi-turn workload samples
 
 
-def random_model(shape: str, dtype: torch.dtype, device: str):
+def random_model(shape: str, dtype: torch.dtype, device: str, layers: int = 0):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from agentgym.models.shapes import shape_config
     config = {k: v for k, v in shape_config(shape).items()
               if k not in ("_name_or_path", "transformers_version", "torch_dtype")}
     config.update(eos_token_id=None, bos_token_id=None, pad_token_id=0)
+    if layers:  # the shape's widths at fewer layers (the benchmark's test)
+        config["num_hidden_layers"] = layers
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config),
                                              attn_implementation="sdpa", dtype=dtype)
@@ -71,8 +74,9 @@ def sync(device: str) -> None:
 
 
 # -- transformers' generate -------------------------------------------------------------
-def hf_generate(model, batch: list[list[int]], new: int, static: bool) -> int:
-    """Left-padded ``generate`` of every prompt; returns the tokens sampled."""
+def hf_generate(model, batch: list[list[int]], new: int, static: bool) -> torch.Tensor:
+    """Left-padded ``generate`` of every prompt, ``new`` sampled tokens each (temperature
+    1, no EOS): the sampled ids ``(len(batch), new)``."""
     width = max(len(p) for p in batch)
     ids = torch.zeros((len(batch), width), dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -84,28 +88,18 @@ def hf_generate(model, batch: list[list[int]], new: int, static: bool) -> int:
         out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
                              max_new_tokens=new, min_new_tokens=new, do_sample=True,
                              temperature=1.0, top_p=1.0, top_k=0, **kw)
-    return (out.shape[1] - width) * len(batch)
+    return out[:, width:]
 
 
 def hf_turns(model, episodes: list[list[int]], turns: int, static: bool, seed: int) -> int:
+    """Every turn one ``generate`` over the whole histories (a lockstep rollout)."""
     rng, histories, sampled = random.Random(seed), [list(p) for p in episodes], 0
     for _ in range(turns):
-        width = max(len(h) for h in histories)
-        ids = torch.zeros((len(histories), width), dtype=torch.long)
-        mask = torch.zeros_like(ids)
+        out = hf_generate(model, histories, TURN, static)
         for i, h in enumerate(histories):
-            ids[i, width - len(h):] = torch.tensor(h)
-            mask[i, width - len(h):] = 1
-        kw = {"cache_implementation": "static"} if static else {}
-        with torch.inference_mode():
-            out = model.generate(input_ids=ids.to(model.device),
-                                 attention_mask=mask.to(model.device), max_new_tokens=64,
-                                 min_new_tokens=64, do_sample=True, temperature=1.0, top_k=0,
-                                 **kw)
-        for i, h in enumerate(histories):
-            h.extend(out[i, width:].tolist())
+            h.extend(out[i].tolist())
             h.extend(observation(rng, model.config.vocab_size))
-        sampled += 64 * len(histories)
+        sampled += out.numel()
     return sampled
 
 
@@ -141,7 +135,7 @@ def ours_turns(engine, episodes: list[list[int]], turns: int, seed: int) -> int:
         rng, sampled = random.Random(seed * 1000 + k), 0
         for t in range(turns):
             out = await engine.generate(history, SamplingParams(
-                max_new_tokens=64, temperature=1.0, seed=k * 100 + t), session_id=str(k))
+                max_new_tokens=TURN, temperature=1.0, seed=k * 100 + t), session_id=str(k))
             history = history + out.ids + observation(rng, vocab)
             sampled += len(out.ids)
         return sampled
@@ -200,7 +194,8 @@ def timed(device: str, fn) -> tuple[float, int]:
 
 def measure(shape: str, dtype_name: str, args) -> list[dict]:
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype_name]
-    model = random_model(shape, dtype, args.device)
+    model = random_model(shape, dtype, args.device, args.layers)
+    new = args.new
     vocab = model.config.vocab_size
     contenders = [("generate", False)] + ([("generate static", True)]
                                           if args.device == "cuda" else [])
@@ -211,21 +206,22 @@ def measure(shape: str, dtype_name: str, args) -> list[dict]:
         for b in args.batch:
             batch = prompts(b, vocab)
             row = {"shape": f"{shape}, {dtype_name}", "workload": f"single-turn, batch {b}",
-                   "steps": SAMPLED}
+                   "steps": new}
             ours_generate(engine, batch[:max(2, b // 8)], 16)  # warm-up
             before = dict(engine.stats)
-            row["ours"] = timed(args.device, lambda: ours_generate(engine, batch, SAMPLED))
+            row["ours"] = timed(args.device, lambda: ours_generate(engine, batch, new))
             steps = engine.stats["decode_steps"] - before["decode_steps"]
             row["split"] = ((engine.stats["forward_s"] - before["forward_s"]) / steps,
                             (engine.stats["host_s"] - before["host_s"]) / steps)
             for name, static in contenders:
                 hf_generate(model, batch, 16, static)  # warm-up (and the compile)
-                row[name] = timed(args.device, lambda: hf_generate(model, batch, SAMPLED, static))
+                row[name] = timed(args.device,
+                                  lambda: hf_generate(model, batch, new, static).numel())
             rows.append(row)
             print(_line(row), flush=True)
         if args.episodes:
             episodes = prompts(args.episodes, vocab, seed=1)
-            row = {"shape": f"{shape}, {dtype_name}", "steps": 64 * args.turns,
+            row = {"shape": f"{shape}, {dtype_name}", "steps": TURN * args.turns,
                    "workload": f"multi-turn, {args.episodes} episodes x {args.turns} turns"}
             ours_turns(engine, episodes[:2], 2, seed=9)  # warm-up
             before = dict(engine.stats)
@@ -284,6 +280,10 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--batch", nargs="+", type=int, default=None)
     ap.add_argument("--episodes", type=int, default=None)
     ap.add_argument("--turns", type=int, default=8)
+    ap.add_argument("--new", type=int, default=SAMPLED, help="tokens each single-turn "
+                    "prompt samples")
+    ap.add_argument("--layers", type=int, default=0, help="fewer layers than the shape's "
+                    "(0: the shape's own; a quick check of the benchmark itself)")
     ap.add_argument("--dtype", nargs="+", default=None, choices=["float32", "bfloat16"])
     ap.add_argument("--identity", action="store_true", help="also compare greedy sequences "
                     "and logprobs with transformers' (smollm2-135m's real weights, fp32)")
@@ -317,7 +317,7 @@ def run(args: argparse.Namespace, command: str) -> str:
     return (f"Machine: {where}; torch {torch.__version__}, transformers "
             f"{__import__('transformers').__version__}, one process. Command: "
             f"`{command}`.\n\n" + table(rows, args.device)
-            + f"\n\nSingle-turn: prompts of 40-72 random ids, {SAMPLED} sampled tokens each "
+            + f"\n\nSingle-turn: prompts of 40-72 random ids, {args.new} sampled tokens each "
             "(temperature 1, no EOS). Multi-turn: each turn samples 64 tokens, then ~100 "
             "observation tokens are appended. Random-initialised weights of each shape." + ident)
 

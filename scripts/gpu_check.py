@@ -217,7 +217,8 @@ def _engine_speed(smoke: bool) -> str:
     """bench/engine_speed.py on the device: ours against transformers' generate (eager
     and static-cache compiled) on random-initialised shapes; its section's text."""
     from bench import engine_speed
-    argv = (["--device", "cpu", "--batch", "4", "--episodes", "2", "--turns", "2"] if smoke
+    argv = (["--device", "cpu", "--batch", "4", "--episodes", "2", "--turns", "2", "--new", "8",
+             "--layers", "2", "--dtype", "float32"] if smoke
             else ["--device", "cuda", "--batch", "64", "256", "--episodes", "64",
                   "--shapes", "smollm2-135m", "qwen2.5-1.5b"])
     return engine_speed.run(engine_speed.parse(argv),

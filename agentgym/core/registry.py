@@ -94,3 +94,10 @@ def check_choices(section: str, obj: Any, choices: dict[str, tuple]) -> None:
             names = [repr(v) if v == "" else str(v) for v in valid]
             raise ValueError(f"{section}.{key}={value!r}{did_you_mean(str(value), names)}; "
                              f"valid: {', '.join(names)}")
+
+
+def env_names(env) -> list[str]:
+    """The envs of ``env`` (the ``env`` key): one name, or several (``[search,code]``,
+    ``search,code``: a mixed run)."""
+    items = env if isinstance(env, list) else str(env).strip().strip("[]").split(",")
+    return [n for n in (str(x).strip().strip("'\"") for x in items) if n]

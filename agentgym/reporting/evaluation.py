@@ -82,7 +82,7 @@ def tool_calls_label(env: str) -> str:
     """What ``env``'s tool calls are called in reports (``AgentEnv.tool_calls_label``; a
     mixed run's when its envs agree, else "tool calls")."""
     from agentgym import envs
-    from agentgym.config import env_names
+    from agentgym.core.registry import env_names
     labels = {getattr(envs.env_class(e), "tool_calls_label", "tool calls")
               for e in env_names(env)}
     return labels.pop() if len(labels) == 1 else "tool calls"
