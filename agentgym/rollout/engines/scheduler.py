@@ -230,6 +230,8 @@ class Scheduler:
         self.stats["forward_s"] += time.perf_counter() - t0
         self.drain()
         self._inflight = step
+        if not pool.live:  # every row finished: the step just launched serves nobody, and
+            self.drain()   # the engine is idle before the last caller hears of its result
 
     def drain(self) -> None:
         """Take in the step in flight: push each row's token, finish the rows that are
