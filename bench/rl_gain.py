@@ -65,12 +65,8 @@ def _train(argv: list[str], minutes: float | None) -> bool:
         proc.wait(timeout=None if minutes is None else minutes * 60)
     except subprocess.TimeoutExpired:
         print(f"time budget of {minutes:g} min spent: stopping the training run", flush=True)
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        from bench.multihop_rl import _stop
+        _stop(proc)  # SIGTERM to its process group, SIGKILL after 2 minutes
         return True
     except BaseException:
         os.killpg(proc.pid, signal.SIGKILL)
