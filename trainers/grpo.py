@@ -34,23 +34,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentgym._compat import moved_names
 from agentgym.config import Config
 from agentgym.trainers.algos import needs_critic
 from agentgym.trainers.hooks import Hooks
 from agentgym.trainers.loop import train as _loop_train
-
-#: names this module held, and where they live now (the old path works for one release)
-__getattr__ = moved_names(__name__, {
-    **{n: "agentgym.trainers.steps" for n in ("collect", "regroup", "rollout_metrics")},
-    **{n: "agentgym.trainers.phases" for n in (
-        "check_algo", "reuses_update_logprobs", "drift_metrics", "score", "advantages",
-        "PolicyLoss", "make_loss_fn", "minibatch_updates", "zero_gradient_rows",
-        "update_policy")},
-    **{n: "agentgym.trainers.session" for n in (
-        "check_vision", "setup", "Session", "open_session", "step_source")},
-    "make_rollout": "agentgym.trainers.session:make_workers",
-    "make_backend": "agentgym.trainers.run"})
 
 
 def train(cfg: Config, hooks: Hooks | None = None) -> Path:

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from agentgym._compat import moved_names
 from agentgym.config import Config, to_dict
 
 if TYPE_CHECKING:
@@ -28,11 +27,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
-#: names this module held, and where they live now (the old path works for one release)
-__getattr__ = moved_names(__name__, {
-    "Hooks": "agentgym.trainers.hooks", "LocalRollout": "agentgym.trainers.workers:LocalWorkers",
-    **{n: "agentgym.trainers.workers"
-       for n in ("evaluate", "eval_metrics", "split_by_env", "rollouts")}})
 
 
 def resolve_run_dir(cfg: Config) -> Path:

@@ -15,15 +15,7 @@ import concurrent.futures
 import logging
 from typing import Callable
 
-from agentgym._compat import moved_names
-
 logger = logging.getLogger(__name__)
-
-# the builders moved into the envs (the old names work for one release)
-__getattr__ = moved_names(__name__, {
-    **{n: "agentgym.envs.search_demos"
-       for n in ("keyword_rewrite", "find_answer", "bridge_entities", "search_demo")},
-    "code_demo": "agentgym.envs.code_demos"})
 
 
 def builders() -> list[str]:
