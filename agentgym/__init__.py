@@ -4,11 +4,10 @@ The layout, layer by layer (docs/ARCHITECTURE.md): ``core`` (the ground floor); 
 ``retriever_server`` and ``models`` on it; ``envs`` on ``tools``; then ``presets``,
 ``config``, ``rollout``, ``data``, ``reporting`` and ``serving``; ``trainers``; ``cli`` on
 top. ``envs``, ``tools``, ``trainers`` and ``retriever_server`` are folders beside this one
-in the repository and subpackages of it once installed (:mod:`agentgym._compat` finds them
-in a checkout). Old module paths (``agentgym.types``, ``envs``, ``trainers.grpo``, …) still
-import, with a DeprecationWarning, for one release.
+in the repository and subpackages of it once installed (:mod:`agentgym._layout` finds them
+in a checkout).
 """
 
-from agentgym import _compat
+from agentgym import _layout
 
-_compat.install()
+_layout.install()

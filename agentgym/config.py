@@ -28,7 +28,6 @@ from typing import Any
 
 import yaml
 
-from agentgym._compat import moved_names
 from agentgym.core.registry import check_choices, did_you_mean, env_names  # noqa: F401
 from agentgym.presets import (ALGO_PRESETS, ALIASES, PER_ENV_KEYS, env_presets,  # noqa: F401
                               load_recipe)
@@ -427,13 +426,6 @@ def _with_env_sections(base: type) -> type:
 
 #: the whole config: :class:`RunConfig` and every env's sections
 Config = _with_env_sections(RunConfig)
-
-# the env sections moved into their envs (the old names work for one release)
-__getattr__ = moved_names(__name__, {
-    "SearchConfig": "agentgym.envs.search", "RetrieverConfig": "agentgym.envs.search",
-    "CodeConfig": "agentgym.envs.code", "GeometryConfig": "agentgym.envs.geometry",
-    "MCPConfig": "agentgym.envs.mcp_env", "SandboxConfig": "agentgym.tools.sandbox",
-    "ENV_PRESETS": "agentgym.presets"})
 
 
 def _field_names(obj: Any) -> list[str]:

@@ -55,18 +55,6 @@ def env_presets(env: str) -> dict[str, Any]:
         return {}
 
 
-def __getattr__(name: str):  # ENV_PRESETS: each env's presets are its class's (one release)
-    if name == "ENV_PRESETS":
-        import warnings
-
-        from agentgym import envs
-        warnings.warn("agentgym.presets.ENV_PRESETS moved to each env class's presets "
-                      "(agentgym.presets.env_presets(name)); the old name works until the next "
-                      "release", DeprecationWarning, stacklevel=2)
-        return {short: env_presets(short) for short in envs.short_names()}
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def recipes_dir() -> Path:
     """The shipped recipes: ``recipes/`` at the repository root."""
     return repo_root() / "recipes"

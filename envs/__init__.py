@@ -4,10 +4,6 @@ gymnasium: ``import agentgym.envs; gymnasium.make("agentgym/Search-v0")`` (also
 of this folder whose class names its id (``class SearchEnv(AgentEnv,
 env_id="agentgym/Search-v0", short="search")``); :func:`discover_envs` imports them all."""
 
-from agentgym._compat import serve_old_name
-
-serve_old_name(__name__)  # `import envs`, the old name: it now is agentgym.envs
-
 from agentgym.envs.base import AgentEnv, MessagesSpace, TextSpace
 from agentgym.envs.checker import EnvContractError, check_env
 from agentgym.envs.registration import (config_sections, default_env, discover_envs,

@@ -3,7 +3,3 @@
 ``schema`` (pydantic only) is the one module clients may import; ``bm25`` builds and
 loads indices; ``app`` is the FastAPI app; ``python -m agentgym.retriever_server`` runs it.
 """
-
-from agentgym._compat import serve_old_name
-
-serve_old_name(__name__)  # `import retriever_server`, the old name: agentgym.retriever_server

@@ -74,8 +74,8 @@ WHERE = {_CORE: "agentgym/core/", _TOOLS: "tools/", _RETRIEVER: "retriever_serve
 HOLDS = {
     _CORE: "the ground floor: `types` (Trajectory, Segment, SamplingParams), `registry` (with "
            "`check_choices`), `paths`, `server_process` (child servers that end with their "
-           "parent), `device`, `memory`; with `agentgym/__init__.py` and `_compat.py` (old "
-           "import paths, and the top-level folders as agentgym's subpackages in a checkout)",
+           "parent), `device`, `memory`; with `agentgym/__init__.py` and `_layout.py` (the "
+           "top-level folders as agentgym's subpackages in a checkout)",
     _TOOLS: "what envs call: retriever client (`retriever.py`), local retriever launcher, the "
             "code sandbox (`sandbox.py` entry and `SandboxConfig`, `sandbox_base.py` contract, "
             "`sandbox_local.py` bubblewrap, `sandbox_e2b.py`), MCP servers (`mcp_client.py`, "
@@ -185,8 +185,9 @@ def modules() -> dict[str, Path]:
 
 
 def unit_of(module: str) -> str:
-    """The unit a module belongs to (the package root and its compat shim: the ground floor)."""
-    if module in ("agentgym", "agentgym._compat"):
+    """The unit a module belongs to (the package root and its layout finder: the ground
+    floor)."""
+    if module in ("agentgym", "agentgym._layout"):
         return _CORE
     for unit in sorted(LAYERS, key=len, reverse=True):
         if module == unit or module.startswith(unit + "."):

@@ -1,7 +1,7 @@
 """One installed namespace: a wheel built from the repository adds the import name
 ``agentgym`` and nothing else at the top level; the repository's folders ``envs/``,
 ``tools/``, ``trainers/`` and ``retriever_server/`` are its subpackages there, and in a
-checkout; their old top-level names still import, as the same modules, with a warning."""
+checkout (:mod:`agentgym._layout` finds them beside ``agentgym/``)."""
 
 from __future__ import annotations
 
@@ -59,17 +59,12 @@ def test_the_installed_wheel_imports_under_agentgym_alone(wheel, tmp_path):
     tops = {p.name for p in target.iterdir() if not p.name.endswith(".dist-info")}
     assert tops - {"bin"} == {"agentgym"}, tops  # bin/: the console script
     code = textwrap.dedent("""
-        import importlib.util, warnings
         import agentgym.envs, agentgym.trainers, agentgym.tools.sandbox
         import agentgym.retriever_server.schema
-        for m in (agentgym, agentgym.envs, agentgym.trainers, agentgym.tools.sandbox):
+        for m in (agentgym, agentgym.envs, agentgym.trainers, agentgym.tools.sandbox,
+                  agentgym.retriever_server.schema):
             assert m.__file__.startswith(TARGET), m.__file__
         assert "agentgym/Search-v0" in agentgym.envs.env_ids()
-        with warnings.catch_warnings(record=True) as w:
-            warnings.simplefilter("always")
-            import envs.search  # the old name, served once agentgym is imported
-        assert envs.search is agentgym.envs.search
-        assert any("envs moved to agentgym.envs" in str(x.message) for x in w)
         print("installed ok")
     """).replace("TARGET", repr(str(target)))
     env = {**os.environ, "PYTHONPATH": str(target)}  # before site-packages' editable finder
@@ -79,38 +74,20 @@ def test_the_installed_wheel_imports_under_agentgym_alone(wheel, tmp_path):
     assert "installed ok" in out.stdout
 
 
-def test_in_a_checkout_the_folders_are_agentgym_subpackages_and_old_names_warn():
+def test_in_a_checkout_the_folders_are_agentgym_subpackages():
     code = textwrap.dedent("""
-        import warnings
-        with warnings.catch_warnings(record=True) as w:
-            warnings.simplefilter("always")
-            import envs                      # before agentgym: the folder by its old name
-            import trainers.grpo, tools.sandbox, retriever_server.schema
-        import agentgym.envs, agentgym.trainers.grpo, agentgym.tools.sandbox
+        import agentgym.envs.search, agentgym.trainers.loop, agentgym.tools.sandbox
         import agentgym.retriever_server.schema
-        assert envs is agentgym.envs and trainers.grpo is agentgym.trainers.grpo
-        assert tools.sandbox is agentgym.tools.sandbox
-        assert retriever_server.schema is agentgym.retriever_server.schema
-        moved = sorted({str(x.message).split(" moved")[0] for x in w
-                        if x.category is DeprecationWarning})
-        print(moved)
+        for m in (agentgym.envs.search, agentgym.trainers.loop, agentgym.tools.sandbox,
+                  agentgym.retriever_server.schema):
+            print(m.__name__, m.__file__)
     """)
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip() == str(sorted(["envs", "trainers", "trainers.grpo", "tools",
-                                             "tools.sandbox", "retriever_server",
-                                             "retriever_server.schema"]))
-
-
-def test_the_projects_own_code_uses_the_new_names_only():
-    code = textwrap.dedent("""
-        import warnings
-        warnings.filterwarnings("error", message=".* moved to agentgym",
-                                category=DeprecationWarning)
-        import agentgym.cli, agentgym.envs, agentgym.trainers.grpo, agentgym.trainers.ppo
-        import agentgym.rollout.runtime, agentgym.serving.serve, agentgym.retriever_server.app
-        print("clean")
-    """)
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-3000:]
+    files = dict(line.split(" ", 1) for line in out.stdout.splitlines())
+    assert files == {
+        "agentgym.envs.search": str(ROOT / "envs" / "search.py"),
+        "agentgym.trainers.loop": str(ROOT / "trainers" / "loop.py"),
+        "agentgym.tools.sandbox": str(ROOT / "tools" / "sandbox.py"),
+        "agentgym.retriever_server.schema": str(ROOT / "retriever_server" / "schema.py")}

@@ -23,7 +23,7 @@ __all__ = ["Limits", "ExecResult", "Sandbox", "cap_bytes", "cap_text"]
 
 @dataclass(frozen=True)
 class Limits:
-    """Per-execution limits (fields and defaults mirror ``agentgym.config.SandboxConfig``).
+    """Per-execution limits (fields and defaults mirror ``agentgym.tools.sandbox.SandboxConfig``).
 
     Attributes:
         cpu_s: CPU seconds per process (RLIMIT_CPU; a session's worker: over its lifetime).
@@ -49,7 +49,7 @@ class Limits:
 
     @classmethod
     def from_config(cls, cfg) -> "Limits":
-        """From an ``agentgym.config.SandboxConfig`` (same field names)."""
+        """From an ``agentgym.tools.sandbox.SandboxConfig`` (same field names)."""
         return cls(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls)})
 
 

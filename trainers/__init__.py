@@ -3,10 +3,6 @@
 
 from __future__ import annotations
 
-from agentgym._compat import serve_old_name
-
-serve_old_name(__name__)  # `import trainers`, the old name: it now is agentgym.trainers
-
 
 def train(cfg, hooks=None):
     """Run ``agentgym train``: the algorithm's settings checked once (:func:`agentgym.trainers.

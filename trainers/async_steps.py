@@ -38,17 +38,12 @@ import logging
 import threading
 import time
 
-from agentgym._compat import moved_names
 from agentgym.config import is_mixed
 from agentgym.core.types import Trajectory
 from agentgym.rollout.manager import row_uid
 from agentgym.trainers.steps import infra_metrics, regroup, rollout_metrics, without_infra_failures
 
 logger = logging.getLogger(__name__)
-
-
-# the old name, one release
-__getattr__ = moved_names(__name__, {"AsyncRollout": f"{__name__}:AsyncSteps"})
 
 
 class AsyncSteps:

@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import warnings
-from collections.abc import MutableMapping
 from dataclasses import dataclass
 
 import torch
 
 from agentgym.core.types import Trajectory
-
-
-#: the fields the step's phases fill in (None until then), in the order they do
-STAGE_FIELDS = ("old_logp", "ref_logp", "values", "last_values", "adv", "returns")
 
 
 @dataclass
@@ -31,7 +25,7 @@ class Batch:
       token budget (as opposed to terminated);
     * ``turn_ids`` ``(B, T)``: the turn of each sampled token, -1 elsewhere.
 
-    Filled in by the step's phases (None until then; :data:`STAGE_FIELDS`):
+    Filled in by the step's phases, in this order (None until then):
 
     * ``old_logp`` ``(B, T)``: the trainer's logprobs before the update (omitted when the
       update's own forward pass gives them, ``phases.reuses_update_logprobs``);
@@ -84,46 +78,6 @@ class Batch:
         out.images = [self.images[i] for i in index] if self.images is not None else None
         out.episodes = [self.episodes[i] for i in index] if self.episodes is not None else None
         return out
-
-    @property
-    def extra(self) -> "MutableMapping[str, torch.Tensor]":
-        """The phase fields as a mapping (``batch.adv``): the old access, kept for
-        one release with a DeprecationWarning; use the attributes."""
-        warnings.warn("Batch.extra[...] is Batch.<field> now (old_logp, ref_logp, values, "
-                      "last_values, adv, returns); the mapping works until the next release",
-                      DeprecationWarning, stacklevel=2)
-        return _StageFields(self)
-
-
-class _StageFields(MutableMapping):
-    """:attr:`Batch.extra`: the set phase fields of a batch, read and written by name."""
-
-    def __init__(self, batch: Batch) -> None:
-        self._b = batch
-
-    def _check(self, key: str) -> None:
-        if key not in STAGE_FIELDS:
-            raise KeyError(f"{key!r} is no batch field; valid: {', '.join(STAGE_FIELDS)}")
-
-    def __getitem__(self, key: str) -> torch.Tensor:
-        self._check(key)
-        if getattr(self._b, key) is None:
-            raise KeyError(key)
-        return getattr(self._b, key)
-
-    def __setitem__(self, key: str, value: torch.Tensor) -> None:
-        self._check(key)
-        setattr(self._b, key, value)
-
-    def __delitem__(self, key: str) -> None:
-        self[key]  # noqa: B018 - KeyError when unset
-        setattr(self._b, key, None)
-
-    def __iter__(self):
-        return (k for k in STAGE_FIELDS if getattr(self._b, k) is not None)
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
 
 
 def turn_reward_positions(traj: Trajectory) -> list[int]:

@@ -38,7 +38,6 @@ import os
 import time
 from typing import Any
 
-from agentgym._compat import moved_names
 from agentgym.config import Config
 
 logger = logging.getLogger(__name__)
@@ -341,7 +340,3 @@ def wait_for_nodes(address: str, n: int, timeout_s: float = 60.0) -> None:
         if time.monotonic() - start > timeout_s:
             raise TimeoutError(f"{address}: fewer than {n} Ray nodes after {timeout_s:.0f}s")
         time.sleep(0.5)
-
-
-# the old name, one release
-__getattr__ = moved_names(__name__, {"RayRollout": f"{__name__}:RayWorkers"})

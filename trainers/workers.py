@@ -10,7 +10,6 @@ import dataclasses
 import logging
 import threading
 
-from agentgym._compat import moved_names
 from agentgym.config import Config, is_mixed
 from agentgym.rollout.manager import GenerationManager, summarize
 from agentgym.rollout.runtime import env_factory, played_by_program
@@ -131,7 +130,3 @@ class LocalWorkers:
         self._managers = {}
         if engine_too:
             self.engine.close()
-
-
-# the old name, one release
-__getattr__ = moved_names(__name__, {"LocalRollout": f"{__name__}:LocalWorkers"})
