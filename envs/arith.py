@@ -18,7 +18,7 @@ level  what                                            e.g.
 Every answer is an integer. A row carries ``extra_info.level`` (what
 ``data.curriculum=solve_rate`` orders by) and ``extra_info.solution`` in GSM8K's
 annotated form (``Pencils left: <<36*48-275=1453>>`` then ``#### 1453``), so the code
-env's demonstration builder (:func:`agentgym.data.demo_builders.code_demo`) turns it into a
+env's demonstration builder (:func:`agentgym.envs.code_demos.code_demo`) turns it into a
 ``print(36*48-275)`` cell with no further code.
 
 The training stream (:func:`train_rows`) is generated from a seed; the held-out set
