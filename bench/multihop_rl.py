@@ -62,7 +62,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.multihop_report import report  # noqa: E402
 from bench.report import write_section  # noqa: E402
-from bench.rl_gain import _last_checkpoint  # noqa: E402
+from bench.stages import last_checkpoint, stop  # noqa: E402
 
 log = logging.getLogger("multihop_rl")
 RECIPE = ["data.curriculum=solve_rate", "trainer.lr=2e-5", "search.reward=f1",
@@ -116,24 +116,15 @@ def run_stage(name: str, argv: list[str], work: Path, seconds: float | None = No
             proc.wait(timeout=seconds)
         except subprocess.TimeoutExpired:
             log.info("%s: its %.1f minutes are spent; stopping it", name, seconds / 60)
-            _stop(proc)
+            stop(proc)
             return True
         except BaseException:  # Ctrl-C, or SIGTERM to this script (main): the stage too
-            _stop(proc)
+            stop(proc)
             raise
     if proc.returncode:
         raise SystemExit(f"{name} failed (exit code {proc.returncode}); see {out}")
     log.info("%s: done in %.1f min", name, (time.monotonic() - t0) / 60)
     return False
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def budgets(a, per_turn: int = 0) -> list[str]:
@@ -169,7 +160,7 @@ def cold_start(a, work: Path) -> str:
                       f"sft.batch_size={a.sft_batch}", f"trainer.lr={a.sft_lr}",
                       f"sft.max_length={MAX_PROMPT_TOKENS + a.max_response_tokens}",
                       "trainer.mixed_precision=bf16", "trainer.save_every=100000"], work)
-    step, model = _last_checkpoint(work / "sft")
+    step, model = last_checkpoint(work / "sft")
     record.write_text(json.dumps({"model": str(model), "steps": step, "demos": n,
                                   "two_search_demos": two}) + "\n")
     return str(model)
@@ -208,7 +199,7 @@ def train_arm(a, work: Path, arm: str, sft: str, steps: int, seconds: float) -> 
         f"trainer.save_every={a.save_every}", f"trainer.prompts_per_step={a.prompts}",
         f"rollout.n={a.n}", *RECIPE, *ARMS[arm], *budgets(a),
         "trainer.mixed_precision=bf16", *a.overrides], work, seconds)
-    step, _ = _last_checkpoint(run)
+    step, _ = last_checkpoint(run)
     record = {"step": step, "stopped": stopped, "minutes": (time.monotonic() - t0) / 60}
     done.write_text(json.dumps(record) + "\n")
     return record
@@ -233,7 +224,7 @@ def run(a) -> None:
         steps = trained[arm]["step"]  # the next arm: as many steps as this one reached
     evals = {"sft": before}
     for arm in ARMS:
-        evals[arm] = evaluate(a, work, arm, str(_last_checkpoint(work / arm)[1]))
+        evals[arm] = evaluate(a, work, arm, str(last_checkpoint(work / arm)[1]))
     log.info("all stages done; %.1f of %.0f minutes left", budget.left() / 60,
              a.budget_minutes)
     text = report(a, work, evals, trained)

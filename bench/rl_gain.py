@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -39,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 from agentgym.cli import wilson_ci95  # noqa: E402
 from agentgym.reporting.stats import mcnemar  # noqa: E402
 from bench.report import machine, write_section  # noqa: E402
+from bench.stages import last_checkpoint, stop  # noqa: E402
 
 #: training signals shown over the run's steps: (metrics.jsonl key, column)
 SIGNALS = [("rollout/reward", "reward"), ("rollout/signal_groups", "groups with signal"),
@@ -65,8 +65,7 @@ def _train(argv: list[str], minutes: float | None) -> bool:
         proc.wait(timeout=None if minutes is None else minutes * 60)
     except subprocess.TimeoutExpired:
         print(f"time budget of {minutes:g} min spent: stopping the training run", flush=True)
-        from bench.multihop_rl import _stop
-        _stop(proc)  # SIGTERM to its process group, SIGKILL after 2 minutes
+        stop(proc)  # SIGTERM to its process group, SIGKILL after 2 minutes
         return True
     except BaseException:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -75,15 +74,6 @@ def _train(argv: list[str], minutes: float | None) -> bool:
     if proc.returncode:
         raise SystemExit(f"training failed with exit code {proc.returncode}")
     return False
-
-
-def _last_checkpoint(run: Path) -> tuple[int, Path]:
-    steps = [(int(m.group(1)), d) for d in (run / "checkpoints").glob("step_*")
-             if (m := re.fullmatch(r"step_(\d+)", d.name)) and (d / "state.json").exists()]
-    if not steps:
-        raise SystemExit(f"no GRPO checkpoint under {run / 'checkpoints'}: raise the time "
-                         f"budget or lower trainer.save_every")
-    return max(steps)
 
 
 def _evaluate(env: str, model: str, data: str, limit: int, out: Path, extra: list[str]) -> dict:
@@ -123,7 +113,7 @@ def _tool_rows(before: dict, after: dict, where: str) -> list[str]:
             f"{100 * (two[1] - two[0]):+.1f} | | |"]
 
 
-def main() -> None:
+def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--env", default="search")
     ap.add_argument("--steps", type=int, default=60)
@@ -137,7 +127,64 @@ def main() -> None:
                     help="stop training after this many minutes and compare the last "
                          "saved checkpoint (default: train all --steps)")
     ap.add_argument("overrides", nargs="*", help="key=value overrides for the training run")
-    a = ap.parse_args()
+    return ap.parse_args()
+
+
+def _paired_rows(paired: dict, sft_eval: dict, rl_eval: dict) -> list[str]:
+    """EM and format validity (paired, with Wilson intervals), then the mean F1."""
+    n = paired["em"].n
+    rows = []
+    for key, label in (("em", "EM"), ("format_valid", "format-valid")):
+        p = paired[key]
+        cells = []
+        for v in (p.before, p.after):
+            lo, hi = wilson_ci95(v, n)
+            cells.append(f"{v:.3f} [{lo:.3f}, {hi:.3f}]")
+        rows.append(f"| {label} | {cells[0]} | {cells[1]} | {100 * p.delta:+.1f} | "
+                    f"{p.gained} / {p.lost} | {p.p_value:.3g} |")
+    rows.append(f"| F1 (mean) | {sft_eval['f1']:.3f} | {rl_eval['f1']:.3f} | "
+                f"{100 * (rl_eval['f1'] - sft_eval['f1']):+.1f} | | |")
+    return rows
+
+
+def _two_hop_rows(a: argparse.Namespace, run: Path, models: dict[str, str],
+                  extra: list[str]) -> list[str]:
+    """EM and tool calls of both checkpoints on the first ``--two-hop`` HotpotQA questions."""
+    hop = [_evaluate(a.env, m, "hotpotqa", a.two_hop, run / f"eval_{name}_hotpotqa.json",
+                     extra) for name, m in models.items()]
+    p = mcnemar(*({e["uid"]: bool(e["em"]) for e in ev["episodes"]} for ev in hop))
+    return [f"| EM, {p.n} two-hop (hotpotqa) | {p.before:.3f} | {p.after:.3f} | "
+            f"{100 * p.delta:+.1f} | {p.gained} / {p.lost} | {p.p_value:.3g} |",
+            *_tool_rows(*hop, ", two-hop")]
+
+
+def _answer_seen_rows(sft_eval: dict, rl_eval: dict, n: int) -> list[str]:
+    """Search: how often a search result held a gold answer, and EM on those questions."""
+    if not all("answer_seen" in e for ev in (sft_eval, rl_eval) for e in ev["episodes"]):
+        return []
+    seen = [sum(e["answer_seen"] for e in ev["episodes"]) / n for ev in (sft_eval, rl_eval)]
+    cond = [sum(e["em"] for e in ev["episodes"] if e["answer_seen"]) /
+            max(1, sum(e["answer_seen"] for e in ev["episodes"]))
+            for ev in (sft_eval, rl_eval)]
+    return [f"| a search result held the answer | {seen[0]:.3f} | {seen[1]:.3f} | "
+            f"{100 * (seen[1] - seen[0]):+.1f} | | |",
+            f"| EM where it did | {cond[0]:.3f} | {cond[1]:.3f} | "
+            f"{100 * (cond[1] - cond[0]):+.1f} | | |"]
+
+
+def _signal_rows(metrics: list[dict]) -> list[str]:
+    """The training signals' means over each quarter of the GRPO steps."""
+    rows = ["", "Training signals over the GRPO steps (means over each quarter of the run):", "",
+            "| steps | " + " | ".join(c for _, c in SIGNALS) + " |",
+            "|---|" + "---|" * len(SIGNALS)]
+    for span, means in _over_steps(metrics):
+        rows.append(f"| {span} | " + " | ".join(
+            "–" if means[k] is None else f"{means[k]:.3g}" for k, _ in SIGNALS) + " |")
+    return rows
+
+
+def main() -> None:
+    a = _args()
     run = Path(a.work) / a.env
     t0 = time.perf_counter()
     stopped = _train([f"env={a.env}", f"trainer.total_steps={a.steps}", f"run_dir={run}",
@@ -148,7 +195,7 @@ def main() -> None:
     if not sft_model:
         raise SystemExit(f"the run did not cold-start ({record.get('decision')}): nothing to "
                          f"compare GRPO against")
-    rl_steps, rl_model = _last_checkpoint(run)
+    rl_steps, rl_model = last_checkpoint(run)
     # the eval uses the run's engine and budgets, never its model, data or trainer settings
     extra = [o for o in a.overrides if o.startswith(("engine.", "rollout.", "search.", "code."))]
     sft_eval = _evaluate(a.env, sft_model, a.eval_data, a.eval_limit, run / "eval_sft.json", extra)
@@ -174,40 +221,12 @@ def main() -> None:
         f"questions where the two disagree.\n",
         "| metric | SFT [95% CI] | SFT+GRPO [95% CI] | Δ points | gained / lost | p |",
         "|---|---|---|---|---|---|"]
-    for key, label in (("em", "EM"), ("format_valid", "format-valid")):
-        p = paired[key]
-        cells = []
-        for v in (p.before, p.after):
-            lo, hi = wilson_ci95(v, n)
-            cells.append(f"{v:.3f} [{lo:.3f}, {hi:.3f}]")
-        body.append(f"| {label} | {cells[0]} | {cells[1]} | {100 * p.delta:+.1f} | "
-                    f"{p.gained} / {p.lost} | {p.p_value:.3g} |")
-    body.append(f"| F1 (mean) | {sft_eval['f1']:.3f} | {rl_eval['f1']:.3f} | "
-                f"{100 * (rl_eval['f1'] - sft_eval['f1']):+.1f} | | |")
+    body += _paired_rows(paired, sft_eval, rl_eval)
     body += _tool_rows(sft_eval, rl_eval, "")
     if a.two_hop:
-        hop = [_evaluate(a.env, m, "hotpotqa", a.two_hop, run / f"eval_{name}_hotpotqa.json",
-                         extra) for name, m in (("sft", sft_model), ("rl", str(rl_model)))]
-        p = mcnemar(*({e["uid"]: bool(e["em"]) for e in ev["episodes"]} for ev in hop))
-        body.append(f"| EM, {p.n} two-hop (hotpotqa) | {p.before:.3f} | {p.after:.3f} | "
-                    f"{100 * p.delta:+.1f} | {p.gained} / {p.lost} | {p.p_value:.3g} |")
-        body += _tool_rows(*hop, ", two-hop")
-    if all("answer_seen" in e for ev in (sft_eval, rl_eval) for e in ev["episodes"]):
-        # search: how often a search result held a gold answer, and EM on those questions
-        seen = [sum(e["answer_seen"] for e in ev["episodes"]) / n for ev in (sft_eval, rl_eval)]
-        cond = [sum(e["em"] for e in ev["episodes"] if e["answer_seen"]) /
-                max(1, sum(e["answer_seen"] for e in ev["episodes"]))
-                for ev in (sft_eval, rl_eval)]
-        body.append(f"| a search result held the answer | {seen[0]:.3f} | {seen[1]:.3f} | "
-                    f"{100 * (seen[1] - seen[0]):+.1f} | | |")
-        body.append(f"| EM where it did | {cond[0]:.3f} | {cond[1]:.3f} | "
-                    f"{100 * (cond[1] - cond[0]):+.1f} | | |")
-    body += ["", "Training signals over the GRPO steps (means over each quarter of the run):", "",
-             "| steps | " + " | ".join(c for _, c in SIGNALS) + " |",
-             "|---|" + "---|" * len(SIGNALS)]
-    for span, means in _over_steps(metrics):
-        body.append(f"| {span} | " + " | ".join(
-            "–" if means[k] is None else f"{means[k]:.3g}" for k, _ in SIGNALS) + " |")
+        body += _two_hop_rows(a, run, {"sft": sft_model, "rl": str(rl_model)}, extra)
+    body += _answer_seen_rows(sft_eval, rl_eval, n)
+    body += _signal_rows(metrics)
     text = "\n".join(body)
     print(text)
     write_section(f"RL over the cold start: {a.env}, {a.eval_data}", text)

@@ -26,7 +26,8 @@ sys.path.insert(0, str(ROOT))
 
 from agentgym.reporting.stats import mcnemar  # noqa: E402
 from bench.report import machine, write_section  # noqa: E402
-from bench.rl_gain import _evaluate, _last_checkpoint, _train  # noqa: E402
+from bench.rl_gain import _evaluate, _train  # noqa: E402
+from bench.stages import last_checkpoint  # noqa: E402
 
 RECIPE = ["data.curriculum=solve_rate", "trainer.lr=2e-5", "search.reward=f1",
           "rollout.max_tokens_per_turn=128", "trainer.eval_limit=0"]
@@ -69,7 +70,7 @@ def main() -> None:
     record = {"model": a.sft, "demos": "its"} if a.sft else \
         json.loads((runs["outcome"] / "cold_start" / "cold_start.json").read_text())
     models = {"sft": record["model"],
-              **{name: str(_last_checkpoint(run)[1]) for name, run in runs.items()}}
+              **{name: str(last_checkpoint(run)[1]) for name, run in runs.items()}}
     extra = [o for o in a.overrides if o.startswith(("engine.", "rollout."))] + \
         ["rollout.max_tokens_per_turn=128"]
     evals = {data: {name: _evaluate("search", m, data, limit,
