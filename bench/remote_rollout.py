@@ -72,7 +72,7 @@ def push(engine, state_dict, version) -> float:
     return time.perf_counter() - t0
 
 
-def main() -> None:
+def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--prompts", type=int, default=8)
@@ -81,13 +81,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--syncs", type=int, default=3, help="weight pushes timed per mode")
     ap.add_argument("--no-write", action="store_true", help="print only")
-    args = ap.parse_args()
+    return ap.parse_args()
 
-    torch.set_num_threads(2)
-    path = resolve_model(args.model)
-    tok = load_tokenizer(path)
-    model = load_model(path)
-    rows = load_rows("search", "train", args.prompts)
+
+def _run_modes(args: argparse.Namespace, path, model, tok, rows
+               ) -> tuple[dict[str, list[dict]], dict[str, list[float]]]:
+    """Rollouts and weight pushes in each mode (module docstring): name -> each repeat's
+    figures, and path -> each push's seconds."""
     results: dict[str, list[dict]] = {}
     syncs: dict[str, list[float]] = {}
     with LocalRetriever(data_dir() / "corpus" / "wiki_passages.jsonl.gz") as retr:
@@ -133,6 +133,12 @@ def main() -> None:
         finally:
             for s in two:
                 s.stop()
+    return results, syncs
+
+
+def _report(args: argparse.Namespace, model, results: dict[str, list[dict]],
+            syncs: dict[str, list[float]]) -> list[str]:
+    """The section's lines: the setting, each mode's medians, each push path's."""
 
     def med(name, key):
         return statistics.median(r[key] for r in results[name])
@@ -156,6 +162,18 @@ def main() -> None:
               "| path | seconds |", "|---|---|"]
     for name, ts in syncs.items():
         lines.append(f"| {name} | {statistics.median(ts):.3f} |")
+    return lines
+
+
+def main() -> None:
+    args = _args()
+    torch.set_num_threads(2)
+    path = resolve_model(args.model)
+    tok = load_tokenizer(path)
+    model = load_model(path)
+    rows = load_rows("search", "train", args.prompts)
+    results, syncs = _run_modes(args, path, model, tok, rows)
+    lines = _report(args, model, results, syncs)
     print("\n".join(lines))
     if not args.no_write:
         write_section(f"Remote vs in-process rollout ({args.model}, CPU)", "\n".join(lines))

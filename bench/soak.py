@@ -107,74 +107,53 @@ def slope_per_hour(points: list[tuple[float, float]]) -> float:
     return 3600 * sum((t - mt) * (y - my) for t, y in zip(ts, ys)) / var if var else 0.0
 
 
-def main() -> None:
+def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=60.0)
     ap.add_argument("--every", type=float, default=4.0, help="minutes between faults")
     ap.add_argument("--run-dir", default=str(ROOT / "runs" / "soak"))
     ap.add_argument("--no-write", action="store_true", help="do not touch BENCHMARKS.md")
-    args = ap.parse_args()
-    run_dir = Path(args.run_dir)
-    subprocess.run(["rm", "-rf", str(run_dir)], check=True)
-    run_dir.mkdir(parents=True)
-    tmp_before = set(glob.glob(os.path.join(tempfile.gettempdir(), "agentgym-*")))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false"}
-    log = open(run_dir.parent / "soak.log", "w")
+    return ap.parse_args()
 
-    def start(resume: bool) -> psutil.Process:
-        p = subprocess.Popen(train_cmd(run_dir, resume), stdout=log, stderr=subprocess.STDOUT,
-                             env=env, cwd=ROOT, start_new_session=True)
-        return psutil.Process(p.pid)
 
-    def latest_ckpt() -> int:
-        steps = [int(p.name[5:]) for p in (run_dir / "checkpoints").glob("step_*")
-                 if p.name[5:].isdigit() and (p / "state.json").exists()]
-        return max(steps, default=0)
+def _start(run_dir: Path, resume: bool, env: dict, log) -> psutil.Process:
+    """The training run in its own process group, its output appended to ``log``."""
+    p = subprocess.Popen(train_cmd(run_dir, resume), stdout=log, stderr=subprocess.STDOUT,
+                         env=env, cwd=ROOT, start_new_session=True)
+    return psutil.Process(p.pid)
 
-    t0 = time.monotonic()
-    proc = start(False)
-    lives: list[dict] = [{"from": 0, "rows": []}]  # each trainer process: resumed from, rows
-    samples: list[tuple[float, int, float, int, int]] = []  # t, life, rss, fds, threads
-    events: list[tuple[float, str, str]] = []
-    seen: set[int] = set()
-    life, next_fault, k = 0, args.every * 60, 0
-    while time.monotonic() - t0 < args.minutes * 60:
-        now = time.monotonic() - t0
-        if not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE:
-            code = proc.wait() if proc.is_running() else None
-            lives[life]["rows"] = steps_done(run_dir)
-            lives.append({"from": latest_ckpt(), "rows": []})
-            events.append((now, "trainer-exit", f"code {code}; resumed from step "
-                                                f"{lives[-1]['from']}"))
-            proc, life = start(True), life + 1
-        rss, fds, threads = sample(proc)
-        seen |= {p.pid for p in tree(proc)}
-        samples.append((now, life, rss, fds, threads))
-        if now >= next_fault:
-            fault = FAULTS[k % len(FAULTS)]
-            k += 1
-            next_fault += args.every * 60
-            r = retriever(proc)
-            if fault == "retriever-kill" and r is not None:
-                os.killpg(r.pid, signal.SIGKILL)
-                events.append((now, fault, f"pid {r.pid}"))
-            elif fault == "retriever-hang" and r is not None:
-                r.send_signal(signal.SIGSTOP)
-                events.append((now, fault, f"pid {r.pid} stopped for 20 s"))
-                time.sleep(20)
-                try:
-                    r.send_signal(signal.SIGCONT)  # if the supervisor has not replaced it
-                except psutil.Error:
-                    pass
-            elif fault == "trainer-kill":
-                proc.send_signal(signal.SIGKILL)
-                events.append((now, fault, f"pid {proc.pid}"))
-            else:
-                events.append((now, fault, "skipped: no retriever running"))
-        time.sleep(5)  # the sampling interval
-    # the clean stop: SIGTERM, as a user's Ctrl-C / a scheduler's stop
-    seen |= {p.pid for p in tree(proc)}
+
+def _latest_ckpt(run_dir: Path) -> int:
+    steps = [int(p.name[5:]) for p in (run_dir / "checkpoints").glob("step_*")
+             if p.name[5:].isdigit() and (p / "state.json").exists()]
+    return max(steps, default=0)
+
+
+def _inject(fault: str, proc: psutil.Process, now: float,
+            events: list[tuple[float, str, str]]) -> None:
+    """Apply ``fault`` to the training tree of ``proc``; record it in ``events``."""
+    r = retriever(proc)
+    if fault == "retriever-kill" and r is not None:
+        os.killpg(r.pid, signal.SIGKILL)
+        events.append((now, fault, f"pid {r.pid}"))
+    elif fault == "retriever-hang" and r is not None:
+        r.send_signal(signal.SIGSTOP)
+        events.append((now, fault, f"pid {r.pid} stopped for 20 s"))
+        time.sleep(20)
+        try:
+            r.send_signal(signal.SIGCONT)  # if the supervisor has not replaced it
+        except psutil.Error:
+            pass
+    elif fault == "trainer-kill":
+        proc.send_signal(signal.SIGKILL)
+        events.append((now, fault, f"pid {proc.pid}"))
+    else:
+        events.append((now, fault, "skipped: no retriever running"))
+
+
+def _clean_stop(proc: psutil.Process, seen: set[int]) -> tuple[int | str, list[int]]:
+    """SIGTERM to the trainer, as a user's Ctrl-C / a scheduler's stop: its exit code (or
+    why there is none), and the processes of ``seen`` still alive 30 s later."""
     proc.send_signal(signal.SIGTERM)
     try:
         code = proc.wait(timeout=120)
@@ -188,6 +167,45 @@ def main() -> None:
         if not left:
             break
         time.sleep(0.5)
+    return code, left
+
+
+def main() -> None:
+    args = _args()
+    run_dir = Path(args.run_dir)
+    subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+    run_dir.mkdir(parents=True)
+    tmp_before = set(glob.glob(os.path.join(tempfile.gettempdir(), "agentgym-*")))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
+    log = open(run_dir.parent / "soak.log", "w")
+    t0 = time.monotonic()
+    proc = _start(run_dir, False, env, log)
+    lives: list[dict] = [{"from": 0, "rows": []}]  # each trainer process: resumed from, rows
+    samples: list[tuple[float, int, float, int, int]] = []  # t, life, rss, fds, threads
+    events: list[tuple[float, str, str]] = []
+    seen: set[int] = set()
+    life, next_fault, k = 0, args.every * 60, 0
+    while time.monotonic() - t0 < args.minutes * 60:
+        now = time.monotonic() - t0
+        if not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE:
+            code = proc.wait() if proc.is_running() else None
+            lives[life]["rows"] = steps_done(run_dir)
+            lives.append({"from": _latest_ckpt(run_dir), "rows": []})
+            events.append((now, "trainer-exit", f"code {code}; resumed from step "
+                                                f"{lives[-1]['from']}"))
+            proc, life = _start(run_dir, True, env, log), life + 1
+        rss, fds, threads = sample(proc)
+        seen |= {p.pid for p in tree(proc)}
+        samples.append((now, life, rss, fds, threads))
+        if now >= next_fault:
+            fault = FAULTS[k % len(FAULTS)]
+            k += 1
+            next_fault += args.every * 60
+            _inject(fault, proc, now, events)
+        time.sleep(5)  # the sampling interval
+    seen |= {p.pid for p in tree(proc)}
+    code, left = _clean_stop(proc, seen)
     lives[life]["rows"] = steps_done(run_dir)
     tmp_left = sorted(set(glob.glob(os.path.join(tempfile.gettempdir(), "agentgym-*")))
                       - tmp_before)

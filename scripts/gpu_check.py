@@ -233,13 +233,51 @@ def _write(out: Path, header: list[str], rows: list[tuple[str, str]], footer: st
     print(text, flush=True)
 
 
-def main() -> int:
+def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(ROOT / "docs" / "GPU.md"))
     ap.add_argument("--work", default=str(ROOT / "runs" / "gpu_check"))
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="every stage but the tests, on the CPU, tiny shapes, to --out")
-    a = ap.parse_args()
+    return ap.parse_args()
+
+
+def _generation_row(path: str, device, smoke: bool) -> tuple[str, str]:
+    gen = _generation(path, device, prompts=4 if smoke else 64, new_tokens=8 if smoke else 256)
+    return (f"generation, HF engine, bf16, {gen['prompts']} prompts x up to "
+            f"{gen['new_tokens']} tokens ({Path(path).name})",
+            f"{gen['tokens_per_s']:.0f} tokens/s (peak memory "
+            f"{_gb(gen['peak_memory_gb'])})")
+
+
+def _update_row(path: str, device, smoke: bool, peak: float | None) -> tuple[str, str]:
+    from agentgym.trainers.backends.base import ModelSpec
+    model = ModelSpec(path).load(device)
+    upd = _update(model, model.config.vocab_size, device, *((2, 64) if smoke else (8, 1000)))
+    mfu = f"{upd['flops_per_s'] / peak:.1%}" if peak else "– (peak of this card not in the table)"
+    return (f"update, {Path(path).name}, {upd['tokens']} tokens, bf16 autocast, AdamW",
+            f"{upd['tokens_per_s']:.0f} tokens/s, {upd['flops_per_s'] / 1e12:.2f} TFLOP/s, "
+            f"MFU {mfu} (peak memory {_gb(upd['peak_memory_gb'])})")
+
+
+def _grpo_rows(run: Path) -> list[tuple[str, str]]:
+    """The gpu test's 20-step GRPO run, read from its run directory ([] if it left none)."""
+    grpo = _grpo_figures(run)
+    if not grpo:
+        return []
+    first, last = grpo["reward"][:3], grpo["reward"][-3:]
+    return [("GRPO on arith (code env, solve-rate curriculum), 20 steps x 8 prompts x 8 "
+             "samples, smollm2-135m (the gpu test's run)",
+             f"{grpo['step_s']:.1f} s/step ({grpo['gen_share']:.0%} generation), peak "
+             f"memory {grpo['peak_memory_gb']:.2f} GiB, reward first 3 steps "
+             f"{sum(first) / len(first):.3f} → last 3 {sum(last) / len(last):.3f}; per step: "
+             + ", ".join(f"{r:.2f}" for r in grpo["reward"])),
+            ("drift, engine vs trainer logprobs over that run (largest step value)",
+             f"mean {grpo['drift_mean']:.4f}, max {grpo['drift_max']:.3f}")]
+
+
+def main() -> int:
+    a = _args()
     import torch
 
     from agentgym.core.device import cuda_available
@@ -281,39 +319,19 @@ def main() -> int:
         _write(out, header, rows, footer)
     path = str(resolve_model("tiny" if a.cpu_smoke else "smollm2-135m"))
     print("gpu-check: generation throughput", flush=True)
-    gen = _generation(path, device, prompts=4 if a.cpu_smoke else 64,
-                      new_tokens=8 if a.cpu_smoke else 256)
-    rows.append((f"generation, HF engine, bf16, {gen['prompts']} prompts x up to "
-                 f"{gen['new_tokens']} tokens ({Path(path).name})",
-                 f"{gen['tokens_per_s']:.0f} tokens/s (peak memory "
-                 f"{_gb(gen['peak_memory_gb'])})"))
+    rows.append(_generation_row(path, device, a.cpu_smoke))
     _write(out, header, rows, footer)
     print("gpu-check: update throughput", flush=True)
-    from agentgym.trainers.backends.base import ModelSpec
-    model = ModelSpec(path).load(device)
-    upd = _update(model, model.config.vocab_size, device,
-                  *((2, 64) if a.cpu_smoke else (8, 1000)))
-    mfu = f"{upd['flops_per_s'] / peak:.1%}" if peak else "– (peak of this card not in the table)"
-    rows.append((f"update, {Path(path).name}, {upd['tokens']} tokens, bf16 autocast, AdamW",
-                 f"{upd['tokens_per_s']:.0f} tokens/s, {upd['flops_per_s'] / 1e12:.2f} TFLOP/s, "
-                 f"MFU {mfu} (peak memory {_gb(upd['peak_memory_gb'])})"))
+    rows.append(_update_row(path, device, a.cpu_smoke, peak))
     _write(out, header, rows, footer)
     if not a.cpu_smoke:
         rc, row = _gpu_tests("grpo_20_steps", run)
         rows.append(row)
         tests_rc = tests_rc or rc
         _write(out, header, rows, footer)
-    grpo = _grpo_figures(run)
+    grpo = _grpo_rows(run)
     if grpo:
-        first, last = grpo["reward"][:3], grpo["reward"][-3:]
-        rows += [("GRPO on arith (code env, solve-rate curriculum), 20 steps x 8 prompts x 8 "
-                  "samples, smollm2-135m (the gpu test's run)",
-                  f"{grpo['step_s']:.1f} s/step ({grpo['gen_share']:.0%} generation), peak "
-                  f"memory {grpo['peak_memory_gb']:.2f} GiB, reward first 3 steps "
-                  f"{sum(first) / len(first):.3f} → last 3 {sum(last) / len(last):.3f}; per step: "
-                  + ", ".join(f"{r:.2f}" for r in grpo["reward"])),
-                 ("drift, engine vs trainer logprobs over that run (largest step value)",
-                  f"mean {grpo['drift_mean']:.4f}, max {grpo['drift_max']:.3f}")]
+        rows += grpo
         _write(out, header, rows, footer)
     return tests_rc
 
