@@ -24,10 +24,10 @@ def test_every_recipe_resolves_to_known_keys(name):
 
 def test_the_demo_recipe_is_the_measured_command_and_later_keys_win():
     # make demo runs recipe=cpu_demo: the keys measured in docs/BENCHMARKS.md, "make demo"
-    measured = ["env=[search,code]", "data=[train,arith]", "trainer.eval_data=[nq,arith_test]",
+    measured = ["env=[search,code]", "data=[multihop_curriculum,arith]", "trainer.eval_data=[nq,arith_test]",
                 "data.mix=[1,7]", "data.curriculum=solve_rate", "trainer.total_steps=5",
                 "trainer.prompts_per_step=8", "n=4", "trainer.lr=2e-5", "search.reward=f1",
-                "rollout.max_turns=2", "rollout.max_tokens_per_turn=[96,64]",
+                "rollout.max_turns=[3,2]", "rollout.max_tokens_per_turn=[96,64]",
                 "trainer.cold_start_probe=4", "trainer.cold_start_demos=[16,32]",
                 "sft.epochs=1", "trainer.eval_limit=[20,60]"]
     by_hand = to_dict(build_config(parse_overrides(measured), {"rollout.n": 5}))
