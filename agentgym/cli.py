@@ -247,7 +247,9 @@ class _BarHooks:
 
 
 def cmd_train(args: list[str]) -> int:
-    from agentgym.trainers import train
+    """``agentgym train``: :func:`agentgym.trainers.loop.train` with progress bars, then
+    the before / after table and where the run's curves and files are."""
+    from agentgym.trainers.loop import train
 
     # Group-based estimators need n > 1; Search-R1 samples 5 (algo=ppo's preset sets 1).
     # train() checks the algorithm's settings before any model loads.

@@ -85,10 +85,10 @@ def test_in_a_checkout_the_folders_are_agentgym_subpackages_and_old_names_warn()
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
             import envs                      # before agentgym: the folder by its old name
-            import trainers.grpo, tools.sandbox, retriever_server.schema
-        import agentgym.envs, agentgym.trainers.grpo, agentgym.tools.sandbox
+            import trainers.loop, tools.sandbox, retriever_server.schema
+        import agentgym.envs, agentgym.trainers.loop, agentgym.tools.sandbox
         import agentgym.retriever_server.schema
-        assert envs is agentgym.envs and trainers.grpo is agentgym.trainers.grpo
+        assert envs is agentgym.envs and trainers.loop is agentgym.trainers.loop
         assert tools.sandbox is agentgym.tools.sandbox
         assert retriever_server.schema is agentgym.retriever_server.schema
         moved = sorted({str(x.message).split(" moved")[0] for x in w
@@ -98,7 +98,7 @@ def test_in_a_checkout_the_folders_are_agentgym_subpackages_and_old_names_warn()
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip() == str(sorted(["envs", "trainers", "trainers.grpo", "tools",
+    assert out.stdout.strip() == str(sorted(["envs", "trainers", "trainers.loop", "tools",
                                              "tools.sandbox", "retriever_server",
                                              "retriever_server.schema"]))
 
@@ -108,7 +108,7 @@ def test_the_projects_own_code_uses_the_new_names_only():
         import warnings
         warnings.filterwarnings("error", message=".* moved to agentgym",
                                 category=DeprecationWarning)
-        import agentgym.cli, agentgym.envs, agentgym.trainers.grpo, agentgym.trainers.ppo
+        import agentgym.cli, agentgym.envs, agentgym.trainers.loop
         import agentgym.rollout.runtime, agentgym.serving.serve, agentgym.retriever_server.app
         print("clean")
     """)

@@ -1,7 +1,7 @@
-"""What every training recipe (GRPO, PPO, SFT) shares: the run directory, atomic
+"""What RL training (:mod:`agentgym.trainers.loop`) and SFT share: the run directory, atomic
 checkpoints and resume, the training backend (single, FSDP2, DeepSpeed, Ray ranks) and the
-frozen KL reference. Rollouts in this process, the progress hooks and the greedy eval are
-in :mod:`agentgym.trainers.workers`."""
+frozen KL reference. Rollouts in this process and the greedy eval are in
+:mod:`agentgym.trainers.workers`, the progress hooks in :mod:`agentgym.trainers.hooks`."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from agentgym._compat import moved_names
 from agentgym.config import Config, to_dict
 
 if TYPE_CHECKING:
@@ -28,11 +27,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
-#: names this module held, and where they live now (the old path works for one release)
-__getattr__ = moved_names(__name__, {
-    "Hooks": "agentgym.trainers.hooks", "LocalRollout": "agentgym.trainers.workers:LocalWorkers",
-    **{n: "agentgym.trainers.workers"
-       for n in ("evaluate", "eval_metrics", "split_by_env", "rollouts")}})
 
 
 def resolve_run_dir(cfg: Config) -> Path:
