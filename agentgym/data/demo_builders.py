@@ -6,7 +6,8 @@ the search env's is :mod:`agentgym.envs.search_demos`, the code env's
 rollouts use: the retriever, the sandbox), proposes each action, and records the
 observations the env itself returned, so a demonstration replays exactly
 (:func:`agentgym.data.demos.replay_demo`). A demonstration is kept only if the env rewards
-its final answer as correct. :func:`build_demos` runs a builder over rows in threads.
+its final answer as correct. :func:`build_demos` runs a builder over rows in threads; which
+of them fit a run's rollout budgets is :func:`agentgym.data.demos.within_budgets`.
 """
 
 from __future__ import annotations
@@ -15,15 +16,7 @@ import concurrent.futures
 import logging
 from typing import Callable
 
-from agentgym._compat import moved_names
-
 logger = logging.getLogger(__name__)
-
-# the builders moved into the envs (the old names work for one release)
-__getattr__ = moved_names(__name__, {
-    **{n: "agentgym.envs.search_demos"
-       for n in ("keyword_rewrite", "find_answer", "bridge_entities", "search_demo")},
-    "code_demo": "agentgym.envs.code_demos"})
 
 
 def builders() -> list[str]:

@@ -137,6 +137,30 @@ def budget_violation(traj: Trajectory, rollout) -> str | None:
     return None
 
 
+def within_budgets(demos: Iterable[dict], chat: ChatTokens, env: str, rollout,
+                   limit: int | None = None) -> tuple[list[dict], int, str | None]:
+    """The demonstrations a rollout under ``rollout``'s budgets could have produced, in the
+    tokens of ``chat``'s tokenizer (:func:`budget_violation`), in order: ``agentgym demos``
+    and the cold start keep only these. With ``limit``, the first ``limit`` that fit (those
+    after them are not looked at).
+
+    Returns:
+        ``(kept, how many were over the budgets, why the first of those was)``.
+    """
+    kept: list[dict] = []
+    over, why = 0, None
+    for demo in demos:
+        if limit is not None and len(kept) >= limit:
+            break
+        violation = budget_violation(record_to_trajectory(demo, chat, env), rollout)
+        if violation is None:
+            kept.append(demo)
+        else:
+            over += 1
+            why = why or violation
+    return kept, over, why
+
+
 def replay_demo(demo: dict, env, seed: int = 0) -> dict[str, Any]:
     """Play a demonstration's actions through ``env``; return what the env said.
 
