@@ -247,7 +247,9 @@ class _BarHooks:
 
 
 def cmd_train(args: list[str]) -> int:
-    from agentgym.trainers import train
+    """``agentgym train``: :func:`agentgym.trainers.loop.train` with progress bars, then
+    the before / after table and where the run's curves and files are."""
+    from agentgym.trainers.loop import train
 
     # Group-based estimators need n > 1; Search-R1 samples 5 (algo=ppo's preset sets 1).
     # train() checks the algorithm's settings before any model loads.
@@ -325,7 +327,7 @@ def cmd_demos(args: list[str]) -> int:
 
     from agentgym.data.rows import load_rows, write_jsonl
     from agentgym.data.demo_builders import build_demos
-    from agentgym.data.demos import budget_violation, record_to_trajectory
+    from agentgym.data.demos import within_budgets
     from agentgym.rollout.chat import ChatTokens
     from agentgym.models.zoo import load_tokenizer, resolve_model
     from agentgym.rollout.runtime import env_factory
@@ -340,12 +342,7 @@ def cmd_demos(args: list[str]) -> int:
                             on_done=lambda ok: bar.update(1), **options)
     # keep what a rollout under these budgets could have produced, in this model's tokens
     chat = ChatTokens(load_tokenizer(resolve_model(cfg.model.path or cfg.model.name)))
-    kept, over = [], 0
-    for d in demos:
-        if budget_violation(record_to_trajectory(d, chat, cfg.env), cfg.rollout) is None:
-            kept.append(d)
-        else:
-            over += 1
+    kept, over, _ = within_budgets(demos, chat, cfg.env, cfg.rollout)
     out = Path(cfg.out or f"demos_{cfg.env}.jsonl")
     write_jsonl(out, kept)
     print(f"wrote {len(kept)} demonstrations for {len(rows)} questions to {out} in "

@@ -144,7 +144,7 @@ class RolloutConfig:
 class AlgoConfig:
     """The algorithm. ``algo=NAME`` picks a preset (:data:`ALGO_PRESETS`) that sets the
     keys below; any of them can still be overridden (``algo=grpo algo.advantage=rloo``).
-    The estimator decides the recipe: one that reads values (``gae``) trains a critic."""
+    The estimator decides whether a critic trains beside the policy (:attr:`needs_critic`)."""
 
     name: str = "grpo"  # preset: grpo | dr_grpo | rloo | reinforce_plus_plus | … | ppo
     advantage: str = "grpo"  # trainers.algos.ADVANTAGES: grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | gae | turn-level: mt_grpo | gigpo | gae_turn
@@ -206,6 +206,16 @@ class AlgoConfig:
         if self.overlong_buffer < 0 or self.overlong_penalty < 0:
             raise ValueError(f"algo.overlong_buffer and algo.overlong_penalty must be >= 0, got "
                              f"{self.overlong_buffer}, {self.overlong_penalty}")
+
+    @property
+    def needs_critic(self) -> bool:
+        """Whether the run trains a critic: its estimator reads a value model's values
+        (``gae``, ``gae_turn``). The one answer for the trainer, which builds the critic,
+        and for ``agentgym plan``, which counts its memory. The estimators' registry says
+        the same of each estimator it holds (``needs_critic=True``,
+        ``agentgym.trainers.algos.ADVANTAGES``): ``check_algo`` refuses a run where the two
+        disagree, and tests/test_algos.py checks every registered estimator."""
+        return self.advantage in ("gae", "gae_turn")
 
 
 @dataclass

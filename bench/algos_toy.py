@@ -39,7 +39,7 @@ EXTRA = {"ppo": {"rollout.n": 1, "trainer.prompts_per_step": 32, "critic.lr": 1e
 
 
 def run(algo: str, seed: int, data: Path, work: Path) -> list[float]:
-    from agentgym.trainers import train
+    from agentgym.trainers.loop import train
     cfg = build_config({**BASE, "env": "agentgym-test/Letter-v0", "data": str(data),
                         "algo": algo, "trainer.seed": seed, **EXTRA.get(algo, {}),
                         "run_dir": str(work / f"{algo}-{seed}")})

@@ -83,7 +83,7 @@ def rows(n: int, latency: float, seed: int = 0) -> list[dict]:
 
 def run(name: str, overrides: dict, out: Path) -> dict:
     cfg = build_config({**overrides, "run_dir": str(out / name), "trainer.resume": "never"})
-    from agentgym.trainers import train
+    from agentgym.trainers.loop import train
     t0 = time.perf_counter()
     run_dir = train(cfg)
     wall = time.perf_counter() - t0

@@ -61,7 +61,7 @@ def run_agentgym(a, model_path: Path, work: Path) -> list[dict]:
     from agentgym.config import build_config
     from agentgym.data.rows import write_jsonl
     from toy_envs import letter_rows
-    from agentgym.trainers import train
+    from agentgym.trainers.loop import train
     if "agentgym-test/Letter-v0" not in envs.env_ids():
         envs.register_env("agentgym-test/Letter-v0", "toy_envs:LetterEnv")
     data = work / "prompts.jsonl"

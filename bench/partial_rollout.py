@@ -38,7 +38,7 @@ from bench.report import write_section  # noqa: E402
 
 
 def run(name: str, overrides: dict, out: Path) -> dict:
-    from agentgym.trainers import train
+    from agentgym.trainers.loop import train
     cfg = build_config({**overrides, "run_dir": str(out / name), "trainer.resume": "never"})
     t0 = time.perf_counter()
     run_dir = train(cfg)

@@ -42,7 +42,7 @@ ARMS = {"outcome": (False, "grpo"), "summed": (True, "grpo"), "mt_grpo": (True, 
 def run(arm: str, seed: int, work: Path) -> list[float]:
     from agentgym.data.rows import write_jsonl
     from toy_envs import two_step_rows
-    from agentgym.trainers import train
+    from agentgym.trainers.loop import train
     turn_reward, advantage = ARMS[arm]
     data = work / f"{arm}.jsonl"
     write_jsonl(data, two_step_rows(64, turn_reward))

@@ -95,9 +95,10 @@ HOLDS = {
     "agentgym.models": "`zoo` (names → local HF folders; loading), `tiny` (models built "
                        "locally), `shapes` (published configs, `tiny:SHAPE`), `plan` (the "
                        "memory planner), `vision`",
-    "agentgym.rollout": "`manager` (the multi-turn loop), `chat`, `context`, `engines/` (HF, "
-                        "SGLang client and launcher, weight sync), `runtime` (building them "
-                        "from a config)",
+    "agentgym.rollout": "`manager` (the multi-turn loop), `writer` (token ids and the loss "
+                        "mask, for rollouts, demonstrations and agents), `chat`, `context`, "
+                        "`engines/` (HF, SGLang client and launcher, weight sync), `runtime` "
+                        "(building them from a config)",
     "agentgym.data": "`rows` (datasets read, filtered and mixed; held-out sets), `demos` "
                      "(replay, conversion, filters), `demo_builders` (runs an env's builder)",
     "agentgym.reporting": "`metrics` (JSONL, TensorBoard, PNG, W&B), `evaluation` (EM, "
@@ -105,10 +106,10 @@ HOLDS = {
     "agentgym.serving": "`serve` (`agentgym serve`: SGLang's native API and OpenAI's), "
                         "`openai_api` / `openai_chat` / `openai_stream` (OpenAI's API over any "
                         "engine), `agents` (`env=agent`: an endpoint per episode)",
-    _TRAINERS: "`loop` (the one step loop), `phases` (what each step does), `session` (the "
-               "run around the steps), step sources `steps` (sync) and `async_steps`, "
-               "`curriculum`; workers `workers` (this process) and `ray_cluster`; recipes' "
-               "entry points `grpo`, `ppo`, `sft`, `cold_start`; `algos` (with `group_stats`, "
+    _TRAINERS: "`loop` (`train`, the one entry, and the one step loop), `phases` (what each "
+               "step does), `session` (the run around the steps), step sources `steps` (sync) "
+               "and `async_steps`, `curriculum`; workers `workers` (this process) and "
+               "`ray_cluster`; `cold_start`, `sft`; `algos` (with `group_stats`, "
                "`turn_credit`, `rollout_correction`), `backends/`, `critic`, `lora`, "
                "`sample_log`, `hooks`, `run` (run dir, checkpoints, backends, reference)",
     "agentgym.cli": "the `agentgym` command: it owns printing and progress bars",

@@ -14,7 +14,7 @@ from agentgym.core.types import Trajectory
 from agentgym.trainers.algos import (ADVANTAGES, POLICY_LOSSES, aggregate, compute_advantages,
                             compute_policy_loss, dual_clip_loss, gae_advantages,
                             grpo_advantages, groups_with_signal, gspo_loss, kl_estimate,
-                            masked_whiten, needs_critic, overlong_penalty, ppo_clip_loss,
+                            masked_whiten, overlong_penalty, ppo_clip_loss,
                             reinforce_pp_advantages, reinforce_pp_baseline_advantages,
                             rloo_advantages, value_loss)
 from agentgym.trainers.batch import collate, micro_batches
@@ -407,13 +407,29 @@ def test_overlong_penalty_hand_computed():
 def test_registries_hold_the_named_algorithms():
     assert set(ESTIMATORS) <= set(ADVANTAGES.names())
     assert {"ppo_clip", "dual_clip", "gspo"} <= set(POLICY_LOSSES.names())
-    assert needs_critic("gae") and not needs_critic("grpo")
     with pytest.raises(KeyError, match="rloo"):
         ADVANTAGES.get("rlooo")
     with pytest.raises(KeyError, match="gspo"):
         POLICY_LOSSES.get("gspoo")
     with pytest.raises(ValueError, match="'gae' needs values"):
         compute_advantages("gae", *_outcome([1.0]), group_ids=[0])
+
+
+def test_the_config_and_the_registry_agree_on_which_estimators_need_a_critic(monkeypatch):
+    """``AlgoConfig.needs_critic`` (what the trainer and ``agentgym plan`` ask) says of every
+    registered estimator what its registration says; an estimator registered elsewhere that
+    disagrees stops the run before anything loads."""
+    from agentgym.config import AlgoConfig
+    from agentgym.trainers.phases import check_algo
+    for name in ADVANTAGES.names():
+        reads_values = bool(ADVANTAGES.extras(name).get("needs_critic", False))
+        assert AlgoConfig(advantage=name).needs_critic == reads_values, name
+    assert {n for n in ADVANTAGES.names() if AlgoConfig(advantage=n).needs_critic} == \
+        {"gae", "gae_turn"}
+    monkeypatch.setitem(ADVANTAGES._entries, "my_gae", gae_advantages)  # a user's estimator
+    monkeypatch.setitem(ADVANTAGES._extras, "my_gae", {"needs_critic": True})
+    with pytest.raises(ValueError, match="'my_gae' is registered with needs_critic=True"):
+        check_algo(build_config({"algo.advantage": "my_gae", "rollout.n": 1}))
 
 
 def test_algo_presets_and_errors():

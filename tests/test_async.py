@@ -14,7 +14,7 @@ from agentgym.config import build_config
 from agentgym.data.rows import write_jsonl
 from agentgym.rollout.engines.hf import HFEngine
 from toy_envs import Gate, letter_rows
-from agentgym.trainers import train
+from agentgym.trainers.loop import train
 from agentgym.trainers.async_steps import AsyncSteps
 from agentgym.trainers.workers import LocalWorkers
 

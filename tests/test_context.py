@@ -147,7 +147,7 @@ def test_search_training_with_dropped_observations(tmp_path, tiny_tokenizer):
     sampled tokens only."""
     from agentgym.data.rows import load_rows
     from agentgym.rollout.manager import row_uid
-    from agentgym.trainers import train
+    from agentgym.trainers.loop import train
     chat = ChatTokens(tiny_tokenizer)
     cfg = build_config({"env": "search", "model": "tiny", "trainer.total_steps": 2,
                         "trainer.prompts_per_step": 2, "rollout.n": 2, "rollout.max_turns": 4,

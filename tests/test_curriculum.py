@@ -10,7 +10,7 @@ from agentgym.config import build_config
 from agentgym.core.types import Trajectory
 import agentgym.envs.arith as arith
 from agentgym.data.rows import load_rows, write_jsonl
-from agentgym.trainers import train
+from agentgym.trainers.loop import train
 from agentgym.trainers.curriculum import MIN_GROUPS, Curriculum
 from toy_envs import level_rows
 

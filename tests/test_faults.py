@@ -284,7 +284,7 @@ def test_a_killed_ray_rollout_worker_is_replaced_and_the_step_completes(tmp_path
                                                                         retriever_url):
     pytest.importorskip("ray")
     from agentgym.config import build_config, parse_overrides
-    from agentgym.trainers import train
+    from agentgym.trainers.loop import train
 
     def run(name: str, hooks: Hooks | None) -> list[dict]:
         cfg = build_config(parse_overrides([

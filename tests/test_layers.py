@@ -15,7 +15,7 @@ import architecture as arch  # noqa: E402
 
 def test_every_import_goes_down_the_layers():
     deps = arch.imports()
-    assert len(deps) > 80 and {"agentgym.trainers.grpo", "agentgym.envs.search"} <= set(deps)
+    assert len(deps) > 80 and {"agentgym.trainers.loop", "agentgym.envs.search"} <= set(deps)
     assert arch.violations(deps) == []
 
 

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from agentgym.config import build_config
 from agentgym.data.rows import write_jsonl
 from toy_envs import letter_rows
-from agentgym.trainers import train
+from agentgym.trainers.loop import train
 
 LORA = {"model.lora.rank": 4, "model.lora.alpha": 8.0, "trainer.lr": 5e-2}
 

@@ -257,3 +257,31 @@ def test_env_steps_run_off_the_event_loop_and_overlap(tiny_tokenizer):
     assert len(trajs) == 4 and all(t.reward == 1.0 for t in trajs)
     assert SlowToolEnv.loop_thread_steps == 0  # never on the event loop's thread
     assert SlowToolEnv.peak >= 2  # blocking steps of different trajectories overlapped
+
+
+def test_the_trajectory_writer_masks_by_kind_and_writes_nothing_that_does_not_fit(
+        tiny_tokenizer):
+    """The one writer of token ids and masks (rollouts, demonstrations, agents' calls)."""
+    from agentgym.core.types import Trajectory
+    from agentgym.rollout.writer import TrajectoryWriter
+    chat = ChatTokens(tiny_tokenizer)
+    w = TrajectoryWriter(Trajectory(), chat, "chat")
+    w.prompt(chat.prompt_ids([{"role": "user", "content": "capital of Australia?"}]))
+    action = w.written("<search> capital </search>", 0, ("</search>",))
+    assert action == chat.encode("<search> capital </search>")  # ends at a stop: no EOS
+    said = [{"role": "user", "content": "Canberra"}]
+    filler, obs = w.after_action(action, said, 0)
+    t = w.traj
+    assert filler and obs and t.token_ids[-len(obs):] == obs
+    assert t.loss_mask == [0] * t.prompt_length + [1] * len(action) + [0] * (len(filler) +
+                                                                          len(obs))
+    assert [s.kind for s in t.segments] == ["prompt", "generated", "filler", "observation"]
+    written = list(t.token_ids)  # a budget the observation would reach: nothing written
+    assert w.after_action(action, said, 1,
+                          max_response=t.response_length + len(filler) + len(obs)) is None
+    assert t.token_ids == written
+    w.sampled([7, 8], [-0.5, -0.25], 1)
+    assert w.extend(t.token_ids + [5, 6], 2) and t.token_ids[-2:] == [5, 6]
+    assert t.segments[-1].kind == "observation" and t.loss_mask[-4:] == [1, 1, 0, 0]
+    assert not w.extend([9] + t.token_ids, 3) and t.segments[-1].turn == 2
+    t.check()

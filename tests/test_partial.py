@@ -107,7 +107,7 @@ def test_async_training_with_partial_rollouts(tmp_path):
     from agentgym.config import build_config
     from agentgym.data.rows import write_jsonl
     from toy_envs import letter_rows
-    from agentgym.trainers import train
+    from agentgym.trainers.loop import train
     data = tmp_path / "talk.jsonl"
     write_jsonl(data, [{**r, "env": "agentgym-test/Talk-v0"} for r in letter_rows(24)])
     cfg = build_config({"env": "agentgym-test/Talk-v0", "model": "tiny", "data": str(data),

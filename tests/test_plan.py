@@ -82,3 +82,15 @@ def test_plan_prints_a_verdict_for_a_recipe(capsys):
     assert "gpu_memory='lots': expected a size such as 80GB" in capsys.readouterr().err
     assert parse_bytes("80GB") == parse_bytes("80GiB") == 80 * GiB
     assert parse_bytes("512MB") == 512 * 2 ** 20
+
+
+def test_plan_counts_a_critic_exactly_when_the_estimator_reads_values(capsys):
+    """``agentgym plan`` asks the config whether the run trains a critic
+    (``AlgoConfig.needs_critic``, as the trainer does): PPO's ``gae`` and the turn-level
+    ``gae_turn`` do, GRPO does not."""
+    rows = ("critic: weights, gradients, AdamW", "critic: activations")
+    for algo, critic in ((["algo=ppo"], True), (["algo=ppo", "algo.advantage=gae_turn"], True),
+                         (["algo=grpo"], False)):
+        assert main(["plan", "model=qwen2.5-3b", *algo, "gpus=8", "gpu_memory=80GB"]) == 0
+        out = capsys.readouterr().out
+        assert all((row in out) == critic for row in rows), (algo, out)

@@ -12,7 +12,7 @@ import os
 import pytest
 
 from agentgym.config import build_config
-from agentgym.trainers import train
+from agentgym.trainers.loop import train
 
 pytest.importorskip("ray")
 

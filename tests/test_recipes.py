@@ -16,7 +16,7 @@ from agentgym.config import ALGO_PRESETS, build_config
 from agentgym.data.rows import load_rows, write_jsonl
 from agentgym.core.types import Trajectory
 from toy_envs import letter_rows
-from agentgym.trainers import train
+from agentgym.trainers.loop import train
 from agentgym.trainers.batch import collate
 from agentgym.trainers.phases import advantages, score
 from agentgym.trainers.run import make_backend

@@ -22,7 +22,7 @@ from agentgym.data.rows import load_rows, write_jsonl
 from agentgym.data.demo_builders import build_demos
 from agentgym.envs.search_demos import bridge_entities, find_answer, keyword_rewrite, search_demo
 from agentgym.data.demos import (budget_violation, filter_trajectories, record_to_trajectory,
-                            replay_demo)
+                            replay_demo, within_budgets)
 from agentgym.rollout.manager import GenerationManager
 from agentgym.models.zoo import resolve_model
 from agentgym.envs.base import MessagesSpace, TextSpace
@@ -229,6 +229,25 @@ def test_budget_violation_names_the_budget(search_demos, tiny_tokenizer):
     small = RolloutConfig(**{**BIG, "max_tokens_per_turn": 3})
     assert "rollout.max_tokens_per_turn" in budget_violation(traj, small)
     assert "rollout.max_turns" in budget_violation(traj, RolloutConfig(**{**BIG, "max_turns": 1}))
+
+
+def test_within_budgets_keeps_the_demonstrations_that_fit_in_order(search_demos, tiny_tokenizer):
+    """The one budget filter of ``agentgym demos`` and the cold start."""
+    chat = ChatTokens(tiny_tokenizer)
+    kept, over, why = within_budgets(search_demos, chat, "search", RolloutConfig(**BIG))
+    assert kept == search_demos and over == 0 and why is None
+    small = RolloutConfig(**{**BIG, "max_tokens_per_turn": 3})
+    kept, over, why = within_budgets(search_demos, chat, "search", small)
+    assert kept == [] and over == len(search_demos) and "rollout.max_tokens_per_turn" in why
+    # a demonstration over the per-turn budget before the first that fits: skipped, counted;
+    # with a limit, the ones after the limit-th kept are not looked at (nor counted)
+    long = {**search_demos[1], "actions": ["x " * 400], "observations": []}
+    turn300 = RolloutConfig(**{**BIG, "max_tokens_per_turn": 300})
+    kept, over, why = within_budgets([long, search_demos[0], long], chat, "search", turn300)
+    assert kept == search_demos[:1] and over == 2 and "rollout.max_tokens_per_turn" in why
+    kept, over, _ = within_budgets([long, search_demos[0], long], chat, "search", turn300,
+                                   limit=1)
+    assert kept == search_demos[:1] and over == 1
 
 
 # --- batching ---------------------------------------------------------------------------

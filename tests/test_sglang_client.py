@@ -231,7 +231,7 @@ def _train_args(run, extra=()):
 def test_train_through_agentgym_serve_matches_the_in_process_engine(tmp_path, tiny_path,
                                                                     retriever_url):
     from agentgym.cli import main
-    from agentgym.trainers import train
+    from agentgym.trainers.loop import train
     server = launch_serve(str(tiny_path))
     try:
         assert main(["train", *_train_args(tmp_path / "served", [

@@ -11,7 +11,7 @@ from agentgym.cli import main
 from agentgym.config import build_config
 from agentgym.data.rows import write_jsonl
 from toy_envs import letter_rows
-from agentgym.trainers.grpo import train
+from agentgym.trainers.loop import train
 
 
 

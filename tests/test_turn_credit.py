@@ -10,13 +10,13 @@ import json
 import pytest
 import torch
 
-from agentgym.config import build_config
+from agentgym.config import AlgoConfig, build_config
 from agentgym.core.types import Trajectory
 from agentgym.data.rows import write_jsonl
 from toy_envs import two_step_rows
-from agentgym.trainers.algos import compute_advantages, needs_critic, needs_groups
+from agentgym.trainers.algos import compute_advantages, needs_groups
 from agentgym.trainers.batch import collate
-from agentgym.trainers import train
+from agentgym.trainers.loop import train
 from agentgym.trainers.turn_credit import row_turns
 
 # Three samples of one prompt (token ids 5 6), T = 8. Row 0: turn 0 at 2-3 (reward 1),
@@ -129,7 +129,8 @@ def test_gae_over_turns_by_hand():
     with pytest.raises(ValueError, match="last_values"):
         compute_advantages("gae_turn", r, m, values=v, turn_ids=t,
                            truncated=torch.tensor([True]))
-    assert needs_critic("gae_turn") and needs_groups("mt_grpo") and needs_groups("gigpo")
+    assert AlgoConfig(advantage="gae_turn").needs_critic
+    assert needs_groups("mt_grpo") and needs_groups("gigpo")
 
 
 def per_turn_row(adv: torch.Tensor, row: int) -> list[float]:

@@ -124,7 +124,7 @@ def test_rollout_masks_placeholders_and_trains_on_geometry(tmp_path, capsys):
 
 def test_unsupported_vl_settings_fail_before_loading(tmp_path):
     from agentgym.config import build_config
-    from agentgym.trainers import train
+    from agentgym.trainers.loop import train
     for key, value, needle in (("trainer.backend", "fsdp", "trainer.backend=fsdp"),
                                ("algo", "ppo", "a critic"), ("model.lora.rank", 4, "lora")):
         cfg = build_config({"env": "geometry", "model": "tiny-vl", "rollout.n": 2, key: value,

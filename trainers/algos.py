@@ -23,7 +23,10 @@ Registries (names are the config values; an unknown name fails with the valid on
   ones of :mod:`agentgym.trainers.turn_credit`: ``mt_grpo``, ``gigpo``, ``gae_turn``. Each is
   ``fn(rewards (B, T), mask (B, T), *, <inputs it declares>) -> (advantages, returns)``,
   both ``(B, T)`` and 0 where ``mask`` is 0. Call them through
-  :func:`compute_advantages`, which passes each estimator the inputs it declares.
+  :func:`compute_advantages`, which passes each estimator the inputs it declares. One
+  that reads a critic's values is registered with ``needs_critic=True``; whether a run
+  trains a critic is the config's answer (``AlgoConfig.needs_critic``), which must agree
+  (:func:`~agentgym.trainers.phases.check_algo`).
 * ``POLICY_LOSSES``: ``ppo_clip`` (asymmetric clip-higher when ``clip_high >
   clip_low``), ``dual_clip``, ``gspo``. Each is ``fn(logp, old_logp, adv, mask, *,
   <params>) -> (loss (B, T), metrics)``; reduce the loss with :func:`aggregate`.
@@ -75,11 +78,6 @@ def compute_policy_loss(name: str, logp: torch.Tensor, old_logp: torch.Tensor,
     """Run the registered policy loss ``name`` with the params it declares."""
     return _call_with("policy loss", name, POLICY_LOSSES.get(name),
                       (logp, old_logp, adv, mask), params)
-
-
-def needs_critic(advantage: str) -> bool:
-    """Whether the estimator reads a critic's values (the PPO recipe then trains one)."""
-    return bool(ADVANTAGES.extras(advantage).get("needs_critic", False))
 
 
 def needs_groups(advantage: str) -> bool:

@@ -207,8 +207,8 @@ def _run_stage(cfg: Config, parts: dict[str, Config], rows: dict[str, list[dict]
     t0 = time.perf_counter()
     demos, looked_at, over = [], 0, 0
     for env, sub in parts.items():
-        got, at, too_long = build_demos(sub, env, rows[env], base,
-                                        sub.trainer.cold_start_demos, hooks)
+        got, at, too_long = _demos_within_budgets(sub, env, rows[env], base,
+                                                  sub.trainer.cold_start_demos, hooks)
         if not got:
             raise ValueError(f"cold start: no {env} demonstration could be built from {at} "
                              f"training rows of {sub.data.name}; train from an SFT "
@@ -293,14 +293,16 @@ def _eval_before(cfg: Config, base: Path, inputs: dict, store: Path, hooks: Hook
     return found
 
 
-def build_demos(cfg: Config, env: str, rows: list[dict], model_path, want: int,
-                hooks: Hooks) -> tuple[list[dict], int, int]:
-    """Demonstrations from ``rows`` in order until ``want`` fit the rollout budgets in this
-    model's tokens. Returns ``(demos, rows looked at, demos over the budgets)``."""
-    from agentgym.rollout.chat import ChatTokens
-    from agentgym.data.demo_builders import build_demos as build
-    from agentgym.data.demos import budget_violation, record_to_trajectory
+def _demos_within_budgets(cfg: Config, env: str, rows: list[dict], model_path, want: int,
+                          hooks: Hooks) -> tuple[list[dict], int, int]:
+    """Demonstrations built from ``rows`` in order (the env's builder:
+    :func:`agentgym.data.demo_builders.build_demos`) until ``want`` fit the rollout budgets in
+    this model's tokens (:func:`agentgym.data.demos.within_budgets`). Returns ``(demos, rows
+    looked at, demos over the budgets)``."""
+    from agentgym.data.demo_builders import build_demos
+    from agentgym.data.demos import within_budgets
     from agentgym.models.zoo import load_tokenizer
+    from agentgym.rollout.chat import ChatTokens
     from agentgym.rollout.runtime import env_factory
     chat = ChatTokens(load_tokenizer(model_path))
     make_env = env_factory(cfg)
@@ -311,16 +313,12 @@ def build_demos(cfg: Config, env: str, rows: list[dict], model_path, want: int,
     while len(kept) < want and at < len(rows):
         # about a quarter of the rows yield one on the shipped search data; ask for more
         chunk = rows[at:at + max(16, 4 * (want - len(kept)))]
-        for demo in build(env, chunk, make_env, workers=cfg.rollout.env_workers,
-                          **_demo_options(cfg, env)):
-            if len(kept) == want:
-                break
-            if budget_violation(record_to_trajectory(demo, chat, env), cfg.rollout) is None:
-                kept.append(demo)
-                hooks.advance()
-            else:
-                over += 1
-                why = why or budget_violation(record_to_trajectory(demo, chat, env), cfg.rollout)
+        built = build_demos(env, chunk, make_env, workers=cfg.rollout.env_workers,
+                            **_demo_options(cfg, env))
+        fit, too_long, reason = within_budgets(built, chat, env, cfg.rollout, want - len(kept))
+        kept, over, why = kept + fit, over + too_long, why or reason
+        if fit:
+            hooks.advance(len(fit))
         at += len(chunk)
         if not kept and over >= 16:
             raise ValueError(f"cold start: the first {over} demonstrations are all over the "

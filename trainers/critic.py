@@ -51,7 +51,7 @@ def token_values(model, input_ids: torch.Tensor, attention_mask: torch.Tensor):
 @dataclass(frozen=True)
 class ValueLoss:
     """The clipped value loss of a micro-batch, normalized by mini-batch totals
-    (picklable, like :class:`agentgym.trainers.grpo.PolicyLoss`)."""
+    (picklable, like :class:`agentgym.trainers.phases.PolicyLoss`)."""
 
     clip: float
     mode: str

@@ -1,16 +1,27 @@
-"""One step loop for every algorithm, top to bottom.
+"""``agentgym train``: one entry (:func:`train`) and one step loop for every algorithm, top
+to bottom.
 
-    agentgym train env=search                      # GRPO (and every critic-free estimator)
-    agentgym train env=search algo=ppo             # PPO: the same loop, with the critic's phases
-    agentgym train env=search trainer.mode=async   # either, rolling out while it trains
+    agentgym train env=search                      # GRPO, smollm2-135m, shipped data
+    agentgym train env=search algo=rloo            # or dr_grpo, reinforce_plus_plus, dapo, gspo, …
+    agentgym train env=search algo=ppo             # the same loop, with a critic's phases
+    agentgym train env=search algo=ppo critic.warmup_steps=5 critic.lr=1e-5 algo.lam=0.95
+    agentgym train env=search trainer.mode=async   # any of them, rolling out while it trains
+    agentgym train env=search model=tiny trainer.total_steps=2    # seconds, for a smoke test
+    agentgym train env=search run_dir=runs/a trainer.resume=auto  # continue a killed run
+
+:func:`train` checks the algorithm's settings (:func:`~agentgym.trainers.phases.check_algo`),
+runs the cold start ``trainer.cold_start`` asks for (:mod:`agentgym.trainers.cold_start`),
+then the steps. Whether a critic trains beside the policy is the config's answer,
+``cfg.algo.needs_critic`` (the estimators that read values: ``gae``, ``gae_turn``);
+checkpoints then hold it in ``checkpoints/step_N/critic``.
 
 Each step, phase by phase:
   1. rollouts: the step source's next trajectories (:func:`~agentgym.trainers.session.
      step_source`: this step's prompts with the current weights, or with
      ``trainer.mode=async`` the next finished groups within the staleness bound);
   2. old and reference logprobs and the token rewards (:func:`~agentgym.trainers.phases.score`);
-     with a critic (an estimator that reads values: ``gae``, ``gae_turn``), its values of
-     every token's state and of each sequence's last (:mod:`agentgym.trainers.critic`);
+     with a critic, its values of every token's state and of each sequence's last
+     (:mod:`agentgym.trainers.critic`);
   3. advantages, ``algo.advantage`` (:func:`~agentgym.trainers.phases.advantages`);
   4. the critic's update toward the returns, then the policy's
      (:func:`~agentgym.trainers.phases.update_policy`), which waits ``critic.warmup_steps``
@@ -26,23 +37,26 @@ from pathlib import Path
 
 from agentgym.config import Config
 from agentgym.core.device import peak_memory_gb
-from agentgym.trainers.algos import needs_critic
+from agentgym.trainers.cold_start import prepare
 from agentgym.trainers.phases import advantages, check_algo, score, update_policy
 from agentgym.trainers.hooks import Hooks
 from agentgym.trainers.session import Session, open_session, step_source
 
 
 def train(cfg: Config, hooks: Hooks | None = None) -> Path:
-    """Check the algorithm's settings, then :func:`run`; return the run directory."""
-    check_algo(cfg)  # before data and models load
-    return run(cfg, hooks)
+    """Run ``agentgym train`` as ``cfg`` says: the algorithm's settings checked once
+    (:func:`check_algo`, before a cold start spends minutes or a model loads), the cold
+    start (:func:`~agentgym.trainers.cold_start.prepare`), then the steps (:func:`run`).
+    Returns the run directory."""
+    check_algo(cfg)
+    return run(prepare(cfg, hooks), hooks)
 
 
 def run(cfg: Config, hooks: Hooks | None = None) -> Path:
     """The steps of ``cfg`` (settings already checked: :func:`check_algo`), from the latest
     checkpoint on; return the run directory."""
     make_critic = None
-    if needs_critic(cfg.algo.advantage):
+    if cfg.algo.needs_critic:
         from agentgym.trainers.critic import Critic
         make_critic = lambda path, cluster: Critic(cfg, path, cluster)  # noqa: E731
     s = open_session(cfg, hooks, make_critic=make_critic)

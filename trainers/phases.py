@@ -29,6 +29,12 @@ def check_algo(cfg: Config) -> None:
     a, n = cfg.algo, cfg.rollout.n
     POLICY_LOSSES.get(a.policy_loss)
     ADVANTAGES.get(a.advantage)
+    reads_values = bool(ADVANTAGES.extras(a.advantage).get("needs_critic", False))
+    if reads_values != a.needs_critic:  # an estimator registered outside the project
+        raise ValueError(f"algo.advantage={a.advantage!r} is registered with needs_critic="
+                         f"{reads_values}, but AlgoConfig.needs_critic says {a.needs_critic}: "
+                         f"the trainer would {'not ' if reads_values else ''}build a critic; "
+                         f"list the estimators that read values in AlgoConfig.needs_critic")
     if cfg.trainer.mode == "async":
         bad = [(a.dynamic_sampling, "algo.dynamic_sampling"),
                (cfg.engine.name != "hf", f"engine={cfg.engine.name}")]

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from typing import Any
 
 from agentgym.config import Config
@@ -128,7 +127,6 @@ class RayCluster:
         import ray
         from ray.util.placement_group import placement_group
 
-        from agentgym.trainers.algos import needs_critic
         r, t = cfg.ray, cfg.trainer
         self.owns_connection = not ray.is_initialized()
         if self.owns_connection:
@@ -145,7 +143,7 @@ class RayCluster:
                 ray.init(address=r.address, **kw)
         sharded = t.backend != "single"
         n_train = t.nprocs if sharded else 0
-        train_actors = 1 + (sharded and needs_critic(cfg.algo.advantage))  # per train bundle
+        train_actors = 1 + (sharded and cfg.algo.needs_critic)  # per train bundle
         bundle = {"CPU": r.cpus, **({"GPU": r.gpus} if r.gpus else {})}
         self.bundle = bundle
         if r.placement == "split" or not n_train:
@@ -330,13 +328,3 @@ def _with_uid(row: dict, i: int) -> dict:
     if extra.get("id") is not None or extra.get("index") is not None:
         return row
     return {**row, "extra_info": {**extra, "index": i}}
-
-
-def wait_for_nodes(address: str, n: int, timeout_s: float = 60.0) -> None:
-    """Block until a cluster has ``n`` alive nodes (tests, scripts)."""
-    import ray
-    start = time.monotonic()
-    while len([x for x in ray.nodes() if x["Alive"]]) < n:
-        if time.monotonic() - start > timeout_s:
-            raise TimeoutError(f"{address}: fewer than {n} Ray nodes after {timeout_s:.0f}s")
-        time.sleep(0.5)

@@ -1,7 +1,7 @@
-"""What every training recipe (GRPO, PPO, SFT) shares: the run directory, atomic
+"""What RL training (:mod:`agentgym.trainers.loop`) and SFT share: the run directory, atomic
 checkpoints and resume, the training backend (single, FSDP2, DeepSpeed, Ray ranks) and the
-frozen KL reference. Rollouts in this process, the progress hooks and the greedy eval are
-in :mod:`agentgym.trainers.workers`."""
+frozen KL reference. Rollouts in this process and the greedy eval are in
+:mod:`agentgym.trainers.workers`, the progress hooks in :mod:`agentgym.trainers.hooks`."""
 
 from __future__ import annotations
 

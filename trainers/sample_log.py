@@ -9,8 +9,8 @@ the segments (prompt / generated / observation, with their turn). ``agentgym ins
 turns these files into one HTML page (:mod:`agentgym.reporting.inspector`).
 
 The trainer's logprobs are the ones the update starts from (``old_logp``); where the update
-computes them itself (:func:`agentgym.trainers.grpo.reuses_update_logprobs`) they are computed here,
-for the chosen rows only, before the update changes the weights.
+computes them itself (:func:`agentgym.trainers.phases.reuses_update_logprobs`) they are
+computed here, for the chosen rows only, before the update changes the weights.
 """
 
 from __future__ import annotations

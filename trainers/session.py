@@ -40,10 +40,9 @@ def check_vision(cfg: Config, path) -> None:
     from agentgym.models.zoo import is_vision_language
     if not is_vision_language(path):
         return
-    from agentgym.trainers.algos import needs_critic
     bad = [(cfg.trainer.backend != "single", f"trainer.backend={cfg.trainer.backend}"),
            (cfg.engine.name != "hf", f"engine={cfg.engine.name}"),
-           (needs_critic(cfg.algo.advantage), f"algo.advantage={cfg.algo.advantage} (a critic)"),
+           (cfg.algo.needs_critic, f"algo.advantage={cfg.algo.advantage} (a critic)"),
            (bool(cfg.ray.address), "ray.address"), (cfg.model.lora.rank > 0, "model.lora.rank")]
     named = [what for cond, what in bad if cond]
     if named:

@@ -6,7 +6,8 @@ the search env's is :mod:`agentgym.envs.search_demos`, the code env's
 rollouts use: the retriever, the sandbox), proposes each action, and records the
 observations the env itself returned, so a demonstration replays exactly
 (:func:`agentgym.data.demos.replay_demo`). A demonstration is kept only if the env rewards
-its final answer as correct. :func:`build_demos` runs a builder over rows in threads.
+its final answer as correct. :func:`build_demos` runs a builder over rows in threads; which
+of them fit a run's rollout budgets is :func:`agentgym.data.demos.within_budgets`.
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@
 
   ``observations`` has one entry per action but the last (the last action ends the
   episode). Text, not ids, so one file serves any model: SFT tokenizes it with the
-  policy's tokenizer, appending the env's observations exactly as a rollout would
-  (:meth:`agentgym.rollout.chat.ChatTokens.after_action_ids`), so the token stream and loss
-  mask are those of the same episode played by the policy.
+  policy's tokenizer, written by the writer rollouts use
+  (:class:`agentgym.rollout.writer.TrajectoryWriter`), so the token stream and loss mask are
+  those of the same episode played by the policy.
 * **trajectory** (``agentgym rollout`` / ``agentgym filter`` write them): token ids,
   ``loss_mask`` and segments, used as they are (they must come from this tokenizer).
 * **conversation**: ``{"messages": [{role, content}, …]}`` as in TRL; every assistant
@@ -25,10 +25,11 @@ tokens (what the policy writes), 0 on the prompt, observations and template fill
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Iterable
 
-from agentgym.rollout.chat import ChatTokens
 from agentgym.core.types import Trajectory
+from agentgym.rollout.chat import ChatTokens
+from agentgym.rollout.writer import TrajectoryWriter
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +58,8 @@ def env_protocol(env: str) -> tuple[str, tuple[str, ...]]:
 
 def demo_to_trajectory(demo: dict, chat: ChatTokens, fmt: str,
                        stop_strings: tuple[str, ...]) -> Trajectory:
-    """Tokenize a demonstration the way the generation manager builds a rollout."""
+    """Tokenize a demonstration as the generation manager writes a rollout (the same
+    :class:`~agentgym.rollout.writer.TrajectoryWriter`)."""
     actions, observations = demo["actions"], demo.get("observations", [])
     if not actions or not all(isinstance(a, str) for a in actions):
         raise ValueError(f"demonstration {demo.get('uid')!r}: 'actions' must be a non-empty "
@@ -68,14 +70,12 @@ def demo_to_trajectory(demo: dict, chat: ChatTokens, fmt: str,
                          f"{len(observations)}")
     traj = Trajectory(uid=str(demo.get("uid", "")), data_source=str(demo.get("env", "")),
                       reward=float(demo.get("reward", 0.0)), terminated=True)
-    traj.append("prompt", chat.prompt_ids(demo["prompt"]), turn=0)
+    w = TrajectoryWriter(traj, chat, fmt)
+    w.prompt(chat.prompt_ids(demo["prompt"]), turn=0)
     for turn, action in enumerate(actions):
-        ids = chat.action_ids(action, stop_strings)
-        traj.append("generated", ids, turn, [0.0] * len(ids))
+        ids = w.written(action, turn, stop_strings)
         if turn < len(observations):
-            filler, obs_ids = chat.after_action_ids(ids, observations[turn], fmt)
-            traj.append("filler", filler, turn)
-            traj.append("observation", obs_ids, turn)
+            w.after_action(ids, observations[turn], turn)
     traj.check()
     return traj
 
@@ -135,6 +135,30 @@ def budget_violation(traj: Trajectory, rollout) -> str | None:
     if longest > rollout.max_tokens_per_turn:
         return f"an action of {longest} tokens > rollout.max_tokens_per_turn"
     return None
+
+
+def within_budgets(demos: Iterable[dict], chat: ChatTokens, env: str, rollout,
+                   limit: int | None = None) -> tuple[list[dict], int, str | None]:
+    """The demonstrations a rollout under ``rollout``'s budgets could have produced, in the
+    tokens of ``chat``'s tokenizer (:func:`budget_violation`), in order: ``agentgym demos``
+    and the cold start keep only these. With ``limit``, the first ``limit`` that fit (those
+    after them are not looked at).
+
+    Returns:
+        ``(kept, how many were over the budgets, why the first of those was)``.
+    """
+    kept: list[dict] = []
+    over, why = 0, None
+    for demo in demos:
+        if limit is not None and len(kept) >= limit:
+            break
+        violation = budget_violation(record_to_trajectory(demo, chat, env), rollout)
+        if violation is None:
+            kept.append(demo)
+        else:
+            over += 1
+            why = why or violation
+    return kept, over, why
 
 
 def replay_demo(demo: dict, env, seed: int = 0) -> dict[str, Any]:

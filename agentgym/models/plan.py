@@ -60,7 +60,7 @@ class Setting:
     lora_rank: int = 0
     reference: bool = False  # a KL term against a frozen copy
     ref_offload: bool = False
-    critic: bool = False  # PPO's value model (same shape)
+    critic: bool = False  # a value model of the same shape (cfg.algo.needs_critic: gae, gae_turn)
     engine: bool = True  # the in-process rollout engine's copy on this device
     concurrency: int = 0  # episodes in flight (rollout.max_concurrency)
     episode_tokens: int = 0  # an episode's tokens at most (prompt + response budgets)
@@ -242,7 +242,7 @@ def setting_of(cfg: Any, gpus: int, device: str) -> Setting:
         offload=t.offload, checkpointing=cfg.model.gradient_checkpointing,
         micro_batch_tokens=t.micro_batch_tokens, logprob_chunk=t.logprob_chunk,
         lora_rank=cfg.model.lora.rank, reference=cfg.algo.kl_coef > 0,
-        ref_offload=cfg.algo.ref_offload, critic=cfg.algo.advantage == "gae",
+        ref_offload=cfg.algo.ref_offload, critic=cfg.algo.needs_critic,
         engine=cfg.engine.name == "hf",
         concurrency=r.max_concurrency,
         episode_tokens=r.max_prompt_tokens + r.max_response_tokens)

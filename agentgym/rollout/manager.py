@@ -5,9 +5,9 @@ in a thread pool (a slow tool never blocks the event loop or other trajectories)
 append the observation tokens once, with mask 0 → … until the env terminates or
 truncates, or the token budget runs out (then ``truncated``).
 
-Masking rule, applied here and nowhere else: sampled ids go in as ``generated``
-segments (mask 1, with the engine's logprobs); prompt, observation and filler ids go in
-with mask 0 (see :class:`agentgym.core.types.Trajectory`).
+The token ids and the loss mask are written by :class:`agentgym.rollout.writer.
+TrajectoryWriter`, as they are for demonstrations and an agent's recorded calls: sampled ids
+with mask 1 and the engine's logprobs; prompt, filler and observation ids with mask 0.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from agentgym.rollout.context import (CONTINUE, DROPPED, SUMMARY_REQUEST, Blocks
                                       drop_observations, joined, load_strategy)
 from agentgym.config import RolloutConfig
 from agentgym.rollout.engines.base import Engine
+from agentgym.rollout.writer import TrajectoryWriter
 from agentgym.core.supervisor import wait_healthy
 from agentgym.core.types import SamplingParams, Trajectory
 
@@ -126,15 +127,6 @@ class GenerationManager:
                              f"(rollout.context={self.cfg.context}); use play()")
         return parts[0]
 
-    async def rollout(self, row: dict, uid: str = "0", sample_index: int = 0,
-                      base_seed: int | None = None) -> Trajectory:
-        """The old name of :meth:`play_one` (one release, with a DeprecationWarning)."""
-        import warnings
-        warnings.warn("GenerationManager.rollout is GenerationManager.play_one (an episode "
-                      "that stays one trajectory; play() returns them all); the old name "
-                      "works until the next release", DeprecationWarning, stacklevel=2)
-        return await self.play_one(row, uid, sample_index, base_seed)
-
     def _tokens_per_turn(self, row: dict) -> int:
         """One action's token budget: the row's env's own in a mixed run, else the run's."""
         own = getattr(self.env_factory, "tokens_per_turn", None)
@@ -162,13 +154,14 @@ class GenerationManager:
             if len(prompt) > cfg.max_prompt_tokens:
                 raise ValueError(f"prompt of row {uid!r} has {len(prompt)} tokens, more than "
                                  f"rollout.max_prompt_tokens={cfg.max_prompt_tokens}")
-            traj.append("prompt", prompt, turn=0)
+            w = TrajectoryWriter(traj, self.chat, fmt)
+            w.prompt(prompt, turn=0)
             blocks: Blocks = [("prompt", prompt)]  # the context, for rollout.context
             traj.policy_version = self.engine.policy_version
             step = turn = 0  # the env's steps; turns count every generation (summaries too)
             while True:
                 if cfg.context != "keep" and len(traj.token_ids) > cfg.context_tokens:
-                    new = await self._compact(blocks, traj, fmt, turn, seed, session, m)
+                    new = await self._compact(blocks, w, turn, seed, session, m)
                     if new is not None:
                         if cfg.context == "summarize":  # the summary was a turn: reward 0
                             turn_rewards.append(0.0)
@@ -177,7 +170,8 @@ class GenerationManager:
                         blocks, images = new, traj.images
                         traj = new_part()
                         traj.images, traj.policy_version = images, self.engine.policy_version
-                        traj.append("prompt", joined(blocks), turn)
+                        w = TrajectoryWriter(traj, self.chat, fmt)
+                        w.prompt(joined(blocks), turn)
                         parts.append(traj)
                         ranges.append([turn, -1])
                 budget = cfg.max_response_tokens - traj.response_length
@@ -188,7 +182,7 @@ class GenerationManager:
                     max_new_tokens=min(self._tokens_per_turn(row), budget),
                     temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                     stop=env.stop_strings, seed=(seed + 7919 * step) % 2**31)
-                out = await self._generate(traj, sampling, session, turn, m)
+                out = await self._generate(w, sampling, session, turn, m)
                 text = self.chat.decode(out.ids)
                 t0 = time.perf_counter()
                 obs, reward, terminated, truncated, info = await self._in_pool(env.step, text)
@@ -199,12 +193,11 @@ class GenerationManager:
                 if terminated or truncated:
                     traj.terminated, traj.truncated = terminated, truncated
                     break
-                filler, obs_ids = self.chat.after_action_ids(out.ids, obs, fmt)
-                if traj.response_length + len(filler) + len(obs_ids) >= cfg.max_response_tokens:
+                after = w.after_action(out.ids, obs, turn - 1, cfg.max_response_tokens)
+                if after is None:  # no room left for another action
                     traj.truncated, info = True, {**info, "end": "token_budget"}
                     break
-                traj.append("filler", filler, turn - 1)
-                traj.append("observation", obs_ids, turn - 1)
+                filler, obs_ids = after
                 blocks += [("generated", list(out.ids)), ("filler", filler),
                            ("observation", obs_ids)]
         finally:
@@ -213,9 +206,10 @@ class GenerationManager:
         return _finish_parts(parts, ranges, turn_rewards, info, m, row,
                              f"{uid}/{sample_index}/{seed}")
 
-    async def _generate(self, traj: Trajectory, sampling: SamplingParams, session: str,
+    async def _generate(self, w: TrajectoryWriter, sampling: SamplingParams, session: str,
                         turn: int, m: dict):
-        """Sample one turn onto ``traj`` (its ids, logprobs and policy version)."""
+        """Sample one turn onto ``w``'s trajectory (its ids, logprobs and policy version)."""
+        traj = w.traj
         t0 = time.perf_counter()
         out = await self.engine.generate(traj.token_ids, sampling, images=traj.images,
                                          session_id=session)
@@ -227,16 +221,17 @@ class GenerationManager:
                                "pause() the engine between rollouts")
         traj.turn_versions.append(version)
         traj.token_versions += out.token_versions or [version] * len(out.ids)
-        traj.append("generated", out.ids, turn, out.logprobs)
+        w.sampled(out.ids, out.logprobs, turn)
         m["turns"] += 1
         m["length_stops"] += out.finish_reason == "length"
         return out
 
-    async def _compact(self, blocks: Blocks, traj: Trajectory, fmt: str, turn: int,
-                       seed: int, session: str, m: dict) -> Blocks | None:
+    async def _compact(self, blocks: Blocks, w: TrajectoryWriter, turn: int, seed: int,
+                       session: str, m: dict) -> Blocks | None:
         """The context under ``rollout.context`` (:mod:`agentgym.rollout.context`), or None
-        when it stays as it is. ``summarize`` samples the summary onto ``traj`` (a turn)."""
-        strategy = self.cfg.context
+        when it stays as it is. ``summarize`` samples the summary onto ``w``'s trajectory (a
+        turn)."""
+        strategy, traj, fmt = self.cfg.context, w.traj, w.fmt
         if strategy == "drop_observations":
             new = drop_observations(blocks, self.chat.observation_ids(
                 [{"role": "user", "content": DROPPED}], fmt))
@@ -245,13 +240,13 @@ class GenerationManager:
                                                 fmt)
             if traj.response_length + len(request) >= self.cfg.max_response_tokens:
                 return None
-            traj.append("observation", request, max(turn - 1, 0))
+            w.observation(request, max(turn - 1, 0))
             room = self.cfg.max_response_tokens - traj.response_length - len(request)
             sampling = SamplingParams(max_new_tokens=min(self.cfg.max_tokens_per_turn, room),
                                       temperature=self.cfg.temperature, top_p=self.cfg.top_p,
                                       top_k=self.cfg.top_k,
                                       seed=(seed + 104729 * (turn + 1)) % 2**31)
-            out = await self._generate(traj, sampling, session, turn, m)
+            out = await self._generate(w, sampling, session, turn, m)
             filler, cont = self.chat.after_action_ids(
                 out.ids, [{"role": "user", "content": CONTINUE}], fmt)
             return after_summary(blocks, out.ids, filler, cont)

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentgym.core.types import SamplingParams, Trajectory
+from agentgym.rollout.writer import TrajectoryWriter
 from agentgym.serving.openai_api import OpenAIFrontend, openai_routes
 from agentgym.serving.openai_chat import _messages, chat_choice
 from agentgym.serving.openai_common import Call, OpenAIError
@@ -150,20 +151,20 @@ class EpisodeFrontend(OpenAIFrontend):
 
 def trajectories(episode: Episode, uid: str, k: int, reward: float,
                  data_source: str = "", env: str = "") -> list[Trajectory]:
-    """The episode's calls as trajectories: a call whose prompt extends the current
-    trajectory token for token continues it (the new prompt tokens masked out, the
+    """The episode's calls as trajectories, written by the writer rollouts use
+    (:class:`~agentgym.rollout.writer.TrajectoryWriter`): a call whose prompt extends the
+    current trajectory token for token continues it (the new prompt tokens masked out, the
     completion in); any other starts a new one. Each gets the episode's reward."""
     out: list[Trajectory] = []
-    cur: Trajectory | None = None
+    w: TrajectoryWriter | None = None
     for i, t in enumerate(episode.turns):
-        if cur is not None and t.prompt_ids[:len(cur.token_ids)] == cur.token_ids:
-            cur.append("observation", t.prompt_ids[len(cur.token_ids):], i)
-        else:
-            cur = Trajectory(uid=uid, sample_index=k, data_source=data_source)
-            cur.append("prompt", t.prompt_ids, i)
-            cur.step_rewards = [0.0] * i  # step rewards are indexed by the episode's turn
-            out.append(cur)
-        cur.append("generated", t.completion_ids, i, t.logprobs)
+        if w is None or not w.extend(t.prompt_ids, i):
+            w = TrajectoryWriter(Trajectory(uid=uid, sample_index=k, data_source=data_source))
+            w.prompt(t.prompt_ids, i)
+            w.traj.step_rewards = [0.0] * i  # step rewards are indexed by the episode's turn
+            out.append(w.traj)
+        w.sampled(t.completion_ids, t.logprobs, i)
+        cur = w.traj
         cur.turn_versions.append(t.version)
         cur.step_rewards.append(0.0)
         cur.metrics["tool_calls"] = cur.metrics.get("tool_calls", 0.0) + t.tool_calls
