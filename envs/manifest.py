@@ -100,7 +100,7 @@ class EnvManifest:
                 continue
             for p in list(inspect.signature(fn).parameters.values())[leading:]:
                 if p.name not in self.sections and p.name not in self.reads and \
-                        p.default is p.empty:
+                        p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
                     raise ValueError(
                         f"{hook}={getattr(fn, '__name__', fn)!r} takes {p.name!r}, which is "
                         f"neither a section ({', '.join(self.sections) or 'none'}) nor in "
