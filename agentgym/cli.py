@@ -335,7 +335,7 @@ def cmd_demos(args: list[str]) -> int:
     cfg = _config(args)
     rows = load_rows(cfg.env, cfg.data.name, cfg.limit)
     from agentgym import envs
-    options = envs.env_class(cfg.env).demo_options(cfg)
+    options = envs.env_manifest(cfg.env).demo_options_for(cfg)
     t0 = time.perf_counter()
     with tqdm(total=len(rows), desc=f"{cfg.env} demos", unit="row", file=sys.stderr) as bar:
         demos = build_demos(cfg.env, rows, env_factory(cfg), workers=cfg.rollout.env_workers,

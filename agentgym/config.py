@@ -7,15 +7,15 @@ section that has a ``name`` sets that name (``model=tiny`` is ``model.name=tiny`
 ``engine=hf`` is ``engine.name=hf``, ``data=nq`` is ``data.name=nq``), and ``n=4`` is
 ``rollout.n=4``.
 
-The envs own their sections (``search.*``, ``retriever.*``, ``code.*``, ``sandbox.*`` …):
-each env class declares them (``AgentEnv.config_sections``) and :data:`Config` is built
-with every discovered env's, so an env added under ``envs/`` brings its keys along.
+:class:`Config` is the whole shape, a typed field a section. The envs' sections (``search.*``,
+``code.*`` …) are declared by their manifests (:mod:`agentgym.envs.manifest`); the shipped
+envs' are fields too (a test keeps them equal), any other env's live in ``Config.sections``
+and take overrides, errors and printing like the fields.
 
-Precedence, lowest first: dataclass defaults, the environment's preset (its class's
+Precedence, lowest first: dataclass defaults, the environment's preset (its manifest's
 ``presets``: :func:`agentgym.presets.env_presets`), the command's own defaults (e.g.
-``train``'s group of 5), the
-algorithm's preset (``algo=ppo``, :data:`ALGO_PRESETS`), a recipe's keys
-(``recipe=search_r1_qwen2.5_3b_grpo``: ``recipes/``), then the user's overrides.
+``train``'s group of 5), the algorithm's preset (``algo=ppo``, :data:`ALGO_PRESETS`), a
+recipe's keys (``recipe=search_r1_qwen2.5_3b_grpo``: ``recipes/``), the user's overrides.
 """
 
 from __future__ import annotations
@@ -29,6 +29,12 @@ from typing import Any
 import yaml
 
 from agentgym.core.registry import check_choices, did_you_mean, env_names  # noqa: F401
+from agentgym.envs import config_sections, default_env, env_manifest
+from agentgym.envs.code import CodeConfig, SandboxConfig  # the sandbox's: the code env's
+from agentgym.envs.geometry import GeometryConfig
+from agentgym.envs.judge import JudgeConfig  # reward=judge's
+from agentgym.envs.mcp_env import MCPConfig
+from agentgym.envs.search import RetrieverConfig, SearchConfig
 from agentgym.presets import (ALGO_PRESETS, ALIASES, PER_ENV_KEYS, env_presets,  # noqa: F401
                               load_recipe)
 
@@ -374,31 +380,18 @@ class DataConfig:
             raise ValueError(f"data.curriculum_band={band!r}: give [low, high], 0 <= low < high <= 1")
 
 
-@dataclass
-class JudgeConfig:
-    """``reward=judge``: a model behind an OpenAI-compatible endpoint grades each answer
-    (:mod:`agentgym.envs.judge`)."""
-
-    url: str = ""  # the server (gets /v1/chat/completions): vLLM, SGLang, `agentgym serve`
-    model: str = ""  # the "model" field sent ("" = leave it out: the server's only model)
-    rubric: str = ""  # system prompt text or a file of it; "" = envs.judge.RUBRIC
-    scale: float = 10.0  # the reply's "Score: N" runs 0..scale; the reward is N / scale
-    timeout_s: float = 30.0
-    retries: int = 2  # more attempts after connection errors, timeouts and 429/5xx
-    max_concurrency: int = 8  # requests in flight per process
-    max_tokens: int = 64  # the judge's reply budget
-
-
-def _default_env() -> str:
-    from agentgym import envs
-    return envs.default_env()
+def _env_sections() -> dict[str, Any]:
+    """The discovered envs' sections that :class:`Config` has no field for, at defaults."""
+    typed = _field_names(Config)
+    return {name: cls() for name, cls in config_sections().items() if name not in typed}
 
 
 @dataclass
-class RunConfig:
-    """The run's own sections; :data:`Config` adds the envs' (module docstring)."""
+class Config:
+    """The whole config: the run's sections and keys, the shipped envs' sections (equal to
+    their manifests': tests/test_config_sections.py), :attr:`sections` for other envs'."""
 
-    env: str = field(default_factory=_default_env)  # the env that sets AgentEnv.default
+    env: str = field(default_factory=default_env)  # the env whose manifest sets default
     model: ModelConfig = field(default_factory=ModelConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -421,21 +414,45 @@ class RunConfig:
     # rollout.max_turns=[4,2]); the key itself holds the largest
     per_env: dict[str, list[int]] = field(default_factory=dict)
     recipe: str = ""  # recipes/NAME.yaml (or a .yaml path) layered under the user's keys
+    # the shipped envs' sections (envs/code.py, geometry.py, mcp_env.py, search.py)
+    code: CodeConfig = field(default_factory=CodeConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    geometry: GeometryConfig = field(default_factory=GeometryConfig)
+    mcp: MCPConfig = field(default_factory=MCPConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
+    retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
+    # other envs' sections (one added under envs/, a plugin's once chosen), used as fields
+    sections: dict[str, Any] = field(default_factory=_env_sections)
+
+    def section(self, name: str) -> Any:
+        """The section (or run-level key) ``name``: a field, or one of :attr:`sections`."""
+        return _children(self)[name]
 
 
-def _with_env_sections(base: type) -> type:
-    """``base`` with a field per config section the discovered envs own (their classes'
-    ``config_sections``), each defaulting to its dataclass's defaults."""
-    from agentgym import envs
-    sections = [(name, cls, field(default_factory=cls))
-                for name, cls in envs.config_sections().items()]
-    cls = dataclasses.make_dataclass("Config", sections, bases=(base,))
-    cls.__module__ = __name__  # pickled by reference (Ray, processes): agentgym.config.Config
-    return cls
+def add_env_sections(cfg: Config, env: Any) -> None:
+    """Give ``cfg`` the sections the env(s) ``env`` declare that it lacks, at their defaults
+    (a plugin's); a name that another section or key holds fails."""
+    for name in env_names(env):
+        try:
+            declared, have = env_manifest(name).sections, _children(cfg)
+        except KeyError:  # an unknown env: the commands' own check names the valid ones
+            continue
+        for key, cls in declared.items():
+            if key not in have:
+                cfg.sections[key] = have[key] = cls()
+            if type(have[key]) is not cls:
+                raise ValueError(f"env {name}'s config section {key!r} is already "
+                                 f"{type(have[key]).__name__}'s; an env needs a name of its own")
 
 
-#: the whole config: :class:`RunConfig` and every env's sections
-Config = _with_env_sections(RunConfig)
+def _children(node: Any) -> dict[str, Any]:
+    """``node``'s keys and values: its fields (the config's: with its :attr:`sections`)."""
+    out = {f.name: getattr(node, f.name) for f in dataclasses.fields(node)}
+    if isinstance(node, Config):
+        del out["sections"]
+        out.update(node.sections)
+    return out
+
 
 
 def _field_names(obj: Any) -> list[str]:
@@ -445,11 +462,10 @@ def _field_names(obj: Any) -> list[str]:
 def all_keys(obj: Any, prefix: str = "") -> list[str]:
     """Every dotted key of a config, e.g. ``rollout.temperature``."""
     keys = []
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        keys.append(prefix + f.name)
+    for name, value in _children(obj).items():
+        keys.append(prefix + name)
         if dataclasses.is_dataclass(value):
-            keys.extend(all_keys(value, prefix + f.name + "."))
+            keys.extend(all_keys(value, prefix + name + "."))
     return keys
 
 
@@ -496,14 +512,14 @@ def set_key(cfg: Any, key: str, value: Any) -> None:
             value = max(cfg.per_env[key], default=0)
     node, parts = cfg, key.split(".")
     for i, part in enumerate(parts):
-        names = _field_names(node)
-        if part not in names:
+        children = _children(node)
+        if part not in children:
             where = ".".join(parts[:i]) or "config"
             valid = all_keys(cfg)
             raise KeyError(f"unknown config key {key!r}{did_you_mean(key, valid)}; "
-                           f"{where} has: {', '.join(names)}")
+                           f"{where} has: {', '.join(children)}")
         if i == len(parts) - 1:
-            current = getattr(node, part)
+            current = children[part]
             if dataclasses.is_dataclass(current):
                 if "name" not in _field_names(current) or isinstance(value, dict):
                     raise ValueError(f"{key} is a section; set its keys, e.g. "
@@ -514,7 +530,7 @@ def set_key(cfg: Any, key: str, value: Any) -> None:
             if hasattr(node, "__post_init__"):
                 node.__post_init__()  # re-validate the section
         else:
-            node = getattr(node, part)
+            node = children[part]
 
 
 #: YAML 1.1 reads these as booleans; here they stay words, so a text key keeps them
@@ -552,6 +568,8 @@ def build_config(overrides: dict[str, Any], command_defaults: dict[str, Any] | N
     cfg = cls()
     recipe = load_recipe(overrides["recipe"]) if "recipe" in overrides else {}
     env = overrides.get("env", recipe.get("env", cfg.env))
+    if isinstance(cfg, Config):
+        add_env_sections(cfg, env)  # a plugin env's sections, before its keys are set
     mixed = len(env_names(env)) > 1
     if mixed:  # a mixed run: one name for it, and no single env's preset
         overrides = {**overrides, "env": ",".join(env_names(env))}
@@ -576,4 +594,8 @@ def build_config(overrides: dict[str, Any], command_defaults: dict[str, Any] | N
 
 
 def to_dict(cfg: Any) -> dict:
-    return dataclasses.asdict(cfg)
+    """``cfg`` as plain data, :attr:`Config.sections` beside the fields (as in ``key=value``)."""
+    out = dataclasses.asdict(cfg)
+    if isinstance(cfg, Config):
+        out.update(out.pop("sections"))
+    return out

@@ -1,5 +1,5 @@
 """The presets a configuration is layered from (:func:`agentgym.config.build_config`):
-each env's (its class's ``presets``), each algorithm's, the key shorthands, the keys a
+each env's (its manifest's ``presets``), each algorithm's, the key shorthands, the keys a
 mixed run may set per env,
 and the recipes (``recipes/*.yaml``: a paper's or the demo's settings as dotted keys).
 """
@@ -46,11 +46,11 @@ PER_ENV_KEYS = ("rollout.max_turns", "rollout.max_tokens_per_turn",
 
 
 def env_presets(env: str) -> dict[str, Any]:
-    """The keys env ``env`` sets when chosen (``AgentEnv.presets``); {} for a name no env
-    has (the config's check names the valid ones)."""
+    """The keys env ``env`` sets when chosen (its manifest's ``presets``); {} for a name no
+    env has (the config's check names the valid ones)."""
     from agentgym import envs
     try:
-        return dict(envs.env_class(env).presets)
+        return dict(envs.env_manifest(env).presets)
     except KeyError:
         return {}
 

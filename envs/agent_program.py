@@ -6,6 +6,7 @@ reports it as skipped."""
 from __future__ import annotations
 
 from agentgym.envs.base import AgentEnv, NotSteppable
+from agentgym.envs.manifest import EnvManifest
 
 
 class PlayedByProgram(NotSteppable):
@@ -14,11 +15,6 @@ class PlayedByProgram(NotSteppable):
 
 class AgentProgram(AgentEnv, env_id="agentgym/Agent-v0", short="agent"):
     """Stands for ``env=agent`` in the registry (see the module docstring)."""
-
-    # the user's agent program plays the rows (agent=); data= names them, no held-out set
-    presets = {"trainer.eval_limit": 0, "data.answerable_only": False}
-    plays_any_rows = True  # an agent program plays any env's rows
-    played_by_program = True
 
     def __init__(self, max_turns: int = 4) -> None:
         raise PlayedByProgram("env=agent is played by the agent= program (agent=pkg.mod:run, "
@@ -29,3 +25,11 @@ class AgentProgram(AgentEnv, env_id="agentgym/Agent-v0", short="agent"):
 
     def _step(self, action, last_turn):  # pragma: no cover - never constructed
         raise PlayedByProgram("env=agent is played by agent=")
+
+
+MANIFEST = EnvManifest(
+    # the user's agent program plays the rows (agent=); data= names them, no held-out set
+    presets={"trainer.eval_limit": 0, "data.answerable_only": False},
+    plays_any_rows=True,  # an agent program plays any env's rows
+    played_by_program=True,
+)

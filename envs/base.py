@@ -29,6 +29,10 @@ Every AgentGym environment subclasses :class:`AgentEnv` and obeys this contract
 
 Subclasses implement :meth:`_reset` and :meth:`_step`; this base class does the
 bookkeeping (turn counting, the turn budget, ended-episode checks, info counters).
+
+That is all an env class is. What the trainer asks of an env beyond its episodes (config
+sections, presets, datasets, row filter, demonstrations, constructor arguments from the
+config) is the env module's ``MANIFEST`` (:mod:`agentgym.envs.manifest`).
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ import string
 from typing import Any, Literal
 
 import gymnasium
-import numpy as np
+
+from agentgym.envs.manifest import manifest_of
 
 ROLES = ("system", "user", "assistant", "tool")
 #: Every printable character plus the usual whitespace: actions are free text.
@@ -111,6 +116,14 @@ class NotSteppable(RuntimeError):
     program plays its rows); checks report such an env as skipped."""
 
 
+#: what an env class declared before its module's ``MANIFEST`` did (agentgym.envs.manifest):
+#: a class that still sets one is refused, not silently ignored
+_MANIFEST_NAMES = ("config_sections", "config_kwargs", "from_config", "presets", "datasets",
+                   "row_filter", "filter_rows", "demonstrate", "demo_options", "demo_requires",
+                   "demo_refusal", "episode_metrics", "tool_calls_label", "plays_any_rows",
+                   "played_by_program")
+
+
 class AgentEnv(gymnasium.Env, abc.ABC):
     """Base class of every AgentGym environment (see the module docstring for the contract).
 
@@ -123,6 +136,11 @@ class AgentEnv(gymnasium.Env, abc.ABC):
     stop_strings: tuple[str, ...] = ()
     #: OpenAI function schemas the prompt offers (envs.function_calling); None: no tools
     tools: list[dict] | None = None
+    #: info keys of this episode's last step that rollouts average into their metrics:
+    #: the manifest's (:attr:`agentgym.envs.manifest.EnvManifest.episode_metrics`), set by
+    #: :meth:`reset`; ``_reset`` may name more for one episode (the search env's multi-hop
+    #: rows)
+    episode_metrics: tuple[str, ...] = ()
     #: the registered id and short name the class statement gave (``env_id=``, ``short=``)
     env_id: str | None = None
     env_short: str | None = None
@@ -133,91 +151,12 @@ class AgentEnv(gymnasium.Env, abc.ABC):
         module of ``envs/`` that defines it is registered under that id and short name when
         the package is imported (:func:`agentgym.envs.registration.discover_envs`)."""
         super().__init_subclass__(**kwargs)
+        if moved := [name for name in _MANIFEST_NAMES if name in vars(cls)]:
+            raise TypeError(f"{cls.__name__} sets {', '.join(moved)}: what the trainer asks of "
+                            f"an env is its module's MANIFEST = EnvManifest(...) "
+                            f"(agentgym.envs.manifest, docs/ENVS.md)")
         if env_id is not None:
             cls.env_id, cls.env_short = env_id, short
-
-    # -- what the env owns beyond its episodes: the run asks the class, by these names --
-    @classmethod
-    def config_kwargs(cls, cfg) -> dict[str, Any]:
-        """Constructor arguments, beyond ``max_turns``, from the run's config (an
-        :class:`agentgym.config.Config`: the env reads its own section). Starts or connects
-        what the env needs (a retriever, a sandbox, a server) once per process; called once
-        per env factory, not per episode."""
-        return {}
-
-    @classmethod
-    def from_config(cls, cfg, **overrides) -> "AgentEnv":
-        """One env built from the run's config (``overrides`` win)."""
-        return cls(**{"max_turns": cfg.rollout.max_turns, **cls.config_kwargs(cfg),
-                      **overrides})
-
-    #: the config sections the env owns, ``{name: dataclass}``: ``cfg.<name>`` in every run,
-    #: set on the command line as ``<name>.<key>=value`` (agentgym.config builds them in)
-    config_sections: dict[str, type] = {}
-    #: keys the run's config takes when this env is chosen, under the command's own and the
-    #: user's (``{"rollout.max_turns": 2}``)
-    presets: dict[str, Any] = {}
-    #: the default env of ``agentgym train`` without ``env=`` (one env sets it)
-    default: bool = False
-    #: rows whose ``env`` names another env are still this env's to play (``env=agent``)
-    plays_any_rows: bool = False
-    #: the rows are played by the user's program (``agent=pkg.mod:run``, through an
-    #: OpenAI-compatible endpoint: agentgym.serving.agents), not stepped here
-    played_by_program: bool = False
-    #: the env's datasets for ``data=NAME``: a file under the data folder (``data/``), or
-    #: a function that makes the rows (generated data)
-    datasets: dict[str, Any] = {}
-
-    @classmethod
-    def row_filter(cls, cfg) -> str | None:
-        """What :meth:`filter_rows` keeps of the training and held-out rows under ``cfg``,
-        in words ("have a gold answer in the corpus"); None: the rows are used as they are."""
-        return None
-
-    @classmethod
-    def filter_rows(cls, cfg, rows: list[dict], limit: int = 0) -> tuple[list[dict], int]:
-        """``(the first limit rows the filter keeps (0: all), how many it keeps)``; called
-        only when :meth:`row_filter` names one. Raises ValueError, saying what to change,
-        when it keeps none."""
-        return (rows[:limit] if limit else rows), len(rows)
-
-    #: ``(row, env, **demo_options(cfg)) -> demonstration | None``: plays one training row
-    #: through a live env for the cold start's SFT (agentgym.data.demo_builders); None: the
-    #: env has no builder, and the cold start starts RL from the model as it is
-    demonstrate: Any = None
-
-    @classmethod
-    def demo_options(cls, cfg) -> dict[str, Any]:
-        """The keyword arguments :attr:`demonstrate` takes from the config."""
-        return {}
-
-    #: config keys and the values :attr:`demonstrate` needs (``{"search.protocol": "tags"}``:
-    #: the builder writes the text tags)
-    demo_requires: dict[str, Any] = {}
-
-    @classmethod
-    def demo_refusal(cls, cfg) -> str | None:
-        """Why there are no demonstrations under ``cfg`` (None: there are)."""
-        if cls.demonstrate is None:
-            return "it has no demonstration builder"
-        for key, want in cls.demo_requires.items():
-            section, _, name = key.partition(".")
-            if (value := getattr(getattr(cfg, section), name)) != want:
-                return f"its demonstration builder needs {key}={want}, not {value}"
-        return None
-
-    @classmethod
-    def sources(cls, cfg) -> Any:
-        """What the observations come from under ``cfg`` (a corpus, a sandbox's settings),
-        as JSON-able data: part of the cache key of work that depends on them (the cold
-        start's demonstrations and probe)."""
-        return {}
-
-    #: info keys of an episode's last step that rollouts average into their metrics (a
-    #: key missing from an episode counts 0); ``em`` and ``f1`` are every env's
-    episode_metrics: tuple[str, ...] = ()
-    #: what the env's tool calls are, in reports ("searches per episode")
-    tool_calls_label: str = "tool calls"
 
     def __init__(self, max_turns: int = 4) -> None:
         if max_turns < 1:
@@ -254,6 +193,7 @@ class AgentEnv(gymnasium.Env, abc.ABC):
         self._counters = {"tool_calls": 0, "tool_failures": 0, "malformed_actions": 0,
                           "infra_failures": 0}
         self._infra_error = ""
+        self.episode_metrics = manifest_of(type(self)).episode_metrics
         obs, info = self._reset(row)
         return obs, {**info, **self._counters}
 
@@ -298,10 +238,3 @@ class AgentEnv(gymnasium.Env, abc.ABC):
     def close(self) -> None:  # idempotent by contract; subclasses extend
         super().close()
 
-
-def as_float(x: Any) -> float:
-    """Validate and convert a reward-like value to a finite float."""
-    f = float(x)
-    if not np.isfinite(f):
-        raise ValueError(f"reward must be finite, got {x!r}")
-    return f

@@ -39,6 +39,7 @@ from agentgym.envs.base import AgentEnv
 from agentgym.envs.code_demos import code_demo
 from agentgym.envs.code_prompt import code_row, make_prompt, make_tools_prompt  # noqa: F401
 from agentgym.envs.function_calling import CallError, function_tool, parse_tool_calls, tool_message
+from agentgym.envs.manifest import EnvManifest
 from agentgym.envs.math_reward import extract_boxed, is_equivalent
 from agentgym.tools.sandbox import SandboxConfig
 
@@ -129,25 +130,6 @@ class CodeEnv(AgentEnv, env_id="agentgym/Code-v0", short="code"):
 
     observation_format = "inline"
     stop_strings = ("</code>", "</answer>")
-    demonstrate = staticmethod(code_demo)  # the cold start's demonstrations
-    demo_requires = {"code.protocol": "tags"}  # the builder writes the text tags
-    config_sections = {"code": CodeConfig, "sandbox": SandboxConfig}
-    # ReTool allows many code cells (verl's recipe: 16 turns, 16k tokens). On CPU: 4 actions
-    # (up to 3 cells, then the answer) fit the 1024-token response budget when cells print
-    # short results, as GSM8K's do; the manager truncates when they don't. GPU users raise
-    # rollout.max_turns and rollout.max_response_tokens together.
-    presets = {"rollout.max_turns": 4, "trainer.eval_data": "gsm8k"}
-
-    datasets = {"train": "math/gsm8k_train.jsonl.gz", "gsm8k": "math/gsm8k_test.jsonl",
-                "math500": "math/math500.jsonl", "aime24": "math/aime24.jsonl",
-                "arith_test": "arith/test.jsonl", "arith": arith.train_rows,
-                **{f"arith_test_l{k}": functools.partial(arith.shipped_test_rows, k)
-                   for k in arith.LEVELS}}
-
-    @classmethod
-    def demo_options(cls, cfg) -> dict:
-        return {"max_cells": cfg.sft.max_cells}
-
 
     def __init__(self, sandbox=None, obs_bytes: int = 1024, stateful: bool = False,
                  max_turns: int = 4, protocol: str = "tags", run_reward: float = 0.0) -> None:
@@ -169,29 +151,6 @@ class CodeEnv(AgentEnv, env_id="agentgym/Code-v0", short="code"):
         self._sandbox, self._owns_sandbox = sandbox, sandbox is None
         self._golds: list[str] = []
         self._uid, self._episodes, self._session = uuid.uuid4().hex[:12], 0, None
-
-    @classmethod
-    def config_kwargs(cls, cfg) -> dict:
-        """``code.*`` and ``sandbox.*``: one sandbox per process and sandbox config, shared
-        by every env of every factory (a trainer builds a factory per eval), with its own
-        concurrency bound; closed at exit."""
-        import atexit
-        import json
-
-        from agentgym.tools.sandbox import make_sandbox
-        key = json.dumps(asdict(cfg.sandbox), sort_keys=True)
-        if key not in _SANDBOXES:
-            _SANDBOXES[key] = make_sandbox(cfg.sandbox)
-            atexit.register(_SANDBOXES[key].close)
-            logger.info("started %s sandbox (%s)", cfg.sandbox.backend, _SANDBOXES[key].backend)
-        return {"sandbox": _SANDBOXES[key], "obs_bytes": cfg.code.obs_bytes,
-                "protocol": cfg.code.protocol, "run_reward": cfg.code.run_reward,
-                "stateful": cfg.sandbox.stateful}
-
-    @classmethod
-    def sources(cls, cfg) -> dict:
-        """The sandbox's settings and how much of its output the model sees."""
-        return {"sandbox": asdict(cfg.sandbox), "obs_bytes": cfg.code.obs_bytes}
 
     def _box(self):
         if self._sandbox is None:
@@ -340,3 +299,43 @@ class CodeEnv(AgentEnv, env_id="agentgym/Code-v0", short="code"):
             self._sandbox.close()
             self._sandbox = None
         super().close()
+
+
+# -- what the trainer asks of the code env (envs.manifest) ---------------------------------
+def code_kwargs(code: CodeConfig, sandbox: SandboxConfig) -> dict:
+    """``code.*`` and ``sandbox.*``: one sandbox per process and sandbox config, shared by
+    every env of every factory (a trainer builds a factory per eval), with its own
+    concurrency bound; closed at exit."""
+    import atexit
+    import json
+
+    from agentgym.tools.sandbox import make_sandbox
+    key = json.dumps(asdict(sandbox), sort_keys=True)
+    if key not in _SANDBOXES:
+        _SANDBOXES[key] = make_sandbox(sandbox)
+        atexit.register(_SANDBOXES[key].close)
+        logger.info("started %s sandbox (%s)", sandbox.backend, _SANDBOXES[key].backend)
+    return {"sandbox": _SANDBOXES[key], "obs_bytes": code.obs_bytes, "protocol": code.protocol,
+            "run_reward": code.run_reward, "stateful": sandbox.stateful}
+
+
+MANIFEST = EnvManifest(
+    sections={"code": CodeConfig, "sandbox": SandboxConfig},
+    reads={"max_cells": "sft.max_cells"},
+    # ReTool allows many code cells (verl's recipe: 16 turns, 16k tokens). On CPU: 4 actions
+    # (up to 3 cells, then the answer) fit the 1024-token response budget when cells print
+    # short results, as GSM8K's do; the manager truncates when they don't. GPU users raise
+    # rollout.max_turns and rollout.max_response_tokens together.
+    presets={"rollout.max_turns": 4, "trainer.eval_data": "gsm8k"},
+    datasets={"train": "math/gsm8k_train.jsonl.gz", "gsm8k": "math/gsm8k_test.jsonl",
+              "math500": "math/math500.jsonl", "aime24": "math/aime24.jsonl",
+              "arith_test": "arith/test.jsonl", "arith": arith.train_rows,
+              **{f"arith_test_l{k}": functools.partial(arith.shipped_test_rows, k)
+                 for k in arith.LEVELS}},
+    kwargs=code_kwargs,
+    demonstrate=code_demo,  # the cold start's demonstrations
+    demo_options=lambda max_cells: {"max_cells": max_cells},
+    demo_requires={"code.protocol": "tags"},  # the builder writes the text tags
+    # what the observations come from: the sandbox and how much of its output the model sees
+    sources=lambda code, sandbox: {"sandbox": asdict(sandbox), "obs_bytes": code.obs_bytes},
+)

@@ -38,6 +38,7 @@ import re
 from dataclasses import dataclass
 
 from agentgym.envs.base import AgentEnv
+from agentgym.envs.manifest import EnvManifest
 from agentgym.envs.math_reward import (extract_boxed, matches_rounded, numeric_value,
                                        strip_text_macros)
 
@@ -173,16 +174,6 @@ class GeometryEnv(AgentEnv, env_id="agentgym/Geometry-v0", short="geometry"):
     numeric check (the tolerance itself is the gold's rounding)."""
 
     observation_format = "chat"
-    config_sections = {"geometry": GeometryConfig}
-    datasets = {"train": "geometry/train.jsonl.gz", "val": "geometry/val.jsonl",
-                "test": "geometry/test.jsonl"}
-    # an answer, and one retry when it has no \boxed{} (geometry.tool=true: allow more turns)
-    presets = {"rollout.max_turns": 2, "trainer.eval_data": "test"}
-
-    @classmethod
-    def config_kwargs(cls, cfg) -> dict:
-        """``geometry.tool`` and ``geometry.rel_tol``."""
-        return {"tool": cfg.geometry.tool, "rel_tol": cfg.geometry.rel_tol}
 
     def __init__(self, max_turns: int = 2, tool: bool = False, rel_tol: float = 1e-6) -> None:
         super().__init__(max_turns=max_turns)
@@ -245,3 +236,13 @@ class GeometryEnv(AgentEnv, env_id="agentgym/Geometry-v0", short="geometry"):
             return [{"role": "tool", "content": result}], 0.0, False, {"em": 0.0}
         self.count("malformed_actions")
         return [{"role": "user", "content": INVALID_ACTION}], 0.0, False, {"em": 0.0}
+
+
+MANIFEST = EnvManifest(
+    sections={"geometry": GeometryConfig},
+    datasets={"train": "geometry/train.jsonl.gz", "val": "geometry/val.jsonl",
+              "test": "geometry/test.jsonl"},
+    # an answer, and one retry when it has no \boxed{} (geometry.tool=true: allow more turns)
+    presets={"rollout.max_turns": 2, "trainer.eval_data": "test"},
+    kwargs=lambda geometry: {"tool": geometry.tool, "rel_tol": geometry.rel_tol},
+)

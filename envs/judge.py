@@ -144,6 +144,21 @@ def _client(timeout_s: float):
         return _CLIENTS[timeout_s]
 
 
+@dataclass
+class JudgeConfig:
+    """``judge.*`` (``reward=judge``): the judge's server and how it grades (module
+    docstring); a section of :class:`agentgym.config.Config`."""
+
+    url: str = ""  # the server (gets /v1/chat/completions): vLLM, SGLang, `agentgym serve`
+    model: str = ""  # the "model" field sent ("" = leave it out: the server's only model)
+    rubric: str = ""  # system prompt text or a file of it; "" = RUBRIC
+    scale: float = 10.0  # the reply's "Score: N" runs 0..scale; the reward is N / scale
+    timeout_s: float = 30.0
+    retries: int = 2  # more attempts after connection errors, timeouts and 429/5xx
+    max_concurrency: int = 8  # requests in flight per process
+    max_tokens: int = 64  # the judge's reply budget
+
+
 def from_config(cfg) -> JudgeReward:
     """``reward=judge``'s function from the ``judge.*`` keys."""
     j = cfg.judge

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from agentgym.envs.base import AgentEnv
 from agentgym.envs.function_calling import CallError, parse_tool_calls, tool_message
+from agentgym.envs.manifest import EnvManifest
 from agentgym.envs.rewards import exact_match
 from agentgym.tools.errors import ToolError, ToolTimeout, ToolUnavailable
 
@@ -88,17 +89,6 @@ class MCPEnv(AgentEnv, env_id="agentgym/MCP-v0", short="mcp"):
     """
 
     observation_format = "chat"
-    config_sections = {"mcp": MCPConfig}
-    datasets = {"calc": functools.partial(calc_rows, 500, 0),
-                "calc_test": functools.partial(calc_rows, 100, 1)}
-    # the calculator's problems unless data= names others (mcp.command / mcp.url: a server)
-    presets = {"data.name": "calc", "trainer.eval_data": "calc_test"}
-
-    @classmethod
-    def config_kwargs(cls, cfg) -> dict:
-        """``mcp.*``: one connection per process and server, shared by every env."""
-        from agentgym.tools.mcp_client import shared
-        return {"server": shared(cfg.mcp.command, cfg.mcp.url, cfg.mcp.timeout_s)}
 
     def __init__(self, command: str = "", url: str = "", timeout_s: float = 30.0,
                  server=None, max_turns: int = 4) -> None:
@@ -149,3 +139,19 @@ class MCPEnv(AgentEnv, env_id="agentgym/MCP-v0", short="mcp"):
             self.count("tool_failures")
             return tool_message(call.name, f"Error: {text}")
         return tool_message(call.name, text)
+
+
+def mcp_kwargs(mcp: MCPConfig) -> dict:
+    """``mcp.*``: one connection per process and server, shared by every env."""
+    from agentgym.tools.mcp_client import shared
+    return {"server": shared(mcp.command, mcp.url, mcp.timeout_s)}
+
+
+MANIFEST = EnvManifest(
+    sections={"mcp": MCPConfig},
+    datasets={"calc": functools.partial(calc_rows, 500, 0),
+              "calc_test": functools.partial(calc_rows, 100, 1)},
+    # the calculator's problems unless data= names others (mcp.command / mcp.url: a server)
+    presets={"data.name": "calc", "trainer.eval_data": "calc_test"},
+    kwargs=mcp_kwargs,
+)

@@ -8,6 +8,11 @@
   entry point's name is the short name (``env=maze``), its value ``package.module:Class``;
   the id is ``<distribution>/<name>-v0`` unless the class sets ``env_id``. Read when
   ``envs`` is imported, so every process that imports it (Ray workers included) sees them.
+- Either way, what the trainer asks of the env (its config sections, datasets, presets,
+  constructor arguments …) is the ``MANIFEST`` of its class's module, as for the envs of
+  this package (:mod:`agentgym.envs.manifest`; none: nothing beyond the class); its
+  sections join the run's config when the run chooses the env
+  (:func:`agentgym.config.add_env_sections`).
 - ``reward=my_pkg.rewards:score``: a function with verl's custom-reward signature,
   ``score(data_source, solution_str, ground_truth, extra_info=None) -> float | dict``
   (a dict carries ``"score"`` and any extra numbers, which go to the episode's info), that

@@ -13,6 +13,7 @@ import re
 import gymnasium
 
 from agentgym.core.registry import Registry, did_you_mean
+from agentgym.envs.manifest import EMPTY, EnvManifest, manifest_of
 
 ENVS: Registry = Registry("environment")
 _SHORT: dict[str, str] = {}
@@ -77,12 +78,18 @@ def discovered() -> list[type]:
     return [_DISCOVERED[i] for i in sorted(_DISCOVERED)]
 
 
+def env_manifest(name: str) -> EnvManifest:
+    """What the trainer asks of a registered env (short name, full id or plugin spec): the
+    ``MANIFEST`` its module declares (:mod:`agentgym.envs.manifest`); imports it."""
+    return manifest_of(env_class(name))
+
+
 def config_sections() -> dict[str, type]:
-    """Every config section the discovered envs own (``AgentEnv.config_sections``): the
+    """Every config section the discovered envs own (their manifests' ``sections``): the
     run's config has them all, whichever env it plays (a mixed run plays several)."""
     out: dict[str, type] = {}
     for cls in discovered():
-        for name, section in cls.config_sections.items():
+        for name, section in manifest_of(cls).sections.items():
             if out.setdefault(name, section) is not section:
                 raise ValueError(f"config section {name!r} of {cls.__name__} is already "
                                  f"{out[name].__name__}'s; an env needs a name of its own")
@@ -90,11 +97,11 @@ def config_sections() -> dict[str, type]:
 
 
 def default_env() -> str:
-    """The short name of the env that sets ``AgentEnv.default`` (``agentgym train`` without
-    ``env=``)."""
-    found = [cls for cls in discovered() if vars(cls).get("default")]
+    """The short name of the discovered env whose manifest sets ``default`` (``agentgym
+    train`` without ``env=``)."""
+    found = [cls for cls in discovered() if manifest_of(cls).default]
     if len(found) != 1:
-        raise RuntimeError(f"{len(found)} envs set AgentEnv.default "
+        raise RuntimeError(f"{len(found)} envs set EnvManifest.default "
                            f"({', '.join(c.__name__ for c in found)}); exactly one must")
     return found[0].env_short or found[0].env_id
 
@@ -122,8 +129,9 @@ def env_aliases(name: str) -> set[str]:
 def discover_envs() -> None:
     """Import every module of this package and register each env class one defines with
     the id its class statement names (``class SearchEnv(AgentEnv,
-    env_id="agentgym/Search-v0", short="search")``): an env added as one file under
-    ``envs/`` needs no edit anywhere else. A second call registers nothing twice."""
+    env_id="agentgym/Search-v0", short="search")``), with the module's ``MANIFEST``: an env
+    added as one file under ``envs/`` needs no edit anywhere else. A second call registers
+    nothing twice."""
     import importlib
     import pkgutil
 
@@ -133,6 +141,8 @@ def discover_envs() -> None:
         if info.name.startswith("_"):
             continue
         module = importlib.import_module(f"{package.__name__}.{info.name}")
+        if not isinstance(getattr(module, "MANIFEST", EMPTY), EnvManifest):
+            raise TypeError(f"{module.__name__}.MANIFEST is not an envs.manifest.EnvManifest")
         for cls in vars(module).values():
             if isinstance(cls, type) and issubclass(cls, AgentEnv) and \
                     cls.__module__ == module.__name__ and vars(cls).get("env_id") and \

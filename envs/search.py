@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from agentgym.core.registry import check_choices
 from agentgym.envs.base import AgentEnv
 from agentgym.envs.function_calling import CallError, function_tool, parse_tool_calls, tool_message
+from agentgym.envs.manifest import EnvManifest
 from agentgym.envs.multihop import MULTIHOP_DATASETS, gold_hits, gold_paragraphs, multihop_rows
 from agentgym.envs.rewards import contains_answer, exact_match, f1_score, gold_answers
 from agentgym.envs.search_demos import search_demo
@@ -138,64 +139,8 @@ class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
 
     observation_format = "inline"
     stop_strings = ("</search>", "</answer>")
-    episode_metrics = ("answer_seen",)  # a search result held a gold answer
-    #: a multi-hop row's episode also reports these (module docstring)
+    #: a multi-hop row's episode reports these (module docstring); others the manifest's
     multihop_metrics = ("answer_seen", "gold_retrieved", "second_hop")
-    tool_calls_label = "searches"
-    config_sections = {"search": SearchConfig, "retriever": RetrieverConfig}
-    default = True  # agentgym train without env= plays search (Search-R1's budgets: defaults)
-    demonstrate = staticmethod(search_demo)  # the cold start's demonstrations
-    demo_requires = {"search.protocol": "tags"}  # the builder writes the text tags
-
-    datasets = {"train": "search/train.jsonl", "nq": "search/nq_eval.jsonl",
-                "hotpotqa": "search/hotpotqa_eval.jsonl",
-                "multihop": "multihop/train.jsonl.gz", "multihop_test": "multihop/test.jsonl",
-                "multihop_curriculum": multihop_rows}
-
-    @classmethod
-    def corpus_name(cls, cfg) -> str:
-        """The shipped corpus under ``cfg`` (``retriever.corpus``; ``auto``: multihop when
-        ``data`` or ``trainer.eval_data`` names a multi-hop dataset, else wiki)."""
-        if cfg.retriever.corpus != "auto":
-            return cfg.retriever.corpus
-        names = {cfg.data.name, *str(getattr(cfg.trainer, "eval_data", "")).split(",")}
-        return "multihop" if names & set(MULTIHOP_DATASETS) else "wiki"
-
-    @classmethod
-    def row_filter(cls, cfg) -> str | None:
-        """With ``data.answerable_only`` and the shipped corpus: the questions one of whose
-        gold answers the corpus holds (:mod:`agentgym.envs.answerable`; with
-        ``retriever.url`` / ``retriever.index`` their presence is unknown)."""
-        if not cfg.data.answerable_only:
-            return None
-        if cfg.retriever.url or cfg.retriever.index:
-            logger.info("data.answerable_only applies to the shipped corpus; with retriever.url"
-                        "/retriever.index every question is used")
-            return None
-        return "have a gold answer in the corpus (data.answerable_only=true)"
-
-    @classmethod
-    def filter_rows(cls, cfg, rows: list[dict], limit: int = 0) -> tuple[list[dict], int]:
-        """The answerable rows (the first ``limit``); with ``data.curriculum`` each gets its
-        difficulty as ``extra_info.level`` (:func:`agentgym.envs.answerable.difficulty_levels`),
-        which the curriculum orders by."""
-        from agentgym.core.paths import shipped_corpus
-        from agentgym.envs.answerable import answerable, difficulty_levels
-        corpus = shipped_corpus(cls.corpus_name(cfg))
-        kept = [row for row, ok in zip(rows, answerable(rows, corpus)) if ok]
-        if not kept:
-            raise ValueError("no question has a gold answer in the shipped corpus; set "
-                             "data.answerable_only=false to use them anyway")
-        found, kept = len(kept), kept[:limit] if limit else kept
-        if cfg.data.curriculum:
-            kept = [{**row, "extra_info": {**row.get("extra_info", {}), "level": level}}
-                    for row, level in zip(kept, difficulty_levels(kept, corpus))]
-        return kept, found
-
-    @classmethod
-    def demo_options(cls, cfg) -> dict:
-        return {"max_searches": cfg.sft.max_searches}
-
 
     def __init__(self, retriever_url: str | None = None, topk: int = 3, max_turns: int = 4,
                  format_reward: float = 0.0, timeout: float = 5.0, retriever=None,
@@ -232,36 +177,6 @@ class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
         self._searches = 0  # searches run this episode (counted for second_hop)
         self._well_formed = True
 
-    @classmethod
-    def config_kwargs(cls, cfg) -> dict:
-        """``search.*`` and ``retriever.*``; without ``retriever.url`` a local server is
-        started (once per process) over ``retriever.index`` or the shipped corpus
-        (:meth:`corpus_name`)."""
-        url, r = cfg.retriever.url, cfg.retriever
-        if not url:
-            from agentgym.core.paths import shipped_corpus
-            from agentgym.tools.local_retriever import ensure_local_retriever
-            if r.index:
-                url = ensure_local_retriever(index_dir=r.index, max_restarts=r.max_restarts)
-            else:
-                url = ensure_local_retriever(shipped_corpus(cls.corpus_name(cfg)),
-                                             max_restarts=r.max_restarts)
-            logger.info("started local retriever at %s", url)
-        s = cfg.search
-        return {"retriever_url": url, "topk": r.topk, "timeout": r.timeout,
-                "format_reward": s.format_reward, "reward": s.reward, "protocol": s.protocol,
-                "retrieval_reward": s.retrieval_reward, "hop_reward": s.hop_reward,
-                "corpus": cls.corpus_name(cfg)}
-
-    @classmethod
-    def sources(cls, cfg) -> dict:
-        """The corpus (its bytes, when shipped) or the server, and what scores answers."""
-        from agentgym.core.paths import file_digest, shipped_corpus
-        r = cfg.retriever
-        corpus = "" if (r.url or r.index) else file_digest(shipped_corpus(cls.corpus_name(cfg)))
-        return {"url": r.url, "index": r.index, "corpus": corpus, "topk": r.topk,
-                "format_reward": cfg.search.format_reward, "reward": cfg.search.reward}
-
     def _client(self):
         if self._retriever is None:
             from agentgym.tools.retriever import RetrieverClient
@@ -279,9 +194,8 @@ class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
             row = search_row(q, a)
         self._targets = gold_answers(row)
         self._golds, self._found, self._searches = gold_paragraphs(row), set(), 0
-        self.episode_metrics = type(self).multihop_metrics if self._golds else \
-            type(self).episode_metrics
         if self._golds:  # reported from the first info on, as answer_seen is
+            self.episode_metrics = self.multihop_metrics
             self.count("gold_retrieved", 0)
             self.count("second_hop", 0)
         if self.protocol == "tools":  # the row's prompt teaches the tags; ask for tool calls
@@ -388,3 +302,99 @@ class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
             self._retriever = None
         super().close()
 
+
+# -- what the trainer asks of the search env (envs.manifest) -------------------------------
+def corpus_name(corpus: str, data_name: str, eval_data: str) -> str:
+    """The shipped corpus the local retriever indexes: ``corpus`` (``retriever.corpus``);
+    ``auto``: multihop when ``data_name`` or ``eval_data`` (``data.name``,
+    ``trainer.eval_data``) names a multi-hop dataset, else wiki."""
+    if corpus != "auto":
+        return corpus
+    names = {data_name, *str(eval_data).split(",")}
+    return "multihop" if names & set(MULTIHOP_DATASETS) else "wiki"
+
+
+def answerable_filter(answerable_only: bool, retriever: RetrieverConfig) -> str | None:
+    """With ``data.answerable_only`` and the shipped corpus: the questions one of whose
+    gold answers the corpus holds (:mod:`agentgym.envs.answerable`; with
+    ``retriever.url`` / ``retriever.index`` their presence is unknown)."""
+    if not answerable_only:
+        return None
+    if retriever.url or retriever.index:
+        logger.info("data.answerable_only applies to the shipped corpus; with retriever.url"
+                    "/retriever.index every question is used")
+        return None
+    return "have a gold answer in the corpus (data.answerable_only=true)"
+
+
+def answerable_rows(rows: list[dict], limit: int, retriever: RetrieverConfig, data_name: str,
+                    eval_data: str, curriculum: str) -> tuple[list[dict], int]:
+    """The answerable rows (the first ``limit``); with a ``curriculum`` each gets its
+    difficulty as ``extra_info.level`` (:func:`agentgym.envs.answerable.difficulty_levels`),
+    which the curriculum orders by."""
+    from agentgym.core.paths import shipped_corpus
+    from agentgym.envs.answerable import answerable, difficulty_levels
+    corpus = shipped_corpus(corpus_name(retriever.corpus, data_name, eval_data))
+    kept = [row for row, ok in zip(rows, answerable(rows, corpus)) if ok]
+    if not kept:
+        raise ValueError("no question has a gold answer in the shipped corpus; set "
+                         "data.answerable_only=false to use them anyway")
+    found, kept = len(kept), kept[:limit] if limit else kept
+    if curriculum:
+        kept = [{**row, "extra_info": {**row.get("extra_info", {}), "level": level}}
+                for row, level in zip(kept, difficulty_levels(kept, corpus))]
+    return kept, found
+
+
+def search_kwargs(search: SearchConfig, retriever: RetrieverConfig, data_name: str,
+                  eval_data: str) -> dict:
+    """``search.*`` and ``retriever.*``; without ``retriever.url`` a local server is
+    started (once per process) over ``retriever.index`` or the shipped corpus
+    (:func:`corpus_name`)."""
+    url, r = retriever.url, retriever
+    corpus = corpus_name(r.corpus, data_name, eval_data)
+    if not url:
+        from agentgym.core.paths import shipped_corpus
+        from agentgym.tools.local_retriever import ensure_local_retriever
+        if r.index:
+            url = ensure_local_retriever(index_dir=r.index, max_restarts=r.max_restarts)
+        else:
+            url = ensure_local_retriever(shipped_corpus(corpus), max_restarts=r.max_restarts)
+        logger.info("started local retriever at %s", url)
+    return {"retriever_url": url, "topk": r.topk, "timeout": r.timeout,
+            "format_reward": search.format_reward, "reward": search.reward,
+            "protocol": search.protocol, "retrieval_reward": search.retrieval_reward,
+            "hop_reward": search.hop_reward, "corpus": corpus}
+
+
+def search_sources(search: SearchConfig, retriever: RetrieverConfig, data_name: str,
+                   eval_data: str) -> dict:
+    """The corpus (its bytes, when shipped) or the server, and what scores answers."""
+    from agentgym.core.paths import file_digest, shipped_corpus
+    r = retriever
+    corpus = "" if (r.url or r.index) else \
+        file_digest(shipped_corpus(corpus_name(r.corpus, data_name, eval_data)))
+    return {"url": r.url, "index": r.index, "corpus": corpus, "topk": r.topk,
+            "format_reward": search.format_reward, "reward": search.reward}
+
+
+MANIFEST = EnvManifest(
+    sections={"search": SearchConfig, "retriever": RetrieverConfig},
+    reads={"data_name": "data.name", "eval_data": "trainer.eval_data",
+           "answerable_only": "data.answerable_only", "curriculum": "data.curriculum",
+           "max_searches": "sft.max_searches"},
+    default=True,  # agentgym train without env= plays search (Search-R1's budgets: defaults)
+    datasets={"train": "search/train.jsonl", "nq": "search/nq_eval.jsonl",
+              "hotpotqa": "search/hotpotqa_eval.jsonl",
+              "multihop": "multihop/train.jsonl.gz", "multihop_test": "multihop/test.jsonl",
+              "multihop_curriculum": multihop_rows},
+    kwargs=search_kwargs,
+    row_filter=answerable_filter,
+    filter_rows=answerable_rows,
+    demonstrate=search_demo,  # the cold start's demonstrations
+    demo_options=lambda max_searches: {"max_searches": max_searches},
+    demo_requires={"search.protocol": "tags"},  # the builder writes the text tags
+    sources=search_sources,
+    episode_metrics=("answer_seen",),  # a search result held a gold answer
+    tool_calls_label="searches",
+)

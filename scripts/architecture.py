@@ -82,16 +82,17 @@ HOLDS = {
             "the `mcp_calculator.py` server)",
     _RETRIEVER: "the Search-R1 `/retrieve` service: BM25 and faiss indexes, batching",
     _ENVS: "each env whole, one module each (search, code, geometry, MCP tools; "
-           "`agent_program` stands for `env=agent`): its class, config section, presets, "
-           "datasets, row filter, demonstrations (`search_demos`, `code_demos`), episode "
-           "metrics (docs/ENVS.md); shared by all: `base` (the contract), `registration` "
-           "(ids, discovery), `checker`, `rewards`, `math_reward`, `function_calling`, "
-           "`plugins`, `judge`",
-    "agentgym.presets": "the layers a config is built from: each env's preset (its class's), "
+           "`agent_program` stands for `env=agent`): its class (the episodes) and its "
+           "`MANIFEST` (config sections, presets, datasets, row filter, demonstrations: "
+           "`search_demos`, `code_demos`; episode metrics; docs/ENVS.md); shared by all: "
+           "`base` (the contract), `manifest` (what the trainer asks of an env), "
+           "`registration` (ids, discovery), `checker`, `rewards`, `math_reward`, "
+           "`function_calling`, `plugins`, `judge`",
+    "agentgym.presets": "the layers a config is built from: each env's preset (its manifest's), "
                         "each algorithm's, key shorthands, the keys a mixed run sets per env "
                         "(`rollout.max_turns=[3,2]`), the recipes (`recipes/*.yaml`)",
-    "agentgym.config": "the typed config: the run's sections and every env's, `key=value` "
-                       "overrides",
+    "agentgym.config": "the typed config, a field a section (the run's and the shipped "
+                       "envs'; other envs' in `Config.sections`), `key=value` overrides",
     "agentgym.models": "`zoo` (names → local HF folders; loading), `tiny` (models built "
                        "locally), `shapes` (published configs, `tiny:SHAPE`), `plan` (the "
                        "memory planner), `vision`",

@@ -14,14 +14,19 @@ from pathlib import Path
 
 import pytest
 
+from agentgym.envs.manifest import manifest_of
 from agentgym.envs.registration import discovered
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the library outside envs/ (bench/, scripts/ and tests/ choose envs; they may name them)
 OUTSIDE = ("agentgym", "trainers", "tools", "retriever_server")
 #: modules of envs/ that serve every env (any other is one env's)
-SHARED = {"base", "checker", "registration", "plugins", "function_calling", "judge",
-          "rewards", "math_reward"}
+SHARED = {"base", "checker", "manifest", "registration", "plugins", "function_calling",
+          "judge", "rewards", "math_reward"}
+#: the one module outside envs/ that may import the shipped envs' sections by name: the
+#: typed config lists them as fields (tests/test_config_sections.py keeps them equal to
+#: the manifests'); it still names no env by its short name, id or class
+TYPED_CONFIG = "agentgym/config.py"
 #: words that are an env's short name but mean something else where they stand
 NOT_AN_ENV = {
     ("agentgym/serving/openai_common.py", "code"),  # the "code" field of OpenAI's errors
@@ -46,10 +51,11 @@ def env_names_outside_envs(root: Path = ROOT, folders: tuple[str, ...] = OUTSIDE
     (``cfg.search``), or a module of envs/ that is one env's (an import)."""
     classes = discovered()
     words = {c.env_short for c in classes} | {c.env_id for c in classes}
-    own = {s for c in classes for s in c.config_sections.values()
-           if s.__module__.startswith("agentgym.envs.")}
+    declared = [manifest_of(c).sections for c in classes]
+    own = {s for d in declared for s in d.values() if s.__module__.startswith("agentgym.envs.")}
+    section_classes = {s.__name__ for d in declared for s in d.values()}
     names = {c.__name__ for c in classes} | {s.__name__ for s in own}
-    sections = {n for c in classes for n, s in c.config_sections.items() if s in own}
+    sections = {n for d in declared for n, s in d.items() if s in own}
     found = []
     for folder in folders:
         for path in sorted((root / folder).rglob("*.py")):
@@ -59,7 +65,9 @@ def env_names_outside_envs(root: Path = ROOT, folders: tuple[str, ...] = OUTSIDE
                 if isinstance(node, ast.Constant) and node.value in words \
                         and (rel, node.value) not in NOT_AN_ENV:
                     hit = f"the string {node.value!r}"
-                elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                elif isinstance(node, (ast.Import, ast.ImportFrom)) and not (
+                        rel == TYPED_CONFIG and isinstance(node, ast.ImportFrom)
+                        and {a.name for a in node.names} <= section_classes):
                     mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                         [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
                     for m in mods:
@@ -68,7 +76,8 @@ def env_names_outside_envs(root: Path = ROOT, folders: tuple[str, ...] = OUTSIDE
                                 parts[2] not in SHARED and \
                                 (ROOT / "envs" / f"{parts[2]}.py").is_file():
                             hit = f"an import of {m}"
-                elif isinstance(node, ast.Name) and node.id in names:
+                elif isinstance(node, ast.Name) and node.id in names and not (
+                        rel == TYPED_CONFIG and node.id in section_classes):
                     hit = f"the name {node.id}"
                 elif isinstance(node, ast.Attribute) and node.attr in sections \
                         and _is_config(node.value):

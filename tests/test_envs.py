@@ -248,12 +248,13 @@ def test_search_retrieval_reward_pays_the_first_search_that_finds_the_answer(ret
 
 
 def test_an_env_builds_itself_from_the_config():
-    """``AgentEnv.from_config``: the env reads its own section and the run's budgets (its
-    presets among them), and the result obeys the contract."""
+    """The env factory: the manifest's ``kwargs`` read the env's own section, the run's
+    budgets its preset among them, and the result obeys the contract."""
     from agentgym.config import build_config
+    from agentgym.rollout.runtime import env_factory
     cfg = build_config({"env": "geometry", "geometry.tool": True, "geometry.rel_tol": 1e-3})
-    env = envs.env_class("geometry").from_config(cfg)
+    assert envs.env_manifest("geometry").kwargs_for(cfg) == {"tool": True, "rel_tol": 1e-3}
+    env = env_factory(cfg)()
     assert (env.tool, env.rel_tol, env.max_turns) == (True, 1e-3, 2)  # 2: the env's preset
     assert env.stop_strings == ("</calculator>",)
     check_env(env)
-    assert envs.env_class("geometry").from_config(cfg, max_turns=3).max_turns == 3

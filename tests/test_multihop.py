@@ -225,12 +225,16 @@ def test_demonstrations_search_twice_and_find_each_gold_paragraph(train, multiho
 def test_config_resolves_and_picks_the_multihop_corpus(capsys):
     from agentgym.cli import main
     from agentgym.config import build_config
-    from agentgym.envs.search import SearchEnv
+    from agentgym.envs.search import corpus_name
     assert main(["config", "env=search", "data=multihop", "search.hop_reward=0.5"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["data"]["name"] == "multihop" and shown["search"]["hop_reward"] == 0.5
     assert shown["retriever"]["corpus"] == "auto"
-    name = lambda **keys: SearchEnv.corpus_name(build_config({"env": "search", **keys}))
+
+    def name(**keys) -> str:
+        cfg = build_config({"env": "search", **keys})
+        return corpus_name(cfg.retriever.corpus, cfg.data.name, cfg.trainer.eval_data)
+
     assert name(data="multihop") == name(data="multihop_test") == "multihop"
     assert name(data="train", **{"trainer.eval_data": "multihop_test"}) == "multihop"
     assert name(data="train") == "wiki"

@@ -80,7 +80,7 @@ def prepare(cfg: Config, hooks: Hooks | None = None, probe_engine=None) -> Confi
     for name in names:
         sub = sub_config(cfg, name) if len(names) > 1 else cfg
         env = envs.short_name(envs.resolve_env_id(name))
-        refusal = envs.env_class(name).demo_refusal(sub)
+        refusal = envs.env_manifest(name).demo_refusal(sub)
         if refusal is not None:
             hooks.announce(f"cold start: env {name}: {refusal} (builders: "
                            f"{', '.join(builders())}); RL starts from the model as it is "
@@ -391,14 +391,14 @@ def _digest(obj: Any) -> str:
 
 
 def _sources(cfg: Config, env: str) -> Any:
-    """What the env's observations come from (``AgentEnv.sources``): the cache key's part."""
+    """What the env's observations come from (``EnvManifest.sources``): the cache key's part."""
     from agentgym import envs
-    return envs.env_class(env).sources(cfg)
+    return envs.env_manifest(env).sources_for(cfg)
 
 
 def _demo_options(cfg: Config, env: str) -> dict:
     from agentgym import envs
-    return envs.env_class(env).demo_options(cfg)
+    return envs.env_manifest(env).demo_options_for(cfg)
 
 
 def _sft_settings(cfg: Config) -> dict:

@@ -1,6 +1,6 @@
 """Demonstrations for the cold start, built by the envs themselves.
 
-Each env that can demonstrate its protocol names its builder (``AgentEnv.demonstrate``:
+Each env that can demonstrate its protocol names its builder (``EnvManifest.demonstrate``:
 the search env's is :mod:`agentgym.envs.search_demos`, the code env's
 :mod:`agentgym.envs.code_demos`). A builder drives a real env instance (the same factory
 rollouts use: the retriever, the sandbox), proposes each action, and records the
@@ -23,20 +23,20 @@ def builders() -> list[str]:
     """The registered envs (short names) that can build demonstrations."""
     from agentgym import envs
     return [short for short, env_id in envs.short_names().items()
-            if envs.env_class(env_id).demonstrate is not None]
+            if envs.env_manifest(env_id).demonstrate is not None]
 
 
 def build_demos(env_name: str, rows: list[dict], make_env: Callable, workers: int = 4,
                 on_done: Callable[[bool], None] | None = None, **options) -> list[dict]:
-    """Run the builder of env ``env_name`` (``AgentEnv.demonstrate``) over ``rows`` in
+    """Run the builder of env ``env_name`` (``EnvManifest.demonstrate``) over ``rows`` in
     ``workers`` threads (one env each per row); ``options``: the builder's keywords
-    (``AgentEnv.demo_options``).
+    (``EnvManifest.demo_options``).
 
     Returns the kept demonstrations in row order, each with a ``uid``.
     """
     from agentgym import envs
     from agentgym.rollout.manager import row_uid
-    builder = envs.env_class(env_name).demonstrate
+    builder = envs.env_manifest(env_name).demonstrate
     if builder is None:
         raise ValueError(f"no demonstration builder for env {env_name!r}; valid: "
                          f"{', '.join(builders())} (or rejection-sample: agentgym rollout, "

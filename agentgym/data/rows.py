@@ -33,11 +33,11 @@ logger = logging.getLogger(__name__)
 
 
 def datasets(env: str) -> dict:
-    """Env ``env``'s datasets (``AgentEnv.datasets``): name -> a file under the data folder
-    or a function making the rows; {} for a name no env has."""
+    """Env ``env``'s datasets (its manifest's ``datasets``): name -> a file under the data
+    folder or a function making the rows; {} for a name no env has."""
     from agentgym import envs
     try:
-        return dict(envs.env_class(env).datasets)
+        return dict(envs.env_manifest(env).datasets)
     except KeyError:
         return {}
 
@@ -150,7 +150,7 @@ def load_rows(env: str, name: str, limit: int = 0) -> list[dict]:
         rows = rows[:limit]
     from agentgym import envs
     names = envs.env_aliases(env)  # its id and short names (a plugin: its class spec too)
-    any_rows = envs.env_class(env).plays_any_rows  # env=agent plays any env's rows
+    any_rows = envs.env_manifest(env).plays_any_rows  # env=agent plays any env's rows
     for i, row in enumerate(rows):
         validate_row(row, f"{path}:{i + 1}")
         if row.get("env") is None:  # verl's rows: the command's env decides
@@ -189,7 +189,7 @@ class TrainingRows:
     answerable: int | None = None  # of them, kept by the env's row filter (None: unfiltered)
     parts: dict | None = None  # a mixed run: env -> its TrainingRows
     source: str = ""  # the dataset's name
-    kept_by: str = ""  # what the filter keeps, in words (AgentEnv.row_filter)
+    kept_by: str = ""  # what the filter keeps, in words (EnvManifest.row_filter)
 
     def describe(self, name: str, what: str = "training") -> str:
         if self.parts:
@@ -270,28 +270,28 @@ def mixed(parts: dict[str, "TrainingRows"], rows: list[dict]) -> "TrainingRows":
 
 
 def row_filter_applies(cfg) -> bool:
-    """Whether the env filters its rows under ``cfg`` (``AgentEnv.row_filter``: the search
+    """Whether the env filters its rows under ``cfg`` (``EnvManifest.row_filter``: the search
     env's answerable filter with the shipped corpus); a mixed run decides env by env."""
     from agentgym import envs
 
     from agentgym.config import env_names
     if len(env_names(cfg.env)) > 1:  # a mixed run: decided env by env (sub_config)
         return False
-    return envs.env_class(cfg.env).row_filter(cfg) is not None
+    return envs.env_manifest(cfg.env).row_filter_for(cfg) is not None
 
 
 def question_rows(cfg, name: str, limit: int = 0) -> TrainingRows:
     """The rows of dataset ``name``, those the env's row filter keeps when it applies
-    (:func:`row_filter_applies`; ``AgentEnv.filter_rows``), then the first ``limit`` (0:
+    (:func:`row_filter_applies`; ``EnvManifest.filter_rows``), then the first ``limit`` (0:
     all)."""
     from agentgym import envs
     rows = load_rows(cfg.env, name)
     total = len(rows)
     if not row_filter_applies(cfg):
         return TrainingRows(rows[:limit] if limit else rows, total, source=name)
-    cls = envs.env_class(cfg.env)
+    manifest = envs.env_manifest(cfg.env)
     try:
-        kept, found = cls.filter_rows(cfg, rows, limit)
+        kept, found = manifest.filter_rows_for(cfg, rows, limit)
     except ValueError as e:
         raise ValueError(f"data={name}: {e}") from e
-    return TrainingRows(kept, total, found, source=name, kept_by=cls.row_filter(cfg))
+    return TrainingRows(kept, total, found, source=name, kept_by=manifest.row_filter_for(cfg))

@@ -79,12 +79,11 @@ def episode_stats(episodes: list[dict]) -> dict[str, Any]:
 
 
 def tool_calls_label(env: str) -> str:
-    """What ``env``'s tool calls are called in reports (``AgentEnv.tool_calls_label``; a
+    """What ``env``'s tool calls are called in reports (``EnvManifest.tool_calls_label``; a
     mixed run's when its envs agree, else "tool calls")."""
     from agentgym import envs
     from agentgym.core.registry import env_names
-    labels = {getattr(envs.env_class(e), "tool_calls_label", "tool calls")
-              for e in env_names(env)}
+    labels = {envs.env_manifest(e).tool_calls_label for e in env_names(env)}
     return labels.pop() if len(labels) == 1 else "tool calls"
 
 

@@ -75,10 +75,10 @@ class MixedEnvs:
 
 def played_by_program(cfg: Config) -> bool:
     """Whether the run's rows are played by the user's program (``agent=``), not stepped
-    by an env here (``AgentEnv.played_by_program``: ``env=agent``)."""
+    by an env here (its manifest's ``played_by_program``: ``env=agent``)."""
     from agentgym import envs
     from agentgym.config import env_names
-    return any(envs.env_class(e).played_by_program for e in env_names(cfg.env))
+    return any(envs.env_manifest(e).played_by_program for e in env_names(cfg.env))
 
 
 def env_factory(cfg: Config) -> Callable[[], Any]:
@@ -92,9 +92,9 @@ def env_factory(cfg: Config) -> Callable[[], Any]:
                          {e: sub.rollout.max_tokens_per_turn for e, sub in subs.items()})
     from agentgym import envs
     env_id = envs.resolve_env_id(cfg.env)
-    # the env builds its own arguments from the config (AgentEnv.config_kwargs): starts or
-    # connects its services once here, not per episode
-    kwargs = {"max_turns": cfg.rollout.max_turns, **envs.env_class(env_id).config_kwargs(cfg)}
+    # the env's manifest builds its arguments from the config (EnvManifest.kwargs): starts
+    # or connects its services once here, not per episode
+    kwargs = {"max_turns": cfg.rollout.max_turns, **envs.env_manifest(env_id).kwargs_for(cfg)}
     make = functools.partial(envs.make_env, env_id, **kwargs)
     if cfg.reward:  # a judge or the user's function replaces the env's reward (envs.plugins)
         from agentgym.envs.plugins import RewardOverride, load_reward
