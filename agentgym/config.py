@@ -215,12 +215,10 @@ class AlgoConfig:
 
     @property
     def needs_critic(self) -> bool:
-        """Whether the run trains a critic: its estimator reads a value model's values
-        (``gae``, ``gae_turn``). The one answer for the trainer, which builds the critic,
-        and for ``agentgym plan``, which counts its memory. The estimators' registry says
-        the same of each estimator it holds (``needs_critic=True``,
-        ``agentgym.trainers.algos.ADVANTAGES``): ``check_algo`` refuses a run where the two
-        disagree, and tests/test_algos.py checks every registered estimator."""
+        """Whether the run trains a critic (its estimator reads values: ``gae``,
+        ``gae_turn``): the trainer and ``agentgym plan`` both ask this. The estimators'
+        registry (``trainers.algos.ADVANTAGES``, ``needs_critic=True``) must agree:
+        ``check_algo`` refuses a run where it does not; tests/test_algos.py checks."""
         return self.advantage in ("gae", "gae_turn")
 
 
@@ -452,7 +450,6 @@ def _children(node: Any) -> dict[str, Any]:
         del out["sections"]
         out.update(node.sections)
     return out
-
 
 
 def _field_names(obj: Any) -> list[str]:
