@@ -81,6 +81,7 @@ COMPAT_TRANSFORMERS ?= 5.17.0
 COMPAT_TESTS := tests/test_engine.py tests/test_engine_conformance.py tests/test_manager.py \
 	tests/test_prefix_cache.py tests/test_models.py tests/test_shapes.py tests/test_plan.py \
 	tests/test_vision.py tests/test_train.py tests/test_backends.py tests/test_algos.py \
+	tests/test_policy_losses.py tests/test_policy_update.py \
 	tests/test_lora.py tests/test_memory_lean.py tests/test_sft.py tests/test_recipe_files.py
 test-compat: sysdeps
 	test -x $(COMPAT)/bin/python || $(PY) -m venv $(COMPAT)
