@@ -94,92 +94,113 @@ def _browser():
     return sync_playwright, exe
 
 
+def _open_page(browser, page_path: Path):
+    """The inspector page opened from disk (every other request refused) once its script
+    has run; the page's uncaught errors collect in the list returned with it."""
+    page = browser.new_page(viewport={"width": 1300, "height": 1100})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.route("**/*", lambda route: route.abort()
+               if not route.request.url.startswith("file://") else route.continue_())
+    page.goto(page_path.as_uri())
+    page.wait_for_selector("body[data-ready='1']", timeout=60_000)
+    return page, errors
+
+
+def _check_token_colours(page, cards, samples: list[dict]) -> None:
+    """Every token's colour class matches the loss mask, once the sample is opened."""
+    for i, s in enumerate(samples):
+        card = cards.nth(i)
+        assert card.get_attribute("data-step") == str(s["step"])
+        card.locator("summary").click()
+        # the page builds the token view in its `toggle` handler, which the browser
+        # runs as a task of its own after the click: wait for it, then read
+        idx = card.get_attribute("data-idx")
+        page.wait_for_selector(f"details.sample[data-idx='{idx}'][data-rendered='1']",
+                               state="attached", timeout=60_000)
+        got = card.evaluate("c => [...c.querySelectorAll('.tok')].map("
+                            "t => t.classList.contains('m1') ? 1 : t.classList.contains('m0') ? 0 : -1)")
+        assert got == s["loss_mask"], f"sample {i}: colouring differs from the mask"
+    # the two classes really are coloured differently
+    colours = page.evaluate("""() => ['m1', 'm0'].map(c => getComputedStyle(
+        document.querySelector('.seg .tok.' + c)).backgroundColor)""")
+    assert colours[0] != colours[1]
+
+
+def _check_hover_tip(page, cards, first: dict) -> None:
+    """Hovering the first sample's first sampled token shows its logprob gap and advantage."""
+    j = first["loss_mask"].index(1)
+    cards.nth(0).locator(f".tok[data-i='{j}']").hover()
+    page.wait_for_function(  # the tip is written by the mouseover handler
+        "p => document.querySelector('#tip').textContent.includes(p)",
+        arg=f"position {j}\n", timeout=60_000)
+    tip = page.locator("#tip").inner_text()
+    assert f"engine logprob {first['engine_logprobs'][j]:.4f}" in tip
+    assert f"advantage {first['advantages'][j]:.4f}" in tip
+    gap = first["trainer_logprobs"][j] - first["engine_logprobs"][j]
+    assert f"gap {gap:.4f}" in tip  # the same double arithmetic as the page's
+
+
+def _visible(page, cards, expected: list[int]) -> list[int]:
+    """The indices of the cards shown, once they are ``expected`` (or after 60 s)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    # the filters run in the controls' input handlers: wait until the cards they
+    # leave shown are the expected ones (or 60 s), then read what is visible
+    try:
+        page.wait_for_function(
+            "w => JSON.stringify([...document.querySelectorAll("
+            "'details.sample:not(.hidden)')].map(c => +c.dataset.idx)) === w",
+            arg=json.dumps(expected, separators=(",", ":")), timeout=60_000)
+    except PlaywrightTimeout:
+        pass  # the caller's assertion shows what is shown instead
+    return [int(c.get_attribute("data-idx")) for c in cards.all() if c.is_visible()]
+
+
+def _check_filters(page, cards, samples: list[dict]) -> None:
+    """The step, env, rank and minimum-reward filters each show exactly their samples."""
+    want = list(range(len(samples)))
+    assert _visible(page, cards, want) == want
+    page.select_option("#f-step", "2")
+    want = [i for i, s in enumerate(samples) if s["step"] == 2]
+    assert _visible(page, cards, want) == want
+    assert not page.locator(".stephead[data-step='1']").is_visible()
+    page.select_option("#f-step", "")
+    envs = sorted({s["env"] for s in samples})
+    for env in envs:
+        page.select_option("#f-env", env)
+        want = [i for i, s in enumerate(samples) if s["env"] == env]
+        assert _visible(page, cards, want) == want
+    page.select_option("#f-env", "")
+    page.select_option("#f-rank", "best")
+    want = [i for i, s in enumerate(samples) if s["rank"] == "best"]
+    assert _visible(page, cards, want) == want
+    page.select_option("#f-rank", "")
+    top = max(s["reward"] for s in samples)
+    page.fill("#f-rmin", str(top + 1))
+    want = []
+    assert _visible(page, cards, want) == want
+    assert page.locator("#shown").inner_text() == f"showing 0 of {len(samples)}"
+    page.fill("#f-rmin", str(min(s["reward"] for s in samples)))
+    want = list(range(len(samples)))
+    assert _visible(page, cards, want) == want
+
+
 def test_inspector_page_in_headless_chromium(run, tmp_path, capsys):
     assert main(["inspect", str(run)]) == 0
     page_path = run / "inspect.html"
     assert str(page_path) in capsys.readouterr().out
     samples = _samples(run)
     sync_playwright, exe = _browser()
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=exe, args=["--no-sandbox"])
         try:
-            page = browser.new_page(viewport={"width": 1300, "height": 1100})
-            errors: list[str] = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.route("**/*", lambda route: route.abort()
-                       if not route.request.url.startswith("file://") else route.continue_())
-            page.goto(page_path.as_uri())
-            page.wait_for_selector("body[data-ready='1']", timeout=60_000)
+            page, errors = _open_page(browser, page_path)
             cards = page.locator("details.sample")
             assert cards.count() == len(samples) == 6  # every sample present
-            # every token's colour class matches the loss mask, once the sample is opened
-            for i, s in enumerate(samples):
-                card = cards.nth(i)
-                assert card.get_attribute("data-step") == str(s["step"])
-                card.locator("summary").click()
-                # the page builds the token view in its `toggle` handler, which the browser
-                # runs as a task of its own after the click: wait for it, then read
-                idx = card.get_attribute("data-idx")
-                page.wait_for_selector(f"details.sample[data-idx='{idx}'][data-rendered='1']",
-                                       state="attached", timeout=60_000)
-                got = card.evaluate("c => [...c.querySelectorAll('.tok')].map("
-                                    "t => t.classList.contains('m1') ? 1 : t.classList.contains('m0') ? 0 : -1)")
-                assert got == s["loss_mask"], f"sample {i}: colouring differs from the mask"
-            # the two classes really are coloured differently
-            colours = page.evaluate("""() => ['m1', 'm0'].map(c => getComputedStyle(
-                document.querySelector('.seg .tok.' + c)).backgroundColor)""")
-            assert colours[0] != colours[1]
-            # hover: the logprob gap and the advantage of that token
-            first = samples[0]
-            j = first["loss_mask"].index(1)
-            cards.nth(0).locator(f".tok[data-i='{j}']").hover()
-            page.wait_for_function(  # the tip is written by the mouseover handler
-                "p => document.querySelector('#tip').textContent.includes(p)",
-                arg=f"position {j}\n", timeout=60_000)
-            tip = page.locator("#tip").inner_text()
-            assert f"engine logprob {first['engine_logprobs'][j]:.4f}" in tip
-            assert f"advantage {first['advantages'][j]:.4f}" in tip
-            gap = first["trainer_logprobs"][j] - first["engine_logprobs"][j]
-            assert f"gap {gap:.4f}" in tip  # the same double arithmetic as the page's
-
-            def visible(expected: list[int]) -> list[int]:
-                # the filters run in the controls' input handlers: wait until the cards they
-                # leave shown are the expected ones (or 60 s), then read what is visible
-                try:
-                    page.wait_for_function(
-                        "w => JSON.stringify([...document.querySelectorAll("
-                        "'details.sample:not(.hidden)')].map(c => +c.dataset.idx)) === w",
-                        arg=json.dumps(expected, separators=(",", ":")), timeout=60_000)
-                except PlaywrightTimeout:
-                    pass  # the caller's assertion shows what is shown instead
-                return [int(c.get_attribute("data-idx")) for c in cards.all() if c.is_visible()]
-
-            want = list(range(len(samples)))
-            assert visible(want) == want
-            page.select_option("#f-step", "2")
-            want = [i for i, s in enumerate(samples) if s["step"] == 2]
-            assert visible(want) == want
-            assert not page.locator(".stephead[data-step='1']").is_visible()
-            page.select_option("#f-step", "")
-            envs = sorted({s["env"] for s in samples})
-            for env in envs:
-                page.select_option("#f-env", env)
-                want = [i for i, s in enumerate(samples) if s["env"] == env]
-                assert visible(want) == want
-            page.select_option("#f-env", "")
-            page.select_option("#f-rank", "best")
-            want = [i for i, s in enumerate(samples) if s["rank"] == "best"]
-            assert visible(want) == want
-            page.select_option("#f-rank", "")
-            top = max(s["reward"] for s in samples)
-            page.fill("#f-rmin", str(top + 1))
-            want = []
-            assert visible(want) == want
-            assert page.locator("#shown").inner_text() == f"showing 0 of {len(samples)}"
-            page.fill("#f-rmin", str(min(s["reward"] for s in samples)))
-            want = list(range(len(samples)))
-            assert visible(want) == want
+            _check_token_colours(page, cards, samples)
+            _check_hover_tip(page, cards, samples[0])
+            _check_filters(page, cards, samples)
             # the run's curves on the same page
             assert page.locator("#curve polyline").count() >= 1
             shot = tmp_path / "inspect.png"
