@@ -22,6 +22,18 @@ SIGNALS = [("rollout/reward", "reward"), ("rollout/em", "EM"),
            ("rollout/second_hop", "second hop"), ("rollout/signal_groups", "groups with signal")]
 
 
+def on_common_questions(evals: dict[str, dict]) -> dict[str, dict]:
+    """Every eval restricted to the questions all of them played (an earlier SFT eval may
+    cover more rows than the arms' ``--eval-limit``): the paired tests and the tables then
+    compare the same questions. ``n`` is the count kept."""
+    uids = set.intersection(*({e["uid"] for e in ev["episodes"]} for ev in evals.values()))
+    kept = {}
+    for name, ev in evals.items():
+        episodes = [e for e in ev["episodes"] if e["uid"] in uids]
+        kept[name] = {**ev, "episodes": episodes, "n": len(episodes)}
+    return kept
+
+
 def _cell(value: float, ci, digits: int = 3) -> str:
     return f"{value:.{digits}f} [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
 

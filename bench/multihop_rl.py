@@ -20,8 +20,10 @@ Stages, each an ``agentgym`` command in its own process (its output in ``WORK/lo
    (``rollout.max_response_tokens=1536``: two observations of three passages).
 2. ``agentgym sft`` of smollm2-135m on them: the SFT model both arms start from.
 3. ``agentgym eval`` of the SFT model, greedy, on the first ``--eval-limit`` (500) rows of
-   ``multihop_test``: the "before" of both arms. Its wall time sets what the two later
-   evals are reserved.
+   ``multihop_test``: the "before" of both arms. Its wall time per question sets what the
+   two later evals are reserved (``--arm-minutes M`` gives each arm M minutes instead). A
+   later invocation may evaluate the arms on fewer questions (a lower ``--eval-limit``):
+   the report then compares every model on the questions all of them played.
 4. Arm ``curriculum``: GRPO from the SFT model (``trainer.cold_start=PATH``) on ``--data``
    (``multihop_curriculum``: NQ levels 1-3, then the multi-hop level 4) with
    ``data.curriculum=solve_rate``, for half the time left (``trainer.save_every`` steps
@@ -60,7 +62,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.multihop_report import report  # noqa: E402
+from bench.multihop_report import on_common_questions, report  # noqa: E402
 from bench.report import write_section  # noqa: E402
 from bench.stages import last_checkpoint, stop  # noqa: E402
 
@@ -211,13 +213,16 @@ def run(a) -> None:
     budget = Budget(a.budget_minutes)
     sft = cold_start(a, work)
     before = evaluate(a, work, "sft", sft)
-    eval_s = before["seconds"] + 60  # the eval's rollouts, and the model's load
+    # an arm's eval: the SFT eval's rollouts per question times the arm's questions, and
+    # the model's load (the SFT eval may cover more questions than --eval-limit)
+    eval_s = before["seconds"] * min(1.0, a.eval_limit / max(before["n"], 1)) + 60
     arms_left = [arm for arm in ARMS if not (work / arm / "done.json").exists()]
     trained: dict[str, dict] = {}
     steps = a.steps
     for arm in ARMS:
         evals_left = sum(not (work / f"eval_{x}.json").exists() for x in ARMS)
-        share = train_share(budget.left(), eval_s, evals_left, max(len(arms_left), 1))
+        share = a.arm_minutes * 60 or train_share(budget.left(), eval_s, evals_left,
+                                                  max(len(arms_left), 1))
         trained[arm] = train_arm(a, work, arm, sft, steps, share)
         if arm in arms_left:
             arms_left.remove(arm)
@@ -227,6 +232,7 @@ def run(a) -> None:
         evals[arm] = evaluate(a, work, arm, str(last_checkpoint(work / arm)[1]))
     log.info("all stages done; %.1f of %.0f minutes left", budget.left() / 60,
              a.budget_minutes)
+    evals = on_common_questions(evals)
     text = report(a, work, evals, trained)
     write_section(f"Multi-hop RL: a second search ({a.model})", text, Path(a.doc))
     log.info("wrote the section to %s", a.doc)
@@ -258,6 +264,9 @@ def parse(argv: list[str] | None = None):
     ap.add_argument("--demo-tokens-per-turn", type=int, default=0,
                     help="the demonstrations' (default: --tokens-per-turn)")
     ap.add_argument("--min-train-minutes", type=float, default=5.0)
+    ap.add_argument("--arm-minutes", type=float, default=0.0,
+                    help="each arm's training minutes (default 0: what the budget leaves "
+                    "after the evals, shared between the arms)")
     ap.add_argument("--work", default="runs/multihop_rl")
     ap.add_argument("--doc", default="", help="the page the section goes to (default: "
                     "docs/BENCHMARKS.md; --smoke: WORK/BENCHMARKS.md)")

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.multihop_rl import parse, train_share  # noqa: E402
-from bench.multihop_report import report  # noqa: E402
+from bench.multihop_report import on_common_questions, paired, report  # noqa: E402
 
 
 def test_rl_gets_what_the_evals_leave_shared_among_the_arms():
@@ -72,6 +72,21 @@ def test_the_report_pairs_each_arm_with_the_sft_model_and_the_arms(tmp_path):
     arm = next(x for x in lines if x.startswith("| curriculum | 4 (budget) | 30 |"))
     assert arm.endswith("| 4; step 3 |") and "0.150 → 0.350" in arm
     assert "40 demonstrations" in text and "18 of them search twice" in text
+
+
+def test_an_sft_eval_over_more_questions_is_cut_to_the_arms_questions():
+    """The SFT eval of an earlier invocation played 6 questions, the arms the first 4:
+    every table and paired test then covers those 4 (mcnemar refuses different sets)."""
+    sft = _episodes([("bridge", 1, 2, 0)] * 2 + [("bridge", 0, 1, 0)] * 4)
+    arm = _episodes([("bridge", 0, 2, 1)] * 4)
+    evals = on_common_questions({"sft": {"n": 6, "episodes": sft},
+                                 "curriculum": {"n": 4, "episodes": arm}})
+    assert [e["uid"] for e in evals["sft"]["episodes"]] == ["q0", "q1", "q2", "q3"]
+    assert evals["sft"]["n"] == 4 and evals["curriculum"]["n"] == 4
+    with pytest.raises(ValueError, match="different questions"):
+        paired({"episodes": sft}, {"episodes": arm}, lambda e: e["em"] >= 1)
+    p = paired(evals["sft"], evals["curriculum"], lambda e: e["em"] >= 1)
+    assert (p.n, p.gained, p.lost) == (4, 0, 2)
 
 
 @pytest.mark.slow
