@@ -68,16 +68,22 @@ def models_table(evals: dict[str, dict], trained: dict[str, dict]) -> list[str]:
 
 
 def arms_table(evals: dict[str, dict]) -> list[str]:
-    """The two arms side by side, with the paired test of turn against curriculum."""
-    a, b = evals["curriculum"], evals["turn"]
-    lines = ["| metric | curriculum | turn | turn vs curriculum: gained / lost, p |",
-             "|---|---|---|---|"]
+    """The arms side by side, with the paired test of each later arm against the first."""
+    arms = [name for name in evals if name != "sft"]
+    first, later = arms[0], arms[1:]
+    lines = [f"| metric | {' | '.join(arms)} | " +
+             " | ".join(f"{x} vs {first}: gained / lost, p" for x in later) + " |",
+             "|---|" + "---|" * (len(arms) + len(later))]
     for label, pick in PAIRED:
-        p = paired(a, b, pick)
-        lines.append(f"| {label} | {p.before:.3f} | {p.after:.3f} | {_test(p)} |")
-    sa, sb = episode_stats(a["episodes"]), episode_stats(b["episodes"])
-    lines.append(f"| searches per episode | {_cell(sa['tool_calls'], sa['tool_calls_ci95'], 2)}"
-                 f" | {_cell(sb['tool_calls'], sb['tool_calls_ci95'], 2)} | |")
+        tests = [paired(evals[first], evals[x], pick) for x in later]
+        shares = [sum(bool(pick(e)) for e in evals[x]["episodes"]) /
+                  max(len(evals[x]["episodes"]), 1) for x in arms]
+        lines.append(f"| {label} | " + " | ".join(f"{v:.3f}" for v in shares) + " | " +
+                     " | ".join(_test(p) for p in tests) + " |")
+    stats = [episode_stats(evals[x]["episodes"]) for x in arms]
+    lines.append("| searches per episode | " + " | ".join(
+        _cell(s["tool_calls"], s["tool_calls_ci95"], 2) for s in stats) + " |" +
+        " |" * len(later))
     return lines
 
 
@@ -123,8 +129,10 @@ def signals_table(work: Path, trained: dict[str, dict]) -> list[str]:
     return lines
 
 
-def report(a, work: Path, evals: dict[str, dict], trained: dict[str, dict]) -> str:
-    """The section's text (:mod:`bench.multihop_rl`'s stages and their figures)."""
+def report(a, work: Path, evals: dict[str, dict], trained: dict[str, dict],
+           arms: dict[str, list[str]]) -> str:
+    """The section's text (:mod:`bench.multihop_rl`'s stages and their figures); ``arms``:
+    each arm's overrides."""
     from bench.report import machine
     sft = json.loads((work / "sft.json").read_text())
     n = evals["sft"]["n"]
@@ -133,17 +141,18 @@ def report(a, work: Path, evals: dict[str, dict], trained: dict[str, dict]) -> s
         f"Machine: {machine()}. Command: `{command}`. {a.model}: SFT ({sft['steps']} step"
         f"{'s' if sft['steps'] != 1 else ''}, "
         f"lr {a.sft_lr}) on {sft['demos']} demonstrations from the first {a.demo_rows} rows "
-        f"of `{a.demo_data}` ({sft['two_search_demos']} of them search twice), then two "
-        f"GRPO arms from it on `{a.data}` with `data.curriculum=solve_rate` "
-        f"({a.prompts} prompts x {a.n} samples a step, F1 reward, lr 2e-5): `curriculum` "
-        f"(`algo.advantage=grpo`) and `turn` (`algo.advantage=mt_grpo search.hop_reward=0.25`),"
-        f" the second for as many steps as the first reached. Every model played greedily "
-        f"on the same first {n} questions of `{a.eval_data}` "
+        f"of `{a.demo_data}` ({sft['two_search_demos']} of them search twice), then "
+        f"{len(trained)} GRPO arm{'s' if len(trained) != 1 else ''} from it on `{a.data}` "
+        f"with `data.curriculum=solve_rate` ({a.prompts} prompts x {a.n} samples a step, "
+        f"F1 reward, lr 2e-5): " + ", ".join(f"`{arm}` (`{' '.join(arms[arm])}`)"
+                                             for arm in trained) +
+        ", each after the first for as many steps as the first reached. Every model "
+        f"played greedily on the same first {n} questions of `{a.eval_data}` "
         f"(`rollout.max_response_tokens={a.max_response_tokens}`); intervals 95% (Wilson; "
         f"bootstrap for searches per episode); p: exact McNemar on the questions where the "
         f"two models differ. Second hop: the episode's second search brought the gold "
         f"paragraph the first had not (so both were retrieved).", "",
-        *models_table(evals, trained), "", "The two arms:", "", *arms_table(evals), "",
+        *models_table(evals, trained), "", "The arms:", "", *arms_table(evals), "",
         "By question type (HotpotQA's bridge and comparison):", "", *type_table(evals), "",
         "Training (means over the first half of each arm's steps → the second half):", "",
         *signals_table(work, trained)]

@@ -30,8 +30,10 @@ Stages, each an ``agentgym`` command in its own process (its output in ``WORK/lo
    between checkpoints; stopped by SIGTERM when its time is spent; its last checkpoint is
    the result), then arm ``turn``: the same, with ``algo.advantage=mt_grpo
    search.hop_reward=0.25`` (turn-level credit: a search's turn earns 0.25 per gold
-   paragraph it brings first), for as many steps as ``curriculum`` reached, so the two
-   arms compare step for step. Both: issue 34's recipe (F1 reward, lr 2e-5).
+   paragraph it brings first), for as many steps as ``curriculum`` reached, so the
+   arms compare step for step; then arm ``second``: as ``turn`` with
+   ``search.hop_reward_from=2`` (only a paragraph a later search brings pays: the second
+   hop). All: issue 34's recipe (F1 reward, lr 2e-5). ``--arms`` picks some of them.
 5. ``agentgym eval`` of each arm's last checkpoint on the same questions.
 6. The report (a docs/BENCHMARKS.md section, ``--doc``): EM, searches per episode, the
    share with 2+ searches and the share whose second search brought the second gold
@@ -70,7 +72,9 @@ log = logging.getLogger("multihop_rl")
 RECIPE = ["data.curriculum=solve_rate", "trainer.lr=2e-5", "search.reward=f1",
           "trainer.eval_limit=0", "trainer.log_samples=1"]
 ARMS = {"curriculum": ["algo.advantage=grpo"],
-        "turn": ["algo.advantage=mt_grpo", "search.hop_reward=0.25"]}
+        "turn": ["algo.advantage=mt_grpo", "search.hop_reward=0.25"],
+        "second": ["algo.advantage=mt_grpo", "search.hop_reward=0.25",
+                   "search.hop_reward_from=2"]}
 #: the smoke's settings: every stage, the tiny model, seconds each
 SMOKE = {"model": "tiny", "demo_rows": 8, "sft_epochs": 1, "sft_batch": 4, "steps": 1,
          "prompts": 2, "n": 2, "eval_limit": 4, "tokens_per_turn": 24,
@@ -216,11 +220,11 @@ def run(a) -> None:
     # an arm's eval: the SFT eval's rollouts per question times the arm's questions, and
     # the model's load (the SFT eval may cover more questions than --eval-limit)
     eval_s = before["seconds"] * min(1.0, a.eval_limit / max(before["n"], 1)) + 60
-    arms_left = [arm for arm in ARMS if not (work / arm / "done.json").exists()]
+    arms_left = [arm for arm in a.arms if not (work / arm / "done.json").exists()]
     trained: dict[str, dict] = {}
     steps = a.steps
-    for arm in ARMS:
-        evals_left = sum(not (work / f"eval_{x}.json").exists() for x in ARMS)
+    for arm in a.arms:
+        evals_left = sum(not (work / f"eval_{x}.json").exists() for x in a.arms)
         share = a.arm_minutes * 60 or train_share(budget.left(), eval_s, evals_left,
                                                   max(len(arms_left), 1))
         trained[arm] = train_arm(a, work, arm, sft, steps, share)
@@ -228,14 +232,23 @@ def run(a) -> None:
             arms_left.remove(arm)
         steps = trained[arm]["step"]  # the next arm: as many steps as this one reached
     evals = {"sft": before}
-    for arm in ARMS:
+    for arm in a.arms:
         evals[arm] = evaluate(a, work, arm, str(last_checkpoint(work / arm)[1]))
     log.info("all stages done; %.1f of %.0f minutes left", budget.left() / 60,
              a.budget_minutes)
     evals = on_common_questions(evals)
-    text = report(a, work, evals, trained)
+    text = report(a, work, evals, trained, ARMS)
     write_section(f"Multi-hop RL: a second search ({a.model})", text, Path(a.doc))
     log.info("wrote the section to %s", a.doc)
+
+
+def _arms(text: str) -> list[str]:
+    arms = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in arms if x not in ARMS]
+    if bad or not arms or len(set(arms)) != len(arms):
+        raise argparse.ArgumentTypeError(f"--arms {text!r}: name each arm once, from "
+                                         f"{', '.join(ARMS)}")
+    return arms
 
 
 def parse(argv: list[str] | None = None):
@@ -267,6 +280,9 @@ def parse(argv: list[str] | None = None):
     ap.add_argument("--arm-minutes", type=float, default=0.0,
                     help="each arm's training minutes (default 0: what the budget leaves "
                     "after the evals, shared between the arms)")
+    ap.add_argument("--arms", default=",".join(ARMS), type=_arms,
+                    help=f"the arms, in order (the first sets the others' steps): some of "
+                    f"{', '.join(ARMS)}")
     ap.add_argument("--work", default="runs/multihop_rl")
     ap.add_argument("--doc", default="", help="the page the section goes to (default: "
                     "docs/BENCHMARKS.md; --smoke: WORK/BENCHMARKS.md)")

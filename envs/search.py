@@ -19,7 +19,9 @@ Hop reward (off by default, multi-hop rows, :mod:`agentgym.envs.multihop`): with
 ``hop_reward > 0``, a search whose results bring a gold paragraph of the row
 (``extra_info.gold_paragraphs``) not retrieved before in the episode earns ``hop_reward``
 per such paragraph on its turn: at most once per paragraph, so a two-hop question pays at
-most twice, whatever the searches. The counter ``gold_retrieved`` (in ``info``, multi-hop
+most twice, whatever the searches. ``hop_reward_from=2`` pays only the paragraphs a
+search after the first brings (the second hop itself: a first search that brings both
+earns nothing). The counter ``gold_retrieved`` (in ``info``, multi-hop
 rows only) counts them; the step's ``info["gold_hits"]`` lists the gold paragraphs (hop
 indices) among its results. The outcome reward stays EM or F1.
 
@@ -104,12 +106,16 @@ class SearchConfig:
     protocol: str = "tags"  # tags (Search-R1's <search> text) | tools (a search function, Hermes <tool_call>)
     retrieval_reward: float = 0.0  # turn reward: the first search whose results hold a gold answer (0 = off)
     hop_reward: float = 0.0  # turn reward per gold paragraph a search brings first (0 = off)
+    hop_reward_from: int = 1  # the first search (1-based) whose new gold paragraphs earn hop_reward
 
     def __post_init__(self) -> None:
         check_choices("search", self, {"reward": ("em", "f1"), "protocol": ("tags", "tools")})
         for name in ("retrieval_reward", "hop_reward"):
             if getattr(self, name) < 0:
                 raise ValueError(f"search.{name} must be >= 0, got {getattr(self, name)}")
+        if self.hop_reward_from < 1:
+            raise ValueError(f"search.hop_reward_from must be >= 1 (1: every search, 2: "
+                             f"the searches after the first), got {self.hop_reward_from}")
 
 
 class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
@@ -126,6 +132,8 @@ class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
             (0 disables; module docstring).
         hop_reward: turn reward per gold paragraph of a multi-hop row that a search brings
             for the first time in the episode (0 disables; module docstring).
+        hop_reward_from: the episode's first search (1-based) whose new gold paragraphs
+            earn ``hop_reward`` (2: only the second hop's).
         corpus: without ``retriever_url``/``retriever``: the shipped corpus the local
             server indexes (``wiki`` or ``multihop``).
         timeout: seconds per retrieval request.
@@ -146,11 +154,14 @@ class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
                  format_reward: float = 0.0, timeout: float = 5.0, retriever=None,
                  reward: str = "em", protocol: str = "tags",
                  retrieval_reward: float = 0.0, hop_reward: float = 0.0,
-                 corpus: str = "wiki") -> None:
+                 corpus: str = "wiki", hop_reward_from: int = 1) -> None:
         super().__init__(max_turns=max_turns)
         for name, value in (("retrieval_reward", retrieval_reward), ("hop_reward", hop_reward)):
             if value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
+        if hop_reward_from < 1:
+            raise ValueError(f"hop_reward_from must be >= 1, got {hop_reward_from}")
+        self.hop_reward_from = hop_reward_from
         if corpus not in ("wiki", "multihop"):
             raise ValueError(f"corpus={corpus!r}; valid: wiki, multihop")
         self.retrieval_reward, self.hop_reward, self.corpus = retrieval_reward, hop_reward, corpus
@@ -272,7 +283,8 @@ class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
             if new:
                 self._found |= new
                 self.count("gold_retrieved", len(new))
-                reward += self.hop_reward * len(new)
+                if self._searches >= self.hop_reward_from:
+                    reward += self.hop_reward * len(new)
                 if self._searches == 2 and len(self._found) == len(self._golds):
                     self.count("second_hop")  # the second search completed the pair
         return reward, info
@@ -364,7 +376,8 @@ def search_kwargs(search: SearchConfig, retriever: RetrieverConfig, data_name: s
     return {"retriever_url": url, "topk": r.topk, "timeout": r.timeout,
             "format_reward": search.format_reward, "reward": search.reward,
             "protocol": search.protocol, "retrieval_reward": search.retrieval_reward,
-            "hop_reward": search.hop_reward, "corpus": corpus}
+            "hop_reward": search.hop_reward, "hop_reward_from": search.hop_reward_from,
+            "corpus": corpus}
 
 
 def search_sources(search: SearchConfig, retriever: RetrieverConfig, data_name: str,

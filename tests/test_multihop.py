@@ -189,11 +189,28 @@ def test_hop_reward_pays_once_per_new_gold_paragraph(train, multihop_url):
     _, reward, _, _, step_info = env.step(call % json.dumps(info["question"]))
     assert reward == 0.0 and "gold_retrieved" not in step_info and "gold_hits" not in step_info
     env.close()
+    # hop_reward_from=2: the first search's paragraph earns nothing, the second hop's does
+    env = SearchEnv(retriever_url=multihop_url, hop_reward=0.25, hop_reward_from=2,
+                    max_turns=5)
+    env.reset(seed=0, options={"row": row})
+    steps = [env.step(a) for a in (ask, ask, bridge, bridge, answer)]
+    assert [s[1] for s in steps] == [0.0, 0.0, 0.25, 0.0, 1.0]
+    assert [s[4]["gold_retrieved"] for s in steps] == [1, 1, 2, 2, 2]
+    env = SearchEnv(retriever_url=multihop_url, hop_reward=0.25, hop_reward_from=2,
+                    protocol="tools")
+    env.reset(seed=0, options={"row": row})
+    assert env.step(both)[1] == 0.25  # two searches in one turn: the second's paragraph
+    env.close()
     with pytest.raises(ValueError, match="hop_reward"):
         SearchEnv(retriever_url=multihop_url, hop_reward=-1)
+    with pytest.raises(ValueError, match="hop_reward_from"):
+        SearchEnv(retriever_url=multihop_url, hop_reward_from=0)
     from agentgym.config import build_config
     with pytest.raises(ValueError, match="search.hop_reward"):
         build_config({"search.hop_reward": -0.5})
+    with pytest.raises(ValueError, match="search.hop_reward_from must be >= 1"):
+        build_config({"search.hop_reward_from": 0})
+    assert build_config({"search.hop_reward_from": 2}).search.hop_reward_from == 2
 
 
 def test_demonstrations_search_twice_and_find_each_gold_paragraph(train, multihop_url):

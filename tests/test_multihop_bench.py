@@ -14,8 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.multihop_rl import parse, train_share  # noqa: E402
-from bench.multihop_report import on_common_questions, paired, report  # noqa: E402
+from bench.multihop_rl import ARMS, parse, train_share  # noqa: E402
+from bench.multihop_report import arms_table, on_common_questions, paired, report  # noqa: E402
 
 
 def test_rl_gets_what_the_evals_leave_shared_among_the_arms():
@@ -59,7 +59,7 @@ def test_the_report_pairs_each_arm_with_the_sft_model_and_the_arms(tmp_path):
     trained = {"curriculum": {"step": 4, "stopped": True, "minutes": 30.0},
                "turn": {"step": 4, "stopped": False, "minutes": 28.0}}
     a = parse([])
-    text = report(a, tmp_path, evals, trained)
+    text = report(a, tmp_path, evals, trained, ARMS)
     lines = text.splitlines()
     row = next(x for x in lines if x.startswith("| turn | 4 |"))
     # EM 2 gained 0 lost; 2+ searches 3 / 0; second hop 3 / 0 against the SFT model
@@ -72,6 +72,24 @@ def test_the_report_pairs_each_arm_with_the_sft_model_and_the_arms(tmp_path):
     arm = next(x for x in lines if x.startswith("| curriculum | 4 (budget) | 30 |"))
     assert arm.endswith("| 4; step 3 |") and "0.150 → 0.350" in arm
     assert "40 demonstrations" in text and "18 of them search twice" in text
+
+
+def test_three_arms_each_later_one_tested_against_the_first():
+    cur = _episodes([("bridge", 1, 1, 0)] * 2 + [("bridge", 0, 1, 0)] * 2)
+    turn = _episodes([("bridge", 0, 1, 0)] * 4)
+    second = _episodes([("bridge", 1, 2, 1)] * 3 + [("bridge", 0, 2, 1)])
+    lines = arms_table({"sft": {"episodes": cur}, "curriculum": {"episodes": cur},
+                        "turn": {"episodes": turn}, "second": {"episodes": second}})
+    assert lines[0] == ("| metric | curriculum | turn | second | turn vs curriculum: gained / "
+                        "lost, p | second vs curriculum: gained / lost, p |")
+    assert lines[2] == "| EM | 0.500 | 0.000 | 0.750 | 0 / 2, p = 0.5 | 1 / 0, p = 1 |"
+    assert lines[4] == "| second hop | 0.000 | 0.000 | 1.000 | 0 / 0, p = 1 | 4 / 0, p = 0.125 |"
+    assert lines[5].startswith("| searches per episode | 1.00 [") and lines[5].endswith("| | |")
+    assert parse(["--arms", "curriculum,second"]).arms == ["curriculum", "second"]
+    assert parse([]).arms == ["curriculum", "turn", "second"]
+    for bad in ("curriculum,nope", "turn,turn", ""):
+        with pytest.raises(SystemExit):
+            parse(["--arms", bad])
 
 
 def test_an_sft_eval_over_more_questions_is_cut_to_the_arms_questions():
@@ -91,7 +109,7 @@ def test_an_sft_eval_over_more_questions_is_cut_to_the_arms_questions():
 
 @pytest.mark.slow
 def test_the_smoke_runs_every_stage_and_a_rerun_reuses_them(tmp_path):
-    """``--smoke``: demonstrations, SFT, the three evals and both arms with the tiny model
+    """``--smoke``: demonstrations, SFT, every arm and its eval with the tiny model
     (real components, nothing scripted); the section written; a rerun only reports."""
     work, doc = tmp_path / "work", tmp_path / "BENCHMARKS.md"
     cmd = [sys.executable, str(ROOT / "bench" / "multihop_rl.py"), "--smoke",
