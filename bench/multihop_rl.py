@@ -18,10 +18,10 @@ Stages, each an ``agentgym`` command in its own process (its output in ``WORK/lo
    (``multihop_curriculum``: NQ and multi-hop rows alternate, so the demonstrations search
    once and twice; :mod:`agentgym.envs.multihop_demos`), kept when they fit the budgets
    (``rollout.max_response_tokens=1536``: two observations of three passages).
-2. ``agentgym sft`` of smollm2-135m on them: the SFT model both arms start from.
+2. ``agentgym sft`` of smollm2-135m on them: the SFT model every arm starts from.
 3. ``agentgym eval`` of the SFT model, greedy, on the first ``--eval-limit`` (500) rows of
-   ``multihop_test``: the "before" of both arms. Its wall time per question sets what the
-   two later evals are reserved (``--arm-minutes M`` gives each arm M minutes instead). A
+   ``multihop_test``: the "before" of every arm. Its wall time per question sets what the
+   arms' evals are reserved (``--arm-minutes M`` gives each arm M minutes instead). A
    later invocation may evaluate the arms on fewer questions (a lower ``--eval-limit``):
    the report then compares every model on the questions all of them played.
 4. Arm ``curriculum``: GRPO from the SFT model (``trainer.cold_start=PATH``) on ``--data``
