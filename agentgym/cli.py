@@ -20,7 +20,6 @@ Every command takes ``key=value`` overrides of :class:`agentgym.config.Config`
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import sys
@@ -77,7 +76,7 @@ def _run_rollouts(cfg: Config, desc: str):
     t0 = time.perf_counter()
     try:
         with tqdm(total=total, desc=desc, unit="traj", file=sys.stderr) as bar:
-            trajs = asyncio.run(manager.run(rows, on_done=lambda t: bar.update(1)))
+            trajs = engine.run(manager.run(rows, on_done=lambda t: bar.update(1)))
     finally:
         manager.close()
         engine.close()

@@ -124,7 +124,7 @@ def ours_generate(engine, batch: list[list[int]], new: int) -> int:
         return await asyncio.gather(*(engine.generate(
             p, SamplingParams(max_new_tokens=new, temperature=1.0, seed=k))
             for k, p in enumerate(batch)))
-    return sum(len(o.ids) for o in asyncio.run(go()))
+    return sum(len(o.ids) for o in engine.run(go()))
 
 
 def ours_turns(engine, episodes: list[list[int]], turns: int, seed: int) -> int:
@@ -142,7 +142,7 @@ def ours_turns(engine, episodes: list[list[int]], turns: int, seed: int) -> int:
 
     async def go():
         return await asyncio.gather(*(episode(k, list(p)) for k, p in enumerate(episodes)))
-    return sum(asyncio.run(go()))
+    return sum(engine.run(go()))
 
 
 # -- identity ---------------------------------------------------------------------------
@@ -166,8 +166,8 @@ def identity(device: str, n: int = 64, new: int = 32) -> dict:
     async def go(sp):
         return await asyncio.gather(*(engine.generate(p, sp(k)) for k, p in enumerate(batch)))
     try:
-        greedy = asyncio.run(go(lambda k: SamplingParams(max_new_tokens=new, temperature=0)))
-        sampled = asyncio.run(go(lambda k: SamplingParams(max_new_tokens=new, seed=k)))
+        greedy = engine.run(go(lambda k: SamplingParams(max_new_tokens=new, temperature=0)))
+        sampled = engine.run(go(lambda k: SamplingParams(max_new_tokens=new, seed=k)))
     finally:
         engine.close()
     same, drift = 0, 0.0

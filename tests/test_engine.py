@@ -5,6 +5,7 @@ prefix cache (the default)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 import torch
@@ -179,3 +180,87 @@ def test_requests_arriving_in_a_stream_share_a_batch_within_the_cap(tiny_model, 
             assert engine.stats["requests"] == len(prompts)
         finally:
             engine.close()
+
+
+# -- run(): the engine's steps on the caller's thread (the CPU) ---------------------------
+def record_step_threads(engine) -> set:
+    """The threads that run the engine's steps from now on (the real step, wrapped)."""
+    threads, step = set(), engine.scheduler.step
+
+    def recorded():
+        threads.add(threading.current_thread().name)
+        step()
+    engine.scheduler.step = recorded
+    return threads
+
+
+def test_run_steps_on_the_calling_thread_with_the_same_samples(tiny_model, tiny_tokenizer):
+    prompts = [tiny_tokenizer.encode(p) for p in PROMPTS]
+    sp = SamplingParams(max_new_tokens=16, temperature=1.0, seed=5)
+    engine = HFEngine(tiny_model, tiny_tokenizer)
+    try:
+        threads = record_step_threads(engine)
+        via_thread = generate_all(engine, prompts, sp)  # asyncio.run: the engine's thread
+        assert threads == {"hf-engine"}
+        threads.clear()
+        assert engine.flush_cache()  # each pass prefills afresh: the same logits
+
+        async def go():
+            return await asyncio.gather(*(engine.generate(p, sp) for p in prompts))
+        here = engine.run(go())
+        assert threads == {threading.current_thread().name}
+        threads.clear()
+        assert engine.flush_cache()
+        again = generate_all(engine, prompts, sp)  # the engine's thread took over again
+        assert threads == {"hf-engine"}
+    finally:
+        engine.close()
+    for a, b, c in zip(via_thread, here, again):
+        assert a.ids == b.ids == c.ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+
+
+def test_run_serves_other_callers_and_raises_its_rollouts_error(tiny_model, tiny_tokenizer):
+    """Another thread's requests during run() are stepped by run()'s thread; an error in
+    the rollout reaches run()'s caller and leaves the engine serving."""
+    engine = HFEngine(tiny_model, tiny_tokenizer)
+    prompt = tiny_tokenizer.encode("same prompt")
+    sp = SamplingParams(max_new_tokens=12, temperature=1.0, seed=9)
+    try:
+        alone = generate_all(engine, [prompt], sp)[0]
+        assert engine.flush_cache()  # each pass prefills afresh: the same logits
+        threads = record_step_threads(engine)
+        other: dict = {}
+
+        def elsewhere():  # its own event loop, in its own thread
+            other["out"] = generate_all(engine, [prompt], sp)[0]
+
+        async def rollout():
+            caller = threading.Thread(target=elsewhere)
+            caller.start()
+            mine = await engine.generate(tiny_tokenizer.encode("x y z"), sp)
+            await asyncio.to_thread(caller.join, 120)
+            return mine
+        mine = engine.run(rollout())
+        assert other["out"].ids == alone.ids and len(mine.ids) > 0
+        assert threads == {threading.current_thread().name}  # the other caller's too
+
+        async def broken():
+            await engine.generate(prompt, sp)
+            raise ValueError("a bad row")
+        with pytest.raises(ValueError, match="a bad row"):
+            engine.run(broken())
+        assert engine.flush_cache()
+        assert generate_all(engine, [prompt], sp)[0].ids == alone.ids
+    finally:
+        engine.close()
+
+
+def test_run_on_a_closed_engine_fails_its_requests(tiny_model, tiny_tokenizer):
+    engine = HFEngine(tiny_model, tiny_tokenizer)
+    engine.close()
+
+    async def go():
+        return await engine.generate(tiny_tokenizer.encode("a"), SamplingParams(max_new_tokens=4))
+    with pytest.raises(RuntimeError, match="engine is closed"):
+        engine.run(go())

@@ -56,9 +56,12 @@ def perturbed(model):
     return other
 
 
+@pytest.mark.parametrize("runner", ["asyncio.run", "engine.run"])
 @pytest.mark.parametrize("partial", [True, False])
 def test_a_generation_in_flight_continues_under_the_new_weights(tiny_model, tiny_tokenizer,
-                                                                partial):
+                                                                partial, runner):
+    """``engine.run``: the test's thread runs the steps (and the held forward) while the
+    scenario's event loop runs in the engine's helper thread."""
     model = copy.deepcopy(tiny_model)
     new = perturbed(tiny_model)
     engine = HFEngine(model, tiny_tokenizer, batch_wait_s=0.001, prefix_cache=True)
@@ -78,7 +81,7 @@ def test_a_generation_in_flight_continues_under_the_new_weights(tiny_model, tiny
         return await task
 
     try:
-        out = asyncio.run(scenario())
+        out = (engine.run if runner == "engine.run" else asyncio.run)(scenario())
     finally:
         engine.close()
     assert len(out.ids) == 24  # (seeded: no EOS before the budget)

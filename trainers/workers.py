@@ -101,7 +101,7 @@ class LocalWorkers:
                  greedy: bool = False) -> list:
         manager = self._manager(greedy)
         manager.seed = seed
-        return asyncio.run(rollouts(manager, rows, n, hooks))
+        return self.engine.run(rollouts(manager, rows, n, hooks))
 
     async def run_group(self, row: dict, uid: str, n: int, seed: int) -> list:
         """``n`` samples of one row with base seed ``seed`` (asynchronous training: may run

@@ -70,6 +70,13 @@ class Engine(abc.ABC):
     def close(self) -> None:
         """Release resources (threads, servers). Idempotent."""
 
+    def run(self, coro):
+        """Run ``coro`` (a rollout that awaits this engine) from outside any event loop and
+        return its result; an engine may run its own steps on the calling thread meanwhile
+        (:meth:`HFEngine.run <agentgym.rollout.engines.hf.HFEngine.run>` on the CPU)."""
+        import asyncio
+        return asyncio.run(coro)
+
 
 def push_weights(engine: Engine, state_dict: dict, version: int, partial: bool = False) -> None:
     """Load new weights the way a trainer does: pause (in-flight batches finish, or with

@@ -106,6 +106,8 @@ class HFEngine(Engine):
         self._paused = self._preempt = False
         self._busy = False
         self._closed = False
+        self._driver: threading.Thread | None = None  # a run() stepping on its own thread
+        self._stepping = False
         self.stats = {"batches": 0, "requests": 0, "generated_tokens": 0, "decode_steps": 0,
                       "prefilled_tokens": 0, "cached_tokens": 0, "max_rows": 0, "preempted": 0,
                       "forward_s": 0.0, "host_s": 0.0}
@@ -122,6 +124,8 @@ class HFEngine(Engine):
         self.scheduler: Scheduler | None = None
         if self.continuous:
             self.scheduler = self._scheduler(cuda_graphs, max_len, kv_fraction)
+        #: run() steps on its caller's thread (the CPU only: see run)
+        self._drive_here = self.continuous and not is_accelerator(self.device)
         worker = self._cb_worker if self.continuous else self._worker
         self._thread = threading.Thread(target=worker, name="hf-engine", daemon=True)
         self._thread.start()
@@ -306,48 +310,115 @@ class HFEngine(Engine):
                     self._cv.notify_all()
 
     # -- continuous batching ------------------------------------------------------------
-    def _cb_worker(self) -> None:
-        """Admit waiting requests, run one step (prefill, decode), deliver, repeat."""
-        sched = self.scheduler
-        while True:
+    def run(self, coro):
+        """Run ``coro`` (a rollout awaiting this engine) from outside any event loop and
+        return its result. On the CPU with continuous batching, this thread runs the
+        engine's steps while the event loop runs in a helper thread: the steps then share
+        the trainer's thread and its OpenMP team instead of waking a second team per
+        parallel op (docs/DECISIONS.md "Two OpenMP teams"). Requests from elsewhere are
+        served meanwhile by the same steps; after ``coro`` ends, the engine's own thread
+        takes over again."""
+        with self._cv:
+            # one driver at a time: another run() (or the engine's own thread) steps for
+            # this one's requests too
+            here = (self._drive_here and self._driver is None and not self._closed
+                    and threading.current_thread() is not self._thread)
+            if here:
+                self._driver = threading.current_thread()
+                self._cv.wait_for(lambda: not self._stepping)  # the worker's step ends
+        if not here:
+            return asyncio.run(coro)
+        out: dict = {}
+
+        def loop() -> None:
+            try:
+                out["value"] = asyncio.run(coro)
+            except BaseException as e:  # noqa: BLE001 - raised again by the driver
+                out["error"] = e
+            finally:
+                with self._cv:
+                    out["done"] = True
+                    self._cv.notify_all()
+        helper = threading.Thread(target=loop, name="hf-engine-loop", daemon=True)
+        helper.start()
+        try:
+            while True:
+                with self._cv:
+                    self._cv.wait_for(lambda: self._closed or "done" in out or self._has_work())
+                    if self._closed or "done" in out:
+                        break
+                    taken = self._take()
+                self._step(taken)
+        finally:
             with self._cv:
-                self._cv.wait_for(lambda: self._closed or sched.busy
-                                  or (self._queue and not self._paused))
-                if self._closed:
-                    break
-                if self._paused and self._preempt and sched.busy:
-                    self._preempt_all()
-                    continue
-                taken = []
-                if not self._paused:
-                    room = sched.room()
-                    while self._queue and room > 0:
-                        r = self._queue.pop(0)
-                        if not r.abandoned:
-                            taken.append(r)
-                            room -= 1
-                self._busy = True
+                self._driver = None
+                self._cv.notify_all()
+        helper.join()  # closed: close() failed the requests, so the rollout ends too
+        if "error" in out:
+            raise out["error"]
+        return out["value"]
+
+    def _has_work(self) -> bool:
+        return self.scheduler.busy or bool(self._queue and not self._paused)
+
+    def _take(self) -> list[_Request] | None:
+        """(Lock held) The requests to admit before the next step, or None when
+        :meth:`_preempt_all` stopped the running ones (partial rollouts)."""
+        sched = self.scheduler
+        if self._paused and self._preempt and sched.busy:
+            self._preempt_all()
+            return None
+        taken = []
+        if not self._paused:
+            room = sched.room()
+            while self._queue and room > 0:
+                r = self._queue.pop(0)
+                if not r.abandoned:
+                    taken.append(r)
+                    room -= 1
+        self._busy = self._stepping = True
+        return taken
+
+    def _step(self, taken: list[_Request] | None) -> None:
+        """Admit ``taken``, run one step (prefill, decode), deliver what finished."""
+        if taken is None:
+            return
+        sched = self.scheduler
+        try:
             for r in taken:
                 sched.admit(r)
-            try:
-                with torch.inference_mode():
-                    sched.step()
-            except BaseException as e:  # noqa: BLE001 - surface every failure to the caller
-                logger.exception("generation step failed")
-                for r in sched.running():
-                    if not r.closed:
-                        r.fail(e)
-                sched.clear()
+            with torch.inference_mode():
+                sched.step()
+        except BaseException as e:  # noqa: BLE001 - surface every failure to the caller
+            logger.exception("generation step failed")
+            for r in sched.running():
+                if not r.closed:
+                    r.fail(e)
+            sched.clear()
+        with self._cv:  # taken with the lock: the next step may run on another thread
+            ready, sched.ready = sched.ready, []
+            self._stepping = False
+            if not sched.busy:
+                self._busy = False
+            self._cv.notify_all()
+        # delivered after the engine's state is settled: a caller whose request was
+        # the last sees the engine idle (flush_cache, update_weights) when it resumes
+        for r, done in ready:
+            r.finish(*done, self.policy_version)
+
+    def _cb_worker(self) -> None:
+        """Admit waiting requests, run one step (prefill, decode), deliver, repeat (while
+        no :meth:`run` drives the steps from its own thread)."""
+        while True:
             with self._cv:
-                if not sched.busy:
-                    self._busy = False
-                    self._cv.notify_all()
-            # delivered after the engine's state is settled: a caller whose request was
-            # the last sees the engine idle (flush_cache, update_weights) when it resumes
-            for r, done in sched.ready:
-                r.finish(*done, self.policy_version)
-            sched.ready.clear()
-        for r in sched.running():
+                self._cv.wait_for(lambda: self._closed or (self._driver is None
+                                                           and self._has_work()))
+                if self._closed:
+                    self._cv.wait_for(lambda: self._driver is None)  # its step ends first
+                    break
+                taken = self._take()
+            self._step(taken)
+        for r in self.scheduler.running():
             if not r.closed:
                 r.fail(RuntimeError("engine closed"))
 
