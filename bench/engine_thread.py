@@ -43,7 +43,7 @@ def one_process(mode: str, args) -> list[dict]:
 
     import bench.engine_speed as es
     from agentgym.core.types import SamplingParams
-    model = es.random_model("smollm2-135m", torch.float32, "cpu")
+    model = es.random_model("smollm2-135m", torch.float32, "cpu", args.layers)
     trainer = copy.deepcopy(model).train()
     opt = torch.optim.AdamW(trainer.parameters(), lr=1e-6)
     engine = es.our_engine(model, args.batch)
@@ -87,13 +87,15 @@ def table(results: dict[str, list[dict]], args) -> str:
             f"**{speed['update']:.2f}x**, the two together **{both:.2f}x**.")
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> str:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--updates", type=int, default=2)
     ap.add_argument("--reps", type=int, default=4)
     ap.add_argument("--pairs", type=int, default=2)
+    ap.add_argument("--layers", type=int, default=0, help="fewer layers than the shape's "
+                    "(0: its own; a quick check of the benchmark itself)")
     ap.add_argument("--out", default=None, help="page to write (default docs/BENCHMARKS.md); "
                     "'none' writes nothing")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -101,7 +103,8 @@ def main(argv=None) -> None:
     if args.child:
         print(json.dumps(one_process(args.child, args)))
         return
-    own = [f"--{k}={getattr(args, k)}" for k in ("batch", "new", "updates", "reps", "pairs")]
+    own = [f"--{k}={getattr(args, k)}" for k in ("batch", "new", "updates", "reps", "pairs",
+                                                  "layers")]
     results: dict[str, list[dict]] = {name: [] for name in MODES}
     for pair in range(args.pairs):
         for name, mode in (MODES.items() if pair % 2 == 0 else reversed(MODES.items())):
@@ -123,6 +126,7 @@ def main(argv=None) -> None:
         write_section("Engine steps on the trainer's thread (CPU)", body,
                       Path(args.out) if args.out else ROOT / "docs" / "BENCHMARKS.md")
     print(body)
+    return body
 
 
 if __name__ == "__main__":
