@@ -5,7 +5,9 @@ Random-initialised models of the shipped shapes (no weights travel), the same pr
 each contender first:
 
 * ``ours``: :class:`agentgym.rollout.engines.hf.HFEngine` (continuous batching over the KV
-  pool and prefix cache; on a GPU the decode step replays CUDA graphs);
+  pool and prefix cache; on a GPU the decode step replays CUDA graphs), driven by
+  ``engine.run`` as the trainer drives it (on the CPU its steps run on the main thread,
+  as ``generate``'s do);
 * ``generate``: transformers' ``generate`` with its dynamic cache, eager;
 * ``generate static``: ``generate`` with ``cache_implementation="static"``, whose decode
   step transformers compiles (CUDA graphs; GPU only: on the CPU the compile alone takes
