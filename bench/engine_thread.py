@@ -71,7 +71,7 @@ def one_process(mode: str, args) -> list[dict]:
     return steps
 
 
-def table(results: dict[str, list[dict]], args) -> str:
+def table(results: dict[str, list[dict]]) -> str:
     med = {name: {k: statistics.median(s[k] for s in steps) for k in ("rollout", "update")}
            for name, steps in results.items()}
     own, ours = med["own thread"], med["trainer's thread"]
@@ -87,7 +87,7 @@ def table(results: dict[str, list[dict]], args) -> str:
             f"**{speed['update']:.2f}x**, the two together **{both:.2f}x**.")
 
 
-def main(argv=None) -> str:
+def main(argv=None) -> str | None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--new", type=int, default=64)
@@ -121,7 +121,7 @@ def main(argv=None) -> str:
             f"{args.batch} requests x {args.new} sampled tokens, then {args.updates} AdamW "
             f"steps of a second copy on 8 x 160 tokens; {args.reps} such steps per process "
             f"(the first left out), {args.pairs} processes per mode, alternated; medians.\n\n"
-            + table(results, args))
+            + table(results))
     if args.out != "none":
         write_section("Engine steps on the trainer's thread (CPU)", body,
                       Path(args.out) if args.out else ROOT / "docs" / "BENCHMARKS.md")

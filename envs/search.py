@@ -161,10 +161,10 @@ class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
                 raise ValueError(f"{name} must be >= 0, got {value}")
         if hop_reward_from < 1:
             raise ValueError(f"hop_reward_from must be >= 1, got {hop_reward_from}")
-        self.hop_reward_from = hop_reward_from
         if corpus not in ("wiki", "multihop"):
             raise ValueError(f"corpus={corpus!r}; valid: wiki, multihop")
         self.retrieval_reward, self.hop_reward, self.corpus = retrieval_reward, hop_reward, corpus
+        self.hop_reward_from = hop_reward_from
         if protocol not in ("tags", "tools"):
             raise ValueError(f"search.protocol={protocol!r}; valid: tags, tools")
         self.protocol = protocol

@@ -319,10 +319,8 @@ class HFEngine(Engine):
         served meanwhile by the same steps; after ``coro`` ends, the engine's own thread
         takes over again."""
         with self._cv:
-            # one driver at a time: another run() (or the engine's own thread) steps for
-            # this one's requests too
-            here = (self._drive_here and self._driver is None and not self._closed
-                    and threading.current_thread() is not self._thread)
+            # one driver at a time: another run() steps for this one's requests too
+            here = self._drive_here and self._driver is None and not self._closed
             if here:
                 self._driver = threading.current_thread()
                 self._cv.wait_for(lambda: not self._stepping)  # the worker's step ends
