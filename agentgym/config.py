@@ -77,6 +77,7 @@ class EngineConfig:
     cache_tokens: int = 65536  # hf: prefix-cache budget in positions (smollm2-135m bf16: ~1.5 GB)
     prefill_chunk: int = 0  # hf: prompt tokens (padded) prefilled per step; 0: CPU 512, GPU 8192
     cuda_graphs: bool = True  # hf on a GPU: the decode step replayed as CUDA graphs
+    packed_weights: bool = True  # hf on the CPU: linear weights copied once into oneDNN's blocked layout (faster decode; twice the weight memory)
     max_len: int = 0  # hf with CUDA graphs: positions per request in the KV pool; 0: the model's
     kv_fraction: float = 0.5  # hf with CUDA graphs: most of the free GPU memory the KV pool takes
     urls: list[str] = field(default_factory=list)  # sglang: servers; empty launches one (GPU)

@@ -1,6 +1,7 @@
 """The engine's model runner and KV pool (agentgym.rollout.engines.model_runner, kv_pool):
 its forward equals the model's own, padded prefill rows do not see each other, a pushed
-weight is seen by the next step, and on a GPU the captured step equals the eager one."""
+weight is seen by the next step (on the CPU its packed copy is made again), and on a GPU
+the captured step equals the eager one."""
 
 import copy
 
@@ -9,6 +10,7 @@ import torch
 
 from agentgym.rollout.engines.kv_pool import KVPool
 from agentgym.rollout.engines.model_runner import ModelRunner, column_bucket, why_not_supported
+from agentgym.rollout.engines.packed import why_not_packed
 
 SHAPES = ["smollm2-135m", "qwen2.5-0.5b"]  # the Llama and Qwen2 families (biases, GQA)
 
@@ -109,6 +111,54 @@ def test_column_buckets_grow_by_about_half():
     assert seen == [128, 128, 192, 256, 384, 1024, 6144]
 
 
+def decode_run(runner: ModelRunner, pool: KVPool, steps: int = 3) -> torch.Tensor:
+    """Logits of a padded prefill of three prompts and ``steps`` greedy decode steps."""
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(5, 500, (n,), generator=g).tolist() for n in (7, 19, 3)]
+    lengths, out = [len(p) for p in prompts], []
+    with torch.inference_mode():
+        logits = prefill(runner, pool, prompts)
+        for _ in range(steps):
+            out.append(logits.float().clone())
+            logits = runner.decode(logits.argmax(-1), torch.tensor(lengths), max(lengths) + 1)
+            lengths = [n + 1 for n in lengths]
+    return torch.stack(out + [logits.float()])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_weights_on_the_cpu_give_the_logits_of_torchs_own_linear(dtype):
+    """engine.packed_weights: the projections and the head over oneDNN-blocked copies
+    (Qwen2's shape: the q/k/v biases go with them) give torch's linear's logits."""
+    why = why_not_packed(dtype)
+    if why:
+        pytest.skip(why)
+    model = shrunk("qwen2.5-0.5b").to(dtype)
+    got = {}
+    for packed in (False, True):
+        runner = ModelRunner(model, pool := pool_for(model), packed=packed)
+        got[packed] = decode_run(runner, pool)
+    assert runner.packed is not None and len(runner.packed.linears) == 2 * 7 + 1
+    assert runner.packed.packs == len(runner.packed.linears)  # packed once, not every step
+    tol = 2e-5 if dtype == torch.float32 else 0.05
+    torch.testing.assert_close(got[True], got[False], atol=tol, rtol=0)
+    assert torch.equal(got[True].argmax(-1), got[False].argmax(-1))
+
+
+def test_unpacked_when_the_key_says_so_or_the_layer_is_not_a_plain_linear():
+    model = shrunk("smollm2-135m")
+    plain = ModelRunner(model, pool := pool_for(model), packed=False)
+    assert plain.packed is None
+    want = decode_run(plain, pool)
+    wrapped = torch.nn.Sequential(model.model.layers[0].self_attn.q_proj)
+    model.model.layers[0].self_attn.q_proj = wrapped  # as an adapter wraps a layer
+    runner = ModelRunner(model, pool := pool_for(model))
+    if runner.packed is None:
+        pytest.skip(why_not_packed(torch.float32))
+    assert wrapped not in runner.packed.linears and wrapped[0] not in runner.packed.linears
+    assert len(runner.packed.linears) == 2 * 7 + 1 - 1  # the wrapped layer runs its own
+    torch.testing.assert_close(decode_run(runner, pool), want, atol=2e-5, rtol=0)
+
+
 def devices() -> list:
     marks = [pytest.param("cpu")]
     marks.append(pytest.param("cuda", marks=pytest.mark.gpu))
@@ -140,6 +190,8 @@ def test_weights_pushed_between_steps_change_the_next_steps_logits(device):
         after = runner.decode(t, pos, 5).float().clone()
     assert not torch.allclose(before, after, atol=1e-3)
     torch.testing.assert_close(after[0], reference(new, prompt + [9]), atol=1e-4, rtol=0)
+    if runner.packed is not None:  # the CPU: every packed copy was made again, once
+        assert runner.packed.packs == 2 * len(runner.packed.linears)
     if device == "cuda":
         assert runner.stats["graph_replays"] == 2 and runner.stats["graphs"] == 1
 

@@ -12,7 +12,9 @@ The engine is four small parts, as nano-vllm splits its own:
   trajectory's next turn extends its previous turn's ids; the n samples of a group share
   one prompt), emptied on every weight update;
 * :mod:`~agentgym.rollout.engines.model_runner`: the model's forward over the pool, its
-  decode step captured as CUDA graphs per batch bucket on a GPU (``engine.cuda_graphs``);
+  decode step captured as CUDA graphs per batch bucket on a GPU (``engine.cuda_graphs``),
+  its projections over oneDNN-blocked weight copies on the CPU
+  (:mod:`~agentgym.rollout.engines.packed`, ``engine.packed_weights``);
 * :mod:`~agentgym.rollout.engines.sampler`: one batched draw on the device per step,
   counter-based per-request seeds, one copy to the host.
 
@@ -74,6 +76,8 @@ class HFEngine(Engine):
         prefill_chunk: prompt tokens (padded) prefilled together between two decode
             steps; 0: 512 on the CPU, 8192 on a GPU.
         cuda_graphs: on a GPU, capture the decode step as CUDA graphs.
+        packed_weights: on the CPU, run the projections and the head over copies of their
+            weights in oneDNN's blocked layout (the copies follow weight updates).
         max_len: on a GPU with graphs, positions per request the KV pool holds
             (0: the model's context, within ``kv_fraction``).
         kv_fraction: on a GPU with graphs, the most of the free memory the pool takes.
@@ -83,7 +87,8 @@ class HFEngine(Engine):
                  seed: int = 0, max_batch_wait_s: float = 0.05,
                  continuous_batching: bool = True, prefix_cache: bool = True,
                  cache_tokens: int = 65536, prefill_chunk: int = 0, cuda_graphs: bool = True,
-                 max_len: int = 0, kv_fraction: float = 0.5) -> None:
+                 max_len: int = 0, kv_fraction: float = 0.5,
+                 packed_weights: bool = True) -> None:
         if prefill_chunk < 0:
             raise ValueError(f"engine.prefill_chunk={prefill_chunk}; must be >= 1 (0: auto)")
         self.model = model.eval()
@@ -123,7 +128,7 @@ class HFEngine(Engine):
             logger.info("the prefix cache is off: it needs continuous batching")
         self.scheduler: Scheduler | None = None
         if self.continuous:
-            self.scheduler = self._scheduler(cuda_graphs, max_len, kv_fraction)
+            self.scheduler = self._scheduler(cuda_graphs, max_len, kv_fraction, packed_weights)
         #: run() steps on its caller's thread (the CPU only: see run)
         self._drive_here = self.continuous and not is_accelerator(self.device)
         worker = self._cb_worker if self.continuous else self._worker
@@ -138,9 +143,11 @@ class HFEngine(Engine):
                    max_batch_wait_s=e.max_batch_wait_s,
                    continuous_batching=e.continuous_batching, prefix_cache=e.prefix_cache,
                    cache_tokens=e.cache_tokens, prefill_chunk=e.prefill_chunk,
-                   cuda_graphs=e.cuda_graphs, max_len=e.max_len, kv_fraction=e.kv_fraction)
+                   cuda_graphs=e.cuda_graphs, max_len=e.max_len, kv_fraction=e.kv_fraction,
+                   packed_weights=e.packed_weights)
 
-    def _scheduler(self, cuda_graphs: bool, max_len: int, kv_fraction: float) -> Scheduler:
+    def _scheduler(self, cuda_graphs: bool, max_len: int, kv_fraction: float,
+                   packed: bool) -> Scheduler:
         config = self.model.config.get_text_config()
         heads = config.num_attention_heads
         kv_heads = config.num_key_value_heads or heads
@@ -160,7 +167,7 @@ class HFEngine(Engine):
                         capacity, decode.bytes() / 2**30)
         else:
             decode = pool(0, 0, growable=True)
-        runner = ModelRunner(self.model, decode, graphs=graphs)
+        runner = ModelRunner(self.model, decode, graphs=graphs, packed=packed)
         return Scheduler(runner, pool(0, 0, growable=True), decode, self.prefix, self.stops,
                          self.stats, self.max_batch_size, self.prefill_chunk,
                          vocab=self.model.get_output_embeddings().out_features)

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from agentgym.core.device import capture_graph, graph_pool, is_accelerator, is_capturing
 from agentgym.rollout.engines.kv_pool import KVPool
+from agentgym.rollout.engines.packed import PackedWeights, why_not_packed
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ def column_bucket(n: int) -> int:
 class ModelRunner:
     """Prefill and decode of a Llama-family model over a :class:`KVPool`."""
 
-    def __init__(self, model, pool: KVPool, graphs: bool = False) -> None:
+    def __init__(self, model, pool: KVPool, graphs: bool = False, packed: bool = True) -> None:
         self.model, self.pool = model, pool
         base = model.model
         self.layers = list(base.layers)
@@ -85,6 +86,35 @@ class ModelRunner:
         self._static: dict[str, torch.Tensor] = {}
         self._graph_pool = None
         self.stats = {"graph_replays": 0, "eager_steps": 0, "graphs": 0}
+        #: on the CPU, the projections and the head over oneDNN-blocked weight copies
+        self.packed: PackedWeights | None = None
+        if packed and not is_accelerator(self.device):
+            why = why_not_packed(pool.dtype)
+            if why:
+                logger.info("linear weights are not packed: %s", why)
+            else:
+                self.packed = PackedWeights(self._linears())
+
+    def _linears(self) -> list:
+        out = []
+        for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            out += [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj]
+            out += [getattr(mlp, k) for k in ("gate_proj", "up_proj", "down_proj")
+                    if hasattr(mlp, k)]
+        return out + [self.model.lm_head]
+
+    def _linear(self, module, x: torch.Tensor) -> torch.Tensor:
+        return module(x) if self.packed is None else self.packed(module, x)
+
+    def _mlp(self, mlp, x: torch.Tensor) -> torch.Tensor:
+        """The gated MLP of the Llama family (``down(act(gate(x)) * up(x))``) over the
+        packed weights; any other MLP runs its own forward."""
+        if self.packed is None or not all(hasattr(mlp, k) for k in (
+                "gate_proj", "up_proj", "down_proj", "act_fn")):
+            return mlp(x)
+        lin = self.packed
+        return lin(mlp.down_proj, mlp.act_fn(lin(mlp.gate_proj, x)) * lin(mlp.up_proj, x))
 
     # -- rotary table -------------------------------------------------------------------
     def _rotary(self, positions: torch.Tensor, capacity: int):
@@ -136,6 +166,8 @@ class ModelRunner:
         n, t = ids.shape
         pool, base = pool or self.pool, self.model.model
         self._announce(ids)
+        if self.packed is not None:
+            self.packed.refresh()  # a weight written since the last step is packed again
         cos, sin = self._rotary(positions, pool.capacity)
         cols = torch.arange(columns, device=self.device)
         mask = (cols[None, None, :] <= positions[:, :, None])[:, None]  # (N, 1, T, C)
@@ -145,9 +177,9 @@ class ModelRunner:
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             x = self._norm(layer.input_layernorm, h)
-            q = attn.q_proj(x).view(n, t, self.heads, self.head_dim)
-            k = attn.k_proj(x).view(n, t, self.kv_heads, self.head_dim)
-            v = attn.v_proj(x).view(n, t, self.kv_heads, self.head_dim)
+            q = self._linear(attn.q_proj, x).view(n, t, self.heads, self.head_dim)
+            k = self._linear(attn.k_proj, x).view(n, t, self.kv_heads, self.head_dim)
+            v = self._linear(attn.v_proj, x).view(n, t, self.kv_heads, self.head_dim)
             if hasattr(attn, "q_norm"):  # Qwen3
                 q, k = self._norm(attn.q_norm, q), self._norm(attn.k_norm, k)
             q, k = self._rope(q, cos, sin).transpose(1, 2), self._rope(k, cos, sin)
@@ -161,10 +193,10 @@ class ModelRunner:
             q = q.reshape(n, self.kv_heads, self.group * t, self.head_dim)
             o = self._attend(q, keys, values, mask)
             o = o.view(n, self.heads, t, self.head_dim).transpose(1, 2).reshape(n, t, -1)
-            h = h + attn.o_proj(o)
-            h = h + layer.mlp(self._norm(layer.post_attention_layernorm, h))
+            h = h + self._linear(attn.o_proj, o)
+            h = h + self._mlp(layer.mlp, self._norm(layer.post_attention_layernorm, h))
         h = h[:, -1] if last is None else h[torch.arange(n, device=self.device), last]
-        return self.model.lm_head(self._norm(base.norm, h))
+        return self._linear(self.model.lm_head, self._norm(base.norm, h))
 
     def _attend(self, q, keys, values, mask):
         """Attention of ``q`` ``(N, kv_heads, group * T, head_dim)`` over the slots' leading
