@@ -127,8 +127,9 @@ def decode_run(runner: ModelRunner, pool: KVPool, steps: int = 3) -> torch.Tenso
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_packed_weights_on_the_cpu_give_the_logits_of_torchs_own_linear(dtype):
-    """engine.packed_weights: the projections and the head over oneDNN-blocked copies
-    (Qwen2's shape: the q/k/v biases go with them) give torch's linear's logits."""
+    """engine.packed_weights: the projections and the head over oneDNN-blocked copies,
+    q/k/v and gate/up stacked (Qwen2's shape: the q/k/v biases go with them), give torch's
+    linear's logits."""
     why = why_not_packed(dtype)
     if why:
         pytest.skip(why)
@@ -155,7 +156,8 @@ def test_unpacked_when_the_key_says_so_or_the_layer_is_not_a_plain_linear():
     if runner.packed is None:
         pytest.skip(why_not_packed(torch.float32))
     assert wrapped not in runner.packed.linears and wrapped[0] not in runner.packed.linears
-    assert len(runner.packed.linears) == 2 * 7 + 1 - 1  # the wrapped layer runs its own
+    # the wrapped layer's group (q, k, v of layer 0) runs its own linears
+    assert len(runner.packed.linears) == 2 * 7 + 1 - 3
     torch.testing.assert_close(decode_run(runner, pool), want, atol=2e-5, rtol=0)
 
 

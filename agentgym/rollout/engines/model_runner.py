@@ -96,16 +96,21 @@ class ModelRunner:
                 self.packed = PackedWeights(self._linears())
 
     def _linears(self) -> list:
+        """The groups of linears packed together (each reads one input)."""
         out = []
         for layer in self.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            out += [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj]
-            out += [getattr(mlp, k) for k in ("gate_proj", "up_proj", "down_proj")
-                    if hasattr(mlp, k)]
-        return out + [self.model.lm_head]
+            out += [(attn.q_proj, attn.k_proj, attn.v_proj), (attn.o_proj,)]
+            if all(hasattr(mlp, k) for k in ("gate_proj", "up_proj", "down_proj")):
+                out += [(mlp.gate_proj, mlp.up_proj), (mlp.down_proj,)]
+        return out + [(self.model.lm_head,)]
+
+    def _qkv(self, attn, x: torch.Tensor) -> list[torch.Tensor]:
+        group = (attn.q_proj, attn.k_proj, attn.v_proj)
+        return [m(x) for m in group] if self.packed is None else self.packed(group, x)
 
     def _linear(self, module, x: torch.Tensor) -> torch.Tensor:
-        return module(x) if self.packed is None else self.packed(module, x)
+        return module(x) if self.packed is None else self.packed((module,), x)[0]
 
     def _mlp(self, mlp, x: torch.Tensor) -> torch.Tensor:
         """The gated MLP of the Llama family (``down(act(gate(x)) * up(x))``) over the
@@ -113,8 +118,8 @@ class ModelRunner:
         if self.packed is None or not all(hasattr(mlp, k) for k in (
                 "gate_proj", "up_proj", "down_proj", "act_fn")):
             return mlp(x)
-        lin = self.packed
-        return lin(mlp.down_proj, mlp.act_fn(lin(mlp.gate_proj, x)) * lin(mlp.up_proj, x))
+        gate, up = self.packed((mlp.gate_proj, mlp.up_proj), x)
+        return self.packed((mlp.down_proj,), mlp.act_fn(gate) * up)[0]
 
     # -- rotary table -------------------------------------------------------------------
     def _rotary(self, positions: torch.Tensor, capacity: int):
@@ -177,9 +182,10 @@ class ModelRunner:
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             x = self._norm(layer.input_layernorm, h)
-            q = self._linear(attn.q_proj, x).view(n, t, self.heads, self.head_dim)
-            k = self._linear(attn.k_proj, x).view(n, t, self.kv_heads, self.head_dim)
-            v = self._linear(attn.v_proj, x).view(n, t, self.kv_heads, self.head_dim)
+            q, k, v = self._qkv(attn, x)
+            q = q.reshape(n, t, self.heads, self.head_dim)
+            k = k.reshape(n, t, self.kv_heads, self.head_dim)
+            v = v.reshape(n, t, self.kv_heads, self.head_dim)
             if hasattr(attn, "q_norm"):  # Qwen3
                 q, k = self._norm(attn.q_norm, q), self._norm(attn.k_norm, k)
             q, k = self._rope(q, cos, sin).transpose(1, 2), self._rope(k, cos, sin)

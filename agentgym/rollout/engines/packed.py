@@ -65,40 +65,65 @@ def _probe(dtype: torch.dtype) -> str:
 
 
 class PackedWeights:
-    """Blocked copies of ``linears``' weights (``torch.nn.Linear`` only: an adapter-wrapped
-    layer, LoRA's, runs its own forward), and the linear over them."""
+    """Blocked copies of the weights of groups of linears that read the same input (a
+    layer's q/k/v projections, its MLP's gate and up: one copy of their rows stacked,
+    one product, split after, as vLLM's ``QKVParallelLinear`` does), and the linear over
+    them. ``torch.nn.Linear`` only: an adapter-wrapped layer (LoRA's) runs its own
+    forward, and a group with one runs every member's own."""
 
-    def __init__(self, linears) -> None:
-        seen: dict[int, torch.nn.Linear] = {}
-        for m in linears:  # an inference tensor has no version counter to follow: unpacked
-            if type(m) is torch.nn.Linear and _version(m.weight) is not None:
-                seen.setdefault(id(m), m)
-        self.linears = list(seen.values())
-        #: module -> (the weight packed, its version then, the packed copy)
-        self._packed: dict[torch.nn.Linear, tuple[torch.Tensor, int, torch.Tensor]] = {}
-        self.packs = 0  # copies made so far (the tests read when a weight was packed again)
+    def __init__(self, groups) -> None:
+        self.groups: list[tuple[torch.nn.Linear, ...]] = []
+        for group in groups:
+            group = tuple(group)
+            if all(_packable(m) for m in group) and len({m.in_features for m in group}) == 1:
+                self.groups.append(group)
+        self.linears = [m for g in self.groups for m in g]
+        #: group -> (its weights and their versions when packed, the copy, the bias, sizes)
+        self._packed: dict[tuple, tuple] = {}
+        self.packs = 0  # weights packed so far (the tests read when one was packed again)
 
     def refresh(self) -> int:
-        """Pack every weight not packed yet or changed since; returns how many."""
+        """Pack every group not packed yet or with a weight changed since; returns how
+        many weights were packed."""
         n = 0
-        for m in self.linears:
-            w, entry = m.weight, self._packed.get(m)
-            version = _version(w)
-            if entry is None or entry[0] is not w or entry[1] != version:
+        for group in self.groups:
+            key = tuple((m.weight, _version(m.weight)) for m in group)
+            entry = self._packed.get(group)
+            if entry is None or any(a is not b or va != vb
+                                    for (a, va), (b, vb) in zip(entry[0], key)):
                 with torch.inference_mode():
-                    self._packed[m] = (w, version, _pack(w))
-                n += 1
+                    self._packed[group] = (key, *_stacked(group))
+                n += len(group)
         self.packs += n
         return n
 
     def clear(self) -> None:
         self._packed.clear()
 
-    def __call__(self, module, x: torch.Tensor) -> torch.Tensor:
-        entry = self._packed.get(module)
+    def __call__(self, group: tuple, x: torch.Tensor) -> list[torch.Tensor]:
+        """Each of ``group``'s linears of ``x``."""
+        entry = self._packed.get(group)
         if entry is None:
-            return module(x)
-        return _linear(x, entry[2], module.bias)
+            return [m(x) for m in group]
+        y = _linear(x, entry[1], entry[2])
+        return [y] if len(group) == 1 else list(y.split(entry[3], dim=-1))
+
+
+def _packable(m) -> bool:
+    # an inference tensor has no version counter to follow: not packed
+    return type(m) is torch.nn.Linear and _version(m.weight) is not None
+
+
+def _stacked(group: tuple) -> tuple:
+    """The packed copy of ``group``'s weights stacked by rows, their biases (zeros for a
+    member without one; None when none has), and each member's rows."""
+    sizes = [m.out_features for m in group]
+    weight = group[0].weight if len(group) == 1 else torch.cat([m.weight for m in group])
+    bias = None
+    if any(m.bias is not None for m in group):
+        bias = torch.cat([m.bias.detach() if m.bias is not None else
+                          m.weight.new_zeros(m.out_features) for m in group])
+    return _pack(weight), bias, sizes
 
 
 def _version(w: torch.Tensor) -> int | None:
