@@ -99,6 +99,27 @@ def test_a_row_that_leaves_moves_the_last_row_and_the_pool_grows_with_its_conten
                                atol=2e-5, rtol=0)
 
 
+def test_a_pool_growing_its_columns_sizes_its_slots_to_the_live_rows_and_keeps_them():
+    """After 40 short rows, 6 long ones: the columns double and the slots shrink to what
+    is live (8), not the 64 the pool once had; the live rows keep their keys/values."""
+    model = shrunk("smollm2-135m")
+    pool = pool_for(model, slots=1, capacity=8)
+    for owner in range(40):
+        pool.add(owner, 4)
+    assert (pool.slots, pool.capacity) == (64, 8)  # slots doubled, columns as they were
+    while pool.live > 6:
+        pool.remove(pool.live - 1)
+    g = torch.Generator().manual_seed(0)
+    kv = torch.randn((2, 2, pool.kv_heads, 4, pool.head_dim), generator=g)
+    pool.put(5, kv)
+    pool.ensure(pool.live, 300)
+    assert (pool.slots, pool.capacity) == (8, 512)
+    torch.testing.assert_close(pool.kv_of(5, 0, 4), kv, atol=0, rtol=0)
+    pool.ensure(20, 4)  # more rows: the slots double, the columns stay
+    assert (pool.slots, pool.capacity) == (32, 512)
+    torch.testing.assert_close(pool.kv_of(5, 0, 4), kv, atol=0, rtol=0)
+
+
 def test_a_fixed_pool_refuses_a_request_it_cannot_hold_by_name():
     model = shrunk("smollm2-135m")
     pool = pool_for(model, slots=2, capacity=16, growable=False)

@@ -94,3 +94,23 @@ def test_plan_counts_a_critic_exactly_when_the_estimator_reads_values(capsys):
         assert main(["plan", "model=qwen2.5-3b", *algo, "gpus=8", "gpu_memory=80GB"]) == 0
         out = capsys.readouterr().out
         assert all((row in out) == critic for row in rows), (algo, out)
+
+
+def test_plan_on_the_cpu_counts_the_engine_in_its_dtype_and_its_packed_copy(capsys):
+    """On the CPU the rollout engine holds the model's dtype (fp32 by default) and, with
+    ``engine.packed_weights``, a packed copy of its linears; on a GPU its bf16 weights."""
+    args = ["plan", "model=smollm2-135m", "gpus=1", "gpu_memory=24GB"]
+    packed = "rollout engine packed linears (fp32, engine.packed_weights)"
+    assert main([*args, "trainer.device=cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "rollout engine weights (fp32)" in out and packed in out
+    assert main([*args, "trainer.device=cpu", "engine.packed_weights=false"]) == 0
+    out = capsys.readouterr().out
+    assert "rollout engine weights (fp32)" in out and "packed" not in out
+    assert main([*args, "trainer.device=cuda"]) == 0
+    out = capsys.readouterr().out
+    assert "rollout engine weights (bf16)" in out and "packed" not in out
+    shape = shape_numbers(shape_config("smollm2-135m"))
+    rows = dict(breakdown(shape, Setting(device="host", engine_dtype="float32",
+                                         engine_packed=True)))
+    assert rows[packed] == rows["rollout engine weights (fp32)"] == 4 * shape.params

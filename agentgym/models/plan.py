@@ -7,7 +7,8 @@ activations of one micro-batch (``trainer.micro_batch_tokens``; with activation
 checkpointing only each layer's input is kept, plus one layer recomputed), the log-prob
 pass's fp32 logits (``trainer.logprob_chunk`` positions at a time, else all), the reference
 model (bf16, when a KL term needs it), the critic (PPO: a second model with its own state
-and activations), and the in-process rollout engine's bf16 weights and KV cache.
+and activations), and the in-process rollout engine's weights and KV cache (bf16 on a GPU;
+on the CPU in the engine's dtype, with the packed copies of ``engine.packed_weights``).
 
 The constants that no shape determines (bytes per saved activation element, copies of
 the logits, the process's own footprint) were fitted to measured peaks: on the CPU to
@@ -62,6 +63,8 @@ class Setting:
     ref_offload: bool = False
     critic: bool = False  # a value model of the same shape (cfg.algo.needs_critic: gae, gae_turn)
     engine: bool = True  # the in-process rollout engine's copy on this device
+    engine_dtype: str = "bfloat16"  # its weights and KV cache (float32 | bfloat16)
+    engine_packed: bool = False  # a second copy of its weights (the CPU's packed linears)
     concurrency: int = 0  # episodes in flight (rollout.max_concurrency)
     episode_tokens: int = 0  # an episode's tokens at most (prompt + response budgets)
 
@@ -152,9 +155,13 @@ def breakdown(shape: Shape, s: Setting) -> list[tuple[str, float]]:
                      0.0 if on_host else 16 * p / split["optim"]))
         rows.append(("critic: activations", activations(shape, s, dev)))
     if s.engine:
-        rows.append(("rollout engine weights (bf16)", 2 * p))
-        kv = s.kv_tokens * shape.layers * 2 * shape.kv_dim * 2
-        rows.append((f"rollout KV cache ({s.concurrency} x {s.episode_tokens} tokens, bf16)",
+        size, name = (4, "fp32") if s.engine_dtype == "float32" else (2, "bf16")
+        rows.append((f"rollout engine weights ({name})", size * p))
+        if s.engine_packed:  # every linear and the head: at most the weights again
+            rows.append((f"rollout engine packed linears ({name}, engine.packed_weights)",
+                         size * p))
+        kv = s.kv_tokens * shape.layers * 2 * shape.kv_dim * size
+        rows.append((f"rollout KV cache ({s.concurrency} x {s.episode_tokens} tokens, {name})",
                      kv))
     return rows
 
@@ -236,6 +243,7 @@ def shape_of(model: str) -> tuple[str, dict[str, Any]]:
 
 
 def setting_of(cfg: Any, gpus: int, device: str) -> Setting:
+    from agentgym.core.device import engine_dtype
     t, r = cfg.trainer, cfg.rollout
     return Setting(
         device=device, gpus=gpus, backend=t.backend, zero_stage=t.zero_stage,
@@ -244,6 +252,9 @@ def setting_of(cfg: Any, gpus: int, device: str) -> Setting:
         lora_rank=cfg.model.lora.rank, reference=cfg.algo.kl_coef > 0,
         ref_offload=cfg.algo.ref_offload, critic=cfg.algo.needs_critic,
         engine=cfg.engine.name == "hf",
+        engine_dtype=engine_dtype(cfg.engine.dtype, cfg.model.dtype,
+                                  "cpu" if device == "host" else "cuda"),
+        engine_packed=device == "host" and cfg.engine.packed_weights,
         concurrency=r.max_concurrency,
         episode_tokens=r.max_prompt_tokens + r.max_response_tokens)
 

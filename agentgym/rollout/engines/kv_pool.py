@@ -71,17 +71,16 @@ class KVPool:
             raise ValueError(f"the KV pool holds {self.slots} requests of {self.capacity} "
                              f"positions; this one needs {positions} positions (raise "
                              "engine.max_len, or lower the request's prompt or max_new_tokens)")
-        # the dimension that grows doubles; the other is sized to what is live now, not
-        # to its largest so far: a pool that once held 64 short rows and now holds 8
-        # long ones reallocates 8 slots of the longer columns, not 64 (in fp32,
-        # smollm2-135m's 64 x 2,048 positions are 6 GB, seconds of zeroing on the CPU)
+        # the dimension that grows doubles; when the columns grow, the slots are sized to
+        # the live rows, not to their largest so far: a pool that once held 64 short rows
+        # and now holds 8 long ones reallocates 8 slots of the longer columns, not 64 (in
+        # fp32, smollm2-135m's 64 x 2,048 positions are 6 GB: seconds of zeroing on the
+        # CPU). The columns never shrink here: the next decode step would grow them back.
         slots = self.slots if rows <= self.slots else _doubled(self.slots, rows, 4)
+        capacity = self.capacity
         if positions > self.capacity:
             capacity = _doubled(self.capacity, positions, 256)
             slots = min(slots, _doubled(0, max(rows, self.live), 4))
-        else:
-            longest = max(self.length, default=0)
-            capacity = min(self.capacity, _doubled(0, max(positions, longest), 256))
         self.grown += 1
         logger.debug("KV pool grows to %d slots x %d positions", slots, capacity)
         self._allocate(slots, capacity)

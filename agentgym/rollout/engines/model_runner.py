@@ -10,6 +10,11 @@ position, and the attention reads the slot's leading columns with the mask
 ``column <= position``. Grouped-query heads are folded into the query length (a
 key/value head's query heads attend as one sequence), so no key or value is repeated.
 
+On the CPU the projections and the head run over oneDNN-blocked copies of their weights
+(:mod:`~agentgym.rollout.engines.packed`; ``engine.packed_weights``), q/k/v and gate/up
+stacked into one product each; the copies are made again before the first step after a
+weight changes.
+
 On a GPU the decode step is captured as a CUDA graph per (batch bucket, column bucket):
 the step's inputs are copied into static tensors, the graph replays, the logits are read
 from a static buffer (nano-vllm's ``model_runner``; the pool, the rotary table and the
