@@ -26,6 +26,8 @@ logger = logging.getLogger(__name__)
 
 #: where tensors go to be collated, saved, sent between processes or offloaded
 HOST = "cpu"
+#: a GPU, where only the kind of device matters (the memory planner's GPU column)
+ACCELERATOR = "cuda"
 #: ``trainer.device`` values
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "cuda:N")
 

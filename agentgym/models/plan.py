@@ -243,7 +243,7 @@ def shape_of(model: str) -> tuple[str, dict[str, Any]]:
 
 
 def setting_of(cfg: Any, gpus: int, device: str) -> Setting:
-    from agentgym.core.device import engine_dtype
+    from agentgym.core.device import ACCELERATOR, HOST, engine_dtype
     t, r = cfg.trainer, cfg.rollout
     return Setting(
         device=device, gpus=gpus, backend=t.backend, zero_stage=t.zero_stage,
@@ -253,7 +253,7 @@ def setting_of(cfg: Any, gpus: int, device: str) -> Setting:
         ref_offload=cfg.algo.ref_offload, critic=cfg.algo.needs_critic,
         engine=cfg.engine.name == "hf",
         engine_dtype=engine_dtype(cfg.engine.dtype, cfg.model.dtype,
-                                  "cpu" if device == "host" else "cuda"),
+                                  HOST if device == "host" else ACCELERATOR),
         engine_packed=device == "host" and cfg.engine.packed_weights,
         concurrency=r.max_concurrency,
         episode_tokens=r.max_prompt_tokens + r.max_response_tokens)
