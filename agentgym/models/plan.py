@@ -254,7 +254,8 @@ def setting_of(cfg: Any, gpus: int, device: str) -> Setting:
         engine=cfg.engine.name == "hf",
         engine_dtype=engine_dtype(cfg.engine.dtype, cfg.model.dtype,
                                   HOST if device == "host" else ACCELERATOR),
-        engine_packed=device == "host" and cfg.engine.packed_weights,
+        engine_packed=(device == "host" and cfg.engine.packed_weights
+                       and cfg.engine.continuous_batching),  # static batches: not packed
         concurrency=r.max_concurrency,
         episode_tokens=r.max_prompt_tokens + r.max_response_tokens)
 

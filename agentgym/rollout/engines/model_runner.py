@@ -106,7 +106,7 @@ class ModelRunner:
         for layer in self.layers:
             attn, mlp = layer.self_attn, layer.mlp
             out += [(attn.q_proj, attn.k_proj, attn.v_proj), (attn.o_proj,)]
-            if all(hasattr(mlp, k) for k in ("gate_proj", "up_proj", "down_proj")):
+            if all(hasattr(mlp, k) for k in ("gate_proj", "up_proj", "down_proj", "act_fn")):
                 out += [(mlp.gate_proj, mlp.up_proj), (mlp.down_proj,)]
         return out + [(self.model.lm_head,)]
 

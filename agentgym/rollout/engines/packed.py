@@ -12,10 +12,11 @@ copy: the same head takes 8.0 ms instead of 27.8, and a decoder layer's seven pr
 model (``torch._inductor.config.freezing``), but a frozen model cannot take new weights.
 
 The copies follow the parameters: :meth:`PackedWeights.refresh` (called before each
-forward) packs again any weight whose storage or version counter moved, so
-``load_state_dict`` (what ``HFEngine.update_weights`` does) and any other in-place write
-are seen by the next step. A write through ``.data`` does not move the version counter;
-:meth:`PackedWeights.clear` drops every copy for that case.
+forward) packs again any group one of whose weights or biases was replaced, moved to
+other storage or written in place (its version counter), so ``load_state_dict`` (what
+``HFEngine.update_weights`` does) and any other in-place write are seen by the next step.
+An in-place write through ``.data`` moves neither; :meth:`PackedWeights.clear` drops
+every copy for that case.
 """
 
 from __future__ import annotations
@@ -88,10 +89,9 @@ class PackedWeights:
         many weights were packed."""
         n = 0
         for group in self.groups:
-            key = tuple((m.weight, _version(m.weight)) for m in group)
+            key = _key(group)
             entry = self._packed.get(group)
-            if entry is None or any(a is not b or va != vb
-                                    for (a, va), (b, vb) in zip(entry[0], key)):
+            if entry is None or entry[0] != key:
                 with torch.inference_mode():
                     self._packed[group] = (key, *_stacked(group))
                 n += len(group)
@@ -110,9 +110,17 @@ class PackedWeights:
         return [y] if len(group) == 1 else list(y.split(entry[3], dim=-1))
 
 
+def _key(group: tuple) -> tuple:
+    """What a packed copy was made from: each weight's and bias's identity, storage and
+    version (``load_state_dict`` moves a version; ``.data = ...`` moves a storage)."""
+    return tuple((id(t), t.data_ptr(), _version(t)) for m in group
+                 for t in (m.weight, m.bias) if t is not None)
+
+
 def _packable(m) -> bool:
     # an inference tensor has no version counter to follow: not packed
-    return type(m) is torch.nn.Linear and _version(m.weight) is not None
+    return type(m) is torch.nn.Linear and all(
+        _version(t) is not None for t in (m.weight, m.bias) if t is not None)
 
 
 def _stacked(group: tuple) -> tuple:
