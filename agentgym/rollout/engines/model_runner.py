@@ -59,6 +59,11 @@ def why_not_supported(model) -> str | None:
     return None
 
 
+def _gated(mlp) -> bool:
+    """Whether ``mlp`` is the Llama family's gated MLP (what the runner packs and runs)."""
+    return all(hasattr(mlp, k) for k in ("gate_proj", "up_proj", "down_proj", "act_fn"))
+
+
 def _bucket(n: int, buckets) -> int:
     return next((b for b in buckets if b >= n), n)
 
@@ -106,22 +111,18 @@ class ModelRunner:
         for layer in self.layers:
             attn, mlp = layer.self_attn, layer.mlp
             out += [(attn.q_proj, attn.k_proj, attn.v_proj), (attn.o_proj,)]
-            if all(hasattr(mlp, k) for k in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+            if _gated(mlp):
                 out += [(mlp.gate_proj, mlp.up_proj), (mlp.down_proj,)]
         return out + [(self.model.lm_head,)]
 
-    def _qkv(self, attn, x: torch.Tensor) -> list[torch.Tensor]:
-        group = (attn.q_proj, attn.k_proj, attn.v_proj)
+    def _run(self, group: tuple, x: torch.Tensor) -> list[torch.Tensor]:
+        """Each of ``group``'s linears of ``x`` (packed where it is)."""
         return [m(x) for m in group] if self.packed is None else self.packed(group, x)
-
-    def _linear(self, module, x: torch.Tensor) -> torch.Tensor:
-        return module(x) if self.packed is None else self.packed((module,), x)[0]
 
     def _mlp(self, mlp, x: torch.Tensor) -> torch.Tensor:
         """The gated MLP of the Llama family (``down(act(gate(x)) * up(x))``) over the
         packed weights; any other MLP runs its own forward."""
-        if self.packed is None or not all(hasattr(mlp, k) for k in (
-                "gate_proj", "up_proj", "down_proj", "act_fn")):
+        if self.packed is None or not _gated(mlp):
             return mlp(x)
         gate, up = self.packed((mlp.gate_proj, mlp.up_proj), x)
         return self.packed((mlp.down_proj,), mlp.act_fn(gate) * up)[0]
@@ -187,7 +188,7 @@ class ModelRunner:
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             x = self._norm(layer.input_layernorm, h)
-            q, k, v = self._qkv(attn, x)
+            q, k, v = self._run((attn.q_proj, attn.k_proj, attn.v_proj), x)
             q = q.reshape(n, t, self.heads, self.head_dim)
             k = k.reshape(n, t, self.kv_heads, self.head_dim)
             v = v.reshape(n, t, self.kv_heads, self.head_dim)
@@ -204,10 +205,10 @@ class ModelRunner:
             q = q.reshape(n, self.kv_heads, self.group * t, self.head_dim)
             o = self._attend(q, keys, values, mask)
             o = o.view(n, self.heads, t, self.head_dim).transpose(1, 2).reshape(n, t, -1)
-            h = h + self._linear(attn.o_proj, o)
+            h = h + self._run((attn.o_proj,), o)[0]
             h = h + self._mlp(layer.mlp, self._norm(layer.post_attention_layernorm, h))
         h = h[:, -1] if last is None else h[torch.arange(n, device=self.device), last]
-        return self._linear(self.model.lm_head, self._norm(base.norm, h))
+        return self._run((self.model.lm_head,), self._norm(base.norm, h))[0]
 
     def _attend(self, q, keys, values, mask):
         """Attention of ``q`` ``(N, kv_heads, group * T, head_dim)`` over the slots' leading

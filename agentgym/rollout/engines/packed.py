@@ -21,12 +21,8 @@ every copy for that case.
 
 from __future__ import annotations
 
-import logging
-
 import torch
 import torch.nn.functional as F
-
-logger = logging.getLogger(__name__)
 
 #: dtype -> why packing is off on this build ("": it works), once probed
 _WHY_NOT: dict[torch.dtype, str] = {}
@@ -80,7 +76,7 @@ class PackedWeights:
             if all(_packable(m) for m in group) and len({m.in_features for m in group}) == 1:
                 self.groups.append(group)
         self.linears = [m for g in self.groups for m in g]
-        #: group -> (its weights and their versions when packed, the copy, the bias, sizes)
+        #: group -> (its _key when packed, the packed copy, the bias, each member's rows)
         self._packed: dict[tuple, tuple] = {}
         self.packs = 0  # weights packed so far (the tests read when one was packed again)
 
