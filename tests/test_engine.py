@@ -1,6 +1,6 @@
 """HF engine: batching, stop handling, seeds, and logprobs equal to a trainer forward pass,
-in its three modes: static batches, continuous batching, continuous batching with the
-prefix cache (the default)."""
+in its modes: static batches, continuous batching, continuous batching with the prefix
+cache (the default), and the GPU's captured-graph path run on the CPU's stand-in."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ PROMPTS = ["<search> capital of france", "hello there, how are you today?",
 #: engine keyword arguments of each mode
 MODES = {"static": {"continuous_batching": False, "prefix_cache": False},
          "continuous": {"prefix_cache": False},
-         "cached": {}}
+         "cached": {},
+         # the GPU's path on the CPU: captured graphs through the stand-in, a fixed pool
+         "graphs": {"graph_standin": True, "max_len": 512}}
 
 
 def trainer_logprobs(model, ids: list[int], prompt_len: int, temperature: float) -> list[float]:

@@ -1,6 +1,8 @@
 """The conformance suite (``tests/engine_conformance.py``) over every engine we can run.
 
 - ``hf``: the in-process HF engine.
+- ``hf_graphs``: the same on its GPU path (captured decode steps) through the CPU's
+  graph stand-in.
 - ``served``: ``agentgym serve`` on loopback through the SGLang client (stop strings
   applied by the server).
 - ``served_skip_tokenizer``: the same server run with ``--skip-tokenizer-init``, so the
@@ -75,11 +77,16 @@ def _real_sglang():
     return server, case
 
 
-@pytest.fixture(scope="module", params=["hf", "served", "served_skip_tokenizer", "sglang"])
+@pytest.fixture(scope="module", params=["hf", "hf_graphs", "served", "served_skip_tokenizer",
+                                        "sglang"])
 def case(request, tiny_path, tiny_tokenizer, tiny_model):
     server = None
     if request.param == "hf":
         engine = HFEngine(copy.deepcopy(tiny_model), tiny_tokenizer, batch_wait_s=0.02)
+        c = EngineCase(engine, tiny_tokenizer, copy.deepcopy(tiny_model), _push(engine))
+    elif request.param == "hf_graphs":  # the GPU's path through the CPU's graph stand-in
+        engine = HFEngine(copy.deepcopy(tiny_model), tiny_tokenizer, batch_wait_s=0.02,
+                          graph_standin=True, max_len=512)
         c = EngineCase(engine, tiny_tokenizer, copy.deepcopy(tiny_model), _push(engine))
     elif request.param == "served":
         server, c = _served(tiny_path, tiny_tokenizer, tiny_model)

@@ -69,15 +69,17 @@ def mixed_settings(k: int) -> SamplingParams:
                           **kinds[k % len(kinds)])
 
 
-@pytest.mark.parametrize("mode", ["static", "continuous"])
+@pytest.mark.parametrize("mode", ["static", "continuous", "graphs"])
 def test_seeded_requests_get_the_same_tokens_alone_and_among_64(tiny_model, tiny_tokenizer,
                                                                 mode):
     """Each of 64 seeded requests with mixed settings gets, inside one batch of 64, the
     tokens it gets alone."""
     tok = tiny_tokenizer
     prompts = [tok.encode(f"prompt {k} " + "word " * (k % 9)) for k in range(64)]
-    kw = {"continuous_batching": mode == "continuous", "prefix_cache": False,
+    kw = {"continuous_batching": mode != "static", "prefix_cache": False,
           "max_batch_size": 64}
+    if mode == "graphs":  # the GPU's captured path, through the CPU's stand-in
+        kw.update(graph_standin=True, max_len=256)
     engine = HFEngine(tiny_model, tok, **kw)
 
     async def together():

@@ -133,40 +133,71 @@ def peak_memory_gb(device) -> float | None:
 
 # -- what the rollout engine asks of a GPU (agentgym.rollout.engines) -----------------------
 def free_memory_bytes(device) -> int:
-    """Bytes free on a GPU ``device`` now (what a KV pool may be sized from)."""
+    """Bytes free on ``device`` now (what a KV pool may be sized from): the GPU's free
+    memory, or the host's available memory on the CPU."""
+    if not is_accelerator(device):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     import torch
     free, _ = torch.cuda.mem_get_info(device)
     return free
 
 
+def bind_thread(device) -> None:
+    """Make ``device`` this thread's current CUDA device (a thread starts on device 0
+    whatever its process chose: an engine on ``cuda:1`` steps on ``cuda:1``). Nothing
+    on the CPU."""
+    if is_accelerator(device):
+        import torch
+        torch.cuda.set_device(device)
+
+
 def is_capturing(device) -> bool:
-    """Whether a CUDA graph is being captured on ``device``'s current stream (False on the
-    CPU)."""
+    """Whether a graph is being captured on ``device``'s current stream, or this thread
+    records the CPU stand-in."""
+    from agentgym.core.recorded_graph import recording
+    if recording():
+        return True
     if not is_accelerator(device):
         return False
     import torch
     return torch.cuda.is_current_stream_capturing()
 
 
-def graph_pool():
-    """A memory pool several CUDA graphs share (they replay one at a time)."""
+def graph_pool(device):
+    """A memory pool several CUDA graphs share (they replay one at a time); None for the
+    stand-in."""
+    if not is_accelerator(device):
+        return None
     import torch
     return torch.cuda.graph_pool_handle()
 
 
-def capture_graph(step, pool, warmup: int = 2):
-    """``step()`` captured as a CUDA graph in ``pool``, after ``warmup`` eager runs on a
-    side stream (the allocator and the kernels' choices settle outside the capture).
-    Returns the graph; ``graph.replay()`` runs it again over the same tensors."""
+def capture_graph(step, pool, device, warmup: int = 2):
+    """``step()`` captured as a graph in ``pool``, after ``warmup`` eager runs (on a GPU on
+    a side stream: the allocator and the kernels' choices settle outside the capture).
+    Returns the graph; ``graph.replay()`` runs it again over the same tensors.
+
+    On a GPU a ``torch.cuda.CUDAGraph`` captured with ``capture_error_mode="thread_local"``
+    (another thread's CUDA calls, the async trainer's, neither break nor are broken by the
+    capture); elsewhere the stand-in
+    :class:`~agentgym.core.recorded_graph.RecordedGraph`, after the same warm-ups.
+    """
+    if not is_accelerator(device):
+        from agentgym.core.recorded_graph import RecordedGraph
+        for _ in range(warmup):
+            step()
+        graph = RecordedGraph()
+        graph.record(step)
+        return graph
     import torch
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):
         for _ in range(warmup):
             step()
-    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.current_stream(device).wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
         step()
     return graph
 

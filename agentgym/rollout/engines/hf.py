@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from agentgym.core.device import free_memory_bytes, is_accelerator
+from agentgym.core.device import bind_thread, free_memory_bytes, is_accelerator
 from agentgym.core.types import GenerateOutput, SamplingParams
 from agentgym.rollout.engines.base import Engine
 from agentgym.rollout.engines.hf_request import StopCheck, _Request
@@ -81,6 +81,9 @@ class HFEngine(Engine):
         max_len: on a GPU with graphs, positions per request the KV pool holds
             (0: the model's context, within ``kv_fraction``).
         kv_fraction: on a GPU with graphs, the most of the free memory the pool takes.
+        graph_standin: on the CPU, run the GPU's path (captured graphs through the CPU
+            stand-in :class:`~agentgym.core.recorded_graph.RecordedGraph`, CUDA's
+            attention layout) so that tests execute it; slower than the CPU's own path.
     """
 
     def __init__(self, model, tokenizer, max_batch_size: int = 32, batch_wait_s: float = 0.005,
@@ -88,7 +91,7 @@ class HFEngine(Engine):
                  continuous_batching: bool = True, prefix_cache: bool = True,
                  cache_tokens: int = 65536, prefill_chunk: int = 0, cuda_graphs: bool = True,
                  max_len: int = 0, kv_fraction: float = 0.5,
-                 packed_weights: bool = True) -> None:
+                 packed_weights: bool = True, graph_standin: bool = False) -> None:
         if prefill_chunk < 0:
             raise ValueError(f"engine.prefill_chunk={prefill_chunk}; must be >= 1 (0: auto)")
         self.model = model.eval()
@@ -128,7 +131,9 @@ class HFEngine(Engine):
             logger.info("the prefix cache is off: it needs continuous batching")
         self.scheduler: Scheduler | None = None
         if self.continuous:
-            self.scheduler = self._scheduler(cuda_graphs, max_len, kv_fraction, packed_weights)
+            self.scheduler = self._scheduler(cuda_graphs, max_len, kv_fraction, packed_weights,
+                                             graph_standin)
+            self.scheduler.runner.capture_all()  # before serving: no row is live yet
         #: run() steps on its caller's thread (the CPU only: see run)
         self._drive_here = self.continuous and not is_accelerator(self.device)
         worker = self._cb_worker if self.continuous else self._worker
@@ -147,13 +152,13 @@ class HFEngine(Engine):
                    packed_weights=e.packed_weights)
 
     def _scheduler(self, cuda_graphs: bool, max_len: int, kv_fraction: float,
-                   packed: bool) -> Scheduler:
+                   packed: bool, standin: bool) -> Scheduler:
         config = self.model.config.get_text_config()
         heads = config.num_attention_heads
         kv_heads = config.num_key_value_heads or heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         dtype = next(self.model.parameters()).dtype
-        graphs = cuda_graphs and is_accelerator(self.device)
+        graphs = cuda_graphs and (is_accelerator(self.device) or standin)
 
         def pool(slots: int, capacity: int, growable: bool) -> KVPool:
             return KVPool(config.num_hidden_layers, kv_heads, head_dim, dtype, self.device,
@@ -167,7 +172,8 @@ class HFEngine(Engine):
                         capacity, decode.bytes() / 2**30)
         else:
             decode = pool(0, 0, growable=True)
-        runner = ModelRunner(self.model, decode, graphs=graphs, packed=packed)
+        runner = ModelRunner(self.model, decode, graphs=graphs, packed=packed,
+                             standin=standin)
         return Scheduler(runner, pool(0, 0, growable=True), decode, self.prefix, self.stops,
                          self.stats, self.max_batch_size, self.prefill_chunk,
                          vocab=self.model.get_output_embeddings().out_features)
@@ -299,6 +305,7 @@ class HFEngine(Engine):
             return batch
 
     def _worker(self) -> None:
+        bind_thread(self.device)
         while True:
             batch = self._take_batch()
             if batch is None:
@@ -414,6 +421,7 @@ class HFEngine(Engine):
     def _cb_worker(self) -> None:
         """Admit waiting requests, run one step (prefill, decode), deliver, repeat (while
         no :meth:`run` drives the steps from its own thread)."""
+        bind_thread(self.device)
         while True:
             with self._cv:
                 self._cv.wait_for(lambda: self._closed or (self._driver is None

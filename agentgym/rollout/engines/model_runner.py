@@ -19,13 +19,25 @@ On a GPU the decode step is captured as a CUDA graph per (batch bucket, column b
 the step's inputs are copied into static tensors, the graph replays, the logits are read
 from a static buffer (nano-vllm's ``model_runner``; the pool, the rotary table and the
 parameters keep their addresses). Batches are padded to the bucket: padded rows write
-into free slots at column 0 and are never read. ``graphs=False`` (and any CPU) runs the
-same step eagerly.
+into free slots at column 0 and are never read. Every bucket is captured by
+:meth:`ModelRunner.capture_all` when the engine starts, while the pool is empty, so no
+capture runs while rows are live, and none costs time inside a rollout; a bucket missed
+there is captured on first use with the step's real inputs already in the static tensors
+(its warm-ups then write what the step itself writes). The rotary table is built once for
+the pool's columns and never replaced while graphs read it. ``graphs=False`` (and the
+CPU) runs the same step eagerly.
+
+``standin=True`` runs the GPU's path on the CPU (tests; ``make gpu-check``'s
+``--cpu-smoke``): graphs through :class:`~agentgym.core.recorded_graph.RecordedGraph`,
+no packed weights, and an attention whose output has the layout CUDA's memory-efficient
+kernel returns (a ``(B, M, H, K)`` buffer seen as ``(B, H, M, K)``), so code that only
+works on the CPU kernel's contiguous output fails here too.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 import torch.nn.functional as F
@@ -79,7 +91,8 @@ def column_bucket(n: int) -> int:
 class ModelRunner:
     """Prefill and decode of a Llama-family model over a :class:`KVPool`."""
 
-    def __init__(self, model, pool: KVPool, graphs: bool = False, packed: bool = True) -> None:
+    def __init__(self, model, pool: KVPool, graphs: bool = False, packed: bool = True,
+                 standin: bool = False) -> None:
         self.model, self.pool = model, pool
         base = model.model
         self.layers = list(base.layers)
@@ -90,15 +103,22 @@ class ModelRunner:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.scale = self.layers[0].self_attn.scaling
         self.device = next(model.parameters()).device
-        self.graphs = graphs and is_accelerator(self.device)
+        #: the GPU's code path: SDPA attention, graphs when asked, no packed weights
+        self.gpu_path = is_accelerator(self.device) or standin
+        self.standin = standin and not is_accelerator(self.device)
+        self.graphs = graphs and self.gpu_path
+        if self.graphs and pool.growable:
+            raise ValueError("captured graphs need a KV pool allocated once (growable=False): "
+                             "a graph keeps the addresses of the pool it was captured over")
         self._cos = self._sin = None
         self._graphs: dict[tuple[int, int], object] = {}  # (rows, columns) -> CUDA graph
         self._static: dict[str, torch.Tensor] = {}
         self._graph_pool = None
-        self.stats = {"graph_replays": 0, "eager_steps": 0, "graphs": 0}
+        self.stats = {"graph_replays": 0, "eager_steps": 0, "graphs": 0,
+                      "captured_while_serving": 0, "capture_s": 0.0}
         #: on the CPU, the projections and the head over oneDNN-blocked weight copies
         self.packed: PackedWeights | None = None
-        if packed and not is_accelerator(self.device):
+        if packed and not self.gpu_path:
             why = why_not_packed(pool.dtype)
             if why:
                 logger.info("linear weights are not packed: %s", why)
@@ -128,13 +148,18 @@ class ModelRunner:
         return self.packed((mlp.down_proj,), mlp.act_fn(gate) * up)[0]
 
     # -- rotary table -------------------------------------------------------------------
-    def _rotary(self, positions: torch.Tensor, capacity: int):
-        """cos and signed sin ``(*positions.shape, 1, head_dim)`` from a table of every
-        position up to the model's context (built once from the model's own rotary
-        embedding: a captured graph keeps reading the same table)."""
-        if self._cos is None or self._cos.shape[0] < capacity:
+    def _rotary(self, positions: torch.Tensor, need: int):
+        """cos and signed sin ``(*positions.shape, 1, head_dim)`` from a table of at least
+        ``need`` positions (built from the model's own rotary embedding for its whole
+        context, or ``need`` when more). With graphs the table is built before the first
+        capture and never replaced: a captured step keeps reading the table it saw."""
+        if self._cos is None or self._cos.shape[0] < need:
+            if self._graphs:
+                raise ValueError(f"{need} positions asked of a rotary table of "
+                                 f"{self._cos.shape[0]} that captured graphs read; the "
+                                 "decode pool's columns bound every request's positions")
             config = self.model.config.get_text_config()
-            n = max(capacity, min(getattr(config, "max_position_embeddings", 0) or 0, 1 << 17))
+            n = max(need, min(getattr(config, "max_position_embeddings", 0) or 0, 1 << 17))
             x = torch.zeros(1, dtype=self.pool.dtype, device=self.device)
             cos, sin = self.model.model.rotary_emb(
                 x, torch.arange(n, device=self.device)[None])
@@ -179,7 +204,7 @@ class ModelRunner:
         self._announce(ids)
         if self.packed is not None:
             self.packed.refresh()  # a weight written since the last step is packed again
-        cos, sin = self._rotary(positions, pool.capacity)
+        cos, sin = self._rotary(positions, columns)
         cols = torch.arange(columns, device=self.device)
         mask = (cols[None, None, :] <= positions[:, :, None])[:, None]  # (N, 1, T, C)
         if self.group > 1 and t > 1:
@@ -204,7 +229,10 @@ class ModelRunner:
                 values = pool.v[i][:, :, :columns].index_select(0, read_slots)
             q = q.reshape(n, self.kv_heads, self.group * t, self.head_dim)
             o = self._attend(q, keys, values, mask)
-            o = o.view(n, self.heads, t, self.head_dim).transpose(1, 2).reshape(n, t, -1)
+            # reshape, not view: CUDA's memory-efficient kernel returns a transposed
+            # (N, group * T, kv_heads, head_dim) buffer, whose kv-head and group dims merge
+            # only by a copy (the CPU kernel's output is contiguous and merges by a view)
+            o = o.reshape(n, self.heads, t, self.head_dim).transpose(1, 2).reshape(n, t, -1)
             h = h + self._run((attn.o_proj,), o)[0]
             h = h + self._mlp(layer.mlp, self._norm(layer.post_attention_layernorm, h))
         h = h[:, -1] if last is None else h[torch.arange(n, device=self.device), last]
@@ -216,9 +244,12 @@ class ModelRunner:
         than SDPA's CPU kernel over the pool's strided columns (smollm2-135m's heads, 64
         rows x 201 columns: 1.03 vs 1.50 ms a layer). In bf16 the matmuls are no faster
         on strided columns and round the scores to bf16, so SDPA stays."""
-        if is_accelerator(self.device) or q.shape[2] != self.group or q.dtype != torch.float32:
-            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
-                                                  scale=self.scale)
+        if self.gpu_path or q.shape[2] != self.group or q.dtype != torch.float32:
+            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
+                                               scale=self.scale)
+            if self.standin:  # the memory-efficient kernel's layout: (N, M, H, K) seen as
+                o = o.transpose(1, 2).contiguous().transpose(1, 2)  # (N, H, M, K)
+            return o
         scores = torch.matmul(q, keys.transpose(-1, -2)).mul_(self.scale)
         scores.masked_fill_(~mask, float("-inf"))
         return torch.matmul(torch.softmax(scores, -1), values)
@@ -253,24 +284,63 @@ class ModelRunner:
             self.stats["eager_steps"] += 1
             slots = torch.arange(b, device=self.device)[:, None]
             return self.forward(ids[:, None], positions[:, None], slots, None, columns, None)
-        rows = _bucket(b, BATCH_BUCKETS)
-        cols = min(column_bucket(columns), self.pool.capacity)
-        if rows > self.pool.slots:
-            rows = self.pool.slots  # the pool was sized for the largest batch
-        graph = self._graphs.get((rows, cols)) or self._capture(rows, cols)
-        st = self._static
+        rows, cols = self.bucket(b, columns)
+        st = self._buffers()
+        # the inputs first: a capture's warm-ups then write what this step writes
         st["ids"][:b].copy_(ids)
         st["positions"][:b].copy_(positions)
         st["ids"][b:rows].zero_()
         st["positions"][b:rows].zero_()
+        graph = self._graphs.get((rows, cols))
+        if graph is None:
+            logger.warning("decode step of %d rows x %d columns captured while serving "
+                           "(capture_all did not cover it)", rows, cols)
+            self.stats["captured_while_serving"] += 1
+            graph = self._capture(rows, cols)
         graph.replay()
         self.stats["graph_replays"] += 1
         return st["logits"][:b]
 
-    def _capture(self, rows: int, cols: int):
-        """Capture the decode step of ``rows`` rows over ``cols`` columns. Every graph
-        shares one memory pool, so each copies its logits into a buffer of its own
-        allocated outside the pool (another graph's replay may reuse the pool's memory)."""
+    def bucket(self, rows: int, columns: int) -> tuple[int, int]:
+        """The captured step that serves ``rows`` rows over ``columns`` columns."""
+        return (min(_bucket(rows, BATCH_BUCKETS), self.pool.slots),
+                min(column_bucket(columns), self.pool.capacity))
+
+    def buckets(self) -> list[tuple[int, int]]:
+        """Every (rows, columns) bucket a decode step over this pool can use, largest
+        first (graphs captured in one memory pool reuse the largest one's memory)."""
+        rows = sorted({min(b, self.pool.slots) for b in BATCH_BUCKETS if b < self.pool.slots}
+                      | {self.pool.slots})
+        cols, c = [], 1
+        while not cols or cols[-1] < self.pool.capacity:
+            c = min(column_bucket(c), self.pool.capacity)
+            cols.append(c)
+            c += 1
+        return sorted(((r, c) for r in rows for c in cols), reverse=True)
+
+    def capture_all(self) -> int:
+        """Capture the decode step of every bucket (the engine calls this at start, before
+        any row is live: the warm-ups write only into free slots). Returns how many."""
+        if not self.graphs:
+            return 0
+        if self.pool.live:
+            raise RuntimeError(f"capture_all with {self.pool.live} live rows: the warm-ups "
+                               "would write into their keys/values")
+        t0 = time.perf_counter()
+        todo = [key for key in self.buckets() if key not in self._graphs]
+        st = self._buffers()
+        st["ids"].zero_()
+        st["positions"].zero_()
+        for rows, cols in todo:
+            self._capture(rows, cols)
+        seconds = time.perf_counter() - t0
+        logger.info("captured %d decode steps (%d batch x %d column buckets) in %.1f s",
+                    len(todo), len({r for r, _ in todo}), len({c for _, c in todo}), seconds)
+        return len(todo)
+
+    def _buffers(self) -> dict[str, torch.Tensor]:
+        """The static tensors every captured step reads and writes (made once, with the
+        rotary table, before the first capture)."""
         if not self._static:
             most = self.pool.slots
             self._static = {"ids": torch.zeros(most, dtype=torch.long, device=self.device),
@@ -279,17 +349,25 @@ class ModelRunner:
                             "slots": torch.arange(most, device=self.device)[:, None],
                             "logits": torch.empty((most, self.model.lm_head.out_features),
                                                   dtype=self.pool.dtype, device=self.device)}
-            self._graph_pool = graph_pool()
+            self._graph_pool = graph_pool(self.device)
             self._rotary(torch.zeros(1, dtype=torch.long, device=self.device),
                          self.pool.capacity)
-        st = self._static
+        return self._static
+
+    def _capture(self, rows: int, cols: int):
+        """Capture the decode step of ``rows`` rows over ``cols`` columns. Every graph
+        shares one memory pool, so each copies its logits into a buffer of its own
+        allocated outside the pool (another graph's replay may reuse the pool's memory)."""
+        st = self._buffers()
+        t0 = time.perf_counter()
 
         def step() -> None:
             out = self.forward(st["ids"][:rows, None], st["positions"][:rows, None],
                                st["slots"][:rows], None, cols, None)
             st["logits"][:rows].copy_(out)
-        graph = capture_graph(step, self._graph_pool)
+        graph = capture_graph(step, self._graph_pool, self.device)
         self._graphs[(rows, cols)] = graph
         self.stats["graphs"] += 1
+        self.stats["capture_s"] += time.perf_counter() - t0
         logger.debug("captured the decode step for %d rows x %d columns", rows, cols)
         return graph
