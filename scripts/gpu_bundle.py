@@ -11,7 +11,9 @@ transformers 5.17 and has no network. This writes the git-ignored folder ``gpu-b
   version installed here (the newest such wheel when that version has none);
 * ``model``: smollm2-135m's GGUF (98 MB; the zoo converts it there, as here), in chunks;
 * ``part-NN/``: the files packed into calls (first fit, largest first), each call's carry
-  within the limit together with the working tree; ``stash.sh`` moves a part into
+  within the limit together with the working tree, measured on every run (:func:`plan`:
+  a part's room, and so the model's chunks, is the limit less the tree, the scripts and
+  :data:`MARGIN`; too little room is refused); ``stash.sh`` moves a part into
   ``.gpu-store/`` (ignored, kept while the machine stays warm), ``install.sh`` installs the
   wheels with ``--no-index`` and reassembles the model, and ``README.md`` says which call
   carries what, in order.
@@ -42,7 +44,10 @@ LIMIT = 64 * MiB
 IMAGE_FILE = ROOT / "scripts" / "gpu_image.txt"
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64")
-CHUNK = 40 * MiB  # model chunks: a call still has room for the tree and a few wheels
+#: kept spare in every call: the tree grows with edits between the bundle and its calls
+MARGIN = MiB
+#: less room than this beside the tree is not worth a bundle: refused, with what to do
+MIN_ROOM = 4 * MiB
 
 
 def canon(name: str) -> str:
@@ -116,23 +121,68 @@ def tree_bytes() -> int:
                if n and (ROOT / n.decode()).is_file())
 
 
-def pack(files: list[Path], room: int) -> list[list[Path]]:
-    """First fit, largest first, into calls of ``room`` bytes; an oversized file is an error."""
-    calls: list[list[Path]] = []
+def first_fit(sizes: dict[str, int], room: int) -> list[list[str]]:
+    """Names into calls of ``room`` bytes, first fit, largest first; an oversized one is an
+    error."""
+    calls: list[list[str]] = []
     used: list[int] = []
-    for f in sorted(files, key=lambda p: p.stat().st_size, reverse=True):
-        size = f.stat().st_size
+    for name, size in sorted(sizes.items(), key=lambda kv: (-kv[1], kv[0])):
         if size > room:
-            raise SystemExit(f"{f.name} is {size / MiB:.1f} MiB, more than the {room / MiB:.1f} "
-                             f"MiB a call has beside the working tree: refusing")
+            raise SystemExit(f"{name} is {size / MiB:.1f} MiB, more than the {room / MiB:.1f} "
+                             f"MiB a call has beside the working tree: refusing (a smaller "
+                             f"tree leaves more; then run make gpu-bundle again)")
         k = next((i for i, u in enumerate(used) if u + size <= room), None)
         if k is None:
             calls.append([])
             used.append(0)
             k = len(calls) - 1
-        calls[k].append(f)
+        calls[k].append(name)
         used[k] += size
     return calls
+
+
+def room_for(tree: int, limit: int = LIMIT, margin: int = MARGIN, scripts: int = 0) -> int:
+    """What a call has for its part: the limit less the working tree (measured, it travels
+    with every call), the scripts a call carries beside its part, and ``margin``. Under
+    :data:`MIN_ROOM` it is refused, with the sizes and what to do."""
+    room = limit - tree - scripts - margin
+    if room < MIN_ROOM:
+        raise SystemExit(
+            f"the working tree is {tree / MiB:.1f} MiB and a device call carries at most "
+            f"{limit / MiB:g} MiB: with {margin / MiB:g} MiB kept spare that leaves "
+            f"{room / MiB:.1f} MiB for the bundle's files, under the {MIN_ROOM / MiB:g} MiB "
+            f"worth a call; make the tree smaller (`git ls-files -z --cached --others "
+            f"--exclude-standard | xargs -0 du -b | sort -n | tail` lists its largest files: "
+            f"git-ignore or remove the untracked ones, move large data out of git) and run "
+            f"make gpu-bundle again")
+    return room
+
+
+def chunk_sizes(total: int, chunk: int) -> list[int]:
+    """The sizes :func:`split` gives a file of ``total`` bytes cut every ``chunk`` bytes."""
+    return [chunk] * (total // chunk) + ([total % chunk] if total % chunk else [])
+
+
+def plan(sizes: dict[str, int], model: str, model_bytes: int, tree: int, limit: int = LIMIT,
+         margin: int = MARGIN, scripts: int = 0) -> tuple[int, int, list[list[str]]]:
+    """``(room, chunk, calls)``: each call a list of names (the wheels of ``sizes`` and the
+    model's chunks, ``MODEL.00``...) whose bytes with the tree, the scripts and the margin
+    fit in ``limit``. The chunk is the whole room, or the model cut in equal pieces (as few
+    as fit, or one or two more), whichever packs into the fewest calls, then leaves the
+    largest part smallest (the tree can grow most before the bundle must be rebuilt), then
+    cuts the fewest chunks."""
+    room = room_for(tree, limit, margin, scripts)
+    least = -(-model_bytes // room)
+    candidates = [room] + [-(-model_bytes // n) for n in range(least, least + 3)]
+    best = None
+    for chunk in dict.fromkeys(candidates):
+        pieces = {f"{model}.{k:02d}": b for k, b in enumerate(chunk_sizes(model_bytes, chunk))}
+        every = {**sizes, **pieces}
+        calls = first_fit(every, room)
+        key = (len(calls), max(sum(every[x] for x in c) for c in calls), len(pieces))
+        if best is None or key < best[0]:
+            best = (key, chunk, calls)
+    return room, best[1], best[2]
 
 
 INSTALL = """#!/bin/sh
@@ -160,36 +210,55 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--limit-mib", type=float, default=LIMIT / MiB)
     a = ap.parse_args(argv)
     from agentgym.models.zoo import SMOLLM2_GGUF, smollm2_gguf_path
+    install = INSTALL.replace("{gguf}", SMOLLM2_GGUF)
+    scripts = len(install.encode()) + len(STASH.encode())  # carried with every part
+    limit = int(a.limit_mib * MiB)
+    tree = tree_bytes()
+    room_for(tree, limit, scripts=scripts)  # a tree too large is refused before any download
     shutil.rmtree(a.out, ignore_errors=True)
     store = a.out / "files"
     pins = closure(image_packages())
     print(f"{len(pins)} packages the image lacks: "
           + ", ".join(f"{n}=={v}" for n, v in sorted(pins.items())))
     download(pins, store, a.python)
-    files = sorted(store.glob("*.whl")) + split(smollm2_gguf_path(), store, CHUNK)
-    tree = tree_bytes()
-    room = int(a.limit_mib * MiB) - tree - MiB  # 1 MiB to spare: the tree grows with edits
-    calls = pack(files, room)
+    wheels = sorted(store.glob("*.whl"))
+    gguf = smollm2_gguf_path()
+    room, chunk, names = plan({f.name: f.stat().st_size for f in wheels}, gguf.name,
+                              gguf.stat().st_size, tree, limit, scripts=scripts)
+    by_name = {f.name: f for f in wheels + split(gguf, store, chunk)}
+    calls = [[by_name[n] for n in call] for call in names]
+    n_chunks = len(chunk_sizes(gguf.stat().st_size, chunk))
+    print(f"working tree {tree / MiB:.1f} MiB, limit {limit / MiB:g} MiB, "
+          f"{MARGIN / MiB:g} MiB spare, scripts {scripts / 1024:.1f} KiB: {room / MiB:.1f} "
+          f"MiB a part; {gguf.name} ({gguf.stat().st_size / MiB:.1f} MiB) in {n_chunks} "
+          f"chunks of at most {chunk / MiB:.1f} MiB; {len(calls)} calls")
     readme = [f"# gpu-bundle: {len(calls)} calls, then the check", "",
-              f"Every call carries the working tree ({tree / MiB:.1f} MiB) and one part "
-              f"(at most {room / MiB:.1f} MiB), in calls that follow each other within the "
-              f"machine's warm time:", ""]
+              f"Every call carries the working tree ({tree / MiB:.1f} MiB when this was "
+              f"written) and one part (at most {room / MiB:.1f} MiB), in calls that follow "
+              f"each other within the machine's warm time:", ""]
+    largest = 0
     for k, call in enumerate(calls, 1):
         part = a.out / f"part-{k:02d}"
         part.mkdir(parents=True)
         for f in call:
             shutil.move(str(f), part / f.name)
         size = sum(f.stat().st_size for f in part.iterdir())
-        total = tree + size
-        if total > a.limit_mib * MiB:
+        total = tree + size + scripts
+        if total > limit:
             raise SystemExit(f"call {k} would carry {total / MiB:.1f} MiB: refusing")
+        largest = max(largest, size + scripts)
         readme.append(f"{k}. carry `gpu-bundle/part-{k:02d}`, `gpu-bundle/stash.sh`, "
-                      f"`gpu-bundle/install.sh` ({size / MiB:.1f} MiB; with the "
+                      f"`gpu-bundle/install.sh` ({(size + scripts) / MiB:.1f} MiB; with the "
                       f"tree {total / MiB:.1f} MiB): `sh gpu-bundle/stash.sh {k:02d}` "
                       f"({', '.join(sorted(p.name for p in part.iterdir()))})")
-        print(f"call {k}: {total / MiB:5.1f} MiB ({size / MiB:.1f} part + {tree / MiB:.1f} tree)")
+        print(f"call {k}: {total / MiB:5.1f} MiB ({size / MiB:.1f} part + {scripts / 1024:.1f} "
+              f"KiB scripts + {tree / MiB:.1f} tree)")
     shutil.rmtree(store)
-    readme += ["", "gpu-bundle/ is ignored: its scripts travel only when a call carries them.",
+    bound = (limit - largest) // (MiB // 10) / 10  # rounded down: the README never overstates
+    readme += ["", f"The parts were sized for this tree: while it is at most {bound:.1f} MiB "
+               f"every call fits the {limit / MiB:g} MiB; "
+               f"past that, run `make gpu-bundle` again (it measures the tree each time).",
+               "", "gpu-bundle/ is ignored: its scripts travel only when a call carries them.",
                "", f"{len(calls) + 1}. `. gpu-bundle/install.sh && make gpu-check "
                f"GPU_CHECK_ARGS=\"--out $OUT/GPU.md\"` (carry the scripts again; the parts "
                f"are in .gpu-store/; no venv is built there; GPU.md is rewritten under $OUT "
@@ -198,7 +267,7 @@ def main(argv: list[str] | None = None) -> None:
                f"gpu-check GPU_CHECK_ARGS=\"--out $OUT/GPU.md\"` keeps a call inside its 10 "
                f"minutes (the whole check needs more: docs/GPU.md)."]
     (a.out / "README.md").write_text("\n".join(readme) + "\n")
-    (a.out / "install.sh").write_text(INSTALL.replace("{gguf}", SMOLLM2_GGUF))
+    (a.out / "install.sh").write_text(install)
     (a.out / "stash.sh").write_text(STASH)
     print(f"wrote {a.out} ({len(calls)} calls of at most {a.limit_mib:g} MiB; README.md says "
           f"which carries what)")
