@@ -258,6 +258,38 @@ def test_run_serves_other_callers_and_raises_its_rollouts_error(tiny_model, tiny
         engine.close()
 
 
+def test_drive_steps_another_threads_requests_here_until_the_engine_closes(
+        tiny_model, tiny_tokenizer):
+    """What ``agentgym serve`` does: the HTTP server's event loop on a helper thread, the
+    engine's steps on the thread that called drive(), which returns when the engine
+    closes; the samples are those of the engine's own thread."""
+    prompts = [tiny_tokenizer.encode(p) for p in PROMPTS]
+    sp = SamplingParams(max_new_tokens=16, temperature=1.0, seed=5)
+    engine = HFEngine(tiny_model, tiny_tokenizer)
+    try:
+        via_thread = generate_all(engine, prompts, sp)
+        assert engine.flush_cache()
+        threads = record_step_threads(engine)
+        served: dict = {}
+
+        def server():  # its own event loop, as uvicorn's
+            try:
+                served["out"] = generate_all(engine, prompts, sp)
+            finally:
+                engine.close()  # as serve's HTTP thread does when it stops
+        helper = threading.Thread(target=server)
+        helper.start()
+        engine.drive()  # returns when server() closes the engine
+        helper.join(120)
+        assert not helper.is_alive()
+    finally:
+        engine.close()
+    assert threads == {threading.current_thread().name}
+    for a, b in zip(via_thread, served["out"]):
+        assert a.ids == b.ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+
+
 def test_run_on_a_closed_engine_fails_its_requests(tiny_model, tiny_tokenizer):
     engine = HFEngine(tiny_model, tiny_tokenizer)
     engine.close()
@@ -266,3 +298,35 @@ def test_run_on_a_closed_engine_fails_its_requests(tiny_model, tiny_tokenizer):
         return await engine.generate(tiny_tokenizer.encode("a"), SamplingParams(max_new_tokens=4))
     with pytest.raises(RuntimeError, match="engine is closed"):
         engine.run(go())
+
+
+def test_a_short_prompt_at_the_head_does_not_chop_the_others_into_its_width(
+        tiny_model, tiny_tokenizer):
+    """Prompts of 10, 300 and 150 tokens waiting together, 512 prefill tokens a pass: the
+    first pass takes the 10 and the 150 at width 150 (the 300 would make it 3 x 300), the
+    second the 300: two passes, where a width set by the head's 10 tokens took three.
+    Each request samples what it samples alone."""
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(5, 200, (n,), generator=g).tolist() for n in (10, 300, 150)]
+    sp = SamplingParams(max_new_tokens=3, temperature=1.0, seed=5)
+    engine = HFEngine(tiny_model, tiny_tokenizer, prefill_chunk=512, prefix_cache=False)
+
+    async def together():
+        await engine.pause()
+        tasks = [asyncio.ensure_future(engine.generate(p, sp)) for p in prompts]
+        deadline = asyncio.get_running_loop().time() + 120
+        while len(engine._queue) < len(prompts):
+            assert asyncio.get_running_loop().time() < deadline, "requests never queued"
+            await asyncio.sleep(0.001)
+        engine.resume()
+        return await asyncio.gather(*tasks)
+    try:
+        crowd = asyncio.run(together())
+        passes = engine.stats["prefill_passes"]
+        alone = [generate_all(engine, [p], sp)[0] for p in prompts]
+    finally:
+        engine.close()
+    assert passes == 2
+    for a, c in zip(alone, crowd):
+        assert a.ids == c.ids
+        assert a.logprobs == pytest.approx(c.logprobs, abs=1e-4)

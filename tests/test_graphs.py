@@ -203,3 +203,44 @@ def test_the_engine_captures_every_bucket_before_serving(tiny_model, tiny_tokeni
     assert all(len(o.ids) >= 1 for o in outs)
     assert runner.stats["graph_replays"] > 0 and runner.stats["eager_steps"] == 0
     assert runner.stats["captured_while_serving"] == 0
+
+
+def _settings(k: int) -> SamplingParams:
+    kinds = [dict(temperature=1.0, top_logprobs=3), dict(temperature=0.7, top_p=0.8),
+             dict(temperature=1.3, top_k=5, top_logprobs=2), dict(temperature=0.0),
+             dict(temperature=0.9, top_p=0.95, top_k=20)]
+    return SamplingParams(max_new_tokens=6 + k % 5, seed=77 + k, **kinds[k % len(kinds)])
+
+
+def test_the_captured_sampler_gives_the_eager_engines_tokens_logprobs_and_alternatives(
+        tiny_model, tiny_tokenizer):
+    """Rows of mixed settings (greedy, top-p alone, top-k, both; some asking for
+    alternatives) through the captured forward and sampler equal the eager engine's,
+    alternatives included; every step's sampling replays a captured sampler."""
+    prompts = [tiny_tokenizer.encode(f"item {k}: " + "so " * (k % 4)) for k in range(10)]
+    got = {}
+    for standin in (False, True):
+        engine = HFEngine(tiny_model, tiny_tokenizer, max_batch_size=16, prefix_cache=False,
+                          graph_standin=standin, max_len=256, batch_wait_s=0.05)
+
+        async def go():
+            return await asyncio.gather(*(engine.generate(p, _settings(k))
+                                          for k, p in enumerate(prompts)))
+        try:
+            got[standin] = asyncio.run(go())
+        finally:
+            engine.close()
+        if standin:
+            decoder = engine.scheduler._decoder
+            assert decoder.stats["sampler_graphs"] >= 1
+            assert engine.scheduler.runner.stats["eager_steps"] == 0
+    for k, (a, b) in enumerate(zip(got[False], got[True])):
+        assert a.ids == b.ids, k
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+        if _settings(k).top_logprobs:
+            assert len(b.top_logprobs) == len(b.ids)
+            for x, y in zip(a.top_logprobs, b.top_logprobs):
+                assert [i for i, _ in x] == [i for i, _ in y]
+                assert [v for _, v in x] == pytest.approx([v for _, v in y], abs=1e-4)
+        else:
+            assert b.top_logprobs is None

@@ -104,3 +104,37 @@ def test_seeded_requests_get_the_same_tokens_alone_and_among_64(tiny_model, tiny
     for a, c in zip(alone, crowd):
         assert a.ids == c.ids
         assert a.logprobs == pytest.approx(c.logprobs, abs=1e-4)
+
+
+def _ops(fn) -> list[str]:
+    """The ATen ops ``fn()`` runs (recorded as the CPU's graph stand-in records them)."""
+    from agentgym.core.recorded_graph import RecordedGraph
+    graph = RecordedGraph()
+    graph.record(fn)
+    return [func._schema.name for func, *_ in graph.ops]
+
+
+def test_top_k_rows_draw_from_a_prefilter_and_only_top_p_rows_sort_the_vocabulary():
+    """A row with top-k <= PREFILTER sorts none of the vocabulary (``topk``); a row with
+    top-p alone needs the whole order; a batch of both computes each for its own rows
+    and each row draws what it draws alone."""
+    from agentgym.rollout.engines.sampler import PREFILTER
+    vocab = 4 * PREFILTER
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, vocab, generator=g) * 3
+    top_k = SamplingParams(temperature=1.0, top_k=40, top_p=0.9)
+    top_p = SamplingParams(temperature=1.0, top_p=0.9)
+
+    def draw(settings, rows):
+        params = RowParams.build(settings, [11 + r for r in rows], [5] * len(rows), vocab,
+                                 "cpu")
+        out = {}
+        ops = _ops(lambda: out.update(t=sample(logits[rows], params)[0]))
+        return out["t"].tolist(), ops
+    alone_k, ops_k = draw([top_k], [0])
+    alone_p, ops_p = draw([top_p], [1])
+    both, ops_both = draw([top_k, top_p], [0, 1])
+    assert "aten::sort" not in ops_k and "aten::topk" in ops_k
+    assert "aten::sort" in ops_p and "aten::topk" not in ops_p
+    assert "aten::sort" in ops_both and "aten::topk" in ops_both
+    assert both == alone_k + alone_p

@@ -544,7 +544,38 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 30000, dtype: str = "
     try:
         from agentgym.core.server_process import watch_parent
         watch_parent()  # ends with the process that started it, if one did
-        uvicorn.run(create_app(state), host=host, port=port, log_level=log_level,
-                    timeout_graceful_shutdown=10)
+        server = uvicorn.Server(uvicorn.Config(create_app(state), host=host, port=port,
+                                               log_level=log_level,
+                                               timeout_graceful_shutdown=10))
+        _serve_beside(server, engine)
     finally:
         engine.close()
+
+
+def _serve_beside(server, engine) -> None:
+    """The HTTP server's event loop on a helper thread, the engine's steps on this (the
+    main) thread: on the CPU the thread that loaded the model is then the one thread that
+    computes (docs/DECISIONS.md "Two OpenMP teams"). SIGTERM and SIGINT end the server
+    gracefully, as ``uvicorn.run`` would, and the engine with it."""
+    import signal
+    import threading
+
+    def stop(signum, frame) -> None:
+        server.should_exit = True
+
+    def http() -> None:
+        try:
+            server.run()
+        finally:
+            engine.close()  # ends drive() below
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    thread = threading.Thread(target=http, name="serve-http")
+    thread.start()
+    try:
+        engine.drive()  # returns at once for static batches: the engine's thread steps
+        thread.join()
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -117,8 +117,8 @@ class HFEngine(Engine):
         self._driver: threading.Thread | None = None  # a run() stepping on its own thread
         self._stepping = False
         self.stats = {"batches": 0, "requests": 0, "generated_tokens": 0, "decode_steps": 0,
-                      "prefilled_tokens": 0, "cached_tokens": 0, "max_rows": 0, "preempted": 0,
-                      "forward_s": 0.0, "host_s": 0.0}
+                      "prefilled_tokens": 0, "prefill_passes": 0, "cached_tokens": 0,
+                      "max_rows": 0, "preempted": 0, "forward_s": 0.0, "host_s": 0.0}
         self.prefill_chunk = prefill_chunk or (8192 if is_accelerator(self.device) else 512)
         why_static = _why_static(model, self.vision) if continuous_batching else None
         if why_static:
@@ -324,21 +324,19 @@ class HFEngine(Engine):
                     self._cv.notify_all()
 
     # -- continuous batching ------------------------------------------------------------
+    # One loop steps the scheduler (:meth:`_drive`): admit what waits, run one step,
+    # deliver. Callers only submit and await. The loop runs on the engine's own thread
+    # unless a caller drives it on its own: :meth:`run` (a rollout's event loop moves to a
+    # helper thread) or :meth:`drive` (a server's loop runs elsewhere). On the CPU that
+    # caller is the trainer's or the server's main thread, which then is the one thread
+    # that computes: one OpenMP team, not two (docs/DECISIONS.md "Two OpenMP teams").
     def run(self, coro):
         """Run ``coro`` (a rollout awaiting this engine) from outside any event loop and
         return its result. On the CPU with continuous batching, this thread runs the
-        engine's steps while the event loop runs in a helper thread: the steps then share
-        the trainer's thread and its OpenMP team instead of waking a second team per
-        parallel op (docs/DECISIONS.md "Two OpenMP teams"). Requests from elsewhere are
-        served meanwhile by the same steps; after ``coro`` ends, the engine's own thread
-        takes over again."""
-        with self._cv:
-            # one driver at a time: another run() steps for this one's requests too
-            here = self._drive_here and self._driver is None and not self._closed
-            if here:
-                self._driver = threading.current_thread()
-                self._cv.wait_for(lambda: not self._stepping)  # the worker's step ends
-        if not here:
+        engine's steps while the event loop runs in a helper thread. Requests from
+        elsewhere are served meanwhile by the same steps; after ``coro`` ends, the
+        engine's own thread takes over again."""
+        if not (self._drive_here and self._claim()):
             return asyncio.run(coro)
         out: dict = {}
 
@@ -354,21 +352,52 @@ class HFEngine(Engine):
         helper = threading.Thread(target=loop, name="hf-engine-loop", daemon=True)
         helper.start()
         try:
-            while True:
-                with self._cv:
-                    self._cv.wait_for(lambda: self._closed or "done" in out or self._has_work())
-                    if self._closed or "done" in out:
-                        break
-                    taken = self._take()
-                self._step(taken)
+            self._drive(lambda: "done" in out)
         finally:
-            with self._cv:
-                self._driver = None
-                self._cv.notify_all()
+            self._release()
         helper.join()  # closed: close() failed the requests, so the rollout ends too
         if "error" in out:
             raise out["error"]
         return out["value"]
+
+    def drive(self) -> None:
+        """Step the engine on this thread until :meth:`close` (a server whose event loop
+        runs on another thread: ``agentgym serve`` on the CPU). Returns at once, leaving
+        the engine's own thread to step, where it cannot drive (static batches, or a
+        caller already driving)."""
+        if not (self.continuous and self._claim()):
+            return
+        try:
+            bind_thread(self.device)
+            self._drive(lambda: False)
+        finally:
+            self._release()
+
+    def _claim(self) -> bool:
+        """Make this thread the one that steps (False: another caller already does)."""
+        with self._cv:
+            if self._driver is not None or self._closed:
+                return False
+            self._driver = threading.current_thread()
+            self._cv.notify_all()
+            self._cv.wait_for(lambda: not self._stepping)  # the worker's step ends
+            return True
+
+    def _release(self) -> None:
+        with self._cv:
+            self._driver = None
+            self._cv.notify_all()
+
+    def _drive(self, until) -> None:
+        """The loop: admit waiting requests, run one step, deliver; until ``until()``
+        (read with the lock held) or the engine closes."""
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self._closed or until() or self._has_work())
+                if self._closed or until():
+                    return
+                taken = self._take()
+            self._step(taken)
 
     def _has_work(self) -> bool:
         return self.scheduler.busy or bool(self._queue and not self._paused)
@@ -419,18 +448,14 @@ class HFEngine(Engine):
             r.finish(*done, self.policy_version)
 
     def _cb_worker(self) -> None:
-        """Admit waiting requests, run one step (prefill, decode), deliver, repeat (while
-        no :meth:`run` drives the steps from its own thread)."""
+        """The engine's own thread: it drives the loop while no caller does."""
         bind_thread(self.device)
         while True:
-            with self._cv:
-                self._cv.wait_for(lambda: self._closed or (self._driver is None
-                                                           and self._has_work()))
+            self._drive(lambda: self._driver is not None)
+            with self._cv:  # a caller drives now (or the engine closed): wait for it
+                self._cv.wait_for(lambda: self._driver is None)
                 if self._closed:
-                    self._cv.wait_for(lambda: self._driver is None)  # its step ends first
                     break
-                taken = self._take()
-            self._step(taken)
         for r in self.scheduler.running():
             if not r.closed:
                 r.fail(RuntimeError("engine closed"))

@@ -1,6 +1,9 @@
 """The keys and values of the running requests: one slot per request, allocated once.
 
-Per layer, ``k[layer]`` and ``v[layer]`` are ``(slots + 1, kv_heads, capacity, head_dim)``:
+One tensor holds them all, ``kv`` ``(layers, 2, slots + 1, kv_heads, capacity, head_dim)``,
+so a join, a move or a read for the prefix cache is one copy, not one per layer; per
+layer, ``k[layer]`` and ``v[layer]`` are its views ``(slots + 1, kv_heads, capacity,
+head_dim)``:
 slot ``s`` holds its request's positions ``0 .. length[s] - 1`` at columns of the same
 index, so a position's column never moves and the attention mask of a row is simply
 ``column <= position``. The last slot is scratch: padded tokens write there, so a padded
@@ -31,6 +34,7 @@ class KVPool:
                  device, slots: int, capacity: int, growable: bool) -> None:
         self.n_layers, self.kv_heads, self.head_dim = n_layers, kv_heads, head_dim
         self.dtype, self.device, self.growable = dtype, device, growable
+        self.kv: torch.Tensor | None = None
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
         self.rows: list[object] = []  # owners of slots 0 .. live - 1
@@ -49,19 +53,22 @@ class KVPool:
         return self.slots
 
     def bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+        return 0 if self.kv is None else self.kv.numel() * self.kv.element_size()
 
     def _allocate(self, slots: int, capacity: int) -> None:
-        shape = (slots + 1, self.kv_heads, capacity, self.head_dim)
-        new_k = [torch.zeros(shape, dtype=self.dtype, device=self.device)
-                 for _ in range(self.n_layers)]
-        new_v = [torch.zeros(shape, dtype=self.dtype, device=self.device)
-                 for _ in range(self.n_layers)]
-        for old, new in ((self.k, new_k), (self.v, new_v)):
-            for a, b in zip(old, new):  # live rows keep their columns
-                n = max(self.length, default=0)
-                b[:self.live, :, :n] = a[:self.live, :, :n]
-        self.k, self.v, self.slots, self.capacity = new_k, new_v, slots, capacity
+        shape = (self.n_layers, 2, slots + 1, self.kv_heads, capacity, self.head_dim)
+        new = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        if self.kv is not None and self.live:  # live rows keep their columns
+            n = max(self.length, default=0)
+            new[:, :, :self.live, :, :n] = self.kv[:, :, :self.live, :, :n]
+        self._use(new)
+        self.slots, self.capacity = slots, capacity
+
+    def _use(self, kv: torch.Tensor | None) -> None:
+        self.kv = kv
+        # one select each, not unbind: unbind's views may not be written in place
+        self.k = [] if kv is None else [kv[i, 0] for i in range(self.n_layers)]
+        self.v = [] if kv is None else [kv[i, 1] for i in range(self.n_layers)]
 
     def ensure(self, rows: int, positions: int) -> None:
         """Room for ``rows`` live slots of up to ``positions`` columns each."""
@@ -90,7 +97,8 @@ class KVPool:
         at a weight update, not whenever the batch drains: reallocating costs more than
         a decode step on the CPU)."""
         if self.growable and not self.rows and self.slots:
-            self.k, self.v, self.slots, self.capacity = [], [], 0, 0
+            self._use(None)
+            self.slots = self.capacity = 0
 
     # -- rows ---------------------------------------------------------------------------
     def add(self, owner: object, length: int) -> int:
@@ -107,8 +115,7 @@ class KVPool:
         moved = None
         if slot != last:
             n = self.length[last]
-            for t in self.k + self.v:
-                t[slot, :, :n] = t[last, :, :n]
+            self.kv[:, :, slot, :, :n] = self.kv[:, :, last, :, :n]
             self.rows[slot], self.length[slot] = self.rows[last], n
             moved = self.rows[slot]
         self.rows.pop()
@@ -122,25 +129,28 @@ class KVPool:
     # -- contents -----------------------------------------------------------------------
     def put(self, slot: int, kv: torch.Tensor) -> None:
         """Write ``kv`` ``(layers, 2, kv_heads, n, head_dim)`` at columns ``0 .. n-1``."""
-        n = kv.shape[3]
-        for layer in range(self.n_layers):
-            self.k[layer][slot, :, :n] = kv[layer, 0]
-            self.v[layer][slot, :, :n] = kv[layer, 1]
+        self.kv[:, :, slot, :, :kv.shape[3]] = kv
 
     def copy(self, src: int, dst: int, n: int) -> None:
         """Columns ``0 .. n-1`` of slot ``src`` into slot ``dst``."""
-        for t in self.k + self.v:
-            t[dst, :, :n] = t[src, :, :n]
+        self.kv[:, :, dst, :, :n] = self.kv[:, :, src, :, :n]
 
-    def copy_from(self, other: "KVPool", src: int, dst: int, n: int) -> None:
-        """Columns ``0 .. n-1`` of ``other``'s slot ``src`` into this pool's slot ``dst``."""
-        for mine, theirs in zip(self.k + self.v, other.k + other.v):
-            mine[dst, :, :n] = theirs[src, :, :n]
+    def copy_from(self, other: "KVPool", src: int, dst: int | list[int], n: int) -> None:
+        """Columns ``0 .. n-1`` of ``other``'s slot ``src`` into this pool's slot ``dst``
+        (or each of the slots ``dst``: a group's requests joining from one prompt), in
+        one copy."""
+        if isinstance(dst, int):
+            self.kv[:, :, dst, :, :n] = other.kv[:, :, src, :, :n]
+        elif list(dst) == list(range(dst[0], dst[0] + len(dst))):  # consecutive: a slice
+            self.kv[:, :, dst[0]:dst[0] + len(dst), :, :n] = other.kv[:, :, src:src + 1, :, :n]
+        else:
+            index = torch.tensor(dst, device=self.kv.device)
+            self.kv[:, :, index, :, :n] = other.kv[:, :, src:src + 1, :, :n]
 
     def kv_of(self, slot: int, a: int, b: int) -> torch.Tensor:
-        """Columns ``a .. b-1`` of ``slot``: ``(layers, 2, kv_heads, b - a, head_dim)``."""
-        return torch.stack([torch.stack((k[slot, :, a:b], v[slot, :, a:b]))
-                            for k, v in zip(self.k, self.v)])
+        """Columns ``a .. b-1`` of ``slot``: ``(layers, 2, kv_heads, b - a, head_dim)``, a
+        view into the pool (copy it to keep it)."""
+        return self.kv[:, :, slot, :, a:b]
 
 
 def _doubled(size: int, need: int, least: int) -> int:

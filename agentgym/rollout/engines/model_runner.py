@@ -284,13 +284,20 @@ class ModelRunner:
             self.stats["eager_steps"] += 1
             slots = torch.arange(b, device=self.device)[:, None]
             return self.forward(ids[:, None], positions[:, None], slots, None, columns, None)
-        rows, cols = self.bucket(b, columns)
         st = self._buffers()
-        # the inputs first: a capture's warm-ups then write what this step writes
         st["ids"][:b].copy_(ids)
         st["positions"][:b].copy_(positions)
+        rows, _ = self.bucket(b, columns)
         st["ids"][b:rows].zero_()
         st["positions"][b:rows].zero_()
+        return self.replay(b, columns)[:b]
+
+    def replay(self, b: int, columns: int) -> torch.Tensor:
+        """The captured decode step over the static inputs (``ids``, ``positions`` of
+        :meth:`static`, rows ``b`` up to the bucket's size zero): the logits of the
+        bucket's rows, a static buffer. A bucket not captured yet is captured now, over
+        the inputs already in place (its warm-ups write what the step writes)."""
+        rows, cols = self.bucket(b, columns)
         graph = self._graphs.get((rows, cols))
         if graph is None:
             logger.warning("decode step of %d rows x %d columns captured while serving "
@@ -299,7 +306,7 @@ class ModelRunner:
             graph = self._capture(rows, cols)
         graph.replay()
         self.stats["graph_replays"] += 1
-        return st["logits"][:b]
+        return self._static["logits"][:rows]
 
     def bucket(self, rows: int, columns: int) -> tuple[int, int]:
         """The captured step that serves ``rows`` rows over ``columns`` columns."""
@@ -331,12 +338,23 @@ class ModelRunner:
         st = self._buffers()
         st["ids"].zero_()
         st["positions"].zero_()
-        for rows, cols in todo:
-            self._capture(rows, cols)
+        with torch.inference_mode():
+            for rows, cols in todo:
+                self._capture(rows, cols)
         seconds = time.perf_counter() - t0
         logger.info("captured %d decode steps (%d batch x %d column buckets) in %.1f s",
                     len(todo), len({r for r, _ in todo}), len({c for _, c in todo}), seconds)
         return len(todo)
+
+    def graph_memory(self):
+        """The memory pool every captured step of this runner shares (the sampler's too)."""
+        self._buffers()
+        return self._graph_pool
+
+    def static(self) -> dict[str, torch.Tensor]:
+        """The captured steps' static tensors: ``ids`` and ``positions`` ``(slots,)`` (the
+        inputs), ``logits`` ``(slots, vocab)`` (the output)."""
+        return self._buffers()
 
     def _buffers(self) -> dict[str, torch.Tensor]:
         """The static tensors every captured step reads and writes (made once, with the

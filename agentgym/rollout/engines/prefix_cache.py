@@ -109,7 +109,7 @@ class PrefixCache:
             node, pos = child, pos + used
         if pos == len(ids):
             return 0
-        tail = kv(pos, len(ids)).contiguous()
+        tail = kv(pos, len(ids)).clone(memory_format=torch.contiguous_format)  # off the pool
         if tail.shape[3] != len(ids) - pos:
             raise ValueError(f"kv({pos}, {len(ids)}) gave {tail.shape[3]} positions")
         leaf = _Node(ids[pos:], tail, node, now)

@@ -6,8 +6,15 @@ hash of (seed, position in its output), computed on the device, so a seeded requ
 the same tokens whoever shares its batch, and nothing holds a ``torch.Generator`` per
 request. Sampling is by inverse CDF: the first token whose cumulative probability passes
 the uniform. A row that truncates (top-p < 1 or top-k) draws over its probabilities sorted
-in descending order, the others over the vocabulary order; which one a row uses depends on
+in descending order, the others over the vocabulary order; a row whose top-k is at most
+:data:`PREFILTER` sorts only its :data:`PREFILTER` likeliest tokens (``topk``: the same
+leading order as a sort of the whole vocabulary), a row with top-p alone sorts the whole
+vocabulary (its nucleus may reach past any fixed prefix). Which one a row uses depends on
 its own settings only, so a row's token never depends on its companions.
+
+The steps are free of host reads and data-dependent shapes, so on a GPU a step's
+sampling is captured as a graph too (:meth:`RowParams.mode` is what such a graph is keyed
+by: the Python branches this function takes).
 
 Logprobs are ``log_softmax(logits / temperature)`` of the chosen token (temperature 1 for
 greedy rows), before truncation, in fp32: what a trainer recomputes with a forward pass.
@@ -23,6 +30,8 @@ _MASK32 = 0xFFFFFFFF
 # murmur3's 32-bit finaliser constants; products stay exact in int64 after masking
 _M1, _M2 = 0x85EBCA6B, 0xC2B2AE35
 _GOLDEN = 0x9E3779B9
+#: a row with top-k up to this many draws among that many likeliest tokens, not a sort
+PREFILTER = 1024
 
 
 def _fmix32(h: torch.Tensor) -> torch.Tensor:
@@ -65,6 +74,17 @@ class RowParams:
     unit_temperature: bool  # every row at temperature 1 (or greedy): no division
     truncating: torch.Tensor | None  # (B,) bool, None when no row truncates
     top_logprobs: int  # the most alternatives any row asks for
+    #: (B,) bool, rows whose truncation needs the whole vocabulary sorted (top-p alone, or
+    #: a top-k above PREFILTER); None when none does
+    full_sort: torch.Tensor | None = None
+    #: whether some truncating row draws within the PREFILTER likeliest tokens
+    prefiltered: bool = False
+
+    def mode(self) -> tuple:
+        """The branches :func:`sample` takes for these rows (a captured sampler's key)."""
+        return (self.all_greedy, self.any_greedy, self.unit_temperature,
+                self.truncating is not None, self.full_sort is not None, self.prefiltered,
+                self.top_logprobs)
 
     @classmethod
     def build(cls, settings: list, seeds: list[int], positions: list[int], vocab: int,
@@ -73,6 +93,7 @@ class RowParams:
         greedy = [s.temperature == 0 for s in settings]
         trunc = [not g and (s.top_p < 1.0 or 0 < s.top_k < vocab)
                  for g, s in zip(greedy, settings)]
+        full = [t and not 0 < s.top_k <= min(PREFILTER, vocab) for t, s in zip(trunc, settings)]
 
         def t(values, dtype):
             return torch.tensor(values, dtype=dtype, device=device)
@@ -85,7 +106,9 @@ class RowParams:
                    all_greedy=all(greedy), any_greedy=any(greedy),
                    unit_temperature=all((s.temperature or 1.0) == 1.0 for s in settings),
                    truncating=t(trunc, torch.bool) if any(trunc) else None,
-                   top_logprobs=max((s.top_logprobs for s in settings), default=0))
+                   top_logprobs=max((s.top_logprobs for s in settings), default=0),
+                   full_sort=t(full, torch.bool) if any(full) else None,
+                   prefiltered=any(tr and not f for tr, f in zip(trunc, full)))
 
 
 def sample(logits: torch.Tensor, rows: RowParams):
@@ -130,9 +153,24 @@ def _inverse_cdf(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 def _truncated_draw(probs: torch.Tensor, rows: RowParams, u: torch.Tensor) -> torch.Tensor:
     """Draw within each row's top-k and top-p nucleus (the smallest prefix of the sorted
-    probabilities whose mass reaches top_p), over the probabilities in descending order."""
-    sorted_p, order = probs.sort(dim=-1, descending=True)
-    rank = torch.arange(probs.shape[-1], device=probs.device)[None, :]
+    probabilities whose mass reaches top_p), over the probabilities in descending order:
+    the :data:`PREFILTER` likeliest for a row whose top-k is within it, all of them for
+    the others (both computed only when some row needs each)."""
+    drawn = None
+    if rows.prefiltered:
+        k = min(PREFILTER, probs.shape[-1])
+        drawn = _draw_sorted(*probs.topk(k, dim=-1), rows, u)
+    if rows.full_sort is not None:
+        whole = _draw_sorted(*probs.sort(dim=-1, descending=True), rows, u)
+        drawn = whole if drawn is None else torch.where(rows.full_sort, whole, drawn)
+    return drawn
+
+
+def _draw_sorted(sorted_p: torch.Tensor, order: torch.Tensor, rows: RowParams,
+                 u: torch.Tensor) -> torch.Tensor:
+    """The drawn token ids, from each row's leading probabilities in descending order
+    (``sorted_p``) and their ids (``order``)."""
+    rank = torch.arange(sorted_p.shape[-1], device=sorted_p.device)[None, :]
     keep = rank < rows.top_k[:, None]
     nucleus = (sorted_p.cumsum(-1) - sorted_p) <= rows.top_p[:, None]
     keep &= nucleus | (rows.top_p[:, None] >= 1.0)

@@ -10,9 +10,12 @@ already finished, moves into the decode pool (a copy of the prompt's keys/values
 one step decodes all rows together. A row leaves the moment it is finished; its keys and
 values go to the prefix cache.
 
-Per step the host does one copy from the device (the sampled ids and logprobs); rows'
-sampling settings and inputs live on the device and are rebuilt only when rows join or
-leave.
+Per step the host does one copy from the device (the sampled ids and logprobs, and the
+alternatives when asked for); rows' sampling settings and inputs live on the device
+(:mod:`~agentgym.rollout.engines.decode_rows`) and are rebuilt only when rows join or
+leave. The requests whose prompts finish in a prefill pass draw their first tokens in one
+sample with one copy to the host, and a job's requests join the decode pool with one copy
+of its keys/values.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from agentgym.core.device import to_host_async
+from agentgym.rollout.engines.decode_rows import DecodeRows, results
 from agentgym.rollout.engines.hf_request import StopCheck, _Request
 from agentgym.rollout.engines.kv_pool import KVPool
 from agentgym.rollout.engines.model_runner import ModelRunner
@@ -41,22 +44,12 @@ class Job:
 
 
 @dataclass
-class _Rows:
-    """The decode rows' state on the device (valid until rows join or leave)."""
-
-    tokens: torch.Tensor  # (B,) the next input token of each row
-    positions: torch.Tensor  # (B,) its position
-    params: RowParams
-
-
-@dataclass
 class _Step:
     """A decode step in flight: its rows as launched, their results on the way."""
 
     reqs: list[_Request]
-    host: torch.Tensor  # (2, B): ids and logprobs
+    host: torch.Tensor  # (B, 2 + 2K): ids, logprobs, K alternatives' logprobs and ids
     event: object | None  # the GPU event that ends the copy (None on the CPU: done)
-    top: tuple | None
 
 
 @dataclass
@@ -75,8 +68,11 @@ class Scheduler:
     version: int = 0
     jobs: list[Job] = field(default_factory=list)
     ready: list[tuple[_Request, tuple]] = field(default_factory=list)
-    _rows: _Rows | None = None
+    _rows: DecodeRows | None = None  # None: rows joined or left since the last step
     _inflight: _Step | None = None
+
+    def __post_init__(self) -> None:
+        self._decoder = DecodeRows(self.runner, self.vocab)
 
     @property
     def busy(self) -> bool:
@@ -122,7 +118,8 @@ class Scheduler:
         chunks = self._chunks()
         if not chunks:
             return
-        width = chunks[0][1]
+        width = max(n for _, n in chunks)
+        self.stats["prefill_passes"] += 1
         device = self.runner.device
         ids = torch.zeros((len(chunks), width), dtype=torch.long)
         positions = torch.zeros((len(chunks), width), dtype=torch.long)
@@ -142,16 +139,20 @@ class Scheduler:
             self.stats["prefilled_tokens"] += n
             if job.pos == len(job.ids):
                 done.append((job, i))
-        for job, i in done:
-            self._first_tokens(job, logits[i])
+        if done:
+            self._first_tokens(done, logits)
         for job, _ in sorted(done, key=lambda d: -d[0].slot):
             self.jobs.remove(job)
             self._free_staging(job.slot)
 
     def _chunks(self) -> list[tuple[Job, int]]:
-        """This step's (job, tokens) pairs: the oldest job's next chunk sets the width,
-        later jobs join with chunks no wider while the padded batch fits the budget."""
+        """This step's (job, tokens) pairs, the oldest job first. The padded batch is as
+        wide as its longest chunk (a job longer than the budget goes in chunks of the
+        budget); each later job joins when the batch, widened to its chunk, still fits the
+        budget, and one that does not leaves room for a shorter one after it. So a short
+        job at the head neither chops the others into its width nor holds them back."""
         chunks: list[tuple[Job, int]] = []
+        width = 0
         for job in list(self.jobs):
             job.reqs = [r for r in job.reqs if not r.abandoned]
             if not job.reqs:
@@ -159,12 +160,15 @@ class Scheduler:
                 if job.slot is not None:
                     self._free_staging(job.slot)
                 continue
-            width = chunks[0][1] if chunks else min(self.prefill_tokens, len(job.ids) - job.pos)
-            if chunks and (len(chunks) + 1) * width > self.prefill_tokens:
-                break
+            # before its start the job's cached prefix is unknown: its whole length bounds it
+            n = min(self.prefill_tokens, len(job.ids) - job.pos)
+            if chunks and (len(chunks) + 1) * max(width, n) > self.prefill_tokens:
+                continue
             if job.slot is None:
                 self._start(job)
-            chunks.append((job, min(width, len(job.ids) - job.pos)))
+                n = min(self.prefill_tokens, len(job.ids) - job.pos)
+            chunks.append((job, n))
+            width = max(width, n)
         return chunks
 
     def _start(self, job: Job) -> None:
@@ -184,25 +188,33 @@ class Scheduler:
         if moved is not None:
             moved.slot = slot
 
-    def _first_tokens(self, job: Job, logits: torch.Tensor) -> None:
-        """Each request's first token from the prompt's logits; the unfinished ones join
-        the decode rows with a copy of the prompt's keys/values."""
-        n = len(job.ids)
-        self.stats["cached_tokens"] += (len(job.reqs) - 1) * n  # the group shared it
-        if self.prefix is not None:
-            slot = job.slot
-            self.prefix.insert(job.ids, lambda a, b: self.staging.kv_of(slot, a, b))
-        params = self._params(job.reqs)
-        tokens, logps, top = sample(logits.expand(len(job.reqs), -1), params)
-        for r, token, logp, alt in _host(tokens, logps, top, job.reqs):
-            r.push(token, logp, alt, self.version)
-            done = self.stops(r)
-            if done is not None:
-                self._finish(r, done)
-                continue
-            slot = self.decode.add(r, n)
-            self.decode.copy_from(self.staging, job.slot, slot, n)
-            self._rows = None
+    def _first_tokens(self, done: list[tuple[Job, int]], logits: torch.Tensor) -> None:
+        """Each request's first token from its prompt's logits (row ``i`` of ``logits``
+        for a ``(job, i)`` of ``done``), all in one sample and one copy to the host; the
+        unfinished ones join the decode rows with one copy of their prompt's keys/values
+        per job."""
+        reqs = [r for job, _ in done for r in job.reqs]
+        rows = torch.tensor([i for job, i in done for _ in job.reqs], device=logits.device)
+        tokens, logps, top = sample(logits.index_select(0, rows), self._params(reqs))
+        results = iter(_host(tokens, logps, top, reqs))
+        for job, _ in done:
+            n = len(job.ids)
+            self.stats["cached_tokens"] += (len(job.reqs) - 1) * n  # the group shared it
+            if self.prefix is not None:
+                slot = job.slot
+                self.prefix.insert(job.ids, lambda a, b: self.staging.kv_of(slot, a, b))
+            joined = []
+            for _ in job.reqs:
+                r, token, logp, alt = next(results)
+                r.push(token, logp, alt, self.version)
+                finished = self.stops(r)
+                if finished is not None:
+                    self._finish(r, finished)
+                    continue
+                joined.append(self.decode.add(r, n))
+            if joined:
+                self.decode.copy_from(self.staging, job.slot, joined, n)
+                self._rows = None
 
     # -- decode -------------------------------------------------------------------------
     def _decode(self) -> None:
@@ -216,17 +228,12 @@ class Scheduler:
                 return
             self._rows = self._rebuild()
         t0 = time.perf_counter()
-        rows = self._rows
         self.stats["decode_steps"] += 1
         self.stats["max_rows"] = max(self.stats["max_rows"], pool.live)
         columns = max(pool.length) + 1
         pool.ensure(pool.live, columns)
-        logits = self.runner.decode(rows.tokens, rows.positions, columns)
-        tokens, logps, top = sample(logits, rows.params)
-        rows.tokens, rows.positions = tokens, rows.positions + 1
-        rows.params.positions = rows.params.positions + 1
+        step = _Step(list(pool.rows), *self._rows.step(columns))
         pool.length[:] = [n + 1 for n in pool.length]
-        step = _Step(list(pool.rows), *_to_host(tokens, logps), top)
         self.stats["forward_s"] += time.perf_counter() - t0
         self.drain()
         self._inflight = step
@@ -243,10 +250,8 @@ class Scheduler:
         if step.event is not None:
             step.event.synchronize()
         t1 = time.perf_counter()
-        ids, logps = step.host.tolist()
-        alts = _alternatives(step.top, step.reqs)
         finished = []
-        for r, token, logp, alt in zip(step.reqs, ids, logps, alts):
+        for r, (token, logp, alt) in zip(step.reqs, _rows_of(step.host.tolist(), step.reqs)):
             if r.closed:  # finished a step earlier: this token is beyond its end
                 continue
             r.push(int(token), logp, alt, self.version)
@@ -266,11 +271,11 @@ class Scheduler:
         self.stats["forward_s"] += t1 - t0
         self.stats["host_s"] += time.perf_counter() - t1
 
-    def _rebuild(self) -> _Rows:
-        reqs, device = self.decode.rows, self.runner.device
-        tokens = torch.tensor([r.ids[-1] for r in reqs], device=device)
-        positions = torch.tensor(self.decode.length, device=device)
-        return _Rows(tokens, positions, self._params(reqs))
+    def _rebuild(self) -> DecodeRows:
+        reqs = self.decode.rows
+        self._decoder.start([r.ids[-1] for r in reqs], list(self.decode.length),
+                            self._params(reqs))
+        return self._decoder
 
     def _params(self, reqs: list[_Request]) -> RowParams:
         return RowParams.build([r.sampling for r in reqs], [r.seed for r in reqs],
@@ -284,23 +289,17 @@ class Scheduler:
 
 
 def _host(tokens: torch.Tensor, logps: torch.Tensor, top, reqs: list[_Request]):
-    """``(request, token, logprob, alternatives)`` per row, from one copy to the host
-    (a second when some row asks for alternatives)."""
-    both = torch.stack((tokens.double(), logps.double())).cpu().tolist()
-    return [(r, int(t), lp, a) for r, t, lp, a in
-            zip(reqs, both[0], both[1], _alternatives(top, reqs))]
+    """``(request, token, logprob, alternatives)`` per row, from one copy to the host."""
+    rows = results(tokens, logps, top).cpu().tolist()
+    return [(r, *row) for r, row in zip(reqs, _rows_of(rows, reqs))]
 
 
-def _to_host(tokens: torch.Tensor, logps: torch.Tensor):
-    """The step's ids and logprobs, ``(2, B)`` float64, on their way to the host (on a GPU
-    an asynchronous copy, and the event that marks its end)."""
-    return to_host_async(torch.stack((tokens.double(), logps.double())))
-
-
-def _alternatives(top, reqs: list[_Request]) -> list:
-    """Each row's ``top_logprobs`` likeliest ``(id, logprob)``, or None."""
-    if top is None:
-        return [None] * len(reqs)
-    values, ids = top[0].tolist(), top[1].tolist()
-    return [list(zip(ids[j], values[j]))[:r.sampling.top_logprobs]
-            if r.sampling.top_logprobs else None for j, r in enumerate(reqs)]
+def _rows_of(rows: list[list[float]], reqs: list[_Request]):
+    """``(token, logprob, alternatives or None)`` per request, from the rows of a step's
+    ``(B, 2 + 2K)`` results (token, logprob, K alternatives' logprobs, their ids)."""
+    for row, r in zip(rows, reqs):
+        k, want = (len(row) - 2) // 2, r.sampling.top_logprobs
+        alts = None
+        if want:
+            alts = [(int(i), v) for v, i in zip(row[2:2 + k], row[2 + k:])][:want]
+        yield int(row[0]), row[1], alts
