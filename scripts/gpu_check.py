@@ -4,15 +4,28 @@ its figures). Without CUDA it says so and exits 0, writing nothing; ``--cpu-smok
 every stage but the tests on the CPU with tiny shapes and short sequences, to a file of
 your choosing, to find a stage's bug before a lent GPU does.
 
-In the order that gives the most per minute of a lent GPU: first the engine against
-transformers' own ``generate`` (eager and static-cache compiled) on random-initialised
-shapes (``bench/engine_speed.py``: no weights needed); the tests marked gpu but the
-20-step GRPO run (correctness: the engine's conformance on the device, FSDP2 over NCCL); update
-throughput, MFU and peak memory of random-initialised models of the shipped shapes
-(smollm2 135M/360M/1.7B, Qwen2.5 0.5B/1.5B/3B/7B, while the planner says a single-GPU full
-fine-tune fits), each peak beside the memory planner's figure; then, on smollm2-135m's
-real weights (the policy's GPU defaults: bf16 rollout copy, bf16 autocast over fp32
-master weights, SDPA or flash attention), and last the 20-step GRPO run on arith:
+In the order that pays on a lent GPU (a call lasts at most 10 minutes), each stage writing
+the page before the next begins:
+
+1. the tests marked gpu but the 20-step GRPO run (about a minute: the engine's conformance
+   on the device, FSDP2 over NCCL), so correctness is known before anything else;
+2. the engine against transformers' static-cache compiled ``generate`` on
+   random-initialised shapes (``bench/engine_speed.py --bars --baselines static``: no
+   weights needed), trimmed to the shapes and batches the GPU bars name (smollm2-135m
+   single-turn at batch 64 and 256 and multi-turn 64 x 8 turns, qwen2.5-1.5b single-turn
+   at batch 64), every contender warmed untimed on the timed shapes, the compiled
+   baseline's warm-up (its compiles) in a column of its own; the page is rewritten after
+   each of its rows, and should it fail, the page says so and the check goes on (exiting
+   1 at the end);
+3. update throughput, MFU and peak memory of random-initialised models of the shipped
+   shapes (smollm2 135M/360M/1.7B, Qwen2.5 0.5B/1.5B/3B/7B, while the planner says a
+   single-GPU full fine-tune fits), each peak beside the memory planner's figure;
+4. on smollm2-135m's real weights (the policy's GPU defaults: bf16 rollout copy, bf16
+   autocast over fp32 master weights, SDPA or flash attention), generation and update
+   throughput;
+5. last, the tests' 20-step GRPO run on arith (minutes), read back from its run directory.
+
+The figures of stages 4 and 5:
 
 - generation tokens/s: the HF engine, 64 prompts x up to 256 sampled tokens, continuous
   batching (tokens counted as generated);
@@ -206,23 +219,48 @@ def _gpu_tests(select: str, run: Path) -> tuple[int, tuple[str, str]]:
     t0 = time.perf_counter()
     tests = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rs", "-k",
                             select, "tests/test_gpu.py", "tests/test_model_runner.py"],
-                           cwd=ROOT, capture_output=True, text=True, env={**os.environ, "AGENTGYM_GPU_RUN_DIR": str(run)})
+                           cwd=ROOT, capture_output=True, text=True,
+                           env={**os.environ, "AGENTGYM_GPU_RUN_DIR": str(run)})
     print(tests.stdout[-3000:], tests.stderr[-2000:], flush=True)
     summary = (tests.stdout.strip().splitlines() or ["(no output)"])[-1]
     return tests.returncode, (f"tests marked gpu, `-k '{select}'`",
                               f"{summary} ({time.perf_counter() - t0:.0f} s)")
 
 
-def _engine_speed(smoke: bool) -> str:
-    """bench/engine_speed.py on the device: ours against transformers' generate (eager
-    and static-cache compiled) on random-initialised shapes; its section's text."""
+def _engine_speed(smoke: bool, progress) -> str:
+    """bench/engine_speed.py on the device: ours against transformers' static-cache compiled
+    generate on the shapes the GPU bars name (the CPU smoke: eager generate, tiny shapes);
+    its section's text. ``progress`` gets the section so far after every row."""
     from bench import engine_speed
     argv = (["--device", "cpu", "--batch", "4", "--episodes", "2", "--turns", "2", "--new", "8",
              "--layers", "2", "--dtype", "float32"] if smoke
-            else ["--device", "cuda", "--batch", "64", "256", "--episodes", "64",
-                  "--shapes", "smollm2-135m", "qwen2.5-1.5b"])
+            else ["--device", "cuda", "--bars", "--baselines", "static"])
     return engine_speed.run(engine_speed.parse(argv),
-                            "python bench/engine_speed.py " + " ".join(argv))
+                            "python bench/engine_speed.py " + " ".join(argv), progress)
+
+
+def _engine_stage(smoke: bool, out: Path, header: list[str], rows: list[tuple[str, str]],
+                  peak_line: str) -> tuple[str, bool]:
+    """The engine benchmark as the page's footer (rewritten after each of its rows): (the
+    footer, whether it finished). A failure is written into the page and the check goes
+    on to the next stage, keeping the rows measured before it."""
+    print("gpu-check: engine speed", flush=True)
+    title = "## Engine speed against transformers' generate\n\n"
+    tail = "\n\n" + peak_line if peak_line else ""
+    so_far = [""]
+
+    def progress(section: str) -> None:
+        so_far[0] = section
+        _write(out, header, rows, title + section + tail)
+    try:
+        footer, ok = title + _engine_speed(smoke, progress) + tail, True
+    except Exception as e:  # noqa: BLE001 - the later stages still pay; the page says why
+        import traceback
+        traceback.print_exc()
+        footer, ok = (title + (so_far[0] + "\n\n" if so_far[0] else "")
+                      + f"**Stopped by {type(e).__name__}: {e}**" + tail), False
+    _write(out, header, rows, footer)
+    return footer, ok
 
 
 def _write(out: Path, header: list[str], rows: list[tuple[str, str]], footer: str) -> None:
@@ -303,16 +341,12 @@ def main() -> int:
     footer = f"Peak used for MFU: {peak / 1e12:.0f} TFLOP/s dense bf16." if peak else ""
     rows: list[tuple[str, str]] = []
     tests_rc = 0
-    # the engine against transformers' compiled generate: no weights, the first figures
-    print("gpu-check: engine speed", flush=True)
-    footer = "## Engine speed against transformers' generate\n\n" + _engine_speed(a.cpu_smoke) \
-        + ("\n\n" + footer if footer else "")
-    _write(out, header, rows, footer)
     if not a.cpu_smoke:  # correctness first; the 20-step GRPO run (minutes) comes last
         rc, row = _gpu_tests("not grpo_20_steps", run)
         rows.append(row)
         tests_rc = tests_rc or rc
         _write(out, header, rows, footer)
+    footer, engine_ok = _engine_stage(a.cpu_smoke, out, header, rows, footer)
     print("gpu-check: random-initialised shapes", flush=True)
     for row in _shapes(device, capacity, a.cpu_smoke):
         rows.append(row)
@@ -333,7 +367,7 @@ def main() -> int:
     if grpo:
         rows += grpo
         _write(out, header, rows, footer)
-    return tests_rc
+    return tests_rc or (0 if engine_ok else 1)
 
 
 if __name__ == "__main__":
