@@ -216,7 +216,8 @@ def test_the_captured_sampler_gives_the_eager_engines_tokens_logprobs_and_altern
         tiny_model, tiny_tokenizer):
     """Rows of mixed settings (greedy, top-p alone, top-k, both; some asking for
     alternatives) through the captured forward and sampler equal the eager engine's,
-    alternatives included; every step's sampling replays a captured sampler."""
+    alternatives included; every step's sampling replays a captured sampler, and rows
+    join and leave on the device without draining the step in flight."""
     prompts = [tiny_tokenizer.encode(f"item {k}: " + "so " * (k % 4)) for k in range(10)]
     got = {}
     for standin in (False, True):
@@ -230,10 +231,15 @@ def test_the_captured_sampler_gives_the_eager_engines_tokens_logprobs_and_altern
             got[standin] = asyncio.run(go())
         finally:
             engine.close()
-        if standin:
+        rebuilt = engine.stats["rows_rebuilt"]
+        if standin:  # rows joined and left on the device, never waiting for a step
             decoder = engine.scheduler._decoder
             assert decoder.stats["sampler_graphs"] >= 1
+            assert decoder.stats["joins"] == decoder.stats["leaves"] == len(prompts)
             assert engine.scheduler.runner.stats["eager_steps"] == 0
+            assert rebuilt == 0
+        else:  # the CPU's eager path rebuilds the rows from the host at each change
+            assert rebuilt > 0
     for k, (a, b) in enumerate(zip(got[False], got[True])):
         assert a.ids == b.ids, k
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)

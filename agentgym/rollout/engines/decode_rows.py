@@ -1,34 +1,38 @@
 """The decode rows on the device, and the step that moves them: forward, sample, advance.
 
-Between two changes of the running rows (a join or a leave) nothing about them crosses
-from the host: each row's next input token, its position, its sampling settings
+Between two changes of the running rows nothing about them crosses from the host: each
+row's next input token, its position, its sampling settings
 (:class:`~agentgym.rollout.engines.sampler.RowParams`) and the count of tokens it has
 drawn (the counter-based seed's position) live in tensors on the device, and a step
 writes its sampled tokens back as the next step's inputs. What reaches the host is one
 ``(B, 2 + 2K)`` float64 tensor a step (token, logprob, and when some row asks for ``K``
 alternatives their logprobs and ids), copied asynchronously.
 
-On a GPU (and the CPU's graph stand-in) everything lives in static buffers and a step is
-two graph replays: the runner's captured forward for the (batch bucket, column bucket),
-then the captured sampler for the (batch bucket, sampling mode), which also advances the
-inputs. Rows past the live ones up to the bucket are greedy pads whose position stays 0.
-A sampler graph is captured the first time its mode is seen; its warm-ups run on the real
-rows, so the inputs they advance are put back before the step replays. Elsewhere the same
-three parts run eagerly.
+On a GPU (and the CPU's graph stand-in) the rows live in static buffers, one entry per
+pool slot, and a step is two graph replays: the runner's captured forward for the (batch
+bucket, column bucket), then the captured sampler for the (batch bucket, sampling mode),
+which also advances the inputs. A row joins (:meth:`DecodeRows.join`) by writing its
+entries, and leaves (:meth:`DecodeRows.leave`) as the pool moves its last row into the
+freed slot, both on the device in stream order: neither waits for the step in flight.
+Entries past the live rows are greedy pads at token 0 and position 0. A sampler graph is
+captured the first time its mode is seen; its warm-ups run on the real rows, so the
+inputs they advance are put back before the step replays.
+
+Elsewhere (the CPU, where a step is synchronous and overlaps nothing) the rows are
+rebuilt from the host whenever they change (:meth:`DecodeRows.start`) and the same three
+parts run eagerly.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
-from agentgym.core.device import is_accelerator, to_host_async
+from agentgym.core.device import capture_graph, is_accelerator, to_host_async
 from agentgym.rollout.engines.model_runner import ModelRunner
-from agentgym.rollout.engines.sampler import RowParams, sample
+from agentgym.rollout.engines.sampler import ROW_TENSORS, RowParams, sample
 
-#: RowParams' per-row tensors (the rest are the flags that key a captured sampler)
-_ROW_TENSORS = ("temperature", "greedy", "top_p", "top_k", "seeds", "positions")
+#: the most alternatives (``top_logprobs``) a captured sampler returns per row
+MOST_ALTERNATIVES = 20
 
 
 class DecodeRows:
@@ -37,41 +41,68 @@ class DecodeRows:
     def __init__(self, runner: ModelRunner, vocab: int) -> None:
         self.runner, self.vocab = runner, vocab
         self.device = runner.device
-        self.b = 0
-        self.params: RowParams | None = None
+        self.params: RowParams | None = None  # eager: the rows' settings
         self._tokens: torch.Tensor | None = None  # eager: the next inputs
         self._positions: torch.Tensor | None = None
+        self.live: list = []  # captured: each slot's request (its settings)
+        self._mode: tuple | None = None  # captured: the live rows' sampling mode
         self._graphs: dict[tuple, object] = {}  # (rows, mode) -> the captured sampler
         self._st: dict[str, torch.Tensor] = {}
-        self.stats = {"sampler_graphs": 0}
+        self.stats = {"sampler_graphs": 0, "joins": 0, "leaves": 0}
 
+    # -- eager: rebuilt from the host --------------------------------------------------
     def start(self, tokens: list[int], positions: list[int], params: RowParams) -> None:
-        """The rows as they now are: each one's next input token and its position, and
+        """(Eager) the rows as they now are: each one's next input token and position, and
         their sampling settings (``params``, built for these ``B`` rows)."""
-        self.b, self.params = len(tokens), params
-        device = self.device
-        if not self.runner.graphs:
-            self._tokens = torch.tensor(tokens, device=device)
-            self._positions = torch.tensor(positions, device=device)
-            return
-        st, inputs = self._buffers(), self.runner.static()
-        most, b = inputs["ids"].shape[0], self.b
-        host = {"ids": tokens + [0] * (most - b), "positions": positions + [0] * (most - b),
-                "live": [1] * b + [0] * (most - b)}
-        for name, values in host.items():  # one copy each from the host
-            target = inputs[name] if name in inputs else st[name]
-            target.copy_(torch.tensor(values, dtype=target.dtype))
-        pad = RowParams.build([_GREEDY] * (most - b), [0] * (most - b), [0] * (most - b),
-                              self.vocab, device) if most > b else None
-        for name in _ROW_TENSORS:
-            st[name][:b].copy_(getattr(params, name))
-            if pad is not None:
-                st[name][b:].copy_(getattr(pad, name))
-        for name in ("truncating", "full_sort"):
-            value = getattr(params, name)
-            st[name][:b].copy_(value) if value is not None else st[name][:b].zero_()
-            st[name][b:].zero_()
+        self.params = params
+        self._tokens = torch.tensor(tokens, device=self.device)
+        self._positions = torch.tensor(positions, device=self.device)
 
+    # -- captured: changed in place --------------------------------------------------------
+    def join(self, slots: list[int], reqs: list, tokens: list[int], positions: list[int]) -> None:
+        """(Captured) requests ``reqs`` join at ``slots`` (the pool's next ones), each with
+        its next input token and its position."""
+        st, inputs = self._buffers(), self.runner.static()
+        index = torch.tensor(slots, device=self.device)
+        new = RowParams.tensors_of([r.sampling for r in reqs], [r.seed for r in reqs],
+                                   [len(r.ids) for r in reqs], self.vocab, self.device)
+        new.update(ids=torch.tensor(tokens, device=self.device),
+                   at=torch.tensor(positions, device=self.device),
+                   live=torch.ones(len(slots), dtype=torch.long, device=self.device))
+        for name, target in self._entries(st, inputs).items():
+            target.index_copy_(0, index, new[name].to(target.dtype))
+        for slot, r in zip(slots, reqs):
+            assert slot == len(self.live), (slot, len(self.live))  # the pool's next slot
+            self.live.append(r)
+        self._mode = None
+        self.stats["joins"] += len(slots)
+
+    def leave(self, slot: int) -> None:
+        """(Captured) the row at ``slot`` leaves; the last row moves into it, as the pool
+        moves its keys/values (:meth:`~agentgym.rollout.engines.kv_pool.KVPool.remove`)."""
+        last = len(self.live) - 1
+        for name, target in self._entries(self._st, self.runner.static()).items():
+            if slot != last:
+                target[slot].copy_(target[last])
+            target[last].fill_(_PAD[name] if name != "top_k" else self.vocab)
+        self.live[slot] = self.live[last]
+        self.live.pop()
+        self._mode = None
+        self.stats["leaves"] += 1
+
+    def reset(self) -> None:
+        """(Captured) no row is live."""
+        while self.live:
+            self.leave(len(self.live) - 1)
+
+    @staticmethod
+    def _entries(st: dict, inputs: dict) -> dict[str, torch.Tensor]:
+        """Every per-slot buffer a row has an entry in, by the name of its value."""
+        out = {name: st[name] for name in (*ROW_TENSORS, "truncating", "full_sort", "live")}
+        out.update(ids=inputs["ids"], at=inputs["positions"])
+        return out
+
+    # -- the step ------------------------------------------------------------------------
     def step(self, columns: int):
         """One decode step of the rows over ``columns`` columns: ``(host, event)``, the
         step's ``(B, 2 + 2K)`` results on their way to the host (see
@@ -82,51 +113,45 @@ class DecodeRows:
             self._tokens, self._positions = tokens, self._positions + 1
             self.params.positions = self.params.positions + 1
             return to_host_async(results(tokens, logps, top))
-        b = self.b
+        b = len(self.live)
+        if self._mode is None:
+            self._mode = RowParams.mode_of([r.sampling for r in self.live], self.vocab)
         self.runner.replay(b, columns)
         rows, _ = self.runner.bucket(b, columns)
-        key = (rows, self.params.mode())
+        key = (rows, self._mode)
         graph = self._graphs.get(key) or self._capture(rows, key)
         graph.replay()
-        out = self._st["out"][:b, :2 + 2 * self.params.top_logprobs]
+        out = self._st["out"][:b, :2 + 2 * self._mode[-1]]
         if not is_accelerator(self.device):
             out = out.clone()  # the stand-in: no copy engine, and the next replay writes here
         return to_host_async(out)
 
-    # -- the captured sampler ------------------------------------------------------------
     def _buffers(self) -> dict[str, torch.Tensor]:
         if not self._st:
             most, device = self.runner.static()["ids"].shape[0], self.device
-            pad = RowParams.build([_GREEDY] * most, [0] * most, [0] * most, self.vocab, device)
-            self._st = {name: getattr(pad, name).clone() for name in _ROW_TENSORS}
-            self._st.update(
-                truncating=torch.zeros(most, dtype=torch.bool, device=device),
-                full_sort=torch.zeros(most, dtype=torch.bool, device=device),
-                live=torch.zeros(most, dtype=torch.long, device=device),
-                out=torch.zeros((most, 2 + 2 * _MOST_ALTERNATIVES), dtype=torch.float64,
-                                device=device))
+            self._st = {name: torch.full((most,), _PAD[name] if name != "top_k" else self.vocab,
+                                         dtype=dtype, device=device)
+                        for name, dtype in _DTYPES.items()}
+            self._st["out"] = torch.zeros((most, 2 + 2 * MOST_ALTERNATIVES),
+                                          dtype=torch.float64, device=device)
         return self._st
 
     def _capture(self, rows: int, key: tuple):
         """The sampler of ``rows`` rows in this mode, captured; the inputs its warm-ups
         advanced are put back."""
-        from agentgym.core.device import capture_graph
-        st, inputs, flags = self._st, self.runner.static(), self.params
-        if flags.top_logprobs > _MOST_ALTERNATIVES:
-            raise ValueError(f"top_logprobs={flags.top_logprobs}; at most "
-                             f"{_MOST_ALTERNATIVES} with captured graphs")
-        k = flags.top_logprobs
-        params = dataclasses.replace(
-            flags, **{name: st[name][:rows] for name in _ROW_TENSORS},
-            truncating=st["truncating"][:rows] if flags.truncating is not None else None,
-            full_sort=st["full_sort"][:rows] if flags.full_sort is not None else None)
+        top = key[1][-1]
+        if top > MOST_ALTERNATIVES:
+            raise ValueError(f"top_logprobs={top}; at most {MOST_ALTERNATIVES} with captured "
+                             "graphs (engine.cuda_graphs=false for more)")
+        st, inputs = self._st, self.runner.static()
+        params = RowParams.over({name: st[name][:rows] for name in _DTYPES}, key[1])
         logits, ids, positions = (inputs["logits"][:rows], inputs["ids"][:rows],
                                   inputs["positions"][:rows])
-        live, out = st["live"][:rows], st["out"][:rows]
+        live, out = st["live"][:rows], st["out"][:rows, :2 + 2 * top]
 
         def step() -> None:
-            tokens, logps, top = sample(logits, params)
-            out[:, :2 + 2 * k].copy_(results(tokens, logps, top))
+            tokens, logps, alternatives = sample(logits, params)
+            out.copy_(results(tokens, logps, alternatives))
             ids.copy_(tokens * live)  # the next step's inputs; pads stay at token 0 ...
             positions.add_(live)  # ... and position 0
             params.positions.add_(live)
@@ -139,8 +164,12 @@ class DecodeRows:
         return graph
 
 
-#: the most alternatives (``top_logprobs``) a captured sampler returns per row
-_MOST_ALTERNATIVES = 20
+#: a pad row's entries: greedy at temperature 1, no truncation, token 0 at position 0
+_PAD = {"temperature": 1.0, "greedy": True, "top_p": 1.0, "top_k": None, "seeds": 0,
+        "positions": 0, "truncating": False, "full_sort": False, "live": 0, "ids": 0, "at": 0}
+_DTYPES = {"temperature": torch.float32, "greedy": torch.bool, "top_p": torch.float32,
+           "top_k": torch.long, "seeds": torch.long, "positions": torch.long,
+           "truncating": torch.bool, "full_sort": torch.bool, "live": torch.long}
 
 
 def results(tokens: torch.Tensor, logps: torch.Tensor, top) -> torch.Tensor:
@@ -149,11 +178,3 @@ def results(tokens: torch.Tensor, logps: torch.Tensor, top) -> torch.Tensor:
     if top is not None:
         cols += [top[0].double(), top[1].double()]
     return torch.cat(cols, dim=1)
-
-
-def _greedy():
-    from agentgym.core.types import SamplingParams
-    return SamplingParams(temperature=0.0)
-
-
-_GREEDY = _greedy()

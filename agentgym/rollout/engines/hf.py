@@ -118,7 +118,8 @@ class HFEngine(Engine):
         self._stepping = False
         self.stats = {"batches": 0, "requests": 0, "generated_tokens": 0, "decode_steps": 0,
                       "prefilled_tokens": 0, "prefill_passes": 0, "cached_tokens": 0,
-                      "max_rows": 0, "preempted": 0, "forward_s": 0.0, "host_s": 0.0}
+                      "max_rows": 0, "preempted": 0, "rows_rebuilt": 0,
+                      "forward_s": 0.0, "host_s": 0.0}
         self.prefill_chunk = prefill_chunk or (8192 if is_accelerator(self.device) else 512)
         why_static = _why_static(model, self.vision) if continuous_batching else None
         if why_static:

@@ -81,34 +81,70 @@ class RowParams:
     prefiltered: bool = False
 
     def mode(self) -> tuple:
-        """The branches :func:`sample` takes for these rows (a captured sampler's key)."""
+        """The branches :func:`sample` takes for these rows (a captured sampler's key):
+        what :meth:`mode_of` gives for their settings."""
         return (self.all_greedy, self.any_greedy, self.unit_temperature,
                 self.truncating is not None, self.full_sort is not None, self.prefiltered,
                 self.top_logprobs)
+
+    @staticmethod
+    def mode_of(settings: list, vocab: int) -> tuple:
+        """The :meth:`mode` of rows with these settings, without building their tensors."""
+        greedy, trunc, full = _kinds(settings, vocab)
+        return (all(greedy), any(greedy),
+                all((s.temperature or 1.0) == 1.0 for s in settings), any(trunc), any(full),
+                any(tr and not f for tr, f in zip(trunc, full)),
+                max((s.top_logprobs for s in settings), default=0))
+
+    @classmethod
+    def over(cls, tensors: dict, mode: tuple) -> "RowParams":
+        """Rows whose per-row tensors are ``tensors`` (the fields above, ``truncating``
+        and ``full_sort`` included: a captured sampler's static buffers) taking the
+        branches of ``mode``."""
+        all_greedy, any_greedy, unit, truncating, full_sort, prefiltered, top = mode
+        return cls(**{k: tensors[k] for k in ROW_TENSORS},
+                   all_greedy=all_greedy, any_greedy=any_greedy, unit_temperature=unit,
+                   truncating=tensors["truncating"] if truncating else None,
+                   top_logprobs=top, full_sort=tensors["full_sort"] if full_sort else None,
+                   prefiltered=prefiltered)
+
+    @classmethod
+    def tensors_of(cls, settings: list, seeds: list[int], positions: list[int], vocab: int,
+                   device) -> dict[str, torch.Tensor]:
+        """The per-row tensors of :meth:`build`, ``truncating`` and ``full_sort`` as
+        ``(B,)`` bool."""
+        greedy, trunc, full = _kinds(settings, vocab)
+
+        def t(values, dtype):
+            return torch.tensor(values, dtype=dtype, device=device)
+        return {"temperature": t([s.temperature or 1.0 for s in settings], torch.float32),
+                "greedy": t(greedy, torch.bool),
+                "top_p": t([s.top_p for s in settings], torch.float32),
+                "top_k": t([s.top_k if 0 < s.top_k < vocab else vocab for s in settings],
+                           torch.long),
+                "seeds": t(seeds, torch.long), "positions": t(positions, torch.long),
+                "truncating": t(trunc, torch.bool), "full_sort": t(full, torch.bool)}
 
     @classmethod
     def build(cls, settings: list, seeds: list[int], positions: list[int], vocab: int,
               device) -> "RowParams":
         """``settings``: each row's :class:`~agentgym.core.types.SamplingParams`."""
-        greedy = [s.temperature == 0 for s in settings]
-        trunc = [not g and (s.top_p < 1.0 or 0 < s.top_k < vocab)
-                 for g, s in zip(greedy, settings)]
-        full = [t and not 0 < s.top_k <= min(PREFILTER, vocab) for t, s in zip(trunc, settings)]
+        return cls.over(cls.tensors_of(settings, seeds, positions, vocab, device),
+                        cls.mode_of(settings, vocab))
 
-        def t(values, dtype):
-            return torch.tensor(values, dtype=dtype, device=device)
-        return cls(temperature=t([s.temperature or 1.0 for s in settings], torch.float32),
-                   greedy=t(greedy, torch.bool),
-                   top_p=t([s.top_p for s in settings], torch.float32),
-                   top_k=t([s.top_k if 0 < s.top_k < vocab else vocab for s in settings],
-                           torch.long),
-                   seeds=t(seeds, torch.long), positions=t(positions, torch.long),
-                   all_greedy=all(greedy), any_greedy=any(greedy),
-                   unit_temperature=all((s.temperature or 1.0) == 1.0 for s in settings),
-                   truncating=t(trunc, torch.bool) if any(trunc) else None,
-                   top_logprobs=max((s.top_logprobs for s in settings), default=0),
-                   full_sort=t(full, torch.bool) if any(full) else None,
-                   prefiltered=any(tr and not f for tr, f in zip(trunc, full)))
+
+#: RowParams' per-row tensors (besides ``truncating`` and ``full_sort``)
+ROW_TENSORS = ("temperature", "greedy", "top_p", "top_k", "seeds", "positions")
+
+
+def _kinds(settings: list, vocab: int) -> tuple[list[bool], list[bool], list[bool]]:
+    """Per row: greedy; truncating (top-p < 1 or a top-k below the vocabulary); truncating
+    over the whole sorted vocabulary (not within the PREFILTER likeliest)."""
+    greedy = [s.temperature == 0 for s in settings]
+    trunc = [not g and (s.top_p < 1.0 or 0 < s.top_k < vocab)
+             for g, s in zip(greedy, settings)]
+    full = [t and not 0 < s.top_k <= min(PREFILTER, vocab) for t, s in zip(trunc, settings)]
+    return greedy, trunc, full
 
 
 def sample(logits: torch.Tensor, rows: RowParams):

@@ -109,6 +109,8 @@ class Scheduler:
         self._inflight = None
         self.staging.clear()
         self.decode.clear()
+        if self.runner.graphs:
+            self._decoder.reset()
         self._rows = None
         self.staging.release()
         self.decode.release()
@@ -203,7 +205,7 @@ class Scheduler:
             if self.prefix is not None:
                 slot = job.slot
                 self.prefix.insert(job.ids, lambda a, b: self.staging.kv_of(slot, a, b))
-            joined = []
+            joined, slots = [], []
             for _ in job.reqs:
                 r, token, logp, alt = next(results)
                 r.push(token, logp, alt, self.version)
@@ -211,10 +213,15 @@ class Scheduler:
                 if finished is not None:
                     self._finish(r, finished)
                     continue
-                joined.append(self.decode.add(r, n))
+                joined.append(r)
+                slots.append(self.decode.add(r, n))
             if joined:
-                self.decode.copy_from(self.staging, job.slot, joined, n)
-                self._rows = None
+                self.decode.copy_from(self.staging, job.slot, slots, n)
+                if self.runner.graphs:  # on the device, behind the step in flight
+                    self._decoder.join(slots, joined, [r.ids[-1] for r in joined],
+                                       [n] * len(joined))
+                else:
+                    self._rows = None
 
     # -- decode -------------------------------------------------------------------------
     def _decode(self) -> None:
@@ -222,7 +229,10 @@ class Scheduler:
         computes (on a GPU the host's work overlaps the device's). A row that finished in
         the previous step has computed one token more in this one: it is dropped."""
         pool = self.decode
-        if self._rows is None:  # rows joined or left: their last tokens must be known
+        if self.runner.graphs:  # the rows changed in place on the device
+            self._rows = self._decoder
+        elif self._rows is None:  # rows joined or left: their last tokens must be known
+            self.stats["rows_rebuilt"] += 1
             self.drain()
             if not pool.live:
                 return
@@ -266,8 +276,11 @@ class Scheduler:
                 self.prefix.insert(r.prompt_ids + r.ids[:-1],
                                    lambda a, b, s=slot: pool.kv_of(s, a, b))
             pool.remove(slot)
+            if self.runner.graphs:
+                self._decoder.leave(slot)
+            else:
+                self._rows = None
             self._finish(r, done)
-            self._rows = None
         self.stats["forward_s"] += t1 - t0
         self.stats["host_s"] += time.perf_counter() - t1
 
