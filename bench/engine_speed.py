@@ -208,18 +208,46 @@ def our_engine(model, rows: int):
     return engine
 
 
-def ours_generate(engine, batch: list[list[int]], new: int) -> int:
+#: how our engine is driven (--paths): the trainer's way, agentgym serve's, async training's
+PATHS = {"run": "ours", "served": "ours served", "thread": "ours, engine thread"}
+
+
+def drive(engine, coro, path: str = "run"):
+    """``coro``'s result, our engine driven as ``path`` says: ``run``, ``engine.run`` (the
+    steps on this thread, the rollout's event loop on a helper: the trainer's rollouts);
+    ``served``, the requests from another thread's event loop while this thread steps
+    (``engine.drive``: ``agentgym serve``); ``thread``, this thread's event loop while
+    the engine's own thread steps (asynchronous training, whose main thread updates)."""
+    if path == "run":
+        return engine.run(coro)
+    if path == "thread":
+        return asyncio.run(coro)
+    import threading
+    loop = asyncio.new_event_loop()
+    client = threading.Thread(target=loop.run_forever, name="bench-client", daemon=True)
+    client.start()
+    try:
+        done = asyncio.run_coroutine_threadsafe(coro, loop)
+        engine.drive(done)
+        return done.result()
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        client.join()
+        loop.close()
+
+
+def ours_generate(engine, batch: list[list[int]], new: int, path: str = "run") -> int:
     from agentgym.core.types import SamplingParams
 
     async def go():
         return await asyncio.gather(*(engine.generate(
             p, SamplingParams(max_new_tokens=new, temperature=1.0, seed=k))
             for k, p in enumerate(batch)))
-    return sum(len(o.ids) for o in engine.run(go()))
+    return sum(len(o.ids) for o in drive(engine, go(), path))
 
 
 def ours_turns(engine, episodes: list[list[int]], turns: int, seed: int,
-               shift: int = 0) -> int:
+               shift: int = 0, path: str = "run") -> int:
     from agentgym.core.types import SamplingParams
     vocab = engine.model.config.vocab_size
 
@@ -234,7 +262,7 @@ def ours_turns(engine, episodes: list[list[int]], turns: int, seed: int,
 
     async def go():
         return await asyncio.gather(*(episode(k, list(p)) for k, p in enumerate(episodes)))
-    return sum(engine.run(go()))
+    return sum(drive(engine, go(), path))
 
 
 # -- identity ---------------------------------------------------------------------------
@@ -290,10 +318,13 @@ def _graphs() -> int:
     return counters["stats"]["unique_graphs"]
 
 
-def _ours(row: dict, device: str, engine, warm, fn) -> None:
+def _ours(row: dict, device: str, engine, warm, fn, name: str = "ours") -> None:
     """Ours on one workload: ``warm`` (the twin workload) untimed, then ``fn`` timed, with
     the decode step's device / host split from the engine's counters."""
     warm()
+    if name != "ours":  # another path: tokens/s only
+        row[name] = timed(device, fn)
+        return
     before = dict(engine.stats)
     row["ours"] = timed(device, fn)
     steps = engine.stats["decode_steps"] - before["decode_steps"]
@@ -337,6 +368,10 @@ def measure(shape: str, dtype_name: str, args, batches=None, episodes=None,
                    "steps": new, "warm-up": {}, "compiled while timed": {}}
             _ours(row, args.device, engine, lambda: ours_generate(engine, warm, new),
                   lambda: ours_generate(engine, batch, new))
+            for path in args.paths[1:]:
+                _ours(row, args.device, engine,
+                      lambda: ours_generate(engine, warm, new, path),
+                      lambda: ours_generate(engine, batch, new, path), PATHS[path])
             for name, static in baselines:
                 _theirs(row, args.device, name, lambda: hf_generate(model, warm, new, static),
                         lambda: hf_generate(model, batch, new, static).numel())
@@ -352,6 +387,10 @@ def measure(shape: str, dtype_name: str, args, batches=None, episodes=None,
                    "warm-up": {}, "compiled while timed": {}}
             _ours(row, args.device, engine, lambda: ours_turns(engine, warm, args.turns, 0, half),
                   lambda: ours_turns(engine, eps, args.turns, 0))
+            for path in args.paths[1:]:
+                _ours(row, args.device, engine,
+                      lambda: ours_turns(engine, warm, args.turns, 0, half, path),
+                      lambda: ours_turns(engine, eps, args.turns, 0, 0, path), PATHS[path])
             for name, static in baselines:
                 _theirs(row, args.device, name,
                         lambda: hf_turns(model, warm, args.turns, static, 0, half),
@@ -371,7 +410,7 @@ def _rate(t: tuple[float, int]) -> float:
 
 def _line(row: dict) -> str:
     parts = [f"{row['shape']} {row['workload']}:"]
-    for name in ("ours", "generate", "generate static"):
+    for name in (*PATHS.values(), "generate", "generate static"):
         if name in row:
             parts.append(f"{name} {_rate(row[name]):,.0f} tok/s")
     if "generate static" in row["warm-up"]:
@@ -392,11 +431,13 @@ def table(rows: list[dict], device: str = "") -> str:
     """The rows as markdown: ours, then each baseline the rows carry (tokens/s, ms per
     decode step, ours / it); with the static ``generate``, its warm-up apart."""
     names = [n for n in BASELINES.values() if rows and n in rows[0]]
+    paths = [n for n in list(PATHS.values())[1:] if rows and n in rows[0]]
     short = {"generate": "generate", "generate static": "static"}
     head = ("| shape | workload | ours tok/s (ms/step: device + host) |"
             + "".join(f" {n} tok/s (ms/step) | ours / {short[n]} |" for n in names)
             + (" static warm-up, untimed (compile included) |"
-               if "generate static" in names else ""))
+               if "generate static" in names else "")
+            + "".join(f" {n} tok/s | {n} / ours |" for n in paths))
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         ours = r["ours"]
@@ -408,6 +449,8 @@ def table(rows: list[dict], device: str = "") -> str:
                      f"**{_rate(ours) / _rate(r[n]):.2f}x** |")
         if "generate static" in names:
             line += f" {_warm_cell(r)} |"
+        for n in paths:
+            line += f" {_rate(r[n]):,.0f} | {_rate(r[n]) / _rate(ours):.2f} |"
         lines.append(line)
     return "\n".join(lines)
 
@@ -429,6 +472,11 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--baselines", nargs="+", default=None, choices=list(BASELINES),
                     help="transformers' generate as eager (dynamic cache) and/or static "
                     "(static cache, compiled: CUDA only); default both on CUDA, eager else")
+    ap.add_argument("--paths", nargs="+", default=["run"], choices=list(PATHS),
+                    help="how our engine is driven: run (engine.run, the trainer's), served "
+                    "(another thread's event loop sends, engine.drive steps here: agentgym "
+                    "serve), thread (the engine's own thread steps: async training); the "
+                    "first is the table's ours, the others columns beside it")
     ap.add_argument("--identity", action="store_true", help="also compare greedy sequences "
                     "and logprobs with transformers' (smollm2-135m's real weights, fp32)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads on the CPU (0: all)")
@@ -443,6 +491,11 @@ def parse(argv=None) -> argparse.Namespace:
     if "static" in args.baselines and not gpu:
         ap.error("--baselines static needs --device cuda: transformers compiles the static "
                  "cache's decode step on CUDA only")
+    if args.paths[0] != "run":
+        ap.error("--paths: the first is 'run' (the table's ours); others go beside it")
+    if "thread" in args.paths and args.paths[-1] != "thread":
+        ap.error("--paths: 'thread' goes last: its second OpenMP team would slow every "
+                 "measurement after it on the CPU")
     args.plan = ([(s, list(b), e) for s, b, e in BARS] if args.bars
                  else [(s, args.batch, args.episodes) for s in args.shapes])
     return args

@@ -361,18 +361,25 @@ class HFEngine(Engine):
             raise out["error"]
         return out["value"]
 
-    def drive(self) -> None:
-        """Step the engine on this thread until :meth:`close` (a server whose event loop
-        runs on another thread: ``agentgym serve`` on the CPU). Returns at once, leaving
-        the engine's own thread to step, where it cannot drive (static batches, or a
-        caller already driving)."""
+    def drive(self, done=None) -> None:
+        """Step the engine on this thread until :meth:`close`, or until ``done`` (a
+        ``concurrent.futures.Future``, say a coroutine's on another thread's event loop)
+        completes: a server whose event loop runs on another thread (``agentgym serve``
+        on the CPU). Returns at once, leaving the engine's own thread to step, where it
+        cannot drive (static batches, or a caller already driving)."""
         if not (self.continuous and self._claim()):
             return
+        if done is not None:
+            done.add_done_callback(lambda _: self._wake())
         try:
             bind_thread(self.device)
-            self._drive(lambda: False)
+            self._drive(lambda: done is not None and done.done())
         finally:
             self._release()
+
+    def _wake(self) -> None:
+        with self._cv:
+            self._cv.notify_all()
 
     def _claim(self) -> bool:
         """Make this thread the one that steps (False: another caller already does)."""
