@@ -136,7 +136,8 @@ def free_memory_bytes(device) -> int:
     """Bytes free on ``device`` now (what a KV pool may be sized from): the GPU's free
     memory, or the host's available memory on the CPU."""
     if not is_accelerator(device):
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        import psutil
+        return psutil.virtual_memory().available
     import torch
     free, _ = torch.cuda.mem_get_info(device)
     return free

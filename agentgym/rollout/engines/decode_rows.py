@@ -114,6 +114,7 @@ class DecodeRows:
             self.params.positions = self.params.positions + 1
             return to_host_async(results(tokens, logps, top))
         b = len(self.live)
+        assert b == self.runner.pool.live, (b, self.runner.pool.live)  # joins/leaves mirror it
         if self._mode is None:
             self._mode = RowParams.mode_of([r.sampling for r in self.live], self.vocab)
         self.runner.replay(b, columns)

@@ -198,7 +198,7 @@ class Scheduler:
         reqs = [r for job, _ in done for r in job.reqs]
         rows = torch.tensor([i for job, i in done for _ in job.reqs], device=logits.device)
         tokens, logps, top = sample(logits.index_select(0, rows), self._params(reqs))
-        results = iter(_host(tokens, logps, top, reqs))
+        drawn = iter(_host(tokens, logps, top, reqs))
         for job, _ in done:
             n = len(job.ids)
             self.stats["cached_tokens"] += (len(job.reqs) - 1) * n  # the group shared it
@@ -207,7 +207,7 @@ class Scheduler:
                 self.prefix.insert(job.ids, lambda a, b: self.staging.kv_of(slot, a, b))
             joined, slots = [], []
             for _ in job.reqs:
-                r, token, logp, alt = next(results)
+                r, token, logp, alt = next(drawn)
                 r.push(token, logp, alt, self.version)
                 finished = self.stops(r)
                 if finished is not None:
