@@ -33,6 +33,22 @@ def trainer_logprobs(model, ids: list[int], prompt_len: int, temperature: float)
     return logp.gather(1, targets[:, None])[:, 0][prompt_len - 1:].tolist()
 
 
+def generate_together(engine, prompts, settings):
+    """Every prompt (``settings(k)`` for the k-th) queued while the engine is paused, then
+    started at once: they are admitted together."""
+    async def go():
+        await engine.pause()
+        tasks = [asyncio.ensure_future(engine.generate(p, settings(k)))
+                 for k, p in enumerate(prompts)]
+        deadline = asyncio.get_running_loop().time() + 120
+        while len(engine._queue) < len(prompts):
+            assert asyncio.get_running_loop().time() < deadline, "requests never queued"
+            await asyncio.sleep(0.001)
+        engine.resume()
+        return await asyncio.gather(*tasks)
+    return asyncio.run(go())
+
+
 def generate_all(engine, prompts, sampling):
     async def go():
         return await asyncio.gather(*(engine.generate(p, sampling) for p in prompts))
@@ -310,18 +326,8 @@ def test_a_short_prompt_at_the_head_does_not_chop_the_others_into_its_width(
     prompts = [torch.randint(5, 200, (n,), generator=g).tolist() for n in (10, 300, 150)]
     sp = SamplingParams(max_new_tokens=3, temperature=1.0, seed=5)
     engine = HFEngine(tiny_model, tiny_tokenizer, prefill_chunk=512, prefix_cache=False)
-
-    async def together():
-        await engine.pause()
-        tasks = [asyncio.ensure_future(engine.generate(p, sp)) for p in prompts]
-        deadline = asyncio.get_running_loop().time() + 120
-        while len(engine._queue) < len(prompts):
-            assert asyncio.get_running_loop().time() < deadline, "requests never queued"
-            await asyncio.sleep(0.001)
-        engine.resume()
-        return await asyncio.gather(*tasks)
     try:
-        crowd = asyncio.run(together())
+        crowd = generate_together(engine, prompts, lambda k: sp)
         passes = engine.stats["prefill_passes"]
         alone = [generate_all(engine, [p], sp)[0] for p in prompts]
     finally:

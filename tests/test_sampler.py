@@ -9,6 +9,7 @@ import torch
 from agentgym.core.types import SamplingParams
 from agentgym.rollout.engines.hf import HFEngine
 from agentgym.rollout.engines.sampler import RowParams, sample, uniforms
+from test_engine import generate_together
 
 P = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
 CASES = [(SamplingParams(temperature=1.0), P),
@@ -81,19 +82,8 @@ def test_seeded_requests_get_the_same_tokens_alone_and_among_64(tiny_model, tiny
     if mode == "graphs":  # the GPU's captured path, through the CPU's stand-in
         kw.update(graph_standin=True, max_len=256)
     engine = HFEngine(tiny_model, tok, **kw)
-
-    async def together():
-        await engine.pause()  # all 64 wait in the queue, then start as one batch
-        tasks = [asyncio.ensure_future(engine.generate(p, mixed_settings(k)))
-                 for k, p in enumerate(prompts)]
-        deadline = asyncio.get_running_loop().time() + 120
-        while len(engine._queue) < len(prompts):
-            assert asyncio.get_running_loop().time() < deadline, "requests never queued"
-            await asyncio.sleep(0.001)
-        engine.resume()
-        return await asyncio.gather(*tasks)
     try:
-        crowd = asyncio.run(together())
+        crowd = generate_together(engine, prompts, mixed_settings)  # one batch of 64
         crowd_steps = engine.stats["decode_steps"]
         alone = [asyncio.run(engine.generate(p, mixed_settings(k)))
                  for k, p in enumerate(prompts[:16])]
