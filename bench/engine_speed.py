@@ -360,12 +360,14 @@ def measure(shape: str, dtype_name: str, args, batches=None, episodes=None,
     baselines = [(BASELINES[b], b == "static") for b in args.baselines]
     rows = []
     engine = our_engine(model, max([*batches, episodes]))
+    captured = _captured(engine)
     try:
         for b in batches:
             batch = prompts(b, vocab)
             warm = twins(batch, vocab)
             row = {"shape": f"{shape}, {dtype_name}", "workload": f"single-turn, batch {b}",
-                   "steps": new, "warm-up": {}, "compiled while timed": {}}
+                   "steps": new, "warm-up": {}, "compiled while timed": {},
+                   "captured": captured}
             _ours(row, args.device, engine, lambda: ours_generate(engine, warm, new),
                   lambda: ours_generate(engine, batch, new))
             for path in args.paths[1:]:
@@ -384,7 +386,7 @@ def measure(shape: str, dtype_name: str, args, batches=None, episodes=None,
             warm, half = twins(eps, vocab), vocab // 2
             row = {"shape": f"{shape}, {dtype_name}", "steps": TURN * args.turns,
                    "workload": f"multi-turn, {episodes} episodes x {args.turns} turns",
-                   "warm-up": {}, "compiled while timed": {}}
+                   "warm-up": {}, "compiled while timed": {}, "captured": captured}
             _ours(row, args.device, engine, lambda: ours_turns(engine, warm, args.turns, 0, half),
                   lambda: ours_turns(engine, eps, args.turns, 0))
             for path in args.paths[1:]:
@@ -501,6 +503,15 @@ def parse(argv=None) -> argparse.Namespace:
     return args
 
 
+def _captured(engine) -> tuple[int, float] | None:
+    """The decode steps our engine captured as graphs when it started, and the seconds
+    that took (None where it captures none: the CPU)."""
+    runner = engine.scheduler.runner if engine.scheduler is not None else None
+    if runner is None or not runner.graphs:
+        return None
+    return runner.stats["graphs"], runner.stats["capture_s"]
+
+
 def _section(args, command: str, rows: list[dict], ident: str = "") -> str:
     where = torch.cuda.get_device_name() if args.device == "cuda" else machine()
     warm = ("the static `generate`'s warm-up (its compile and CUDA-graph recording "
@@ -513,7 +524,15 @@ def _section(args, command: str, rows: list[dict], ident: str = "") -> str:
             "(temperature 1, no EOS). Multi-turn: each turn samples 64 tokens, then 90-110 "
             "observation tokens are appended. Random-initialised weights of each shape. "
             "Each contender first ran each workload once untimed (the same batch, prompt "
-            f"lengths, tokens and turns; other ids); {warm}." + ident)
+            f"lengths, tokens and turns; other ids); {warm}." + _capture_note(rows) + ident)
+
+
+def _capture_note(rows: list[dict]) -> str:
+    """What capturing every decode step at engine start cost ours, per shape."""
+    seen = {r["shape"]: r["captured"] for r in rows if r.get("captured")}
+    return "".join(f" Ours captured {n} decode steps as graphs at engine start ({shape}): "
+                   f"{secs:.1f} s, before and outside every timing." for shape, (n, secs)
+                   in seen.items())
 
 
 def run(args: argparse.Namespace, command: str, progress=None) -> str:
