@@ -84,16 +84,23 @@ class DecodeRows:
         for name, target in self._entries(self._st, self.runner.static()).items():
             if slot != last:
                 target[slot].copy_(target[last])
-            target[last].fill_(_PAD[name] if name != "top_k" else self.vocab)
+            target[last].fill_(self._pad(name))
         self.live[slot] = self.live[last]
         self.live.pop()
         self._mode = None
         self.stats["leaves"] += 1
 
     def reset(self) -> None:
-        """(Captured) no row is live."""
-        while self.live:
-            self.leave(len(self.live) - 1)
+        """(Captured) no row is live: every entry a pad's."""
+        if self._st:
+            for name, target in self._entries(self._st, self.runner.static()).items():
+                target.fill_(self._pad(name))
+        self.live.clear()
+        self._mode = None
+
+    def _pad(self, name: str):
+        """A pad row's entry ``name`` (top-k off is the vocabulary's size)."""
+        return self.vocab if name == "top_k" else _PAD[name]
 
     @staticmethod
     def _entries(st: dict, inputs: dict) -> dict[str, torch.Tensor]:
@@ -130,7 +137,7 @@ class DecodeRows:
     def _buffers(self) -> dict[str, torch.Tensor]:
         if not self._st:
             most, device = self.runner.static()["ids"].shape[0], self.device
-            self._st = {name: torch.full((most,), _PAD[name] if name != "top_k" else self.vocab,
+            self._st = {name: torch.full((most,), self._pad(name),
                                          dtype=dtype, device=device)
                         for name, dtype in _DTYPES.items()}
             self._st["out"] = torch.zeros((most, 2 + 2 * MOST_ALTERNATIVES),

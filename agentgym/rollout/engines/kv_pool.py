@@ -135,17 +135,10 @@ class KVPool:
         """Columns ``0 .. n-1`` of slot ``src`` into slot ``dst``."""
         self.kv[:, :, dst, :, :n] = self.kv[:, :, src, :, :n]
 
-    def copy_from(self, other: "KVPool", src: int, dst: int | list[int], n: int) -> None:
-        """Columns ``0 .. n-1`` of ``other``'s slot ``src`` into this pool's slot ``dst``
-        (or each of the slots ``dst``: a group's requests joining from one prompt), in
-        one copy."""
-        if isinstance(dst, int):
-            self.kv[:, :, dst, :, :n] = other.kv[:, :, src, :, :n]
-        elif list(dst) == list(range(dst[0], dst[0] + len(dst))):  # consecutive: a slice
-            self.kv[:, :, dst[0]:dst[0] + len(dst), :, :n] = other.kv[:, :, src:src + 1, :, :n]
-        else:
-            index = torch.tensor(dst, device=self.kv.device)
-            self.kv[:, :, index, :, :n] = other.kv[:, :, src:src + 1, :, :n]
+    def copy_from(self, other: "KVPool", src: int, dst: int, n: int, count: int = 1) -> None:
+        """Columns ``0 .. n-1`` of ``other``'s slot ``src`` into this pool's slots ``dst ..
+        dst + count - 1`` (a group's requests joining from one prompt), in one copy."""
+        self.kv[:, :, dst:dst + count, :, :n] = other.kv[:, :, src:src + 1, :, :n]
 
     def kv_of(self, slot: int, a: int, b: int) -> torch.Tensor:
         """Columns ``a .. b-1`` of ``slot``: ``(layers, 2, kv_heads, b - a, head_dim)``, a

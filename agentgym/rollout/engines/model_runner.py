@@ -284,7 +284,7 @@ class ModelRunner:
             self.stats["eager_steps"] += 1
             slots = torch.arange(b, device=self.device)[:, None]
             return self.forward(ids[:, None], positions[:, None], slots, None, columns, None)
-        st = self._buffers()
+        st = self.static()
         st["ids"][:b].copy_(ids)
         st["positions"][:b].copy_(positions)
         rows, _ = self.bucket(b, columns)
@@ -335,7 +335,7 @@ class ModelRunner:
                                "would write into their keys/values")
         t0 = time.perf_counter()
         todo = [key for key in self.buckets() if key not in self._graphs]
-        st = self._buffers()
+        st = self.static()
         st["ids"].zero_()
         st["positions"].zero_()
         with torch.inference_mode():
@@ -348,17 +348,13 @@ class ModelRunner:
 
     def graph_memory(self):
         """The memory pool every captured step of this runner shares (the sampler's too)."""
-        self._buffers()
+        self.static()
         return self._graph_pool
 
     def static(self) -> dict[str, torch.Tensor]:
-        """The captured steps' static tensors: ``ids`` and ``positions`` ``(slots,)`` (the
+        """The static tensors every captured step reads and writes, made once with the
+        rotary table before the first capture: ``ids`` and ``positions`` ``(slots,)`` (the
         inputs), ``logits`` ``(slots, vocab)`` (the output)."""
-        return self._buffers()
-
-    def _buffers(self) -> dict[str, torch.Tensor]:
-        """The static tensors every captured step reads and writes (made once, with the
-        rotary table, before the first capture)."""
         if not self._static:
             most = self.pool.slots
             self._static = {"ids": torch.zeros(most, dtype=torch.long, device=self.device),
@@ -376,7 +372,7 @@ class ModelRunner:
         """Capture the decode step of ``rows`` rows over ``cols`` columns. Every graph
         shares one memory pool, so each copies its logits into a buffer of its own
         allocated outside the pool (another graph's replay may reuse the pool's memory)."""
-        st = self._buffers()
+        st = self.static()
         t0 = time.perf_counter()
 
         def step() -> None:

@@ -216,7 +216,8 @@ class Scheduler:
                 joined.append(r)
                 slots.append(self.decode.add(r, n))
             if joined:
-                self.decode.copy_from(self.staging, job.slot, slots, n)
+                # the pool appends: the joined slots are consecutive
+                self.decode.copy_from(self.staging, job.slot, slots[0], n, len(slots))
                 if self.runner.graphs:  # on the device, behind the step in flight
                     self._decoder.join(slots, joined, [r.ids[-1] for r in joined],
                                        [n] * len(joined))
