@@ -93,8 +93,9 @@ class DecodeRows:
     def reset(self) -> None:
         """(Captured) no row is live: every entry a pad's."""
         if self._st:
-            for name, target in self._entries(self._st, self.runner.static()).items():
-                target.fill_(self._pad(name))
+            with torch.inference_mode():  # a weight update or a preemption calls this too
+                for name, target in self._entries(self._st, self.runner.static()).items():
+                    target.fill_(self._pad(name))
         self.live.clear()
         self._mode = None
 
