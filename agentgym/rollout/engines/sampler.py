@@ -13,8 +13,8 @@ vocabulary (its nucleus may reach past any fixed prefix). Which one a row uses d
 its own settings only, so a row's token never depends on its companions.
 
 The steps are free of host reads and data-dependent shapes, so on a GPU a step's
-sampling is captured as a graph too (:meth:`RowParams.mode` is what such a graph is keyed
-by: the Python branches this function takes).
+sampling is captured as a graph too (:meth:`RowParams.mode_of` is what such a graph is
+keyed by: the Python branches this function takes).
 
 Logprobs are ``log_softmax(logits / temperature)`` of the chosen token (temperature 1 for
 greedy rows), before truncation, in fp32: what a trainer recomputes with a forward pass.
@@ -80,16 +80,10 @@ class RowParams:
     #: whether some truncating row draws within the PREFILTER likeliest tokens
     prefiltered: bool = False
 
-    def mode(self) -> tuple:
-        """The branches :func:`sample` takes for these rows (a captured sampler's key):
-        what :meth:`mode_of` gives for their settings."""
-        return (self.all_greedy, self.any_greedy, self.unit_temperature,
-                self.truncating is not None, self.full_sort is not None, self.prefiltered,
-                self.top_logprobs)
-
     @staticmethod
     def mode_of(settings: list, vocab: int) -> tuple:
-        """The :meth:`mode` of rows with these settings, without building their tensors."""
+        """The branches :func:`sample` takes for rows with these settings (a captured
+        sampler's key), without building their tensors."""
         greedy, trunc, full = _kinds(settings, vocab)
         return (all(greedy), any(greedy),
                 all((s.temperature or 1.0) == 1.0 for s in settings), any(trunc), any(full),
