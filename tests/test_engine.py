@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 import torch
@@ -290,6 +291,12 @@ def test_drive_steps_another_threads_requests_here_until_the_engine_closes(
 
         def server():  # its own event loop, as uvicorn's
             try:
+                # once drive() has claimed the steps (before that the engine's own thread
+                # would step what is sent, as it does for a server not driven)
+                deadline = time.monotonic() + 120
+                while engine._driver is not threading.main_thread():
+                    assert time.monotonic() < deadline, "drive() never took the steps"
+                    time.sleep(0.001)
                 served["out"] = generate_all(engine, prompts, sp)
             finally:
                 engine.close()  # as serve's HTTP thread does when it stops
