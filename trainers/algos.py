@@ -322,7 +322,7 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str,
 # --- policy losses ---------------------------------------------------------------------
 def _clip_metrics(clipped, unclipped, log_ratio, mask) -> dict[str, float]:
     with torch.no_grad():
-        return {"clipfrac": masked_mean((clipped > unclipped).float(), mask).item(),
+        return {"clipfrac": masked_mean((clipped > unclipped).float(), mask).detach(),
                 "approx_kl": masked_mean(0.5 * log_ratio ** 2, mask).item()}
 
 
@@ -339,7 +339,7 @@ def _clipped_surrogate(logp, old_logp, adv, mask, clip_low, clip_high, dual_clip
         bound = -adv * dual_clip
         hit = (adv < 0) & (loss > bound)
         loss = torch.where(hit, bound, loss)
-        metrics["dual_clipfrac"] = masked_mean(hit.float(), mask).item()
+        metrics["dual_clipfrac"] = masked_mean(hit.float(), mask).detach()
     return loss, metrics
 
 
@@ -425,7 +425,7 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
         v_clipped = old_values + (values - old_values).clamp(-clip, clip)
         err_clipped = (v_clipped - returns) ** 2
         loss = 0.5 * torch.maximum(err, err_clipped)
-        frac = masked_mean((err_clipped > err).float(), mask).item()
+        frac = masked_mean((err_clipped > err).float(), mask).detach()
     else:
         loss, frac = 0.5 * err, 0.0
     return torch.where(mask > 0, loss, 0.0), {"vf_clipfrac": frac}

@@ -17,7 +17,7 @@ from agentgym.core.types import Trajectory
 from agentgym.trainers.algos import (ADVANTAGES, POLICY_LOSSES, aggregate, behaviour_weights,
                                      compute_advantages, compute_policy_loss, kl_estimate,
                                      masked_mean, needs_groups, overlong_penalty)
-from agentgym.trainers.backends.base import Backend, first_needed_position, sequence_logprobs
+from agentgym.trainers.backends.base import Backend, token_logprobs
 from agentgym.trainers.batch import Batch, collate
 from agentgym.trainers.hooks import Hooks
 
@@ -145,25 +145,26 @@ class PolicyLoss:
     #: tokens the metrics average over when zero-gradient rows are left out (0: num_tokens)
     metric_tokens: float = 0.0
     logprob_chunk: int = 0  # trainer.logprob_chunk
+    packing: bool = True  # trainer.packing (agentgym.trainers.packing)
 
     def __call__(self, model, mb: Batch):
         a, num_tokens = self.algo, self.num_tokens
         agg = dict(mode=a.loss_agg_mode, num_tokens=num_tokens, num_seqs=self.num_seqs,
                    norm_len=self.norm_len)
         dev = next(model.parameters()).device
-        ids, attn, mask = (mb.input_ids.to(dev), mb.attention_mask.to(dev),
-                           mb.loss_mask.to(dev))
-        share = float(mask.sum()) / (self.metric_tokens or num_tokens)
-        logp, entropy = sequence_logprobs(model, ids, attn, self.temperature, with_entropy=True,
-                                          start=first_needed_position(mb.loss_mask),
-                                          entropy_grad=a.entropy_coef > 0, images=mb.images,
-                                          chunk=self.logprob_chunk)
-        metrics = {"entropy": float(masked_mean(entropy.detach(), mask)) * share}
+        mask = mb.loss_mask.to(dev)
+        # from the host's mask: no device sync (metrics stay tensors until the step's end)
+        share = float(mb.loss_mask.sum()) / (self.metric_tokens or num_tokens)
+        logp, entropy = token_logprobs(model, mb, dev, self.temperature, with_entropy=True,
+                                       entropy_grad=a.entropy_coef > 0,
+                                       chunk=self.logprob_chunk, packing=self.packing)
+        metrics = {"entropy": masked_mean(entropy.detach(), mask) * share}
         old = mb.old_logp
         if old is None:
             old = logp.detach()
-            drift = drift_metrics(old, mb.rollout_logp.to(dev), mask)
-            metrics.update(drift_mean=drift["drift_mean"] * share, drift_max=drift["drift_max"])
+            drift = torch.where(mask > 0, (old - mb.rollout_logp.to(dev)).abs(), 0.0)
+            metrics.update(drift_mean=drift.sum() / mask.sum().clamp(min=1) * share,
+                           drift_max=drift.max())
         pg, stats = compute_policy_loss(a.policy_loss, logp, old.to(dev),
                                         mb.adv.to(dev), mask, clip_low=a.clip_low,
                                         clip_high=a.clip_high, dual_clip=a.dual_clip)
@@ -175,14 +176,14 @@ class PolicyLoss:
                             for k, v in w_stats.items()})
         loss = aggregate(pg, mask, **agg)
         metrics.update({k: v * share for k, v in stats.items()})
-        metrics["pg_loss"] = float(loss.detach())
+        metrics["pg_loss"] = loss.detach()
         if mb.ref_logp is not None:
             kl_tok = kl_estimate(logp, mb.ref_logp.to(dev), mask, a.kl_estimator)
-            metrics["kl"] = float(masked_mean(kl_tok.detach(), mask)) * share
+            metrics["kl"] = masked_mean(kl_tok.detach(), mask) * share
             if a.kl_mode == "loss":
                 kl = aggregate(kl_tok, mask, **agg)
                 loss = loss + a.kl_coef * kl
-                metrics["kl_loss"] = float(kl.detach())
+                metrics["kl_loss"] = kl.detach()
         if a.entropy_coef > 0:
             loss = loss - a.entropy_coef * aggregate(entropy, mask, **agg)
         return loss, metrics
@@ -192,7 +193,7 @@ def make_loss_fn(cfg: Config, temperature: float, num_tokens: float, num_seqs: i
                  norm_len: int) -> PolicyLoss:
     """The policy loss of one mini-batch (its token and sequence totals)."""
     return PolicyLoss(cfg.algo, temperature, num_tokens, num_seqs, norm_len,
-                      logprob_chunk=cfg.trainer.logprob_chunk)
+                      logprob_chunk=cfg.trainer.logprob_chunk, packing=cfg.trainer.packing)
 
 
 def minibatch_updates(cfg: Config, backend: Backend, batch: Batch,

@@ -68,11 +68,12 @@ def behaviour_weights(prox_logp: torch.Tensor, behav_logp: torch.Tensor, mask: t
         w = r.clamp(max=cap)
     w = torch.where(m, w, zero)
     n = m.sum().clamp(min=1)
-    share = lambda x: float(torch.where(m, x.float(), 0.0).sum() / n)  # noqa: E731
+    share = lambda x: (torch.where(m, x.float(), 0.0).sum() / n).detach()  # noqa: E731
+    # metrics stay tensors: the backend turns a step's into floats with one host sync
     return w, {"is_weight_mean": share(w),
-               "is_weight_max": float(w.max()) if m.any() else 0.0,
+               "is_weight_max": torch.where(m, w, zero).max().detach() if w.numel() else w.new_zeros(()),
                "is_ratio_mean": share(rho),
-               "is_ratio_max": float(torch.where(m, rho, zero).max()) if m.any() else 0.0,
+               "is_ratio_max": torch.where(m, rho, zero).max().detach() if w.numel() else w.new_zeros(()),
                "is_log_ratio_abs": share(log_rho.abs()),
                "is_seq_log_ratio_abs": share(log_r.abs()),
                "is_capped_frac": share(capped), "is_masked_frac": share(masked)}

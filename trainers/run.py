@@ -313,7 +313,8 @@ def make_backend(cfg: Config, spec, lr: float, cluster=None, total_steps: int | 
                              warmup_steps=warmup, total_steps=total,
                              schedule=t.lr_schedule, max_grad_norm=t.max_grad_norm,
                              micro_batch_tokens=t.micro_batch_tokens,
-                             mixed_precision=precision, logprob_chunk=t.logprob_chunk)
+                             mixed_precision=precision, logprob_chunk=t.logprob_chunk,
+                             packing=t.packing)
     from agentgym.trainers.backends.distributed import DistributedBackend
     from agentgym.trainers.backends.ranks import OptimSpec
     optim = OptimSpec(lr=lr, weight_decay=t.weight_decay, warmup_steps=warmup,
@@ -326,7 +327,7 @@ def make_backend(cfg: Config, spec, lr: float, cluster=None, total_steps: int | 
         ranks = RayRanks(cluster, t.nprocs, t.backend, spec, optim,
                          "critic" if spec.kind == "value" else "policy")
     return DistributedBackend(t.backend, spec, optim, t.nprocs, t.micro_batch_tokens, ranks,
-                              logprob_chunk=t.logprob_chunk)
+                              logprob_chunk=t.logprob_chunk, packing=t.packing)
 
 
 def policy_spec(cfg: Config, path):
@@ -349,13 +350,14 @@ class Reference:
     backend: Any = None
     micro_batch_tokens: int = 4096
     chunk: int = 0
+    packing: bool = True  # trainer.packing
 
     def logprobs(self, batch, temperature: float) -> torch.Tensor:
         if self.backend is not None:
             return self.backend.reference_logprobs(batch, temperature)
         from agentgym.trainers.backends.base import batched_logprobs
         return batched_logprobs(self.model, batch, temperature, self.micro_batch_tokens,
-                                chunk=self.chunk)[0]
+                                chunk=self.chunk, packing=self.packing)[0]
 
 
 def reference(cfg: Config, path, backend) -> Reference:
@@ -371,4 +373,4 @@ def reference(cfg: Config, path, backend) -> Reference:
                        device=HOST if cfg.algo.ref_offload else t.device).eval()
     model.requires_grad_(False)
     return Reference(model=model, micro_batch_tokens=t.micro_batch_tokens,
-                     chunk=t.logprob_chunk)
+                     chunk=t.logprob_chunk, packing=t.packing)

@@ -256,28 +256,164 @@ def sequence_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     return logp, entropy
 
 
+def _gathered(model, ids, attn, rows, cols, temperature, with_entropy, entropy_grad,
+              images, chunk):
+    """An unpackable model's padded pass (a vision-language model, sliding-window layers),
+    projecting only the hidden states that predict ``(rows, cols)``."""
+    from agentgym.trainers.fused_head import head_logprobs, plain_logprobs
+    kw = {}
+    vision = images is not None or getattr(getattr(model, "config", None),
+                                           "vision_config", None)
+    if vision:
+        from agentgym.models.vision import vl_forward_kwargs
+        kw = vl_forward_kwargs(model, ids, attn, images)
+    targets = ids[rows, cols]
+    parts = _decoder_and_head(model)
+    if parts is not None:
+        hidden = parts[0](input_ids=ids, attention_mask=attn, use_cache=False,
+                          **kw).last_hidden_state[rows, cols - 1]
+        if not vision:
+            return head_logprobs(parts[1], hidden, targets, temperature, with_entropy,
+                                 entropy_grad, chunk)
+        logits = parts[1](hidden)
+    else:  # sharded: the head runs inside the root's forward, on the needed columns only
+        need = torch.unique(cols - 1)
+        logits = model(input_ids=ids, attention_mask=attn, logits_to_keep=need, use_cache=False,
+                       **kw).logits
+        logits = logits[rows, torch.searchsorted(need, cols - 1)]
+    if vision:  # the vision special tokens are never sampled (agentgym.models.vision)
+        from agentgym.models.vision import suppress_vision_tokens, vision_token_ids
+        logits = suppress_vision_tokens(logits, vision_token_ids(model))
+    logp, ent = plain_logprobs(logits, targets, temperature, with_entropy)
+    return logp, (ent if ent is None or entropy_grad else ent.detach())
+
+
+def token_logprobs(model, mb: Batch, device, temperature: float = 1.0,
+                   with_entropy: bool = False, entropy_grad: bool = False, chunk: int = 0,
+                   packing: bool = True):
+    """``(B, T)`` logprobs (and entropies) of the micro-batch's sampled tokens
+    (``loss_mask > 0``; 0 elsewhere), what every loss term and metric reads.
+
+    ``packing`` (``trainer.packing``): one packed row, each group's shared prefix once,
+    no padding, the vocabulary head only on the positions read, fused
+    (:mod:`agentgym.trainers.packing`, :mod:`agentgym.trainers.fused_head`); a model that
+    cannot be packed runs its padded rows but still projects only those positions.
+    Without it: :func:`sequence_logprobs`, the padded pass from the first sampled column.
+    """
+    from agentgym.trainers import packing as pk
+    ids, attn = mb.input_ids.to(device), mb.attention_mask.to(device)
+    if not packing:
+        return sequence_logprobs(model, ids, attn, temperature, with_entropy,
+                                 start=first_needed_position(mb.loss_mask),
+                                 entropy_grad=entropy_grad, images=mb.images, chunk=chunk)
+    if mb.images is not None or not pk.enable(model):
+        pack = pk.build_pack(mb.input_ids, [mb.input_ids.shape[1]] * len(mb), mb.loss_mask)
+        rows, cols = pack.rows.to(device), pack.cols.to(device)
+        if int(pack.cols[0]) == 0:  # nothing sampled: a dummy pass
+            cols = cols + 1
+        lp, ent = _gathered(model, ids, attn, rows, cols, temperature, with_entropy,
+                            entropy_grad, mb.images, chunk)
+    else:
+        from agentgym.trainers.fused_head import head_logprobs, plain_logprobs
+        lengths = mb.attention_mask.sum(-1).tolist()
+        pack = pk.build_pack(mb.input_ids, lengths, mb.loss_mask, groups=mb.uids)
+        kw = {"input_ids": pack.input_ids.to(device), "position_ids": pack.position_ids.to(device),
+              "use_cache": False, pk.PACK_KWARG: pack.segments.to(device)}
+        at, targets = pack.hidden_at.to(device), pack.targets.to(device)
+        parts = _decoder_and_head(model)
+        if parts is not None:
+            hidden = parts[0](**kw).last_hidden_state[0, at]
+            lp, ent = head_logprobs(parts[1], hidden, targets, temperature, with_entropy,
+                                    entropy_grad, chunk)
+        else:  # sharded: the root's forward projects the gathered positions only
+            logits = model(**kw, logits_to_keep=at).logits[0]
+            lp, ent = plain_logprobs(logits, targets, temperature, with_entropy)
+            ent = ent if ent is None or entropy_grad else ent.detach()
+    return pk.scatter(lp, pack), (pk.scatter(ent, pack) if with_entropy else None)
+
+
+def make_adamw(params, **kw) -> torch.optim.AdamW:
+    """AdamW, fused (one kernel over all tensors) where torch has it for the parameters'
+    device: plain tensors on CUDA or the CPU; sharded ones (DTensors) keep foreach."""
+    params = list(params)
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover
+        DTensor = ()
+    fused = bool(params) and all(
+        not isinstance(p, DTensor) and p.device.type in ("cuda", "cpu") and p.is_floating_point()
+        for p in params) and len({p.device for p in params}) == 1
+    return torch.optim.AdamW(params, fused=fused or None, **kw)
+
+
+def add_metrics(totals: dict, metrics: dict) -> None:
+    """Add a micro-batch's metrics into ``totals`` (sums; keys ending in ``_max`` keep the
+    maximum). Values may be floats or 0-dim tensors: nothing here waits on the device."""
+    for k, v in metrics.items():
+        if k not in totals:
+            totals[k] = v
+        elif k.endswith("_max"):
+            a, b = totals[k], v
+            if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+                dev = a.device if isinstance(a, torch.Tensor) else b.device
+                totals[k] = torch.maximum(torch.as_tensor(a, device=dev).float(),
+                                          torch.as_tensor(b, device=dev).float())
+            else:
+                totals[k] = max(a, b)
+        else:
+            totals[k] = totals[k] + v
+
+
+def as_floats(values: dict) -> dict[str, float]:
+    """``values`` as Python floats, with one host sync per device holding any of them."""
+    out = {k: float(v) for k, v in values.items() if not isinstance(v, torch.Tensor)}
+    by_device: dict = {}
+    for k, v in values.items():
+        if isinstance(v, torch.Tensor):
+            by_device.setdefault(v.device, []).append(k)
+    for keys in by_device.values():
+        flat = torch.stack([values[k].detach().float().reshape(()) for k in keys]).tolist()
+        out.update(zip(keys, flat))
+    return {k: out[k] for k in values}
+
+
 @torch.no_grad()
-def batched_apply(model, batch: Batch, micro_batch_tokens: int, fn) -> list[torch.Tensor]:
+def batched_apply(model, batch: Batch, micro_batch_tokens: int, fn,
+                  packing: bool = False) -> list[torch.Tensor]:
     """``fn(model, micro_batch, device) -> tuple of tensors`` over token-budgeted
     micro-batches of ``batch`` in eval mode, without grad; ``(b, t)`` outputs are padded
-    back to the batch width. Returns the outputs concatenated in ``batch``'s row order."""
-    from agentgym.trainers.batch import micro_batches
-
+    back to the batch width. Returns the outputs in ``batch``'s row order. ``packing``:
+    micro-batches of whole groups by packed tokens (:func:`split`)."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     width = batch.input_ids.shape[1]
     parts: list[list[torch.Tensor]] = []
-    lengths = batch.attention_mask.sum(-1).tolist()
+    index = split(batch, micro_batch_tokens, packing)
     try:
-        for idx in micro_batches(lengths, micro_batch_tokens):
+        for idx in index:
             outs = fn(model, batch.select(idx), device)
             parts.append([o.cpu() if o.dim() == 1 else
                           torch.nn.functional.pad(o.cpu(), (0, width - o.shape[1]))
                           for o in outs])
     finally:
         model.train(was_training)
-    return [torch.cat(col) for col in zip(*parts)]
+    order = torch.tensor([i for idx in index for i in idx]).argsort()
+    return [torch.cat(col)[order] for col in zip(*parts)]
+
+
+def split(batch: Batch, micro_batch_tokens: int, packing: bool, multiple: int = 1
+          ) -> list[list[int]]:
+    """Row indices of ``batch``'s micro-batches: with ``packing``, whole groups by packed
+    tokens, balanced, a multiple of ``multiple`` of them (:func:`agentgym.trainers.packing.
+    split_rows`); else rows in order by padded tokens (:func:`~agentgym.trainers.batch.
+    micro_batches`)."""
+    from agentgym.trainers.batch import micro_batches
+    lengths = batch.attention_mask.sum(-1).tolist()
+    if not packing:
+        return micro_batches(lengths, micro_batch_tokens)
+    from agentgym.trainers.packing import split_rows
+    return split_rows(batch.input_ids, lengths, batch.uids, micro_batch_tokens, multiple)
 
 
 @dataclass(frozen=True)
@@ -287,18 +423,17 @@ class LogprobFn:
     temperature: float
     with_entropy: bool = False
     chunk: int = 0  # trainer.logprob_chunk
+    packing: bool = True  # trainer.packing
 
     def __call__(self, model, mb: Batch, device):
-        lp, ent = sequence_logprobs(model, mb.input_ids.to(device), mb.attention_mask.to(device),
-                                    self.temperature, self.with_entropy,
-                                    start=first_needed_position(mb.loss_mask),
-                                    images=mb.images, chunk=self.chunk)
+        lp, ent = token_logprobs(model, mb, device, self.temperature, self.with_entropy,
+                                 chunk=self.chunk, packing=self.packing)
         return (lp, ent) if self.with_entropy else (lp,)
 
 
 def batched_logprobs(model, batch: Batch, temperature: float, micro_batch_tokens: int,
-                     with_entropy: bool = False, chunk: int = 0):
-    """:func:`sequence_logprobs` over a whole batch in token-budgeted micro-batches."""
+                     with_entropy: bool = False, chunk: int = 0, packing: bool = True):
+    """:func:`token_logprobs` over a whole batch in token-budgeted micro-batches."""
     out = batched_apply(model, batch, micro_batch_tokens,
-                        LogprobFn(temperature, with_entropy, chunk))
+                        LogprobFn(temperature, with_entropy, chunk, packing), packing)
     return out[0], (out[1] if with_entropy else None)

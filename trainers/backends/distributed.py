@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from agentgym.trainers.backends.base import LogprobFn, LossFn, ModelSpec
+from agentgym.trainers.backends.base import LogprobFn, LossFn, ModelSpec, split
 from agentgym.trainers.backends.ranks import OptimSpec
 from agentgym.trainers.batch import Batch, micro_batches
 
@@ -245,15 +245,19 @@ class DistributedBackend:
     """
 
     def __init__(self, kind: str, spec: ModelSpec, optim: OptimSpec, nprocs: int,
-                 micro_batch_tokens: int, ranks=None, logprob_chunk: int = 0) -> None:
+                 micro_batch_tokens: int, ranks=None, logprob_chunk: int = 0,
+                 packing: bool = True) -> None:
         self.kind, self.n = kind, nprocs
         self.micro_batch_tokens = micro_batch_tokens
         self.logprob_chunk = logprob_chunk
+        self.packing = packing
         self.ranks = ranks or ProcessRanks(nprocs, kind, spec, optim)
 
     def split(self, batch: Batch) -> list[Batch]:
-        lengths = batch.attention_mask.sum(-1).tolist()
-        return [batch.select(ix) for ix in micro_batches(lengths, self.micro_batch_tokens)]
+        """Micro-batches; with packing, a multiple of the ranks, balanced by real tokens
+        (no rank idles on a dummy while another trains)."""
+        return [batch.select(ix) for ix in
+                split(batch, self.micro_batch_tokens, self.packing, self.n)]
 
     def _deal(self, micro: list[Batch]) -> tuple[list[list[Batch | None]], list[list[int]]]:
         """Micro-batches to ranks, largest first to the least loaded; every rank's list
@@ -261,10 +265,12 @@ class DistributedBackend:
         index (into ``micro``) of each entry (-1 for padding)."""
         load = [0] * self.n
         where: list[list[int]] = [[] for _ in range(self.n)]
-        for i in sorted(range(len(micro)), key=lambda i: -micro[i].input_ids.numel()):
+        cost = [int(m.attention_mask.sum()) if self.packing else m.input_ids.numel()
+                for m in micro]
+        for i in sorted(range(len(micro)), key=lambda i: -cost[i]):
             r = min(range(self.n), key=lambda r: (load[r], len(where[r])))
             where[r].append(i)
-            load[r] += micro[i].input_ids.numel()
+            load[r] += cost[i]
         width = max(len(w) for w in where)
         for w in where:
             w += [-1] * (width - len(w))
@@ -290,8 +296,7 @@ class DistributedBackend:
         outputs (``(b, t)`` padded to the batch width, or ``(b,)``) in row order.
         ``model="reference"``: on the frozen KL reference the ranks hold, sharded as the
         policy is (loaded on first use)."""
-        lengths = batch.attention_mask.sum(-1).tolist()
-        index = micro_batches(lengths, self.micro_batch_tokens)
+        index = split(batch, self.micro_batch_tokens, self.packing, self.n)
         micro = [batch.select(ix) for ix in index]
         parts, where = self._deal(micro)
         outs = self.ranks.call("apply", [(fn, p, dummy_like(batch), model) for p in parts])
@@ -315,13 +320,13 @@ class DistributedBackend:
         return result or []
 
     def logprobs(self, batch: Batch, temperature: float, with_entropy: bool = False):
-        out = self.apply(LogprobFn(temperature, with_entropy, self.logprob_chunk), batch)
+        out = self.apply(LogprobFn(temperature, with_entropy, self.logprob_chunk, self.packing), batch)
         return out[0], (out[1] if with_entropy else None)
 
     def reference_logprobs(self, batch: Batch, temperature: float) -> torch.Tensor:
         """The frozen reference's logprobs, computed in the ranks (``algo.kl_coef`` > 0
         without ``algo.ref_offload``)."""
-        return self.apply(LogprobFn(temperature, False, self.logprob_chunk), batch,
+        return self.apply(LogprobFn(temperature, False, self.logprob_chunk, self.packing), batch,
                           model="reference")[0]
 
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from agentgym.core.device import HOST, is_accelerator, resolve_device
 from agentgym.trainers import lora
-from agentgym.trainers.backends.base import LossFn, ModelSpec
+from agentgym.trainers.backends.base import LossFn, ModelSpec, add_metrics, as_floats, make_adamw
 from agentgym.trainers.batch import Batch
 
 logger = logging.getLogger(__name__)
@@ -113,20 +113,16 @@ class RankBackend:
         """One optimizer step over this rank's micro-batches (see the module docstring)."""
         self.module.train()
         self.zero_grad()
-        totals: dict[str, float] = {}
-        loss_sum = 0.0
+        totals: dict = {}
         for mb in micro:
             with self.autocast():
                 loss, metrics = loss_fn(self.module, mb if mb is not None else dummy)
             if mb is None:
                 loss, metrics = loss * 0.0, {}
             self.backward(loss * self.world)
-            loss_sum += float(loss.detach())
-            for k, v in metrics.items():
-                totals[k] = max(totals.get(k, v), v) if k.endswith("_max") else \
-                    totals.get(k, 0.0) + v
+            add_metrics(totals, {**metrics, "loss": loss.detach()})
         grad_norm, lr = self.step()
-        return {**totals, "loss": loss_sum, "grad_norm": grad_norm, "lr": lr}
+        return as_floats({**totals, "grad_norm": grad_norm, "lr": lr})  # one host sync
 
     def export_hf(self, path: str) -> None:
         """HF weights (``save_pretrained``) of the full model, written by rank 0; with
@@ -203,8 +199,8 @@ class FSDPRank(RankBackend):
             kw["offload_policy"] = CPUOffloadPolicy()
         self._shard_kw = kw
         self.module = self.wrap_reference(model)
-        self.optimizer = torch.optim.AdamW(_trainable(model), lr=o.lr, betas=o.betas,
-                                           weight_decay=o.weight_decay)
+        self.optimizer = make_adamw(_trainable(model), lr=o.lr, betas=o.betas,
+                                    weight_decay=o.weight_decay)
         self.scheduler = _scheduler(self.optimizer, o)
 
     def wrap_reference(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -232,7 +228,7 @@ class FSDPRank(RankBackend):
         self.optimizer.step()
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
-        return float(norm), lr
+        return norm, lr  # a tensor: train_step's one host sync reads it
 
     def gathered_state_dict(self):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -293,8 +289,8 @@ class DeepSpeedRank(RankBackend):
             opt = DeepSpeedCPUAdam(_trainable(model), lr=o.lr, betas=o.betas,
                                    weight_decay=o.weight_decay, adamw_mode=True)
         else:
-            opt = torch.optim.AdamW(_trainable(model), lr=o.lr, betas=o.betas,
-                                    weight_decay=o.weight_decay)
+            opt = make_adamw(_trainable(model), lr=o.lr, betas=o.betas,
+                             weight_decay=o.weight_decay)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=opt, lr_scheduler=lambda opt_: _scheduler(opt_, o),
             config=config)

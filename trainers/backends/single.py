@@ -10,8 +10,9 @@ from pathlib import Path
 import torch
 
 from agentgym.trainers import lora
-from agentgym.trainers.backends.base import LogprobFn, LossFn, batched_apply
-from agentgym.trainers.batch import Batch, micro_batches
+from agentgym.trainers.backends.base import (LogprobFn, LossFn, add_metrics, as_floats,
+                                             batched_apply, make_adamw, split)
+from agentgym.trainers.batch import Batch
 
 logger = logging.getLogger(__name__)
 
@@ -39,17 +40,19 @@ class SingleBackend:
         lr, weight_decay, betas: AdamW settings.
         warmup_steps, total_steps, schedule: the learning-rate schedule.
         max_grad_norm: gradient clipping (0 disables).
-        micro_batch_tokens: padded-token budget of one forward/backward.
+        micro_batch_tokens: token budget of one forward/backward (packed tokens with
+            ``packing``, else padded ones).
         mixed_precision: ``""`` (fp32) or ``bf16`` autocast.
         logprob_chunk: positions projected to the vocabulary at once in :meth:`logprobs`
             (0: all; :func:`~agentgym.trainers.backends.base.sequence_logprobs`).
+        packing: ``trainer.packing`` (:mod:`agentgym.trainers.packing`).
     """
 
     def __init__(self, model, lr: float = 1e-6, weight_decay: float = 0.0,
                  betas: tuple[float, float] = (0.9, 0.999), warmup_steps: int = 0,
                  total_steps: int = 1, schedule: str = "constant", max_grad_norm: float = 1.0,
                  micro_batch_tokens: int = 8192, mixed_precision: str = "",
-                 logprob_chunk: int = 0) -> None:
+                 logprob_chunk: int = 0, packing: bool = True) -> None:
         if mixed_precision not in ("", "bf16"):
             raise ValueError(f"mixed_precision={mixed_precision!r}; valid: '' (off), bf16")
         self.model = model
@@ -58,14 +61,14 @@ class SingleBackend:
         self.max_grad_norm = max_grad_norm
         self.micro_batch_tokens = micro_batch_tokens
         self.logprob_chunk = logprob_chunk
-        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
-                                           lr=lr, betas=betas, weight_decay=weight_decay)
+        self.packing = packing
+        self.optimizer = make_adamw([p for p in model.parameters() if p.requires_grad],
+                                    lr=lr, betas=betas, weight_decay=weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(warmup_steps, total_steps, schedule))
 
     def split(self, batch: Batch) -> list[Batch]:
-        lengths = batch.attention_mask.sum(-1).tolist()
-        return [batch.select(ix) for ix in micro_batches(lengths, self.micro_batch_tokens)]
+        return [batch.select(ix) for ix in split(batch, self.micro_batch_tokens, self.packing)]
 
     def autocast(self):
         """bf16 compute over fp32 master weights when ``mixed_precision='bf16'``."""
@@ -75,10 +78,11 @@ class SingleBackend:
     def apply(self, fn, batch: Batch) -> list[torch.Tensor]:
         """``fn(model, micro_batch, device)`` over the batch's micro-batches, no grad."""
         with self.autocast():
-            return batched_apply(self.model, batch, self.micro_batch_tokens, fn)
+            return batched_apply(self.model, batch, self.micro_batch_tokens, fn, self.packing)
 
     def logprobs(self, batch: Batch, temperature: float, with_entropy: bool = False):
-        out = self.apply(LogprobFn(temperature, with_entropy, self.logprob_chunk), batch)
+        out = self.apply(LogprobFn(temperature, with_entropy, self.logprob_chunk, self.packing),
+                         batch)
         return out[0], (out[1] if with_entropy else None)
 
     def close(self) -> None:
@@ -87,23 +91,19 @@ class SingleBackend:
     def train_step(self, batches: list[Batch], loss_fn: LossFn) -> dict[str, float]:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        totals: dict[str, float] = {}
-        loss_sum = 0.0
+        totals: dict = {}
         for mb in batches:  # metrics are additive contributions to the mini-batch value
             with self.autocast():
                 loss, metrics = loss_fn(self.model, mb)
             loss.backward()
-            loss_sum += float(loss.detach())
-            for k, v in metrics.items():
-                totals[k] = max(totals.get(k, v), v) if k.endswith("_max") else \
-                    totals.get(k, 0.0) + v
+            add_metrics(totals, {**metrics, "loss": loss.detach()})
         params = [p for p in self.model.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.clip_grad_norm_(
             params, self.max_grad_norm if self.max_grad_norm > 0 else float("inf"))
         self.optimizer.step()
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
-        return {**totals, "loss": loss_sum, "grad_norm": float(grad_norm), "lr": lr}
+        return as_floats({**totals, "grad_norm": grad_norm, "lr": lr})  # one host sync
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The full weights on CPU; with LoRA, the base architecture's, adapters merged."""

@@ -1,0 +1,172 @@
+"""Per-token log-probabilities (and entropies) of chosen tokens from hidden states, through
+the vocabulary head in chunks, with their gradients from one pass.
+
+``head_logprobs(head, hidden, targets, temperature, with_entropy)`` is what the update
+calls on the hidden states at the positions the loss reads (:mod:`agentgym.trainers.
+packing`). For a plain ``nn.Linear`` head it runs :class:`HeadLogprobs`: the forward goes
+over ``chunk`` rows at a time, computing each chunk's fp32 logits once, its
+log-normaliser, the targets' log-probabilities and (when asked) the entropies; it keeps
+each chunk's log-softmax for the backward while they fit in ``keep_bytes`` (else the
+backward recomputes that chunk's logits). The backward turns the upstream gradients of
+log-prob and entropy into the logits' gradient in closed form::
+
+    d logp_i / d z = onehot(target_i) - p_i
+    d H_i    / d z = -p_i * (log p_i + H_i)
+
+and from it the hidden states' and the head weight's gradients, chunk by chunk: no
+``(M, V)`` tensor is kept beyond the saved log-softmax, no autograd graph over the
+vocabulary is built, the head's forward is not run twice, and at temperature 1 the logits
+are not copied to be divided. Under autocast the matmuls run in the autocast dtype and
+everything past them in fp32, as the unfused path does.
+
+Anything else (a sharded head, a LoRA-wrapped head, a head with a bias, vision token
+suppression) takes :func:`plain_logprobs` on the gathered rows: the same values, with
+autograd. liger-kernel's fused linear losses are GPU (Triton) kernels and fuse a fixed
+loss into the head; this one fuses only the log-prob and entropy, so every policy loss of
+:mod:`agentgym.trainers.algos` keeps working unchanged (docs/DECISIONS.md).
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: rows of hidden states projected to the vocabulary at once
+CHUNK = 1024
+#: the most bytes of fp32 log-softmax the forward keeps for the backward (past it, the
+#: backward recomputes the chunks that did not fit)
+KEEP_BYTES = 2 << 30
+
+
+def _compute_dtype(device_type: str, weight: torch.Tensor) -> torch.dtype:
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return weight.dtype
+
+
+def _logits(h: torch.Tensor, w: torch.Tensor, cd: torch.dtype, temperature: float):
+    z = (h.to(cd) @ w.to(cd).t()).float()
+    return z / temperature if temperature != 1.0 else z
+
+
+class HeadLogprobs(torch.autograd.Function):
+    """``(logp (M,), entropy (M,) or empty)`` of ``targets`` under ``hidden @ weight.T``."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature: float, with_entropy: bool,
+                chunk: int, keep_bytes: int):
+        cd = _compute_dtype(hidden.device.type, weight)
+        M, V = hidden.shape[0], weight.shape[0]
+        logp = torch.empty(M, dtype=torch.float32, device=hidden.device)
+        ent = torch.empty(M if with_entropy else 0, dtype=torch.float32, device=hidden.device)
+        kept: list[torch.Tensor | None] = []
+        budget = keep_bytes
+        for a in range(0, M, chunk):
+            z = _logits(hidden[a:a + chunk], weight, cd, temperature)
+            logq = z - torch.logsumexp(z, -1, keepdim=True)  # reuses z's role: log p
+            del z
+            logp[a:a + chunk] = logq.gather(-1, targets[a:a + chunk, None])[:, 0]
+            if with_entropy:
+                ent[a:a + chunk] = -(logq.exp() * logq).sum(-1)
+            size = logq.numel() * 4
+            if keep_bytes >= 0:  # -1: no backward will run (a no-grad pass)
+                if size <= budget:
+                    kept.append(logq)
+                    budget -= size
+                else:
+                    kept.append(None)
+        ctx.save_for_backward(hidden, weight, targets)
+        ctx.kept, ctx.cd, ctx.temperature, ctx.chunk = kept, cd, temperature, chunk
+        ctx.ent = ent if with_entropy else None
+        ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(targets)
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, g_logp, g_ent):
+        hidden, weight, targets = ctx.saved_tensors
+        cd, temperature, chunk = ctx.cd, ctx.temperature, ctx.chunk
+        d_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
+        d_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
+            if ctx.needs_input_grad[1] else None
+        if g_logp is None and g_ent is None:
+            return d_hidden, d_weight, None, None, None, None, None
+        for k, a in enumerate(range(0, hidden.shape[0], chunk)):
+            h = hidden[a:a + chunk]
+            logq = ctx.kept[k] if k < len(ctx.kept) else None
+            if logq is None:
+                z = _logits(h, weight, cd, temperature)
+                logq = z - torch.logsumexp(z, -1, keepdim=True)
+                del z
+            p = logq.exp()
+            dz = torch.zeros_like(p)
+            if g_logp is not None:
+                gl = g_logp[a:a + chunk].float()
+                dz -= p * gl[:, None]
+                dz.scatter_add_(-1, targets[a:a + chunk, None], gl[:, None])
+            if g_ent is not None and ctx.ent is not None:
+                ge = g_ent[a:a + chunk].float()
+                H = ctx.ent[a:a + chunk]
+                dz -= p * (logq + H[:, None]) * ge[:, None]
+            del p, logq
+            if temperature != 1.0:
+                dz /= temperature
+            dzc = dz.to(cd)
+            if d_hidden is not None:
+                d_hidden[a:a + chunk] = (dzc @ weight.to(cd)).to(hidden.dtype)
+            if d_weight is not None:
+                d_weight += (dzc.t() @ h.to(cd)).float()
+        ctx.kept = None
+        if d_weight is not None:
+            d_weight = d_weight.to(weight.dtype)
+        return d_hidden, d_weight, None, None, None, None, None
+
+
+def plain_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
+                   with_entropy: bool):
+    """Log-probabilities and entropies from ``(M, V)`` logits, with autograd."""
+    z = logits.float()
+    if temperature != 1.0:
+        z = z / temperature
+    logq = torch.log_softmax(z, -1)
+    logp = logq.gather(-1, targets[:, None])[:, 0]
+    ent = -(logq.exp() * logq).sum(-1) if with_entropy else None
+    return logp, ent
+
+
+def fusable(head) -> bool:
+    """A plain ``nn.Linear`` without bias whose weight is an ordinary tensor."""
+    if type(head) is not torch.nn.Linear or head.bias is not None:
+        return False
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover
+        return True
+    return not isinstance(head.weight, DTensor) and not hasattr(head.weight, "ds_id")
+
+
+def head_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
+                  with_entropy: bool = False, entropy_grad: bool = False,
+                  chunk: int = CHUNK, keep_bytes: int = KEEP_BYTES):
+    """``(logp (M,), entropy (M,) or None)`` of ``targets`` from ``hidden`` ``(M, H)``.
+
+    The entropy is differentiable only with ``entropy_grad``."""
+    temperature = float(temperature or 1.0)
+    if fusable(head):
+        logp, ent = HeadLogprobs.apply(hidden, head.weight, targets, temperature,
+                                       with_entropy, chunk or CHUNK,
+                                       keep_bytes if torch.is_grad_enabled() else -1)
+        if not with_entropy:
+            return logp, None
+        return logp, (ent if entropy_grad else ent.detach())
+    lps, ents = [], []
+    for a in range(0, hidden.shape[0], chunk or hidden.shape[0] or 1):
+        lp, ent = plain_logprobs(head(hidden[a:a + (chunk or hidden.shape[0])]),
+                                 targets[a:a + (chunk or hidden.shape[0])], temperature,
+                                 with_entropy)
+        lps.append(lp)
+        ents.append(ent)
+    logp = torch.cat(lps) if lps else hidden.new_zeros(0, dtype=torch.float32)
+    if not with_entropy:
+        return logp, None
+    ent = torch.cat(ents) if ents else logp.new_zeros(0)
+    return logp, (ent if entropy_grad else ent.detach())
