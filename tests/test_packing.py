@@ -228,5 +228,30 @@ def test_dummy_pass_keeps_a_graph(tiny_path, tiny_tokenizer):
     batch = group_batch(tiny_tokenizer, 1, 2)
     dummy = dummy_like(batch)
     lp, _ = token_logprobs(model, dummy, torch.device("cpu"))
-    assert float(lp.abs().sum()) == 0.0 and lp.requires_grad
+    assert float(lp.detach().abs().sum()) == 0.0 and lp.requires_grad
     lp.sum().backward()
+
+
+def test_critic_values_and_gradients_equal(tiny_path, tiny_tokenizer):
+    """The critic's packed pass: values at the sampled tokens and each row's last state,
+    and the value loss's gradients, as the padded pass gives them."""
+    from agentgym.models.zoo import load_value_model
+    from agentgym.trainers.critic import ValueLoss, token_values
+    model = load_value_model(tiny_path).train()
+    batch = group_batch(tiny_tokenizer, 2, 4, turns=2, seed=7)
+    cpu = torch.device("cpu")
+    with torch.no_grad():
+        v0, last0 = token_values(model, batch, cpu, packing=False)
+        v1, last1 = token_values(model, batch, cpu, packing=True, whole=True)
+    m = batch.loss_mask > 0
+    torch.testing.assert_close(v1[m], v0[m], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(last1, last0, rtol=1e-5, atol=1e-6)
+    batch.values, batch.returns = v0.detach() * m, torch.randn(v0.shape) * m
+    grads = []
+    for packing in (False, True):
+        model.zero_grad(set_to_none=True)
+        loss, _ = ValueLoss(0.2, "token-mean", float(m.sum()), len(batch), 64, packing)(model, batch)
+        loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-6, msg=name)

@@ -33,19 +33,44 @@ from agentgym.trainers.run import make_backend
 logger = logging.getLogger(__name__)
 
 
-def values_fn(model, mb: Batch, device):
-    """:func:`token_values` of a micro-batch, as a backend ``apply`` function."""
-    return token_values(model, mb.input_ids.to(device), mb.attention_mask.to(device))
+@dataclass(frozen=True)
+class ValuesFn:
+    """:func:`token_values` of a micro-batch, as a backend ``apply`` function (picklable)."""
+
+    packing: bool = True  # trainer.packing
+
+    def __call__(self, model, mb: Batch, device):
+        return token_values(model, mb, device, self.packing, whole=True)
 
 
-def token_values(model, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+def token_values(model, mb: Batch, device, packing: bool = True, whole: bool = False):
     """``(B, T)`` values aligned with tokens (``[:, 0]`` is 0) and ``(B,)`` values of each
-    whole (right-padded) sequence, in fp32."""
-    out = model(input_ids=input_ids, attention_mask=attention_mask).logits[..., 0].float()
-    values = torch.zeros_like(out)
-    values[:, 1:] = out[:, :-1]
-    last = attention_mask.sum(-1).clamp(min=1) - 1
-    return values, out[torch.arange(out.shape[0], device=out.device), last]
+    whole (right-padded) sequence, in fp32.
+
+    With ``packing`` (:mod:`agentgym.trainers.packing`) the rows run as one packed row
+    (a group's shared prefix once, no padding) and the values are read at the sampled
+    tokens only (what GAE and the value loss read), plus each row's last state with
+    ``whole``; without ``whole`` the rows are packed only up to their last sampled token
+    and the sequence values are 0 (the value loss does not read them)."""
+    from agentgym.trainers import packing as pk
+    ids, attn = mb.input_ids.to(device), mb.attention_mask.to(device)
+    if not packing or not pk.enable(model):
+        out = model(input_ids=ids, attention_mask=attn).logits[..., 0].float()
+        values = torch.zeros_like(out)
+        values[:, 1:] = out[:, :-1]
+        last = attn.sum(-1).clamp(min=1) - 1
+        return values, out[torch.arange(out.shape[0], device=out.device), last]
+    lengths = mb.attention_mask.sum(-1).tolist()
+    pack = pk.build_pack(mb.input_ids, lengths, mb.loss_mask, groups=mb.uids, keep_whole=whole)
+    out = model(input_ids=pack.input_ids.to(device), position_ids=pack.position_ids.to(device),
+                use_cache=False, **{pk.PACK_KWARG: pack.segments.to(device)}).logits[0, :, 0]
+    out = out.float()
+    values = pk.scatter(out[pack.hidden_at.to(device)], pack)
+    last = torch.zeros(len(lengths), dtype=torch.float32, device=out.device)
+    if whole:
+        at = pack.last_at.to(device)
+        last = torch.where(at >= 0, out[at.clamp(min=0)], last)
+    return values, last
 
 
 @dataclass(frozen=True)
@@ -58,11 +83,12 @@ class ValueLoss:
     num_tokens: float
     num_seqs: int
     norm_len: int
+    packing: bool = True  # trainer.packing
 
     def __call__(self, model, mb: Batch):
         dev = next(model.parameters()).device
         mask = mb.loss_mask.to(dev)
-        v, _ = token_values(model, mb.input_ids.to(dev), mb.attention_mask.to(dev))
+        v, _ = token_values(model, mb, dev, self.packing)
         per_tok, stats = value_loss(v, mb.values.to(dev), mb.returns.to(dev),
                                     mask, self.clip or None)
         loss = aggregate(per_tok, mask, self.mode, num_tokens=self.num_tokens,
@@ -92,7 +118,7 @@ class Critic:
 
     def values(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """``(values (B, T), last_values (B,))`` of the current critic, no grad."""
-        v, last = self.backend.apply(values_fn, batch)
+        v, last = self.backend.apply(ValuesFn(self.cfg.trainer.packing), batch)
         return v, last
 
     def update(self, batch: Batch, step: int, hooks) -> dict[str, float]:
@@ -108,7 +134,7 @@ class Critic:
         def make_loss(mini: Batch):
             return ValueLoss(c.critic.value_clip, c.algo.loss_agg_mode,
                              float(mini.loss_mask.sum().clamp(min=1)), len(mini),
-                             c.rollout.max_response_tokens)
+                             c.rollout.max_response_tokens, c.trainer.packing)
         m.update(minibatch_updates(c, self.backend, batch, make_loss, step, hooks, "critic",
                                    "critic/"))
         return m

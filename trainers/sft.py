@@ -35,7 +35,7 @@ from agentgym.reporting.metrics import MetricsLogger
 from agentgym.models.zoo import is_vision_language, load_tokenizer, resolve_model
 from agentgym.core.types import Trajectory
 from agentgym.trainers.algos import aggregate
-from agentgym.trainers.backends.base import first_needed_position, sequence_logprobs
+from agentgym.trainers.backends.base import token_logprobs
 from agentgym.trainers.batch import Batch, collate
 from agentgym.trainers.hooks import Hooks
 from agentgym.trainers.run import make_backend, policy_spec, resume, save_checkpoint, start_run
@@ -101,23 +101,24 @@ class NLLLoss:
 
     num_tokens: float
     chunk: int = 0  # trainer.logprob_chunk
+    packing: bool = True  # trainer.packing (agentgym.trainers.packing)
 
     def __call__(self, model, mb: Batch):
         dev = next(model.parameters()).device
         mask = mb.loss_mask.to(dev)
-        logp, _ = sequence_logprobs(model, mb.input_ids.to(dev), mb.attention_mask.to(dev),
-                                    start=first_needed_position(mb.loss_mask), chunk=self.chunk)
+        logp, _ = token_logprobs(model, mb, dev, chunk=self.chunk, packing=self.packing)
         return aggregate(-logp, mask, "token-mean", num_tokens=self.num_tokens), {}
 
 
-def sft_loss_fn(num_tokens: float, chunk: int = 0) -> NLLLoss:
-    return NLLLoss(num_tokens, chunk)
+def sft_loss_fn(num_tokens: float, chunk: int = 0, packing: bool = True) -> NLLLoss:
+    return NLLLoss(num_tokens, chunk, packing)
 
 
-def padding_stats(micro: list[Batch]) -> tuple[int, int]:
-    """``(real tokens, padded tokens computed)`` over micro-batches."""
+def padding_stats(micro: list[Batch], packing: bool = False) -> tuple[int, int]:
+    """``(real tokens, tokens computed)`` over micro-batches: padded rows, or with
+    ``packing`` the real tokens alone (a packed row has no padding)."""
     real = sum(int(mb.attention_mask.sum()) for mb in micro)
-    padded = sum(mb.input_ids.numel() for mb in micro)
+    padded = real if packing else sum(mb.input_ids.numel() for mb in micro)
     return real, padded
 
 
@@ -175,8 +176,8 @@ def _sft_steps(cfg: Config, run_dir: Path, backend, tokenizer, trajs, plan, per_
             batch = collate([trajs[i] for i in plan[step]], tokenizer.pad_token_id)
             micro = backend.split(batch)
             num_tokens = float(batch.loss_mask.sum().clamp(min=1))
-            out = backend.train_step(micro, sft_loss_fn(num_tokens, t.logprob_chunk))
-            real, padded = padding_stats(micro)
+            out = backend.train_step(micro, sft_loss_fn(num_tokens, t.logprob_chunk, t.packing))
+            real, padded = padding_stats(micro, t.packing)
             elapsed = time.perf_counter() - t0
             m = {"train/loss": out["loss"], "train/grad_norm": out["grad_norm"],
                  "train/lr": out["lr"], "train/epoch": (step + 1) / per_epoch,
