@@ -255,3 +255,22 @@ def test_critic_values_and_gradients_equal(tiny_path, tiny_tokenizer):
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_activation_checkpointing_and_bf16(tiny_path, tiny_tokenizer):
+    """The pack reaches every layer when the backward recomputes it (activation
+    checkpointing), and bf16 autocast runs the packed path close to the padded one."""
+    from agentgym.trainers.backends.base import ModelSpec
+    spec = ModelSpec(str(tiny_path), gradient_checkpointing=True)
+    model = spec.load("cpu").train()
+    batch = group_batch(tiny_tokenizer, 2, 4, turns=2, seed=8)
+    cfg = build_config(CFG)
+    assert_same(loss_and_grads(model, batch, cfg, packing=False),
+                loss_and_grads(model, batch, cfg, packing=True))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        a = loss_and_grads(model, batch, cfg, packing=False)
+        b = loss_and_grads(model, batch, cfg, packing=True)
+    assert a[0] == pytest.approx(b[0], rel=0.05, abs=1e-3)
+    for name in a[1]:
+        cos = torch.nn.functional.cosine_similarity(a[1][name].flatten(), b[1][name].flatten(), 0)
+        assert float(cos) > 0.98, name

@@ -44,8 +44,14 @@ def _compute_dtype(device_type: str, weight: torch.Tensor) -> torch.dtype:
 
 
 def _logits(h: torch.Tensor, w: torch.Tensor, cd: torch.dtype, temperature: float):
-    z = (h.to(cd) @ w.to(cd).t()).float()
-    return z / temperature if temperature != 1.0 else z
+    z = h.to(cd) @ w.to(cd).t()
+    z = z.float() if z.dtype != torch.float32 else z
+    return z.div_(temperature) if temperature != 1.0 else z
+
+
+def _log_softmax_(z: torch.Tensor) -> torch.Tensor:
+    """``z`` turned into its log-softmax in place (no ``(rows, V)`` copy)."""
+    return z.sub_(torch.logsumexp(z, -1, keepdim=True))
 
 
 class HeadLogprobs(torch.autograd.Function):
@@ -55,18 +61,16 @@ class HeadLogprobs(torch.autograd.Function):
     def forward(ctx, hidden, weight, targets, temperature: float, with_entropy: bool,
                 chunk: int, keep_bytes: int):
         cd = _compute_dtype(hidden.device.type, weight)
-        M, V = hidden.shape[0], weight.shape[0]
+        M = hidden.shape[0]
         logp = torch.empty(M, dtype=torch.float32, device=hidden.device)
         ent = torch.empty(M if with_entropy else 0, dtype=torch.float32, device=hidden.device)
         kept: list[torch.Tensor | None] = []
         budget = keep_bytes
         for a in range(0, M, chunk):
-            z = _logits(hidden[a:a + chunk], weight, cd, temperature)
-            logq = z - torch.logsumexp(z, -1, keepdim=True)  # reuses z's role: log p
-            del z
+            logq = _log_softmax_(_logits(hidden[a:a + chunk], weight, cd, temperature))
             logp[a:a + chunk] = logq.gather(-1, targets[a:a + chunk, None])[:, 0]
             if with_entropy:
-                ent[a:a + chunk] = -(logq.exp() * logq).sum(-1)
+                ent[a:a + chunk] = -torch.exp(logq).mul_(logq).sum(-1)
             size = logq.numel() * 4
             if keep_bytes >= 0:  # -1: no backward will run (a no-grad pass)
                 if size <= budget:
@@ -85,36 +89,44 @@ class HeadLogprobs(torch.autograd.Function):
     def backward(ctx, g_logp, g_ent):
         hidden, weight, targets = ctx.saved_tensors
         cd, temperature, chunk = ctx.cd, ctx.temperature, ctx.chunk
-        d_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
-        d_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
-            if ctx.needs_input_grad[1] else None
-        if g_logp is None and g_ent is None:
-            return d_hidden, d_weight, None, None, None, None, None
+        want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        if ctx.ent is None:
+            g_ent = None
+        if (g_logp is None and g_ent is None) or not (want_h or want_w):
+            return None, None, None, None, None, None, None
+        d_hidden = torch.empty_like(hidden) if want_h else None
+        d_weight = None
+        w = weight.to(cd)
         for k, a in enumerate(range(0, hidden.shape[0], chunk)):
             h = hidden[a:a + chunk]
             logq = ctx.kept[k] if k < len(ctx.kept) else None
+            ctx.kept[k:k + 1] = [None] * (k < len(ctx.kept))  # freed as it is used
             if logq is None:
-                z = _logits(h, weight, cd, temperature)
-                logq = z - torch.logsumexp(z, -1, keepdim=True)
-                del z
-            p = logq.exp()
-            dz = torch.zeros_like(p)
-            if g_logp is not None:
-                gl = g_logp[a:a + chunk].float()
-                dz -= p * gl[:, None]
-                dz.scatter_add_(-1, targets[a:a + chunk, None], gl[:, None])
-            if g_ent is not None and ctx.ent is not None:
-                ge = g_ent[a:a + chunk].float()
-                H = ctx.ent[a:a + chunk]
-                dz -= p * (logq + H[:, None]) * ge[:, None]
+                logq = _log_softmax_(_logits(h, weight, cd, temperature))
+            # dz = g_lp * (onehot - p) + g_ent * (-p * (log p + H)), in place over logq
+            p = torch.exp(logq)
+            if g_ent is not None:
+                dz = logq.add_(ctx.ent[a:a + chunk, None]).mul_(g_ent[a:a + chunk, None].float())
+                if g_logp is not None:
+                    dz.add_(g_logp[a:a + chunk, None].float())
+                dz.mul_(p).neg_()
+            else:
+                dz = p.mul_(g_logp[a:a + chunk, None].float().neg())
             del p, logq
+            if g_logp is not None:
+                dz.scatter_add_(-1, targets[a:a + chunk, None],
+                                g_logp[a:a + chunk, None].float())
             if temperature != 1.0:
-                dz /= temperature
+                dz.div_(temperature)
             dzc = dz.to(cd)
-            if d_hidden is not None:
-                d_hidden[a:a + chunk] = (dzc @ weight.to(cd)).to(hidden.dtype)
-            if d_weight is not None:
-                d_weight += (dzc.t() @ h.to(cd)).float()
+            if want_h:
+                d_hidden[a:a + chunk] = (dzc @ w).to(hidden.dtype)
+            if want_w:
+                part = dzc.t() @ h.to(cd)
+                if d_weight is None:
+                    d_weight = part.float() if part.dtype != torch.float32 else part
+                else:
+                    d_weight.add_(part)
         ctx.kept = None
         if d_weight is not None:
             d_weight = d_weight.to(weight.dtype)

@@ -235,28 +235,33 @@ def _segments(segs: list[tuple[int, int, torch.Tensor]], n: int) -> Segments:
 # --- attention ---------------------------------------------------------------------------
 def dense_attention(query, key, value, seg: Segments, scaling, dropout: float = 0.0):
     """SDPA over the stacked segment buckets; ``query`` ``(1, H, N, d)``, ``key``/``value``
-    ``(1, Hkv, N, d)``; returns ``(1, N, H, d)``."""
+    ``(1, Hkv, N, d)``; returns ``(1, N, H, d)``. Gathers are ``index_select`` (their
+    backward an ``index_add``, several times cheaper on the CPU than advanced indexing's
+    accumulating ``index_put``), grouped-query heads go to SDPA as they are."""
     q, k, v = query[0], key[0], value[0]
-    H, Hkv = q.shape[0], k.shape[0]
+    H, d = q.shape[0], q.shape[-1]
     outs = []
     for qi, ki, mask in zip(seg.q_index, seg.k_index, seg.mask):
-        qb = q[:, qi].transpose(0, 1)  # (s, H, Q, d)
-        kb, vb = k[:, ki].transpose(0, 1), v[:, ki].transpose(0, 1)
-        if Hkv != H:
-            kb = kb.repeat_interleave(H // Hkv, dim=1)
-            vb = vb.repeat_interleave(H // Hkv, dim=1)
+        s, Q = qi.shape
+        K = ki.shape[1]
+        qb = q.index_select(1, qi.reshape(-1)).view(H, s, Q, d).transpose(0, 1)
+        flat_k = ki.reshape(-1)
+        kb = k.index_select(1, flat_k).view(-1, s, K, d).transpose(0, 1)
+        vb = v.index_select(1, flat_k).view(-1, s, K, d).transpose(0, 1)
         o = torch.nn.functional.scaled_dot_product_attention(
-            qb, kb, vb, attn_mask=mask, dropout_p=dropout, scale=scaling)
-        outs.append(o.transpose(1, 2).reshape(-1, H, q.shape[-1]))  # (s * Q, H, d)
-    return torch.cat(outs)[seg.out_index][None]
+            qb, kb, vb, attn_mask=mask, dropout_p=dropout, scale=scaling,
+            enable_gqa=kb.shape[1] != H)
+        outs.append(o.transpose(1, 2).reshape(-1, H, d))  # (s * Q, H, d)
+    flat = outs[0] if len(outs) == 1 else torch.cat(outs)
+    return flat.index_select(0, seg.out_index)[None]
 
 
 def varlen_attention(varlen, query, key, value, seg: Segments, scaling, dropout: float = 0.0):
     """The segments as one ``flash_attn_varlen_func``-style call: queries in pack order
     (each segment's queries are consecutive), keys gathered per segment."""
     q = query[0].transpose(0, 1)  # (N, H, d)
-    k = key[0].transpose(0, 1)[seg.k_flat]
-    v = value[0].transpose(0, 1)[seg.k_flat]
+    k = key[0].transpose(0, 1).index_select(0, seg.k_flat)
+    v = value[0].transpose(0, 1).index_select(0, seg.k_flat)
     o = varlen(q, k, v, seg.cu_q, seg.cu_k, seg.max_q, seg.max_k, dropout_p=dropout,
                softmax_scale=scaling, causal=True)
     return o[None]
