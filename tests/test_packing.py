@@ -274,3 +274,45 @@ def test_activation_checkpointing_and_bf16(tiny_path, tiny_tokenizer):
     for name in a[1]:
         cos = torch.nn.functional.cosine_similarity(a[1][name].flatten(), b[1][name].flatten(), 0)
         assert float(cos) > 0.98, name
+
+
+def test_vision_rows_project_only_the_sampled_positions():
+    """A vision-language model is not packed (its 3-D positions are laid out per padded
+    row), but its update still projects only the sampled positions: the same logprobs and
+    gradients as the padded pass."""
+    from agentgym.envs.geometry import BUILTIN_ROWS, load_image
+    from agentgym.models.zoo import load_model, load_tokenizer, resolve_model
+    from agentgym.rollout.chat import ChatTokens
+    from agentgym.trainers.backends.base import sequence_logprobs
+    path = resolve_model("tiny-vl")
+    model, tok = load_model(path).train(), load_tokenizer(path)
+    chat = ChatTokens(tok)
+    rows, images = [], []
+    for i, r in enumerate(BUILTIN_ROWS[:2]):
+        ids, vision = chat.prompt([{"role": "user", "content": [
+            {"type": "image", "image": load_image(r["images"][0])},
+            {"type": "text", "text": "Find x."}]}])
+        rows.append(ids + list(range(40, 46 + 3 * i)))
+        images.append(vision)
+    T = max(map(len, rows))
+    ids = torch.full((2, T), tok.pad_token_id)
+    attn = torch.zeros((2, T), dtype=torch.long)
+    mask = torch.zeros((2, T))
+    for i, r in enumerate(rows):
+        ids[i, :len(r)], attn[i, :len(r)] = torch.tensor(r), 1
+        mask[i, len(r) - 6 - 3 * i:len(r)] = 1
+    zeros = torch.zeros((2, T))
+    batch = Batch(ids, attn, mask, zeros, torch.zeros(2), ["a", "b"], zeros, torch.zeros(2),
+                  images=images)
+    lp, _ = token_logprobs(model, batch, torch.device("cpu"), 0.8)
+    ref, _ = sequence_logprobs(model, ids, attn, 0.8, images=images)
+    m = mask > 0
+    torch.testing.assert_close(lp[m], ref[m], rtol=1e-5, atol=1e-5)
+    w = torch.randn(2, T)
+    g1 = torch.autograd.grad((lp * w * mask).sum(), list(model.parameters()), allow_unused=True)
+    g2 = torch.autograd.grad((ref * w * mask).sum(), list(model.parameters()), allow_unused=True)
+    for a, b in zip(g1, g2):
+        if a is None or b is None:
+            assert a is None and b is None or float((a if a is not None else b).abs().sum()) == 0
+            continue
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
