@@ -246,7 +246,7 @@ class TrainerConfig:
     prompts_per_step: int = 8  # rows per step; each sampled rollout.n times
     ppo_epochs: int = 1  # passes over each step's rollouts
     mini_batches: int = 1  # optimizer steps per epoch
-    micro_batch_tokens: int = 4096  # padded tokens per forward/backward (grad accumulation)
+    micro_batch_tokens: int = 4096  # tokens per forward/backward (grad accumulation): packed ones, or padded with packing=false
     lr: float = 1e-6
     warmup_steps: int = 0
     lr_schedule: str = "constant"  # constant | cosine
