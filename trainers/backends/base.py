@@ -276,11 +276,13 @@ def _gathered(model, ids, attn, rows, cols, temperature, with_entropy, entropy_g
             return head_logprobs(parts[1], hidden, targets, temperature, with_entropy,
                                  entropy_grad, chunk)
         logits = parts[1](hidden)
-    else:  # sharded: the head runs inside the root's forward, on the needed columns only
-        need = torch.unique(cols - 1)
+    elif _accepts_logits_to_keep(model):  # sharded: the head runs inside the root's
+        need = torch.unique(cols - 1)         # forward, on the needed columns only
         logits = model(input_ids=ids, attention_mask=attn, logits_to_keep=need, use_cache=False,
                        **kw).logits
         logits = logits[rows, torch.searchsorted(need, cols - 1)]
+    else:  # a model without logits_to_keep: its logits, read at the needed positions
+        logits = model(input_ids=ids, attention_mask=attn, **kw).logits[rows, cols - 1]
     if vision:  # the vision special tokens are never sampled (agentgym.models.vision)
         from agentgym.models.vision import suppress_vision_tokens, vision_token_ids
         logits = suppress_vision_tokens(logits, vision_token_ids(model))
