@@ -16,10 +16,12 @@ A-B-B-A order, so a drift in the machine's load hits both alike.
 
 Measured per step: the whole step, its generation part, and its update part (everything
 after generation: scoring, advantages, forward/backward, optimizer step), and the
-update's throughput in prompt+completion tokens per second. Known difference, kept
-because it is what each recipe does: AgentGym recomputes the old logprobs with an extra
-forward pass before the update (it reports engine/trainer drift and needs them for PPO
-epochs); TRL skips it when it makes one optimizer step per generation.
+update's throughput in prompt+completion tokens per second. Neither side recomputes the
+old logprobs in a separate pass: with one optimizer step per generation both take the
+update's own forward pass (AgentGym's ``phases.reuses_update_logprobs``). Known
+difference, kept because it is what each recipe does: AgentGym's toy env ends a reply at
+a blank line, TRL's runs to end-of-sequence or the length cap, so AgentGym's completions
+are somewhat shorter; the tokens/s columns account for it, the step ratio does not.
 """
 
 from __future__ import annotations

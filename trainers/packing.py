@@ -180,53 +180,50 @@ def build_pack(input_ids: torch.Tensor, lengths: list[int], loss_mask: torch.Ten
 
 def _segments(segs: list[tuple[int, int, torch.Tensor]], n: int) -> Segments:
     """Dense buckets (segments sorted by key length; a new bucket whenever stacking would
-    pad past :data:`BUCKET_WASTE` times the real area) and the varlen layout."""
+    pad past :data:`BUCKET_WASTE` times the real area) and the varlen layout; each
+    bucket's indices and mask built in a few vectorised ops."""
     q_len = torch.tensor([s[1] for s in segs])
     k_len = torch.tensor([len(s[2]) for s in segs])
+    starts = torch.tensor([s[0] for s in segs])
     cu_q = torch.zeros(len(segs) + 1, dtype=torch.int32)
     cu_q[1:] = torch.cumsum(q_len, 0)
     cu_k = torch.zeros(len(segs) + 1, dtype=torch.int32)
     cu_k[1:] = torch.cumsum(k_len, 0)
-    by_size = sorted(range(len(segs)), key=lambda i: (-int(k_len[i]), -int(q_len[i])))
+    ql, kl = q_len.tolist(), k_len.tolist()
+    by_size = sorted(range(len(segs)), key=lambda i: (-kl[i], -ql[i]))
     buckets: list[list[int]] = []
-    area = 0
+    area = qm = km = 0
     for i in by_size:
-        a = int(q_len[i]) * int(k_len[i])
-        if buckets:
-            cur = buckets[-1]
-            qm = max(int(q_len[j]) for j in cur + [i])
-            km = max(int(k_len[j]) for j in cur + [i])
-            if (len(cur) + 1) * qm * km <= BUCKET_WASTE * (area + a):
-                cur.append(i)
-                area += a
-                continue
+        a = ql[i] * kl[i]
+        if buckets and (len(buckets[-1]) + 1) * max(qm, ql[i]) * max(km, kl[i]) \
+                <= BUCKET_WASTE * (area + a):
+            buckets[-1].append(i)
+            area, qm, km = area + a, max(qm, ql[i]), max(km, kl[i])
+            continue
         buckets.append([i])
-        area = a
+        area, qm, km = a, ql[i], kl[i]
     q_index, k_index, masks = [], [], []
     out_index = torch.empty(n, dtype=torch.long)
     base = 0
     for bucket in buckets:
-        Q = max(int(q_len[i]) for i in bucket)
-        K = max(int(k_len[i]) for i in bucket)
-        qi = torch.zeros((len(bucket), Q), dtype=torch.long)
-        ki = torch.zeros((len(bucket), K), dtype=torch.long)
-        mask = torch.zeros((len(bucket), 1, Q, K), dtype=torch.bool)
-        for j, i in enumerate(bucket):
-            start, lq, keys = segs[i]
-            lk = len(keys)
-            qi[j, :lq] = torch.arange(start, start + lq)
-            ki[j, :lk] = keys
-            # query t sees keys 0 .. (lk - lq) + t: causal, aligned at the bottom right
-            allowed = torch.arange(K)[None, :] <= (lk - lq) + torch.arange(Q)[:, None]
-            allowed &= torch.arange(K)[None, :] < lk
-            allowed[lq:] = False
-            allowed[lq:, 0] = True  # padded queries see one key (no NaN); output unused
-            mask[j, 0] = allowed
-            out_index[start:start + lq] = base + j * Q + torch.arange(lq)
+        b = torch.tensor(bucket)
+        lq, lk, st = q_len[b], k_len[b], starts[b]
+        Q, K = int(lq.max()), int(lk.max())
+        ar_q, ar_k = torch.arange(Q), torch.arange(K)
+        valid_q = ar_q[None, :] < lq[:, None]  # (s, Q)
+        qi = torch.where(valid_q, st[:, None] + ar_q[None, :], 0)
+        ki = torch.nn.utils.rnn.pad_sequence([segs[i][2] for i in bucket], batch_first=True)
+        # query t sees keys 0 .. (lk - lq) + t: causal, aligned at the bottom right;
+        # a padded query sees key 0 alone (no NaN; its output is never read)
+        allowed = (ar_k[None, None, :] <= (lk - lq)[:, None, None] + ar_q[None, :, None]) & \
+            (ar_k[None, None, :] < lk[:, None, None])
+        allowed = torch.where(valid_q[:, :, None], allowed, ar_k[None, None, :] == 0)
+        flat = base + torch.arange(len(bucket))[:, None] * Q + ar_q[None, :]
+        out_index[qi[valid_q]] = flat[valid_q]
         base += len(bucket) * Q
         q_index.append(qi)
         k_index.append(ki)
-        masks.append(mask)
+        masks.append(allowed[:, None])
     k_flat = torch.cat([s[2] for s in segs])
     return Segments(q_index, k_index, masks, out_index, cu_q, cu_k, k_flat,
                     int(q_len.max()), int(k_len.max()))
