@@ -35,8 +35,8 @@ MEASURED = {(1024, "plain"): 3.96, (1024, "chunked log-probs"): 3.96,
             (4096, "chunked log-probs"): 6.68, (4096, "chunked + checkpointing"): 3.27,
             (8192, "plain"): 16.65, (8192, "chunked log-probs"): 10.20,
             (8192, "chunked + checkpointing"): 3.57}
-SETTINGS = {"plain": (0, False), "chunked log-probs": (1024, False),
-            "chunked + checkpointing": (1024, True)}
+SETTINGS = {"plain": (0, False, False), "chunked log-probs": (1024, False, False),
+            "chunked + checkpointing": (1024, True, False)}  # padded rows (packing=false)
 
 
 def calibration() -> list[str]:
@@ -45,9 +45,9 @@ def calibration() -> list[str]:
              "|---|---|---|---|---|---|"]
     worst = {True: 0.0, False: 0.0}
     for (tokens, name), measured in MEASURED.items():
-        chunk, ckpt = SETTINGS[name]
+        chunk, ckpt, packing = SETTINGS[name]
         s = Setting(device="host", micro_batch_tokens=tokens, logprob_chunk=chunk,
-                    checkpointing=ckpt, engine=False)
+                    checkpointing=ckpt, packing=packing, engine=False)
         planned = total(shape, s) / GiB
         err = (planned - measured) / measured
         held = tokens == 4096

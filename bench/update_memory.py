@@ -1,6 +1,8 @@
 """Peak memory and tokens/s of one policy update: the plain log-probs against chunked
 log-probs (``trainer.logprob_chunk``) and chunked log-probs with activation checkpointing
-(``model.gradient_checkpointing``), at 1k, 4k and 8k-token sequences.
+(``model.gradient_checkpointing``), on padded rows (``trainer.packing=false``), and the
+packed update (``trainer.packing``, with and without checkpointing), at 1k, 4k and
+8k-token sequences.
 
     python bench/update_memory.py                      # all lengths x settings
     python bench/update_memory.py --lengths 1024 4096
@@ -25,9 +27,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-#: setting -> (trainer.logprob_chunk, model.gradient_checkpointing)
-SETTINGS = {"plain": (0, False), "chunked log-probs": (1024, False),
-            "chunked + checkpointing": (1024, True)}
+#: setting -> (trainer.logprob_chunk, model.gradient_checkpointing, trainer.packing): the
+#: padded paths as they were before packing, and the packed one (the default since issue 56)
+SETTINGS = {"plain": (0, False, False), "chunked log-probs": (1024, False, False),
+            "chunked + checkpointing": (1024, True, False), "packed": (1024, False, True),
+            "packed + checkpointing": (1024, True, True)}
 ROWS = 1  # one sequence: 8k tokens of the plain path already take ~12 GiB here
 
 
@@ -56,11 +60,11 @@ def one(length: int, setting: str) -> dict:
     from agentgym.trainers.backends.single import SingleBackend
     from agentgym.trainers.batch import collate
     from agentgym.trainers.phases import make_loss_fn
-    chunk, ckpt = SETTINGS[setting]
+    chunk, ckpt, packing = SETTINGS[setting]
     precision = "bf16" if _native_bf16() else ""
     model = ModelSpec(str(resolve_model("smollm2-135m")), gradient_checkpointing=ckpt).load()
     backend = SingleBackend(model, lr=1e-6, micro_batch_tokens=ROWS * length,
-                            mixed_precision=precision, logprob_chunk=chunk)
+                            mixed_precision=precision, logprob_chunk=chunk, packing=packing)
     g = torch.Generator().manual_seed(0)
     trajs = []
     for i in range(ROWS):
@@ -74,7 +78,7 @@ def one(length: int, setting: str) -> dict:
     mask = batch.loss_mask
     batch.old_logp = -torch.rand(mask.shape, generator=g) * mask
     batch.adv = torch.randn(ROWS, generator=g)[:, None] * mask
-    cfg = build_config({"trainer.logprob_chunk": chunk})
+    cfg = build_config({"trainer.logprob_chunk": chunk, "trainer.packing": packing})
     loss = make_loss_fn(cfg, 1.0, float(mask.sum()), ROWS, length)
     backend.train_step(backend.split(batch), loss)  # first step: optimizer state, allocator
     t0 = time.perf_counter()

@@ -111,7 +111,9 @@ HOLDS = {
                "step does), `session` (the run around the steps), step sources `steps` (sync) "
                "and `async_steps`, `curriculum`; workers `workers` (this process) and "
                "`ray_cluster`; `cold_start`, `sft`; `algos` (with `group_stats`, "
-               "`turn_credit`, `rollout_correction`), `backends/`, `critic`, `lora`, "
+               "`turn_credit`, `rollout_correction`), `backends/`, `packing` and "
+               "`fused_head` (the update's packed forward and its vocabulary head), "
+               "`critic`, `lora`, "
                "`sample_log`, `hooks`, `run` (run dir, checkpoints, backends, reference)",
     "agentgym.cli": "the `agentgym` command: it owns printing and progress bars",
 }

@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import torch
 
+from agentgym.models.plan import HEAD_KEEP_BYTES
+
 #: rows of hidden states projected to the vocabulary at once
 CHUNK = 1024
 #: the most bytes of fp32 log-softmax the forward keeps for the backward (past it, the
-#: backward recomputes the chunks that did not fit)
-KEEP_BYTES = 2 << 30
+#: backward recomputes the chunks that did not fit); the memory planner counts it
+KEEP_BYTES = HEAD_KEEP_BYTES
 
 
 def _compute_dtype(device_type: str, weight: torch.Tensor) -> torch.dtype:

@@ -46,6 +46,14 @@ DEVICES = {"host": Device("host", 0.3 * GiB, 3.3, 2.0, 4.0),
            "gpu": Device("gpu", 1.5 * GiB, 2.0, 2.0, 4.0)}
 
 
+#: (chunk, vocab) fp32 temporaries of the fused head beside what it keeps: one chunk's
+#: logits turned log-softmax in place, and its exp
+PACKED_CHUNK_COPIES = 2
+#: the most log-softmax bytes the fused head keeps for its backward
+#: (``agentgym.trainers.fused_head.KEEP_BYTES``, which reads it from here)
+HEAD_KEEP_BYTES = 2 << 30
+
+
 @dataclass(frozen=True)
 class Setting:
     """What the run does, as the planner needs it (built from a config by the CLI)."""
@@ -58,6 +66,7 @@ class Setting:
     checkpointing: bool = False
     micro_batch_tokens: int = 4096
     logprob_chunk: int = 1024
+    packing: bool = True  # trainer.packing: the fused head keeps its log-softmax
     lora_rank: int = 0
     reference: bool = False  # a KL term against a frozen copy
     ref_offload: bool = False
@@ -145,7 +154,13 @@ def breakdown(shape: Shape, s: Setting) -> list[tuple[str, float]]:
         rows.append(("gathered layer (weights and gradients)", 8 * p / shape.layers))
     rows.append(("activations (one micro-batch)", activations(shape, s, dev)))
     chunk = min(s.micro_batch_tokens, s.logprob_chunk or s.micro_batch_tokens)
-    rows.append(("log-prob logits (fp32)", chunk * shape.vocab * 4 * dev.logit_copies))
+    if s.packing:  # agentgym.trainers.fused_head: the kept log-softmax of the sampled
+        # positions (at most every token of the micro-batch), and one chunk's temporaries
+        kept = min(s.micro_batch_tokens * shape.vocab * 4, HEAD_KEEP_BYTES)
+        rows.append(("log-prob head (fp32 log-softmax kept, one chunk's work)",
+                     kept + chunk * shape.vocab * 4 * PACKED_CHUNK_COPIES))
+    else:
+        rows.append(("log-prob logits (fp32)", chunk * shape.vocab * 4 * dev.logit_copies))
     if s.reference and not s.lora_rank:  # LoRA: the base model is the reference
         rows.append(("reference model (bf16)" + (" [on the host]" if s.ref_offload else ""),
                      0.0 if s.ref_offload else 2 * p / split["params"]))
@@ -249,7 +264,7 @@ def setting_of(cfg: Any, gpus: int, device: str) -> Setting:
         device=device, gpus=gpus, backend=t.backend, zero_stage=t.zero_stage,
         offload=t.offload, checkpointing=cfg.model.gradient_checkpointing,
         micro_batch_tokens=t.micro_batch_tokens, logprob_chunk=t.logprob_chunk,
-        lora_rank=cfg.model.lora.rank, reference=cfg.algo.kl_coef > 0,
+        packing=t.packing, lora_rank=cfg.model.lora.rank, reference=cfg.algo.kl_coef > 0,
         ref_offload=cfg.algo.ref_offload, critic=cfg.algo.needs_critic,
         engine=cfg.engine.name == "hf",
         engine_dtype=engine_dtype(cfg.engine.dtype, cfg.model.dtype,
