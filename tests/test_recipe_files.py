@@ -69,7 +69,7 @@ def test_config_prints_the_resolved_recipe(capsys):
     printed = json.loads(capsys.readouterr().out)
     assert printed["recipe"] == "cpu_demo" and printed["env"] == "search,code"
     assert printed["trainer"]["total_steps"] == 2
-    assert printed["per_env"]["trainer.cold_start_demos"] == [16, 32]
+    assert printed["per_env"]["trainer.cold_start_demos"] == [64, 32]
 
 
 #: what makes a recipe's step fit a test on the CPU; everything else (the algorithm, its
