@@ -33,6 +33,8 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from agentgym.core.device import is_accelerator
+
 logger = logging.getLogger(__name__)
 
 #: the model-forward keyword that carries the segments to every attention layer
@@ -316,7 +318,7 @@ def packed_attention(fallback: str):
             raise ValueError("packed attention has no sliding window; trainer.packing=false "
                              "for this model")
         varlen = _VARLEN.get("fn")
-        if varlen is None and query.is_cuda:
+        if varlen is None and is_accelerator(query.device):
             varlen = _flash_varlen()
         if varlen is not None:
             return varlen_attention(varlen, query, key, value, seg, scaling, dropout), None

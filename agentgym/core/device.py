@@ -90,6 +90,11 @@ def is_accelerator(device) -> bool:
     return str(device).startswith("cuda")
 
 
+def has_fused_adamw(device) -> bool:
+    """Whether torch's fused AdamW runs on ``device`` (CUDA and the CPU)."""
+    return device.type in (HOST, ACCELERATOR)
+
+
 def engine_dtype(configured: str, model_dtype: str, device) -> str:
     """The rollout copy's weights: ``engine.dtype`` when set; else bf16 on a GPU (the
     engine's kernels are bf16 there) and ``model.dtype`` on the CPU."""

@@ -337,13 +337,14 @@ def token_logprobs(model, mb: Batch, device, temperature: float = 1.0,
 def make_adamw(params, **kw) -> torch.optim.AdamW:
     """AdamW, fused (one kernel over all tensors) where torch has it for the parameters'
     device: plain tensors on CUDA or the CPU; sharded ones (DTensors) keep foreach."""
+    from agentgym.core.device import has_fused_adamw
     params = list(params)
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:  # pragma: no cover
         DTensor = ()
     fused = bool(params) and all(
-        not isinstance(p, DTensor) and p.device.type in ("cuda", "cpu") and p.is_floating_point()
+        not isinstance(p, DTensor) and has_fused_adamw(p.device) and p.is_floating_point()
         for p in params) and len({p.device for p in params}) == 1
     return torch.optim.AdamW(params, fused=fused or None, **kw)
 
