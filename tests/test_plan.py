@@ -18,6 +18,26 @@ MEASURED = {(1024, 0, False): 3.96, (1024, 1024, False): 3.96, (1024, 1024, True
             (8192, 0, False): 16.65, (8192, 1024, False): 10.20, (8192, 1024, True): 3.57}
 
 
+#: the packed update's cells (trainer.packing, issue 56): (tokens, checkpointing) -> GiB
+MEASURED_PACKED = {(1024, False): 3.53, (1024, True): 2.58, (4096, False): 7.01,
+                   (4096, True): 3.48, (8192, False): 11.40, (8192, True): 4.52}
+
+
+def test_cpu_plans_of_the_packed_update_are_within_15_percent_of_the_measured_peaks():
+    shape = shape_numbers(shape_config("smollm2-135m"))
+    for (tokens, ckpt), measured in MEASURED_PACKED.items():
+        s = Setting(device="host", micro_batch_tokens=tokens, logprob_chunk=1024,
+                    checkpointing=ckpt, packing=True, engine=False)
+        planned = total(shape, s) / GiB
+        assert abs(planned - measured) / measured < 0.15, (tokens, ckpt, planned)
+
+
+def test_the_planner_counts_what_the_fused_head_keeps():
+    from agentgym.trainers import fused_head
+    from agentgym.models.plan import HEAD_KEEP_BYTES
+    assert fused_head.KEEP_BYTES == HEAD_KEEP_BYTES
+
+
 def test_cpu_plans_are_within_15_percent_of_the_measured_peaks():
     shape = shape_numbers(shape_config("smollm2-135m"))
     for (tokens, chunk, ckpt), measured in MEASURED.items():
