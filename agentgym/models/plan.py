@@ -157,7 +157,7 @@ def breakdown(shape: Shape, s: Setting) -> list[tuple[str, float]]:
     if s.packing:  # agentgym.trainers.fused_head: the kept log-softmax of the sampled
         # positions (at most every token of the micro-batch), and one chunk's temporaries
         kept = min(s.micro_batch_tokens * shape.vocab * 4, HEAD_KEEP_BYTES)
-        rows.append(("log-prob head (fp32 log-softmax kept, one chunk's work)",
+        rows.append(("log-prob head (kept log-softmax, fp32)",
                      kept + chunk * shape.vocab * 4 * PACKED_CHUNK_COPIES))
     else:
         rows.append(("log-prob logits (fp32)", chunk * shape.vocab * 4 * dev.logit_copies))
