@@ -46,7 +46,7 @@ import torch
 
 from agentgym.trainers.backends.base import LogprobFn, LossFn, ModelSpec, split
 from agentgym.trainers.backends.ranks import OptimSpec
-from agentgym.trainers.batch import Batch, micro_batches
+from agentgym.trainers.batch import Batch
 
 logger = logging.getLogger(__name__)
 
