@@ -261,9 +261,7 @@ class TrainerConfig:
     mixed_precision: str = ""  # "" (bf16 on a GPU, fp32 on the CPU) | bf16 (autocast; fp32 master weights) | fp32
     device: str = "auto"  # auto (CUDA when available) | cpu | cuda | cuda:N (agentgym.core.device)
     logprob_chunk: int = 1024  # tokens whose vocabulary logits exist at once in log-prob passes (0: all)
-    # The update packs each micro-batch into one row: no padding, a group's shared prompt
-    # encoded once, logits only where the loss reads them (trainers/packing.py); false: padded rows
-    packing: bool = True
+    packing: bool = True  # one packed row per micro-batch (trainers/packing.py); false: padded rows
     seed: int = 0
     resume: str = "auto"  # auto (latest checkpoint in run_dir) | never | a checkpoint path
     backend: str = "single"  # single (this process) | fsdp (FSDP2) | deepspeed (ZeRO)

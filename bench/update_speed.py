@@ -68,35 +68,20 @@ TRL_PROMPT, TRL_COMPLETION = 35, (27, 48)
 
 
 # --- batches -----------------------------------------------------------------------------
-def trl_trajectories(vocab: int, prompts: int, samples: int, seed: int) -> list[Trajectory]:
-    """``prompts`` groups of ``samples``: a shared 35-token prompt, a 27..48-token completion."""
-    g = torch.Generator().manual_seed(seed)
-    rand = lambda k: torch.randint(5, vocab, (k,), generator=g).tolist()  # noqa: E731
-    out = []
-    for q in range(prompts):
-        prompt = rand(TRL_PROMPT)
-        for i in range(samples):
-            k = int(torch.randint(TRL_COMPLETION[0], TRL_COMPLETION[1] + 1, (1,), generator=g))
-            t = Trajectory(uid=f"q{q}", sample_index=i)
-            t.append("prompt", prompt, 0)
-            t.append("generated", rand(k), 0, logprobs=[-1.0] * k)
-            out.append(t)
-    return out
-
-
-def search_trajectories(vocab: int, groups: int, samples: int, seed: int) -> list[Trajectory]:
-    """``groups`` groups of ``samples`` rows: a shared 158-token prompt, then
-    :data:`SEARCH_TURNS` (every row's own tokens, observations included)."""
+def group_trajectories(vocab: int, groups: int, samples: int, seed: int, prompt: int,
+                       turns) -> list[Trajectory]:
+    """``groups`` groups of ``samples`` rows: a shared ``prompt``-token prompt, then each
+    row's own ``turns(generator)``: ``(kind, tokens)`` parts, generated or observation."""
     g = torch.Generator().manual_seed(seed)
     rand = lambda k: torch.randint(5, vocab, (k,), generator=g).tolist()  # noqa: E731
     out = []
     for q in range(groups):
-        prompt = rand(SEARCH_PROMPT)
+        shared = rand(prompt)
         for i in range(samples):
             t = Trajectory(uid=f"q{q}", sample_index=i)
-            t.append("prompt", prompt, 0)
+            t.append("prompt", shared, 0)
             turn = 0
-            for kind, k in SEARCH_TURNS:
+            for kind, k in turns(g):
                 if kind == "generated":
                     t.append(kind, rand(k), turn, logprobs=[-1.0] * k)
                 else:
@@ -104,6 +89,21 @@ def search_trajectories(vocab: int, groups: int, samples: int, seed: int) -> lis
                     turn += 1
             out.append(t)
     return out
+
+
+def trl_trajectories(vocab: int, prompts: int, samples: int, seed: int) -> list[Trajectory]:
+    """``prompts`` groups of ``samples``: a shared 35-token prompt, a 27..48-token completion."""
+    def completion(g):
+        lo, hi = TRL_COMPLETION
+        return [("generated", int(torch.randint(lo, hi + 1, (1,), generator=g)))]
+    return group_trajectories(vocab, prompts, samples, seed, TRL_PROMPT, completion)
+
+
+def search_trajectories(vocab: int, groups: int, samples: int, seed: int) -> list[Trajectory]:
+    """``groups`` groups of ``samples`` rows: a shared 158-token prompt, then
+    :data:`SEARCH_TURNS` (every row's own tokens, observations included)."""
+    return group_trajectories(vocab, groups, samples, seed, SEARCH_PROMPT,
+                              lambda g: SEARCH_TURNS)
 
 
 def make_batch(shape: str, vocab: int, pad_id: int, args) -> Batch:

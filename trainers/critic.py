@@ -62,9 +62,7 @@ def token_values(model, mb: Batch, device, packing: bool = True, whole: bool = F
         return values, out[torch.arange(out.shape[0], device=out.device), last]
     lengths = mb.attention_mask.sum(-1).tolist()
     pack = pk.build_pack(mb.input_ids, lengths, mb.loss_mask, groups=mb.uids, keep_whole=whole)
-    out = model(input_ids=pack.input_ids.to(device), position_ids=pack.position_ids.to(device),
-                use_cache=False, **{pk.PACK_KWARG: pack.segments.to(device)}).logits[0, :, 0]
-    out = out.float()
+    out = model(**pack.model_kwargs(device)).logits[0, :, 0].float()
     values = pk.scatter(out[pack.hidden_at.to(device)], pack)
     last = torch.zeros(len(lengths), dtype=torch.float32, device=out.device)
     if whole:

@@ -136,15 +136,18 @@ class HeadLogprobs(torch.autograd.Function):
 
 
 def plain_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
-                   with_entropy: bool):
-    """Log-probabilities and entropies from ``(M, V)`` logits, with autograd."""
+                   with_entropy: bool, entropy_grad: bool = True):
+    """Log-probabilities and entropies (detached unless ``entropy_grad``) from
+    ``(M, V)`` logits, with autograd."""
     z = logits.float()
     if temperature != 1.0:
         z = z / temperature
     logq = torch.log_softmax(z, -1)
     logp = logq.gather(-1, targets[:, None])[:, 0]
-    ent = -(logq.exp() * logq).sum(-1) if with_entropy else None
-    return logp, ent
+    if not with_entropy:
+        return logp, None
+    ent = -(logq.exp() * logq).sum(-1)
+    return logp, (ent if entropy_grad else ent.detach())
 
 
 def fusable(head) -> bool:
@@ -172,15 +175,12 @@ def head_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor, temperature
         if not with_entropy:
             return logp, None
         return logp, (ent if entropy_grad else ent.detach())
-    lps, ents = [], []
-    for a in range(0, hidden.shape[0], chunk or hidden.shape[0] or 1):
-        lp, ent = plain_logprobs(head(hidden[a:a + (chunk or hidden.shape[0])]),
-                                 targets[a:a + (chunk or hidden.shape[0])], temperature,
-                                 with_entropy)
-        lps.append(lp)
-        ents.append(ent)
-    logp = torch.cat(lps) if lps else hidden.new_zeros(0, dtype=torch.float32)
-    if not with_entropy:
-        return logp, None
-    ent = torch.cat(ents) if ents else logp.new_zeros(0)
-    return logp, (ent if entropy_grad else ent.detach())
+    step = chunk or max(1, hidden.shape[0])
+    parts = [plain_logprobs(head(hidden[a:a + step]), targets[a:a + step], temperature,
+                            with_entropy, entropy_grad)
+             for a in range(0, hidden.shape[0], step)]
+    if not parts:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, (empty if with_entropy else None)
+    logp = torch.cat([lp for lp, _ in parts])
+    return logp, (torch.cat([e for _, e in parts]) if with_entropy else None)

@@ -99,6 +99,18 @@ class Pack:
     #: ``(B,)`` the packed position of each row's last packed token (-1: none packed)
     last_at: torch.Tensor | None = None
 
+    @property
+    def placeholder(self) -> bool:
+        """Nothing is read: the one position it holds stands in for a dummy pass."""
+        return len(self.rows) == 1 and int(self.cols[0]) == 0
+
+    def model_kwargs(self, device) -> dict:
+        """What a transformers forward of the pack takes (its segments ride along to every
+        attention layer under :data:`PACK_KWARG`)."""
+        return {"input_ids": self.input_ids.to(device),
+                "position_ids": self.position_ids.to(device), "use_cache": False,
+                PACK_KWARG: self.segments.to(device)}
+
 
 def _lcp(ids: torch.Tensor, rows: list[int], lengths: list[int]) -> int:
     """Longest common prefix of ``ids[r, :lengths[r]]`` over ``rows``."""
@@ -109,6 +121,14 @@ def _lcp(ids: torch.Tensor, rows: list[int], lengths: list[int]) -> int:
     same = (block == block[:1]).all(0)
     diff = (~same).nonzero()
     return int(diff[0]) if len(diff) else n
+
+
+def needed(loss_mask: torch.Tensor) -> torch.Tensor:
+    """``(B, T)`` bool: the tokens whose log-probability is read (``loss_mask > 0``, never
+    a row's first token, which has none)."""
+    need = loss_mask > 0
+    need[:, 0] = False
+    return need
 
 
 def build_pack(input_ids: torch.Tensor, lengths: list[int], loss_mask: torch.Tensor,
@@ -126,8 +146,7 @@ def build_pack(input_ids: torch.Tensor, lengths: list[int], loss_mask: torch.Ten
             instead of up to the last needed token.
     """
     B, T = input_ids.shape
-    need = (loss_mask > 0).clone()
-    need[:, 0] = False  # the first token has no logprob (its slot holds 0)
+    need = needed(loss_mask)
     rows_m, cols_m = need.nonzero(as_tuple=True)
     if keep_whole:
         used = [int(n) for n in lengths]
@@ -385,15 +404,20 @@ def enable(model) -> bool:
     return True
 
 
-def scatter(values: torch.Tensor, pack: Pack) -> torch.Tensor:
-    """``(M,)`` per-needed-token values into a ``(B, T)`` fp32 tensor (0 elsewhere),
-    differentiably; a pack with no needed token contributes ``0 * value`` (a dummy pass
-    keeps its graph, so every rank's backward runs)."""
-    out = torch.zeros(pack.shape, dtype=torch.float32, device=values.device)
-    if len(pack.rows) == 1 and int(pack.cols[0]) == 0:
+def scatter_at(values: torch.Tensor, shape: tuple[int, int], rows: torch.Tensor,
+               cols: torch.Tensor, placeholder: bool = False) -> torch.Tensor:
+    """``(M,)`` values read at ``(rows, cols)`` into a ``shape`` fp32 tensor (0 elsewhere),
+    differentiably; a ``placeholder`` read (nothing sampled) contributes ``0 * value``, so
+    a dummy pass keeps its graph and every rank's backward runs."""
+    out = torch.zeros(shape, dtype=torch.float32, device=values.device)
+    if placeholder:
         return out + 0.0 * values.float().sum()
-    return out.index_put((pack.rows.to(values.device), pack.cols.to(values.device)),
-                         values.float())
+    return out.index_put((rows.to(values.device), cols.to(values.device)), values.float())
+
+
+def scatter(values: torch.Tensor, pack: Pack) -> torch.Tensor:
+    """The pack's ``(M,)`` values into its batch's ``(B, T)`` (:func:`scatter_at`)."""
+    return scatter_at(values, pack.shape, pack.rows, pack.cols, pack.placeholder)
 
 
 # --- micro-batches -------------------------------------------------------------------------

@@ -286,8 +286,7 @@ def _gathered(model, ids, attn, rows, cols, temperature, with_entropy, entropy_g
     if vision:  # the vision special tokens are never sampled (agentgym.models.vision)
         from agentgym.models.vision import suppress_vision_tokens, vision_token_ids
         logits = suppress_vision_tokens(logits, vision_token_ids(model))
-    logp, ent = plain_logprobs(logits, targets, temperature, with_entropy)
-    return logp, (ent if ent is None or entropy_grad else ent.detach())
+    return plain_logprobs(logits, targets, temperature, with_entropy, entropy_grad)
 
 
 def token_logprobs(model, mb: Batch, device, temperature: float = 1.0,
@@ -309,28 +308,28 @@ def token_logprobs(model, mb: Batch, device, temperature: float = 1.0,
                                  start=first_needed_position(mb.loss_mask),
                                  entropy_grad=entropy_grad, images=mb.images, chunk=chunk)
     if mb.images is not None or not pk.enable(model):
-        pack = pk.build_pack(mb.input_ids, [mb.input_ids.shape[1]] * len(mb), mb.loss_mask)
-        rows, cols = pack.rows.to(device), pack.cols.to(device)
-        if int(pack.cols[0]) == 0:  # nothing sampled: a dummy pass
-            cols = cols + 1
-        lp, ent = _gathered(model, ids, attn, rows, cols, temperature, with_entropy,
-                            entropy_grad, mb.images, chunk)
-    else:
-        from agentgym.trainers.fused_head import head_logprobs, plain_logprobs
-        lengths = mb.attention_mask.sum(-1).tolist()
-        pack = pk.build_pack(mb.input_ids, lengths, mb.loss_mask, groups=mb.uids)
-        kw = {"input_ids": pack.input_ids.to(device), "position_ids": pack.position_ids.to(device),
-              "use_cache": False, pk.PACK_KWARG: pack.segments.to(device)}
-        at, targets = pack.hidden_at.to(device), pack.targets.to(device)
-        parts = _decoder_and_head(model)
-        if parts is not None:
-            hidden = parts[0](**kw).last_hidden_state[0, at]
-            lp, ent = head_logprobs(parts[1], hidden, targets, temperature, with_entropy,
-                                    entropy_grad, chunk)
-        else:  # sharded: the root's forward projects the gathered positions only
-            logits = model(**kw, logits_to_keep=at).logits[0]
-            lp, ent = plain_logprobs(logits, targets, temperature, with_entropy)
-            ent = ent if ent is None or entropy_grad else ent.detach()
+        rows, cols = pk.needed(mb.loss_mask).nonzero(as_tuple=True)
+        dummy = len(rows) == 0  # nothing sampled: read one position, counted as 0
+        if dummy:
+            rows, cols = torch.zeros(1, dtype=torch.long), torch.ones(1, dtype=torch.long)
+        lp, ent = _gathered(model, ids, attn, rows.to(device), cols.to(device), temperature,
+                            with_entropy, entropy_grad, mb.images, chunk)
+        shape = tuple(mb.input_ids.shape)
+        return pk.scatter_at(lp, shape, rows, cols, dummy), \
+            (pk.scatter_at(ent, shape, rows, cols, dummy) if with_entropy else None)
+    from agentgym.trainers.fused_head import head_logprobs, plain_logprobs
+    lengths = mb.attention_mask.sum(-1).tolist()
+    pack = pk.build_pack(mb.input_ids, lengths, mb.loss_mask, groups=mb.uids)
+    kw = pack.model_kwargs(device)
+    at, targets = pack.hidden_at.to(device), pack.targets.to(device)
+    parts = _decoder_and_head(model)
+    if parts is not None:
+        hidden = parts[0](**kw).last_hidden_state[0, at]
+        lp, ent = head_logprobs(parts[1], hidden, targets, temperature, with_entropy,
+                                entropy_grad, chunk)
+    else:  # sharded: the root's forward projects the gathered positions only
+        logits = model(**kw, logits_to_keep=at).logits[0]
+        lp, ent = plain_logprobs(logits, targets, temperature, with_entropy, entropy_grad)
     return pk.scatter(lp, pack), (pk.scatter(ent, pack) if with_entropy else None)
 
 
