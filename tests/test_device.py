@@ -4,6 +4,7 @@ library code that fails on a device named anywhere else."""
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
 
 import pytest
@@ -127,13 +128,59 @@ def test_the_kl_reference_follows_the_policy_or_is_offloaded(tiny_path, offload)
 
 
 def test_freed_memory_goes_back_to_the_system(monkeypatch):
-    """glibc's mmap threshold is fixed (agentgym.core.memory); the user's own choice is kept."""
+    """glibc's thresholds are fixed (agentgym.core.memory); the user's own choice is kept."""
     import ctypes.util
     import sys
 
     from agentgym.core.memory import return_freed_memory
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
     glibc = sys.platform.startswith("linux") and "musl" not in (ctypes.util.find_library("c") or "")
     assert return_freed_memory() is glibc
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
     assert return_freed_memory() is False
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_")
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")
+    assert return_freed_memory() is False
+
+
+_HEAP_PROBE = """
+import ctypes, sys
+from agentgym.core.memory import give_back, return_freed_memory
+def rss():
+    return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) * 1024
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+assert return_freed_memory()
+base = rss()
+blocks = [libc.malloc(1 << 20) for _ in range(256)]  # 256 MiB in blocks under the threshold
+for b in blocks:
+    ctypes.memset(b, 1, 1 << 20)
+held = rss()
+for b in blocks:
+    libc.free(b)
+freed = rss()
+given = give_back()
+print(base, held, freed, rss(), given)
+"""
+
+
+def test_a_steps_freed_heap_stays_until_given_back():
+    """Blocks under the mmap threshold come from the heap and stay in the process when
+    freed (the next step reuses them without faulting pages in again) until give_back()
+    returns them, as the trainers do at the end of every step."""
+    import subprocess
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("glibc's malloc")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    out = subprocess.run([sys.executable, "-c", _HEAP_PROBE], capture_output=True, text=True,
+                         env=env, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    base, held, freed, after, given = out.stdout.split()
+    mib = 1 << 20
+    assert int(held) - int(base) > 200 * mib  # touched: resident
+    assert int(freed) - int(base) > 200 * mib  # freed, still the process's: no unmap, no re-fault
+    assert int(freed) - int(after) > 200 * mib and given == "True"  # given back

@@ -241,6 +241,18 @@ def _segments(segs: list[tuple[int, int, torch.Tensor]], n: int) -> Segments:
 
 
 # --- attention ---------------------------------------------------------------------------
+#: a bf16 bucket of at most this many keys runs its attention in fp32 on the CPU when a
+#: backward follows: torch's CPU flash-attention backward has a large fixed cost per
+#: (segment, head) in bf16 (8 segments of 178 tokens, smollm2's 9 heads: 29-36 ms against
+#: 17 ms in fp32; bench/packed_attention.py); from about 300 keys bf16 is as fast or faster
+UPCAST_KEYS = 256
+
+
+def _upcast(q, keys: int) -> bool:
+    return (q.dtype == torch.bfloat16 and keys <= UPCAST_KEYS and torch.is_grad_enabled()
+            and q.requires_grad and not is_accelerator(q.device))
+
+
 def dense_attention(query, key, value, seg: Segments, scaling, dropout: float = 0.0):
     """SDPA over the stacked segment buckets; ``query`` ``(1, H, N, d)``, ``key``/``value``
     ``(1, Hkv, N, d)``; returns ``(1, N, H, d)``. Every segment is causal from the top
@@ -248,7 +260,8 @@ def dense_attention(query, key, value, seg: Segments, scaling, dropout: float = 
     skip the masked half (1.8x faster than a boolean mask at 1k tokens on the CPU).
     Gathers are ``index_select`` (their backward an ``index_add``, several times cheaper
     on the CPU than advanced indexing's accumulating ``index_put``); grouped-query heads
-    go to SDPA as they are."""
+    go to SDPA as they are. Short bf16 buckets that will be differentiated run in fp32 on
+    the CPU (:data:`UPCAST_KEYS`)."""
     q, k, v = query[0], key[0], value[0]
     H, d = q.shape[0], q.shape[-1]
     outs = []
@@ -258,9 +271,15 @@ def dense_attention(query, key, value, seg: Segments, scaling, dropout: float = 
         qb = q.index_select(1, flat).view(H, s, K, d).transpose(0, 1)
         kb = k.index_select(1, flat).view(-1, s, K, d).transpose(0, 1)
         vb = v.index_select(1, flat).view(-1, s, K, d).transpose(0, 1)
-        o = torch.nn.functional.scaled_dot_product_attention(
-            qb, kb, vb, dropout_p=dropout, scale=scaling, is_causal=True,
-            enable_gqa=kb.shape[1] != H)
+        if _upcast(qb, K):  # autocast off, or it would run SDPA in bf16 again
+            with torch.autocast(q.device.type, enabled=False):
+                o = torch.nn.functional.scaled_dot_product_attention(
+                    qb.float(), kb.float(), vb.float(), dropout_p=dropout, scale=scaling,
+                    is_causal=True, enable_gqa=kb.shape[1] != H).to(q.dtype)
+        else:
+            o = torch.nn.functional.scaled_dot_product_attention(
+                qb, kb, vb, dropout_p=dropout, scale=scaling, is_causal=True,
+                enable_gqa=kb.shape[1] != H)
         outs.append(o.transpose(1, 2).reshape(-1, H, d))  # (s * K, H, d)
     flat_out = outs[0] if len(outs) == 1 else torch.cat(outs)
     return flat_out.index_select(0, seg.out_index)[None]

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from agentgym.config import Config, is_mixed, to_dict
+from agentgym.core.memory import give_back
 from agentgym.core.supervisor import (ServiceFailed, forget_unsupervised, infra_totals,
                                       raise_if_failed)
 from agentgym.core.types import Trajectory
@@ -129,6 +130,7 @@ class Session:
         if due:
             self.save(done)
         self.hooks.step_end(done, m)
+        give_back()  # the step's freed memory, back to the system (agentgym.core.memory)
         try:
             raise_if_failed()
         except ServiceFailed as e:

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentgym.core.memory import give_back
 from agentgym.rollout.chat import ChatTokens
 from agentgym.config import Config
 from agentgym.data.rows import dataset_path, read_rows
@@ -190,6 +191,7 @@ def _sft_steps(cfg: Config, run_dir: Path, backend, tokenizer, trajs, plan, per_
                 save_checkpoint(run_dir, done, backend, tokenizer)
             hooks.advance()
             hooks.step_end(done, m)
+            give_back()  # the step's freed memory, back to the system (agentgym.core.memory)
         if cfg.sft.eval_limit and start < len(plan):
             final = evaluate_policy(cfg, backend, tokenizer, path, hooks)
             metrics_log.log(len(plan), final)

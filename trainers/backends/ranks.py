@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from agentgym.core.device import HOST, is_accelerator, resolve_device
+from agentgym.core.memory import give_back
 from agentgym.trainers import lora
 from agentgym.trainers.backends.base import LossFn, ModelSpec, add_metrics, as_floats, make_adamw
 from agentgym.trainers.batch import Batch
@@ -122,7 +123,9 @@ class RankBackend:
             self.backward(loss * self.world)
             add_metrics(totals, {**metrics, "loss": loss.detach()})
         grad_norm, lr = self.step()
-        return as_floats({**totals, "grad_norm": grad_norm, "lr": lr})  # one host sync
+        out = as_floats({**totals, "grad_norm": grad_norm, "lr": lr})  # one host sync
+        give_back()  # the step's freed memory, back to the system (agentgym.core.memory)
+        return out
 
     def export_hf(self, path: str) -> None:
         """HF weights (``save_pretrained``) of the full model, written by rank 0; with
