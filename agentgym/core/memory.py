@@ -8,7 +8,7 @@ freed holes stay in the process: its RSS only grows. Measured on the issue 21 lo
 (smollm2-135m, search, 64 trajectories a step, 24 GiB machine): 9 → 15 → 20.6 GiB RSS over
 16 GRPO steps, until the OOM killer stopped the other run.
 
-The first fix fixed the threshold at 128 KiB: every block above it was mmapped and
+The first fix set the threshold at 128 KiB: every block above it was mmapped and
 unmapped again, so each of a step's activations came back as fresh pages, faulted in and
 zeroed by the kernel: 172 million page faults and 374 s of system time in one 13-minute
 ``make demo`` (issue 56), its SFT steps 1.5-1.8x slower than with the heap reused. Now
@@ -25,6 +25,7 @@ zeroed by the kernel: 172 million page faults and 374 s of system time in one 13
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
 import sys
@@ -40,6 +41,7 @@ THRESHOLD = 32 * 1024 * 1024
 TRIM_THRESHOLD = 2**31 - 1
 
 
+@functools.cache
 def _libc():
     """glibc, or None (another OS, or a libc without mallopt/malloc_trim such as musl)."""
     if not sys.platform.startswith("linux"):
