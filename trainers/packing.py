@@ -249,8 +249,9 @@ UPCAST_KEYS = 256
 
 
 def _upcast(q, keys: int) -> bool:
-    return (q.dtype == torch.bfloat16 and keys <= UPCAST_KEYS and torch.is_grad_enabled()
-            and q.requires_grad and not is_accelerator(q.device))
+    # requires_grad: outside no_grad, and something upstream is trained
+    return (q.dtype == torch.bfloat16 and keys <= UPCAST_KEYS and q.requires_grad
+            and not is_accelerator(q.device))
 
 
 def dense_attention(query, key, value, seg: Segments, scaling, dropout: float = 0.0):
