@@ -129,7 +129,9 @@ def test_cli_train_runs_the_cold_start_then_rl(tmp_path, tiny_path, retriever_ur
     assert main(["train", *args, f"run_dir={run}"]) == 0
     out = capsys.readouterr().out
     assert "cold start: probing" in out and "building 4 demonstrations, then SFT" in out
-    assert "cold start: format-valid 0.00 ->" in out and "step    1 | reward" in out
+    # RL's step-0 eval measures the SFT model: no probe after the SFT
+    assert "RL's step-0 eval measures the result" in out and "step    1 | reward" in out
+    assert "cold start: format-valid 0.00 ->" not in out
     # the held-out comparison: the base model, the SFT model (RL step 0), after RL
     assert "held-out: 2 questions of nq" in out
     for label in ("before (tiny)", "after SFT (RL step 0)", "after RL (step 1)"):
@@ -143,7 +145,7 @@ def test_cli_train_runs_the_cold_start_then_rl(tmp_path, tiny_path, retriever_ur
     out = capsys.readouterr().out
     assert "probe of tiny read from the cache" in out
     assert "held-out eval of tiny read from the cache" in out
-    assert "reusing the cached SFT model" in out
+    assert "reusing the cached SFT model" in out and "RL's step-0 eval measures it" in out
 
 
 # --- training data that can reward -------------------------------------------------------

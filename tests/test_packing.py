@@ -316,3 +316,42 @@ def test_vision_rows_project_only_the_sampled_positions():
             assert a is None and b is None or float((a if a is not None else b).abs().sum()) == 0
             continue
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_an_sft_batch_shares_its_common_prefix_exactly(tiny_path, tiny_tokenizer):
+    """SFT packs a batch as one group (trainers/sft.py, ``SHARED``): sequences of different
+    prompts that begin alike (a system turn, an env's instructions) encode that beginning
+    once, and the NLL and every gradient equal the padded pass's; ``shared_tokens`` counts
+    what was not encoded again."""
+    from agentgym.models.zoo import load_model
+    from agentgym.trainers.sft import SHARED, sft_loss_fn
+    g = torch.Generator().manual_seed(3)
+    rand = lambda k: torch.randint(5, 300, (k,), generator=g).tolist()  # noqa: E731
+    instructions = rand(9)
+    trajs = []
+    for i in range(5):
+        t = Trajectory(uid=f"demo{i}")
+        t.append("prompt", instructions + rand(3 + i), 0)  # the question differs
+        t.append("generated", rand(4 + i % 3), 0, logprobs=[0.0] * (4 + i % 3))
+        t.append("observation", rand(6), 0)
+        t.append("generated", rand(3), 1, logprobs=[0.0] * 3)
+        trajs.append(t)
+    batch = collate(trajs, tiny_tokenizer.pad_token_id)
+    lengths = batch.attention_mask.sum(-1).tolist()
+    assert pk.shared_tokens(batch.input_ids, lengths, batch.uids) == 0  # own uids: no group
+    batch.uids = [SHARED] * len(batch)
+    shared = pk.shared_tokens(batch.input_ids, lengths, batch.uids)
+    assert shared >= 9 * 4
+    pack = pk.build_pack(batch.input_ids, lengths, batch.loss_mask, groups=batch.uids)
+    assert pack.shared == shared
+
+    model = load_model(tiny_path).train()
+    n = float(batch.loss_mask.sum())
+
+    def run(packing: bool):
+        model.zero_grad(set_to_none=True)
+        loss, _ = sft_loss_fn(n, 0, packing)(model, batch)
+        loss.backward()
+        return float(loss.detach()), {k: p.grad.clone() for k, p in model.named_parameters()}
+
+    assert_same(run(False), run(True))

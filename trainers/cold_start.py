@@ -18,7 +18,9 @@ malformed action) is below ``trainer.cold_start_threshold``, it
    ``trainer.cold_start_lr`` with cosine decay) in ``RUN_DIR/cold_start/`` (its own
    ``metrics.jsonl``, ``loss_curve.png``, TensorBoard events, checkpoints, so a killed
    cold start resumes);
-3. probes the SFT result on the same questions, and starts RL from it.
+3. probes the SFT result on the same questions (unless RL's step-0 eval measures it on
+   the held-out questions: ``trainer.eval_limit`` > 0 and steps to take), and starts RL
+   from it.
 
 A mixed run (``env=[search,code]``) probes each env on its own training rows and runs the
 cold start when any env is below the threshold: ``trainer.cold_start_demos``
@@ -166,9 +168,11 @@ def _auto(cfg: Config, parts: dict[str, Config], stage_dir: Path, hooks: Hooks,
     cached = store / key
     if _complete(cached):
         done = _read(cached / _RECORD)
+        after = (f"format-valid after it: {_show(done['probe_after'])}"
+                 if done.get("probe_after") else "RL's step-0 eval measures it")
         hooks.announce(f"cold start: format-valid {_show(before)} < "
                        f"{t.cold_start_threshold}; reusing the cached SFT model {cached / 'model'} "
-                       f"(format-valid after it: {_show(done['probe_after'])})")
+                       f"({after})")
         _write_record(stage_dir, {**done, **record, "decision": "reused", "cache": str(cached),
                                   "model": str(cached / "model")})
         return _start_from(cfg, str(cached / "model"))
@@ -178,6 +182,14 @@ def _auto(cfg: Config, parts: dict[str, Config], stage_dir: Path, hooks: Hooks,
                    f"{'' if single else ' per env'}, then SFT")
     model_dir = _run_stage(cfg, parts, rows, probe_rows, base, stage_dir, cached, record, hooks)
     return _start_from(cfg, str(model_dir))
+
+
+def _step0_eval(cfg: Config) -> bool:
+    """Will RL evaluate its starting model (the SFT result) on held-out questions before
+    its first step? Then that eval is the cold start's check, and the probe after SFT
+    (the same measure on fewer, training questions) is not run."""
+    t = cfg.trainer
+    return bool(t.eval_limit) and t.total_steps > 0
 
 
 def _demo_counts(cfg: Config) -> str:
@@ -223,12 +235,16 @@ def _run_stage(cfg: Config, parts: dict[str, Config], rows: dict[str, list[dict]
                    f"({over} over the rollout budgets) in {t1 - t0:.0f}s; SFT in {stage_dir}")
     sft_model, sft_summary = _sft(cfg, base, demos_file, stage_dir, hooks)
     t2 = time.perf_counter()
-    after = _probe(cfg, sft_model, probe_rows, hooks, None)
+    loss = (f"SFT loss {sft_summary['loss_first']:.3f} -> {sft_summary['loss_last']:.3f}, "
+            f"{sft_summary['steps']} steps, {t2 - t1:.0f}s")
+    if _step0_eval(cfg):  # RL's step-0 eval measures the SFT model on held-out questions
+        after = None
+        hooks.announce(f"cold start: {loss}; RL's step-0 eval measures the result")
+    else:
+        after = _probe(cfg, sft_model, probe_rows, hooks, None)
+        hooks.announce(f"cold start: format-valid {_show(before)} -> "
+                       f"{_show(after)} on the {after['count']} probe questions ({loss})")
     t3 = time.perf_counter()
-    hooks.announce(f"cold start: format-valid {_show(before)} -> "
-                   f"{_show(after)} on the {after['count']} probe questions "
-                   f"(SFT loss {sft_summary['loss_first']:.3f} -> {sft_summary['loss_last']:.3f}, "
-                   f"{sft_summary['steps']} steps, {t2 - t1:.0f}s)")
     done = {**record, "probe_after": after, "demos": len(demos), "rows_looked_at": looked_at,
             "demos_over_budget": over, "demos_sha256": file_digest(demos_file),
             "sft": {**sft_summary, **_sft_settings(cfg)},

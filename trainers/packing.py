@@ -123,6 +123,17 @@ def _lcp(ids: torch.Tensor, rows: list[int], lengths: list[int]) -> int:
     return int(diff[0]) if len(diff) else n
 
 
+def shared_tokens(input_ids: torch.Tensor, lengths: list[int], groups: list) -> int:
+    """Tokens a pack of these rows does not encode again: each group's common prefix,
+    once per row after its first (a statistic; the pack reads up to the last needed
+    token, so it may share a little less)."""
+    members: dict = {}
+    for r, key in enumerate(groups):
+        members.setdefault(key, []).append(r)
+    return sum(_lcp(input_ids, rows, lengths) * (len(rows) - 1)
+               for rows in members.values() if len(rows) > 1)
+
+
 def needed(loss_mask: torch.Tensor) -> torch.Tensor:
     """``(B, T)`` bool: the tokens whose log-probability is read (``loss_mask > 0``, never
     a row's first token, which has none)."""

@@ -16,6 +16,14 @@ Batches: ``sft.batch_size`` sequences per optimizer step, drawn as in HF's
 sorted by length and split, and the batch order shuffled again; so sequences of one
 batch have similar lengths and the ``trainer.micro_batch_tokens`` micro-batches carry
 little padding. ``train/pad_fraction`` reports the padding actually computed.
+
+With ``trainer.packing`` (the default) the sequences of a batch are one group
+(:data:`SHARED`): their longest common prefix of tokens (the chat template's system turn
+and the env's instructions, the same in every demonstration of an env: 139 of a search
+demonstration's tokens, 86 of an arithmetic one's) is encoded once per micro-batch and
+every sequence attends to it, as GRPO's samples share their prompt
+(:mod:`agentgym.trainers.packing`; the loss and gradients are those of encoding each
+sequence whole). ``train/shared_tokens`` counts the tokens not encoded again.
 """
 
 from __future__ import annotations
@@ -38,12 +46,15 @@ from agentgym.core.types import Trajectory
 from agentgym.trainers.algos import aggregate
 from agentgym.trainers.backends.base import token_logprobs
 from agentgym.trainers.batch import Batch, collate
+from agentgym.trainers.packing import shared_tokens
 from agentgym.trainers.hooks import Hooks
 from agentgym.trainers.run import make_backend, policy_spec, resume, save_checkpoint, start_run
 
 logger = logging.getLogger(__name__)
 
 MEGA_BATCHES = 16  # batches per length-sorted mega-batch (HF's group_by_length uses 50)
+#: the group key every sequence of a packed SFT batch gets: one group, its common prefix once
+SHARED = "sft-batch"
 
 
 def load_sft_data(cfg: Config, tokenizer) -> tuple[list[Trajectory], int]:
@@ -175,15 +186,20 @@ def _sft_steps(cfg: Config, run_dir: Path, backend, tokenizer, trajs, plan, per_
         for step in range(start, len(plan)):
             t0 = time.perf_counter()
             batch = collate([trajs[i] for i in plan[step]], tokenizer.pad_token_id)
+            if t.packing:
+                batch.uids = [SHARED] * len(batch)
             micro = backend.split(batch)
             num_tokens = float(batch.loss_mask.sum().clamp(min=1))
             out = backend.train_step(micro, sft_loss_fn(num_tokens, t.logprob_chunk, t.packing))
             real, padded = padding_stats(micro, t.packing)
+            shared = sum(shared_tokens(mb.input_ids, mb.attention_mask.sum(-1).tolist(),
+                                       mb.uids) for mb in micro) if t.packing else 0
             elapsed = time.perf_counter() - t0
             m = {"train/loss": out["loss"], "train/grad_norm": out["grad_norm"],
                  "train/lr": out["lr"], "train/epoch": (step + 1) / per_epoch,
                  "train/assistant_tokens": num_tokens, "train/tokens": float(real),
                  "train/pad_fraction": 1 - real / padded, "train/micro_batches": len(micro),
+                 "train/shared_tokens": float(shared),
                  "time/step_s": elapsed, "time/tokens_per_s": real / elapsed}
             done = step + 1
             metrics_log.log(done, m)
