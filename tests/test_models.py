@@ -243,3 +243,27 @@ def test_smollm2_converts_and_answers(smollm2_dir):
         out = model.generate(**inputs, max_new_tokens=12, do_sample=False)
     reply = tok.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
     assert reply.strip() and "Paris" in reply, reply
+
+
+def test_smollm2_conversion_parses_once_and_equals_transformers_own_load(smollm2_dir):
+    """The conversion memoizes gguf's reader and tensor name map (zoo._gguf_parsed_once);
+    every tensor of the folder it wrote equals, bit for bit, what transformers' own GGUF
+    loader gives unmemoized. The memo ends with the conversion."""
+    import gguf
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    path = models.smollm2_gguf_path()
+    with models._gguf_parsed_once():
+        assert gguf.GGUFReader(path) is gguf.GGUFReader(path)
+    assert gguf.GGUFReader is gguf.gguf_reader.GGUFReader  # restored
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(smollm2_dir))
+    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=skeleton,
+                                   torch_dtype=torch.float32)["tensors"]
+    written = load_file(str(smollm2_dir / "model.safetensors"))
+    assert set(written) <= set(tensors) and len(written) > 2 * skeleton.config.num_hidden_layers
+    for name, value in written.items():
+        assert torch.equal(value, tensors[name]), name

@@ -265,15 +265,16 @@ def build_smollm2(out_dir: str | Path, gguf_path: str | Path | None = None) -> P
     # permutation; it needs a model only to map tensor names, so a meta-device skeleton
     # does), then from_pretrained from that state dict. Checked bit-identical to
     # from_pretrained(gguf_file=...) with accelerate present.
-    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(config)
-    tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=skeleton,
-                                   torch_dtype=torch.float32)["tensors"]
-    model = type(skeleton).from_pretrained(None, config=config, state_dict=tensors,
-                                           dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                              padding_side="left")
+    with _gguf_parsed_once():
+        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(config)
+        tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=skeleton,
+                                       torch_dtype=torch.float32)["tensors"]
+        model = type(skeleton).from_pretrained(None, config=config, state_dict=tensors,
+                                               dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                  padding_side="left")
     _fix_chatml_tokenizer(tokenizer)
     model.config.eos_token_id = tokenizer.eos_token_id
     model.config.pad_token_id = tokenizer.pad_token_id
@@ -285,6 +286,35 @@ def build_smollm2(out_dir: str | Path, gguf_path: str | Path | None = None) -> P
     logger.info("converted %s in %.1f s", gguf.name, time.perf_counter() - start)
     _smoke_generate(out, label="smollm2-135m")
     return out
+
+
+@contextlib.contextmanager
+def _gguf_parsed_once() -> Iterator[None]:
+    """While converting: the GGUF file parsed once, and gguf's tensor name map built once.
+
+    transformers parses the whole file for the config, again for the tokenizer and again
+    for the tensors (4 s each for smollm2's: its 49k-token vocabulary is read field by
+    field), and maps tensor names by building gguf's name map anew for every submodule
+    (7 s). Both are pure functions of their arguments and transformers imports them from
+    ``gguf`` at call time, so they are memoized here for the conversion's duration:
+    the same calls, the same folder byte for byte (tests/test_models.py), 15 s less."""
+    import functools
+
+    import gguf
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict = {}
+
+    def parsed(path, mode="r"):
+        key = (str(path), mode)
+        if key not in readers:
+            readers[key] = reader(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = parsed, functools.lru_cache(None)(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
 
 
 def _fix_chatml_tokenizer(tokenizer: PreTrainedTokenizerBase) -> None:
