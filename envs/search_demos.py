@@ -2,11 +2,6 @@
 search with the question, then (if no retrieved passage holds a gold answer) a second
 search: for a two-hop question a name the first passages mention (the bridge), else a
 keyword rewrite; when a passage holds a gold answer, answer with it, citing the passage.
-When no search finds it (most of the shipped NQ questions: their answer occurs in the
-corpus, but in a passage no query from the question reaches), the demonstration answers
-after the first search from what the model knows ("The results do not contain the answer.
-I will answer from what I know."), the gold answer: the protocol for unhelpful passages,
-a short thought and an answer, which the model meets in most episodes.
 Reasoning is in ``<think>``, as Search-R1's prompt asks. Played through a live env, so the
 observations are the env's own; kept only if the env rewards the answer as correct.
 Multi-hop rows (``data=multihop``) get two-search demonstrations
@@ -116,9 +111,7 @@ def search_demo(row: dict, env, max_searches: int = 2) -> dict | None:
     ``max_searches`` allows a second), the second search is, for a two-hop (HotpotQA)
     question, a name the first passages mention that the question does not (the bridge:
     "Doc 1 (X) mentions Y. I need to know more about Y."), kept only when the answer is in
-    Y's own passage; else (and for other questions) the question's keywords. When no
-    search finds the answer, the episode answers after the first search from memory
-    (:func:`_recall_episode`).
+    Y's own passage; else (and for other questions) the question's keywords.
 
     A multi-hop row (``data=multihop``: gold paragraphs in ``extra_info``) gets a
     demonstration that searches twice, each search finding its gold paragraph, or none
@@ -131,12 +124,11 @@ def search_demo(row: dict, env, max_searches: int = 2) -> dict | None:
     golds = gold_answers(row)
     first = (f"I need to find the answer to: {question}. Let me search for it.", question)
     demo, info = _search_episode(row, env, [first], golds, "search-retrieval")
-    if demo is not None:
+    if demo is not None or max_searches < 2:
         return demo
-    rewrite = ("The results do not contain the answer. Let me search with other words.",
-               keyword_rewrite(question))
-    tries = [("search-retrieval", rewrite, "")] if max_searches >= 2 else []
-    if row.get("data_source") == "hotpotqa" and info and max_searches >= 2:
+    tries = [("search-retrieval", ("The results do not contain the answer. Let me search "
+                                   "with other words.", keyword_rewrite(question)), "")]
+    if row.get("data_source") == "hotpotqa" and info:
         tries[:0] = [("search-two-hop", (f"Doc {num} ({title}) mentions {name}. I need to know "
                                          f"more about {name} to answer. Let me search for it.",
                                          name), name)
@@ -146,27 +138,4 @@ def search_demo(row: dict, env, max_searches: int = 2) -> dict | None:
             demo, _ = _search_episode(row, env, [first, second], golds, builder, about)
             if demo is not None:
                 return demo
-    return _recall_episode(row, env, first, golds)
-
-
-RECALL = "The results do not contain the answer. I will answer from what I know."
-
-
-def _recall_episode(row: dict, env, first: tuple[str, str], golds: list[str]) -> dict | None:
-    """Search with the question, read passages without the answer, answer the first gold
-    alias from memory (:data:`RECALL`); kept when the env rewards it as correct."""
-    if not golds:
-        return None
-    prompt, _ = env.reset(seed=0, options={"row": row})
-    think, query = first
-    actions = [f"<think> {think} </think>\n<search> {query} </search>"]
-    obs, _, terminated, truncated, _ = env.step(actions[0])
-    if terminated or truncated:
-        return None
-    actions.append(f"<think> {RECALL} </think>\n<answer> {golds[0]} </answer>")
-    _, reward, terminated, _, _ = env.step(actions[1])
-    if not terminated or reward < 1.0:
-        return None
-    return {"type": "demonstration", "env": "search", "builder": "search-recall",
-            "prompt": prompt, "actions": actions, "observations": [obs], "reward": reward,
-            "row": row}
+    return None

@@ -71,13 +71,7 @@ def sandbox():
 
 # --- builders --------------------------------------------------------------------------
 def test_search_builder_protocol_and_replay(search_demos, retriever_url):
-    """A demonstration cites the passage that holds the answer, or, when no search found
-    one (most shipped NQ questions), says so and answers from memory; each replays."""
-    from agentgym.envs.search_demos import RECALL
-    cited = [d for d in search_demos if d["builder"] != "search-recall"][:3]
-    recalled = [d for d in search_demos if d["builder"] == "search-recall"][:3]
-    assert cited and recalled
-    for demo in cited + recalled:
+    for demo in search_demos[:3]:
         assert demo["reward"] == 1.0 and demo["env"] == "search"
         assert demo["actions"][0].startswith("<think>")
         assert demo["actions"][0].endswith("</search>")
@@ -85,12 +79,7 @@ def test_search_builder_protocol_and_replay(search_demos, retriever_url):
         info = "".join(m["content"] for m in demo["observations"][-1])
         assert info.startswith("\n\n<information>Doc 1(Title: ")
         golds = demo["row"]["reward_model"]["ground_truth"]["target"]
-        if demo in cited:  # the answer is really in the passages it cites
-            assert find_answer(info, golds) is not None
-        else:  # it is not in the passages; one search, then the answer
-            assert find_answer(info, golds) is None and len(demo["actions"]) == 2
-            assert demo["actions"][1] == (f"<think> {RECALL} </think>\n"
-                                          f"<answer> {golds[0]} </answer>")
+        assert find_answer(info, golds) is not None  # the answer is really in the passages
         env = SearchEnv(retriever_url=retriever_url)  # a fresh env replays it exactly
         try:
             again = replay_demo(demo, env)
@@ -158,8 +147,7 @@ def test_a_two_hop_demonstration_searches_the_bridge_and_replays(retriever_url):
                            ["2010"]) is None  # not in the first search's passages
         assert "(Nicki Minaj) says the answer is 2010" in answer
         assert replay_demo(demo, env)["observations"] == demo["observations"]
-        # one search cannot find it: that demonstration answers from memory
-        assert search_demo(row, env, max_searches=1)["builder"] == "search-recall"
+        assert search_demo(row, env, max_searches=1) is None  # one search cannot answer it
     finally:
         env.close()
 
@@ -296,7 +284,6 @@ def test_sft_teaches_tiny_the_search_protocol(tmp_path, retriever_url):
     torch.manual_seed(0)
     rows = load_rows("search", "train", 200)
     demos = build_demos("search", rows, lambda: SearchEnv(retriever_url=retriever_url, topk=1))
-    demos = [d for d in demos if d["builder"] != "search-recall"]  # ones that cite a passage
     data = tmp_path / "demos.jsonl"
     write_jsonl(data, demos[:4])
     train_rows = [d["row"] for d in demos[:4]]
