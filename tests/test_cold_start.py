@@ -129,6 +129,9 @@ def test_cli_train_runs_the_cold_start_then_rl(tmp_path, tiny_path, retriever_ur
     assert main(["train", *args, f"run_dir={run}"]) == 0
     out = capsys.readouterr().out
     assert "cold start: probing" in out and "building 4 demonstrations, then SFT" in out
+    # the held-out "before" eval plays in the probe's batch, not in an engine of its own
+    assert "with its eval on 2 held-out questions (nq)" in out
+    assert "cold start: evaluating tiny" not in out
     # RL's step-0 eval measures the SFT model: no probe after the SFT
     assert "RL's step-0 eval measures the result" in out and "step    1 | reward" in out
     assert "cold start: format-valid 0.00 ->" not in out
@@ -139,6 +142,7 @@ def test_cli_train_runs_the_cold_start_then_rl(tmp_path, tiny_path, retriever_ur
     record = json.loads((run / "cold_start" / "cold_start.json").read_text())
     config = json.loads((run / "config.json").read_text())
     assert config["model"]["path"] == record["model"]  # RL started from the SFT model
+    assert record["eval_before"]["count"] == 2 and record["probe_before"]["count"] == 2
     assert (run / "checkpoints" / "step_1" / "model.safetensors").is_file()
     # the probe result is cached: a second run neither probes nor trains SFT again
     assert main(["train", *args, f"run_dir={tmp_path / 'again'}"]) == 0
