@@ -250,3 +250,20 @@ def test_a_mixed_run_cold_starts_every_env_from_its_own_data(
     assert [d["env"] for d in demos] == ["search"] * 4 + ["code"] * 4
     assert all(d["row"]["data_source"] == "arith" for d in demos[4:])  # data=[train,arith]
     assert set(record["probe_after"]["envs"]) == {"search", "code"}
+
+
+def test_probe_and_eval_played_in_one_batch_are_told_apart_by_row(
+        tmp_path, tiny_path, tiny_tokenizer, retriever_url):
+    """``_play``: row sets played in one batch give each set its own figures; two sets that
+    share a row id (which tells trajectories apart) are played in turn instead."""
+    from agentgym.trainers.cold_start import _play
+    from agentgym.trainers.hooks import Hooks
+    cfg = _cfg(tmp_path, tiny_path, retriever_url)
+    train, held = load_rows("search", "train", 3), load_rows("search", "nq", 2)
+    # every episode answers at once: format-valid
+    engine = ScriptedEngine(tiny_tokenizer, ["<answer> Canberra </answer>"] * 10)
+    a, b = _play(cfg, tiny_path, [train, held], Hooks(), engine)
+    assert (a["count"], b["count"]) == (3, 2) and a["format_valid"] == b["format_valid"] == 1.0
+    engine = ScriptedEngine(tiny_tokenizer, ["<answer> Canberra </answer>"] * 10)
+    a, b = _play(cfg, tiny_path, [train, train[:2]], Hooks(), engine)  # shared ids
+    assert (a["count"], b["count"]) == (3, 2)

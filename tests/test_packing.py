@@ -339,7 +339,7 @@ def test_an_sft_batch_shares_its_common_prefix_exactly(tiny_path, tiny_tokenizer
     batch = collate(trajs, tiny_tokenizer.pad_token_id)
     lengths = batch.attention_mask.sum(-1).tolist()
     assert pk.shared_tokens(batch.input_ids, lengths, batch.uids) == 0  # own uids: no group
-    batch.uids = [SHARED] * len(batch)
+    batch.uids = [f"{SHARED}/0"] * len(batch)  # one process: one group
     shared = pk.shared_tokens(batch.input_ids, lengths, batch.uids)
     assert shared >= 9 * 4
     pack = pk.build_pack(batch.input_ids, lengths, batch.loss_mask, groups=batch.uids)

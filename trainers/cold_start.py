@@ -279,9 +279,12 @@ def _probe(cfg: Config, model_path: Path, rows: list[dict], hooks: Hooks, engine
 
 def _play(cfg: Config, model_path: Path, row_sets: list[list[dict]], hooks: Hooks,
           engine) -> list[dict]:
-    """:func:`_probe` of each of ``row_sets``, all played in one batch by one engine."""
+    """:func:`_probe` of each of ``row_sets``, played by one engine in one batch (in turn
+    when two sets share a row id: the trajectories are told apart by it, as context
+    management may split an episode in several)."""
     from agentgym.config import is_mixed
     from agentgym.models.zoo import load_tokenizer
+    from agentgym.rollout.manager import row_uid
     from agentgym.rollout.runtime import engine_for
     from agentgym.trainers.workers import LocalWorkers, eval_metrics
     tokenizer = load_tokenizer(model_path)
@@ -290,20 +293,27 @@ def _play(cfg: Config, model_path: Path, row_sets: list[list[dict]], hooks: Hook
         local = copy.deepcopy(cfg)
         local.engine.name = "hf"
         engine = engine_for(local, model_path, tokenizer)
+    offsets = [sum(len(r) for r in row_sets[:k]) for k in range(len(row_sets))]
+    uids = [{row_uid(row, at + i) for i, row in enumerate(rows)}
+            for rows, at in zip(row_sets, offsets)]
+    together = sum(map(len, uids)) == len(set().union(*uids))
     t0 = time.perf_counter()
     workers = LocalWorkers(cfg, engine, tokenizer)
+    play = lambda rows: workers.generate(rows, 1, cfg.trainer.seed, hooks, greedy=True)  # noqa: E731
     try:
-        trajs = workers.generate([r for rows in row_sets for r in rows], 1, cfg.trainer.seed,
-                                 hooks, greedy=True)
+        if together:
+            trajs = play([r for rows in row_sets for r in rows])
+            parts = [[tr for tr in trajs if tr.uid in ids] for ids in uids]
+        else:
+            parts = [play(rows) for rows in row_sets]
     finally:
         workers.close(engine_too=False)
         if own:
             engine.close()
     seconds = time.perf_counter() - t0
-    out, at = [], 0
-    for rows in row_sets:
-        m = eval_metrics(trajs[at:at + len(rows)], per_env=is_mixed(cfg))
-        at += len(rows)
+    out = []
+    for part in parts:
+        m = eval_metrics(part, per_env=is_mixed(cfg))
         one = {"format_valid": m["eval/format_valid"], "em": m["eval/em"],
                "count": int(m["eval/count"]), "tool_calls": m["eval/tool_calls"],
                "seconds": seconds}

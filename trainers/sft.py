@@ -18,12 +18,13 @@ batch have similar lengths and the ``trainer.micro_batch_tokens`` micro-batches 
 little padding. ``train/pad_fraction`` reports the padding actually computed.
 
 With ``trainer.packing`` (the default) the sequences of a batch are one group
-(:data:`SHARED`): their longest common prefix of tokens (the chat template's system turn
-and the env's instructions, the same in every demonstration of an env: 139 of a search
-demonstration's tokens, 86 of an arithmetic one's) is encoded once per micro-batch and
-every sequence attends to it, as GRPO's samples share their prompt
-(:mod:`agentgym.trainers.packing`; the loss and gradients are those of encoding each
-sequence whole). ``train/shared_tokens`` counts the tokens not encoded again.
+(:data:`SHARED`; one per rank with ``trainer.nprocs`` > 1, so every rank has rows): their
+longest common prefix of tokens (the chat template's system turn and the env's
+instructions, the same in every demonstration of an env: 139 of a search demonstration's
+tokens, 86 of an arithmetic one's) is encoded once per micro-batch and every sequence
+attends to it, as GRPO's samples share their prompt (:mod:`agentgym.trainers.packing`; the
+loss and gradients are those of encoding each sequence whole). ``train/shared_tokens``
+counts the tokens not encoded again.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ from agentgym.trainers.run import make_backend, policy_spec, resume, save_checkp
 logger = logging.getLogger(__name__)
 
 MEGA_BATCHES = 16  # batches per length-sorted mega-batch (HF's group_by_length uses 50)
-#: the group key every sequence of a packed SFT batch gets: one group, its common prefix once
+#: the group key of a packed SFT batch's sequences (``SHARED/r``: one group per rank of a
+#: sharded backend, one in all on a single process), whose common prefix is packed once
 SHARED = "sft-batch"
 
 
@@ -186,8 +188,8 @@ def _sft_steps(cfg: Config, run_dir: Path, backend, tokenizer, trajs, plan, per_
         for step in range(start, len(plan)):
             t0 = time.perf_counter()
             batch = collate([trajs[i] for i in plan[step]], tokenizer.pad_token_id)
-            if t.packing:
-                batch.uids = [SHARED] * len(batch)
+            if t.packing:  # one group per rank, so every rank has rows to train on
+                batch.uids = [f"{SHARED}/{i % max(1, t.nprocs)}" for i in range(len(batch))]
             micro = backend.split(batch)
             num_tokens = float(batch.loss_mask.sum().clamp(min=1))
             out = backend.train_step(micro, sft_loss_fn(num_tokens, t.logprob_chunk, t.packing))
