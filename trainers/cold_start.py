@@ -144,29 +144,8 @@ def _auto(cfg: Config, parts: dict[str, Config], stage_dir: Path, hooks: Hooks,
                        f"{earlier.get('model') or base}")
         return _start_from(cfg, earlier.get("model"))
     store = cache_dir() / "cold_start"
-    probe_file = store / f"probe-{probe_key}.json"
-    before = None if probe_engine is not None else _read(probe_file)
-    played_before = None  # the held-out "before" eval, when played with the probe
-    if before is None:
-        # the held-out eval the table's "before" row needs, when not cached, plays in the
-        # same batch as the probe: one engine, one continuous batch (15-20 s less in the
-        # demo than two), at the cost of an eval a run that needs no cold start skips
-        held = _before_eval(cfg, inputs, store) if probe_engine is None else None
-        if held is not None and _read(held[1]) is not None:
-            held = None
-        hooks.announce(f"cold start: probing {base.name} on {len(probe_rows)} training "
-                       f"questions (greedy)" + (f", with its eval on {len(held[0])} held-out "
-                                                f"questions ({t.eval_data})" if held else ""))
-        played = _play(cfg, base, [probe_rows] + ([held[0]] if held else []), hooks,
-                       probe_engine)
-        before = played[0]
-        if probe_engine is None:
-            _write_atomic(probe_file, before)
-        if held:
-            played_before = played[1]
-            _write_atomic(held[1], played_before)
-    else:
-        hooks.announce(f"cold start: probe of {base.name} read from the cache ({probe_file})")
+    before, played_before = _probe_base(cfg, base, probe_rows, probe_key, inputs, store,
+                                        hooks, probe_engine)
     record: dict[str, Any] = {"key": key, "probe_before": before,
                               "threshold": t.cold_start_threshold, "base_model": str(base),
                               "training_rows": sum(len(r) for r in rows.values())}
@@ -196,6 +175,31 @@ def _auto(cfg: Config, parts: dict[str, Config], stage_dir: Path, hooks: Hooks,
                    f"{'' if single else ' per env'}, then SFT")
     model_dir = _run_stage(cfg, parts, rows, probe_rows, base, stage_dir, cached, record, hooks)
     return _start_from(cfg, str(model_dir))
+
+
+def _probe_base(cfg: Config, base: Path, probe_rows: list[dict], probe_key: str,
+                inputs: dict, store: Path, hooks: Hooks, probe_engine) -> tuple[dict, dict | None]:
+    """The starting model's probe (cached by ``probe_key``), and its held-out "before"
+    eval when that was played with it. Not cached, the eval plays in the probe's batch: one
+    engine, one continuous batch (15-20 s less in the demo than two), at the cost of an
+    eval that a run needing no cold start skips."""
+    probe_file = store / f"probe-{probe_key}.json"
+    before = None if probe_engine is not None else _read(probe_file)
+    if before is not None:
+        hooks.announce(f"cold start: probe of {base.name} read from the cache ({probe_file})")
+        return before, None
+    held = _before_eval(cfg, inputs, store) if probe_engine is None else None
+    if held is not None and _read(held[1]) is not None:
+        held = None
+    hooks.announce(f"cold start: probing {base.name} on {len(probe_rows)} training "
+                   f"questions (greedy)" + (f", with its eval on {len(held[0])} held-out "
+                                            f"questions ({cfg.trainer.eval_data})" if held else ""))
+    played = _play(cfg, base, [probe_rows] + ([held[0]] if held else []), hooks, probe_engine)
+    if probe_engine is None:
+        _write_atomic(probe_file, played[0])
+    if held:
+        _write_atomic(held[1], played[1])
+    return played[0], (played[1] if held else None)
 
 
 def _step0_eval(cfg: Config) -> bool:
@@ -299,7 +303,10 @@ def _play(cfg: Config, model_path: Path, row_sets: list[list[dict]], hooks: Hook
     together = sum(map(len, uids)) == len(set().union(*uids))
     t0 = time.perf_counter()
     workers = LocalWorkers(cfg, engine, tokenizer)
-    play = lambda rows: workers.generate(rows, 1, cfg.trainer.seed, hooks, greedy=True)  # noqa: E731
+
+    def play(rows: list[dict]) -> list:
+        return workers.generate(rows, 1, cfg.trainer.seed, hooks, greedy=True)
+
     try:
         if together:
             trajs = play([r for rows in row_sets for r in rows])
