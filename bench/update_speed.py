@@ -201,11 +201,18 @@ def timed_step(backend, batch: Batch, loss_fn, init: dict, device) -> float:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        PEAK["before"] = torch.cuda.memory_allocated(device)
     t0 = time.perf_counter()
     backend.train_step(backend.split(batch), loss_fn)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+        PEAK["step"] = torch.cuda.max_memory_allocated(device) - PEAK["before"]
     return time.perf_counter() - t0
+
+
+#: GPU bytes of the last timed step: allocated before it, and its peak above that
+PEAK: dict[str, int] = {}
 
 
 def measure(args) -> list[dict]:
@@ -222,7 +229,10 @@ def measure(args) -> list[dict]:
         else model.config
     vocab, pad_id = text.vocab_size, getattr(text, "pad_token_id", None) or 0
     rows = []
-    for shape in args.shapes:
+    budgets = args.micro_batch_tokens or [cfg.trainer.micro_batch_tokens]
+    for shape, budget in [(s, b) for s in args.shapes for b in budgets]:
+        for side in sides.values():
+            side.micro_batch_tokens = budget
         batch = make_batch(shape, vocab, pad_id, args)
         base = make_loss_fn(cfg, 1.0, float(batch.loss_mask.sum()), len(batch),
                             cfg.rollout.max_response_tokens)
@@ -230,12 +240,17 @@ def measure(args) -> list[dict]:
         for s in SIDES:  # warm-up, left out: optimizer state, allocator, kernels
             timed_step(sides[s], batch, losses[s], init, device)
         times: dict[str, list[float]] = {s: [] for s in SIDES}
+        peaks: dict[str, int] = {}
         for k in range(args.repeats):
             for s in (SIDES if k % 2 == 0 else SIDES[::-1]):
                 times[s].append(timed_step(sides[s], batch, losses[s], init, device))
-                print(f"  {shape} {s}: {times[s][-1]:.2f} s", flush=True)
+                if PEAK:
+                    peaks[s] = max(peaks.get(s, 0), PEAK["step"])
+                print(f"  {shape} {budget} {s}: {times[s][-1]:.2f} s"
+                      + (f", {PEAK['before'] / 2**30:.2f} GiB before, step peak "
+                         f"+{PEAK['step'] / 2**30:.2f} GiB" if PEAK else ""), flush=True)
         tokens = int(batch.attention_mask.sum())
-        row = {"shape": shape, "model": label, "rows": len(batch), "tokens": tokens,
+        row = {"shape": shape, "budget": budget, "peaks": peaks, "model": label, "rows": len(batch), "tokens": tokens,
                "sampled": int(batch.loss_mask.sum()), "flops": batch_flops(model, batch)}
         for s in SIDES:
             mbs, forwarded = work(sides[s], batch)
@@ -250,14 +265,17 @@ def measure(args) -> list[dict]:
 # --- report ------------------------------------------------------------------------------
 def table(rows: list[dict], mfu_peak: float | None = None) -> str:
     """The rows as markdown: per shape, each side's median tokens/s, the ratio, the work."""
-    head = ("| shape | rows | tokens (sampled) | today tok/s | packed tok/s | packed / today |"
+    head = ("| shape | micro-batch tokens | rows | tokens (sampled) | today tok/s | packed tok/s "
+            "| packed / today |"
             + (" today MFU | packed MFU |" if mfu_peak else "")
             + " micro-batches (today / packed) | tokens through the decoder (today / packed) |"
-            + " step s, each (today; packed) |")
+            + " step s, each (today; packed) |"
+            + (" step's peak above its start, GiB (today / packed) |"
+               if rows and rows[0]["peaks"] else ""))
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         a, b = r["today"], r["packed"]
-        line = (f"| {r['shape']} | {r['rows']} | {r['tokens']:,} ({r['sampled']:,}) | "
+        line = (f"| {r['shape']} | {r['budget']:,} | {r['rows']} | {r['tokens']:,} ({r['sampled']:,}) | "
                 f"{a['tok_s']:,.0f} | {b['tok_s']:,.0f} | **{r['ratio']:.2f}x** |")
         if mfu_peak:
             line += "".join(f" {r['flops'] / s['seconds'] / (mfu_peak * 1e12):.1%} |"
@@ -265,6 +283,8 @@ def table(rows: list[dict], mfu_peak: float | None = None) -> str:
         line += (f" {a['micro_batches']} / {b['micro_batches']} | {a['forwarded']:,} / "
                  f"{b['forwarded']:,} | {', '.join(f'{x:.2f}' for x in a['all'])}; "
                  f"{', '.join(f'{x:.2f}' for x in b['all'])} |")
+        if r["peaks"]:
+            line += f" {r['peaks']['today'] / 2**30:.2f} / {r['peaks']['packed'] / 2**30:.2f} |"
         lines.append(line)
     return "\n".join(lines)
 
@@ -282,6 +302,8 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--samples", type=int, default=8, help="rows a group")
     ap.add_argument("--repeats", type=int, default=3,
                     help="timed steps per side, alternated A-B-B-A")
+    ap.add_argument("--micro-batch-tokens", type=int, nargs="+", default=None,
+                    help="trainer.micro_batch_tokens, one row per value (default: the config's)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--mfu", action="store_true", help="MFU column (a GPU only)")
     ap.add_argument("--peak-tflops", type=float, default=989.0,
@@ -307,7 +329,7 @@ def run(args, command: str = "") -> str:
             f"average {load_before:.2f} before, {load_after:.2f} after (the machine may be "
             f"shared). Command: `{command}`.",
             f"Model `{rows[0]['model']}`, {precision}, GRPO loss, micro-batches of at most "
-            f"4096 tokens, log-prob chunk 1024. One `train_step` timed (split, forward, "
+            f"the row's tokens, log-prob chunk 1024. One `train_step` timed (split, forward, "
             f"backward, clip, optimizer step) from the same weights each time; one warm-up "
             f"step per side left out; {args.repeats} timed steps per side alternated A-B-B-A; "
             f"medians. *today*: `trainer.packing=false` and plain AdamW (the update before "
