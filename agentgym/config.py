@@ -246,7 +246,7 @@ class TrainerConfig:
     prompts_per_step: int = 8  # rows per step; each sampled rollout.n times
     ppo_epochs: int = 1  # passes over each step's rollouts
     mini_batches: int = 1  # optimizer steps per epoch
-    micro_batch_tokens: int = 4096  # tokens per forward/backward (grad accumulation): packed ones, or padded with packing=false
+    micro_batch_tokens: int = 0  # tokens per forward/backward (grad accumulation): packed ones, or padded with packing=false; 0: auto (4096 on the CPU; on a GPU the largest of 65536..4096 the memory planner fits in 80% of it)
     lr: float = 1e-6
     warmup_steps: int = 0
     lr_schedule: str = "constant"  # constant | cosine
@@ -283,9 +283,12 @@ class TrainerConfig:
         if self.max_staleness < 0:
             raise ValueError(f"trainer.max_staleness must be >= 0, got {self.max_staleness}")
         for name in ("total_steps", "prompts_per_step", "ppo_epochs", "mini_batches",
-                     "micro_batch_tokens", "save_every", "nprocs"):
+                     "save_every", "nprocs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"trainer.{name} must be >= 1, got {getattr(self, name)}")
+        if self.micro_batch_tokens < 0:
+            raise ValueError(f"trainer.micro_batch_tokens must be >= 1, or 0 for auto; got "
+                             f"{self.micro_batch_tokens}")
         for name in ("warmup_steps", "eval_every", "eval_limit", "log_samples"):
             if getattr(self, name) < 0:
                 raise ValueError(f"trainer.{name} must be >= 0, got {getattr(self, name)}")

@@ -8,7 +8,7 @@ AdamW, as the update ran before packing) against the packed one (the backend as 
 What is timed is one optimizer step, ``SingleBackend.train_step(backend.split(batch),
 loss)``: the split into micro-batches, forward, backward, gradient clipping and the
 optimizer step, with GRPO's loss (``make_loss_fn`` of ``build_config({"algo": "grpo"})``:
-the recipe's) and the config's ``trainer.micro_batch_tokens`` (4096) and
+the recipe's) and ``trainer.micro_batch_tokens`` as a run takes it (auto: 4096 on the CPU) and
 ``trainer.logprob_chunk`` (1024), fp32 (``--bf16``: autocast, as the recipe on a GPU).
 
 * **today** (the padded path): ``packing=False`` on the loss and the backend, and the
@@ -219,6 +219,7 @@ def measure(args) -> list[dict]:
     """One row per shape: each side's step times, tokens/s and work (module docstring)."""
     from agentgym.config import build_config
     from agentgym.core.device import resolve_device
+    from agentgym.models.plan import micro_batch_tokens
     from agentgym.trainers.phases import make_loss_fn
     device = resolve_device(args.device)
     cfg = build_config({"algo": "grpo"})
@@ -229,7 +230,8 @@ def measure(args) -> list[dict]:
         else model.config
     vocab, pad_id = text.vocab_size, getattr(text, "pad_token_id", None) or 0
     rows = []
-    budgets = args.micro_batch_tokens or [cfg.trainer.micro_batch_tokens]
+    budgets = args.micro_batch_tokens or [micro_batch_tokens(build_config(
+        {"algo": "grpo", "model": args.random or args.model, "trainer.device": args.device}))]
     for shape, budget in [(s, b) for s in args.shapes for b in budgets]:
         for side in sides.values():
             side.micro_batch_tokens = budget
@@ -303,7 +305,8 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=3,
                     help="timed steps per side, alternated A-B-B-A")
     ap.add_argument("--micro-batch-tokens", type=int, nargs="+", default=None,
-                    help="trainer.micro_batch_tokens, one row per value (default: the config's)")
+                    help="trainer.micro_batch_tokens, one row per value (default: what a run "
+                    "of the model on --device takes: trainer.micro_batch_tokens=0, auto)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--mfu", action="store_true", help="MFU column (a GPU only)")
     ap.add_argument("--peak-tflops", type=float, default=989.0,

@@ -112,3 +112,13 @@ def test_grpo_20_steps_smollm2_arith_on_cuda(tmp_path):
     drift = [m["rollout/drift_mean"] for m in steps if "rollout/drift_mean" in m]
     assert drift and max(drift) < 0.05  # engine (bf16) and trainer (bf16 autocast) agree
     assert any(m["rollout/reward"] > 0 for m in steps)
+
+
+def test_micro_batch_auto_on_cuda_is_a_budget_the_plan_fits():
+    """``trainer.micro_batch_tokens=0`` on a GPU: one of the planner's candidates, the
+    largest whose plan fits 80% of this device (a 135M model: more than the CPU's 4,096)."""
+    from agentgym.config import build_config
+    from agentgym.models.plan import AUTO_GPU_TOKENS, micro_batch_tokens
+    cfg = build_config({"model": "smollm2-135m", "algo": "grpo", "trainer.device": "cuda"})
+    tokens = micro_batch_tokens(cfg)
+    assert tokens in AUTO_GPU_TOKENS and tokens > 4096, tokens

@@ -52,6 +52,7 @@ from agentgym.config import Config, env_names, to_dict
 from agentgym.data.rows import training_rows, write_jsonl
 from agentgym.core.device import engine_dtype, mixed_precision, resolve_device
 from agentgym.core.paths import cache_dir, file_digest
+from agentgym.models.plan import micro_batch_tokens
 from agentgym.trainers.hooks import Hooks
 from agentgym.trainers.run import latest_checkpoint, resolve_run_dir
 
@@ -481,7 +482,7 @@ def _sft_settings(cfg: Config) -> dict:
             "mixed_precision": mixed_precision(t.mixed_precision,
                                                resolve_device(t.device)),
             "model_dtype": cfg.model.dtype, "lora": to_dict(cfg.model.lora),
-            "micro_batch_tokens": t.micro_batch_tokens, "backend": t.backend,
+            "micro_batch_tokens": micro_batch_tokens(cfg), "backend": t.backend,
             "zero_stage": t.zero_stage, "nprocs": t.nprocs}
 
 

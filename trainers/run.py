@@ -302,8 +302,10 @@ def make_backend(cfg: Config, spec, lr: float, cluster=None, total_steps: int | 
     counts optimizer steps: by default ``trainer.total_steps`` / ``trainer.warmup_steps``
     times the optimizer steps per training step (``ppo_epochs x mini_batches``)."""
     from agentgym.core.device import mixed_precision, resolve_device
+    from agentgym.models.plan import micro_batch_tokens
     from agentgym.trainers.backends.single import SingleBackend
     t = cfg.trainer
+    tokens = micro_batch_tokens(cfg)
     k = t.ppo_epochs * t.mini_batches
     precision = mixed_precision(t.mixed_precision, resolve_device(t.device))
     total = total_steps if total_steps is not None else t.total_steps * k
@@ -312,7 +314,7 @@ def make_backend(cfg: Config, spec, lr: float, cluster=None, total_steps: int | 
         return SingleBackend(spec.load(), lr=lr, weight_decay=t.weight_decay,
                              warmup_steps=warmup, total_steps=total,
                              schedule=t.lr_schedule, max_grad_norm=t.max_grad_norm,
-                             micro_batch_tokens=t.micro_batch_tokens,
+                             micro_batch_tokens=tokens,
                              mixed_precision=precision, logprob_chunk=t.logprob_chunk,
                              packing=t.packing)
     from agentgym.trainers.backends.distributed import DistributedBackend
@@ -326,7 +328,7 @@ def make_backend(cfg: Config, spec, lr: float, cluster=None, total_steps: int | 
         from agentgym.trainers.ray_cluster import RayRanks
         ranks = RayRanks(cluster, t.nprocs, t.backend, spec, optim,
                          "critic" if spec.kind == "value" else "policy")
-    return DistributedBackend(t.backend, spec, optim, t.nprocs, t.micro_batch_tokens, ranks,
+    return DistributedBackend(t.backend, spec, optim, t.nprocs, tokens, ranks,
                               logprob_chunk=t.logprob_chunk, packing=t.packing)
 
 
@@ -372,5 +374,8 @@ def reference(cfg: Config, path, backend) -> Reference:
     model = load_model(path, dtype=cfg.model.dtype,
                        device=HOST if cfg.algo.ref_offload else t.device).eval()
     model.requires_grad_(False)
-    return Reference(model=model, micro_batch_tokens=t.micro_batch_tokens,
+    from agentgym.models.plan import AUTO_HOST_TOKENS, micro_batch_tokens
+    tokens = (t.micro_batch_tokens or AUTO_HOST_TOKENS) if cfg.algo.ref_offload \
+        else micro_batch_tokens(cfg)
+    return Reference(model=model, micro_batch_tokens=tokens,
                      chunk=t.logprob_chunk, packing=t.packing)

@@ -19,10 +19,12 @@ ones are the same model with bf16 activations and a CUDA context, not yet measur
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 GiB = 2 ** 30
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -41,9 +43,21 @@ class Device:
 
 
 #: host (the CPU): fitted to bench/update_memory.py (smollm2-135m, bf16 autocast, 1k and 8k tokens;
-#: the 4k cells held out). GPU: bf16 activations, a 1.5 GiB CUDA context (not measured).
+#: the 4k cells held out). GPU: ``act_bytes`` from bench/update_speed.py's step peaks on an
+#: H200 (ten packed cells, smollm2-135m and qwen2.5-1.5b, 3.5k-37k tokens a micro-batch,
+#: bf16 autocast: 2.5-3.7 bytes per element; at 3.0 every total within 10%; docs/GPU.md);
+#: the 1.5 GiB CUDA context is not measured (torch's allocator does not count it).
 DEVICES = {"host": Device("host", 0.3 * GiB, 3.3, 2.0, 4.0),
-           "gpu": Device("gpu", 1.5 * GiB, 2.0, 2.0, 4.0)}
+           "gpu": Device("gpu", 1.5 * GiB, 3.0, 2.0, 4.0)}
+
+#: ``trainer.micro_batch_tokens=0`` (auto): the CPU's budget (measured best there:
+#: docs/BENCHMARKS.md, "Policy update speed"), and a GPU's candidates, largest first, of
+#: which the first the planner fits in :data:`AUTO_FIT` of the device is taken. On a GPU
+#: the update is bound by kernel launches below about 16k tokens a micro-batch (an H200:
+#: qwen2.5-1.5b 23.9-33.8% MFU at 4,096, 39.3-39.8% at 16,384; docs/GPU.md)
+AUTO_HOST_TOKENS = 4096
+AUTO_GPU_TOKENS = (65536, 32768, 16384, 8192, 4096)
+AUTO_FIT = 0.8
 
 
 #: (chunk, vocab) fp32 temporaries of the fused head beside what it keeps: one chunk's
@@ -216,6 +230,19 @@ def total(shape: Shape, s: Setting) -> float:
     return sum(b for _, b in breakdown(shape, s))
 
 
+def auto_tokens(shape: Shape, s: Setting, capacity: float) -> int:
+    """The micro-batch budget ``trainer.micro_batch_tokens=0`` means for ``s`` on a device of
+    ``capacity`` bytes: :data:`AUTO_HOST_TOKENS` on the host; on a GPU the largest of
+    :data:`AUTO_GPU_TOKENS` whose plan fits :data:`AUTO_FIT` of it (the smallest if none
+    does: the plan's verdict then says what else to change)."""
+    if s.device == "host":
+        return AUTO_HOST_TOKENS
+    for tokens in AUTO_GPU_TOKENS:
+        if total(shape, dataclasses.replace(s, micro_batch_tokens=tokens)) <= AUTO_FIT * capacity:
+            return tokens
+    return AUTO_GPU_TOKENS[-1]
+
+
 def cheapest_fit(shape: Shape, s: Setting, capacity: float) -> tuple[list[str], Setting] | None:
     """The cheapest combination of :data:`SWITCHES` and :data:`HALVINGS` that fits
     ``capacity`` bytes (prices: checkpointing and the reference's offload 1, each halving
@@ -291,13 +318,16 @@ def report(cfg: Any, gpus: int, capacity: float, device: str) -> list[str]:
     where, config = shape_of(cfg.model.name)
     shape = shape_numbers(config)
     s = setting_of(cfg, gpus, device)
+    auto = not s.micro_batch_tokens
+    if auto:
+        s = dataclasses.replace(s, micro_batch_tokens=auto_tokens(shape, s, capacity))
     rows = breakdown(shape, s)
     need = sum(b for _, b in rows)
     lines = [f"model {cfg.model.name} ({where}): {shape.params / 1e9:.2f}B parameters, "
              f"{shape.layers} layers, hidden {shape.hidden}, vocab {shape.vocab}",
              f"per {device} device ({gpus} x {capacity / GiB:.0f} GiB; backend {s.backend}"
              f"{f' ZeRO-{s.zero_stage}' if s.backend == 'deepspeed' else ''}, micro-batch "
-             f"{s.micro_batch_tokens} tokens, log-prob chunk {s.logprob_chunk or 'off'}, "
+             f"{s.micro_batch_tokens} tokens{' (auto)' if auto else ''}, log-prob chunk {s.logprob_chunk or 'off'}, "
              f"checkpointing {'on' if s.checkpointing else 'off'}):"]
     lines += [f"  {label:<48} {b / GiB:8.2f} GiB" for label, b in rows]
     lines.append(f"  {'total':<48} {need / GiB:8.2f} GiB of {capacity / GiB:.0f}")
@@ -313,3 +343,29 @@ def report(cfg: Any, gpus: int, capacity: float, device: str) -> list[str]:
     lines.append(f"verdict: does not fit ({need / GiB:.1f} GiB); cheapest change that fits: "
                  f"{' '.join(changes)} -> {total(shape, fitted) / GiB:.1f} GiB")
     return lines
+
+
+def micro_batch_tokens(cfg: Any) -> int:
+    """``trainer.micro_batch_tokens`` as the run uses it: as set, or when 0 (auto)
+    :func:`auto_tokens` for the run's model and settings on its device (the whole device's
+    memory: the run is taken to own it)."""
+    t = cfg.trainer
+    if t.micro_batch_tokens:
+        return t.micro_batch_tokens
+    from agentgym.core.device import is_accelerator, resolve_device
+    device = resolve_device(t.device)
+    if not is_accelerator(device):
+        return AUTO_HOST_TOKENS
+    import torch
+    capacity = torch.cuda.get_device_properties(device).total_memory
+    gpus = t.nprocs if t.backend in ("fsdp", "deepspeed") else 1
+    s = setting_of(cfg, gpus, "gpu")
+    tokens = auto_tokens(shape_numbers(shape_of(cfg.model.name)[1]), s, capacity)
+    if (cfg.model.name, tokens) not in _SAID:
+        _SAID.add((cfg.model.name, tokens))
+        logger.info("trainer.micro_batch_tokens=0 (auto): %d tokens a micro-batch for %s on "
+                    "%s (%.0f GiB)", tokens, cfg.model.name, device, capacity / GiB)
+    return tokens
+
+
+_SAID: set = set()
