@@ -136,6 +136,16 @@ def peak_memory_gb(device) -> float | None:
     return peak
 
 
+def total_memory_bytes(device) -> int:
+    """The whole memory of ``device``: a GPU's, or the host's (what the memory planner sizes
+    a run's micro-batches against: agentgym.models.plan.micro_batch_tokens)."""
+    if not is_accelerator(device):
+        import psutil
+        return psutil.virtual_memory().total
+    import torch
+    return torch.cuda.get_device_properties(device).total_memory
+
+
 # -- what the rollout engine asks of a GPU (agentgym.rollout.engines) -----------------------
 def free_memory_bytes(device) -> int:
     """Bytes free on ``device`` now (what a KV pool may be sized from): the GPU's free

@@ -352,12 +352,11 @@ def micro_batch_tokens(cfg: Any) -> int:
     t = cfg.trainer
     if t.micro_batch_tokens:
         return t.micro_batch_tokens
-    from agentgym.core.device import is_accelerator, resolve_device
+    from agentgym.core.device import is_accelerator, resolve_device, total_memory_bytes
     device = resolve_device(t.device)
     if not is_accelerator(device):
         return AUTO_HOST_TOKENS
-    import torch
-    capacity = torch.cuda.get_device_properties(device).total_memory
+    capacity = total_memory_bytes(device)
     gpus = t.nprocs if t.backend in ("fsdp", "deepspeed") else 1
     s = setting_of(cfg, gpus, "gpu")
     tokens = auto_tokens(shape_numbers(shape_of(cfg.model.name)[1]), s, capacity)
