@@ -38,6 +38,9 @@ from agentgym.envs.search import RetrieverConfig, SearchConfig
 from agentgym.presets import (ALGO_PRESETS, ALIASES, PER_ENV_KEYS, env_presets,  # noqa: F401
                               load_recipe)
 
+#: the keys of :data:`PER_ENV_KEYS` whose values are floats (the others count things)
+FLOAT_PER_ENV_KEYS = ("trainer.cold_start_lr",)
+
 
 @dataclass
 class LoraConfig:
@@ -277,7 +280,7 @@ class TrainerConfig:
     cold_start_threshold: float = 0.5  # auto: probe format-validity below which it runs
     cold_start_probe: int = 8  # auto: greedy probe episodes (training questions)
     cold_start_demos: int = 64  # demonstrations the SFT trains on (sft.epochs, sft.batch_size)
-    cold_start_lr: float = 1e-4  # the SFT's peak learning rate (cosine decay)
+    cold_start_lr: float = 1e-4  # the SFT's peak learning rate (cosine decay); a list in a mixed run: each env's demonstrations at their own rate
 
     def __post_init__(self) -> None:
         if self.max_staleness < 0:
@@ -415,7 +418,7 @@ class Config:
     log_level: str = "WARNING"
     # a mixed run's values per env, in env order, for presets.PER_ENV_KEYS (set as lists:
     # rollout.max_turns=[4,2]); the key itself holds the largest
-    per_env: dict[str, list[int]] = field(default_factory=dict)
+    per_env: dict[str, list[int | float]] = field(default_factory=dict)
     recipe: str = ""  # recipes/NAME.yaml (or a .yaml path) layered under the user's keys
     # the shipped envs' sections (envs/code.py, geometry.py, mcp_env.py, search.py)
     code: CodeConfig = field(default_factory=CodeConfig)
@@ -510,7 +513,8 @@ def set_key(cfg: Any, key: str, value: Any) -> None:
     if key in PER_ENV_KEYS and hasattr(cfg, "per_env"):
         cfg.per_env.pop(key, None)
         if isinstance(value, list):
-            cfg.per_env[key] = [_coerce(key, v, int) for v in value]
+            kind = float if key in FLOAT_PER_ENV_KEYS else int
+            cfg.per_env[key] = [_coerce(key, v, kind) for v in value]
             value = max(cfg.per_env[key], default=0)
     node, parts = cfg, key.split(".")
     for i, part in enumerate(parts):

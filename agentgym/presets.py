@@ -42,7 +42,7 @@ ALIASES = {"n": "rollout.n", "seed": "trainer.seed", "backend": "trainer.backend
 #: follow its own value (:func:`agentgym.rollout.runtime.sub_config`); anything shared
 #: (the trainer's sequence budget) takes the largest.
 PER_ENV_KEYS = ("rollout.max_turns", "rollout.max_tokens_per_turn",
-                "trainer.cold_start_demos", "trainer.eval_limit")
+                "trainer.cold_start_demos", "trainer.eval_limit", "trainer.cold_start_lr")
 
 
 def env_presets(env: str) -> dict[str, Any]:

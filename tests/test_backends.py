@@ -161,3 +161,32 @@ def test_both_backends_satisfy_the_backend_protocol():
                 (cls, name)  # anything more is optional
             assert all(g.default is not inspect.Parameter.empty for w, g in zip(want, got)
                        if w.default is not inspect.Parameter.empty), (cls, name)
+
+
+@pytest.mark.parametrize("kind,stage", [("fsdp", 0), ("deepspeed", 2)])
+def test_a_sharded_step_at_half_rate_is_the_half_rate_step(tiny_path, tiny_tokenizer, kind,
+                                                           stage):
+    """``train_step(lr_scale=0.5)`` reaches every rank's optimizer (the SFT's per-env rate):
+    at rate r it moves the weights exactly as the same backend at r / 2 does, reports
+    r / 2, and the next step is back on r's schedule."""
+    cfg = build_config({})
+    batches = _batches(tiny_tokenizer, steps=2)
+    out = {}
+    for lr, scale in ((1e-2, 0.5), (5e-3, 1.0)):
+        backend = DistributedBackend(kind, ModelSpec(str(tiny_path)),
+                                     OptimSpec(lr=lr, zero_stage=stage or 2), 2, 64)
+        try:
+            b = batches[0]
+            loss = make_loss_fn(cfg, 1.0, float(b.loss_mask.sum()), len(b), 64)
+            first = backend.train_step(backend.split(b), loss, lr_scale=scale)
+            weights = backend.state_dict()
+            b = batches[1]
+            loss = make_loss_fn(cfg, 1.0, float(b.loss_mask.sum()), len(b), 64)
+            out[scale] = (first["lr"], weights, backend.train_step(backend.split(b), loss)["lr"])
+        finally:
+            backend.close()
+    (lr_a, w_a, next_a), (lr_b, w_b, next_b) = out[0.5], out[1.0]
+    assert lr_a == pytest.approx(5e-3) and lr_b == pytest.approx(5e-3)
+    for k in w_a:
+        torch.testing.assert_close(w_a[k], w_b[k], atol=0, rtol=0), k
+    assert next_a == pytest.approx(1e-2) and next_b == pytest.approx(5e-3)

@@ -267,3 +267,14 @@ def test_probe_and_eval_played_in_one_batch_are_told_apart_by_row(
     engine = ScriptedEngine(tiny_tokenizer, ["<answer> Canberra </answer>"] * 10)
     a, b = _play(cfg, tiny_path, [train, train[:2]], Hooks(), engine)  # shared ids
     assert (a["count"], b["count"]) == (3, 2)
+
+
+def test_the_cache_key_holds_per_env_rates_only_when_given():
+    """Per-env SFT rates change the SFT, so they key its cache; one rate keys it as before
+    (the caches of runs without per-env rates stay valid)."""
+    from agentgym.trainers.cold_start import _sft_settings
+    one = _sft_settings(build_config({"env": "search,code"}))
+    per = _sft_settings(build_config({"env": "search,code",
+                                      "trainer.cold_start_lr": [2e-4, 1e-4]}))
+    assert "lr_by_env" not in one and one["lr"] == 1e-4
+    assert per["lr_by_env"] == [2e-4, 1e-4] and per["lr"] == 2e-4

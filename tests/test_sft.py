@@ -409,3 +409,47 @@ def test_sft_on_fsdp_with_lora_matches_single(tmp_path):
         la = AutoModelForCausalLM.from_pretrained(runs["single"] / "checkpoints/step_3")(input_ids=ids).logits
         lb = AutoModelForCausalLM.from_pretrained(runs["fsdp"] / "checkpoints/step_3")(input_ids=ids).logits
     torch.testing.assert_close(lb, la, rtol=0, atol=1e-4)
+
+
+# --- each env's demonstrations at their own rate (the cold start's per-env cold_start_lr) --
+def test_per_env_rates_scale_each_step_by_its_rows_envs():
+    from agentgym.trainers.sft import step_lr_scales
+    envs = ["search", "search", "code", "code"]
+    rates = {"search": 2e-4, "code": 1e-4}
+    assert step_lr_scales([[0, 1], [2, 3], [0, 2]], envs, rates) == \
+        pytest.approx([1.0, 0.5, 0.75])
+    assert step_lr_scales([[0, 1], [2]], envs, None) == [1.0, 1.0]
+    with pytest.raises(ValueError, match=r"no learning rate for env\(s\) \['code'\]"):
+        step_lr_scales([[2]], envs, {"search": 2e-4})
+    cfg = build_config({"env": "search,code", "trainer.cold_start_lr": [2e-4, 1e-4]})
+    assert cfg.per_env["trainer.cold_start_lr"] == [2e-4, 1e-4]
+    assert cfg.trainer.cold_start_lr == 2e-4  # the key holds the largest: the SFT's peak
+    with pytest.raises(ValueError, match=r"trainer.cold_start_lr=\[0.0002\] gives 1 values"):
+        build_config({"env": "search,code", "trainer.cold_start_lr": [2e-4]})
+
+
+def test_a_step_at_half_rate_is_the_half_rate_optimizers_step_and_the_next_is_on_schedule(
+        tiny_path):
+    """``train_step(lr_scale=0.5)`` at rate r moves the weights as a step at r / 2 does, and
+    the step after it is back on r's schedule."""
+    from agentgym.trainers.backends.base import ModelSpec
+    from agentgym.trainers.backends.single import SingleBackend
+    from agentgym.trainers.batch import collate
+    from agentgym.core.types import Trajectory
+    from agentgym.trainers.sft import sft_loss_fn
+    t = Trajectory(uid="a")
+    t.append("prompt", [5, 6, 7, 8], 0)
+    t.append("generated", [9, 10, 11], 0, logprobs=[0.0] * 3)
+    batch = collate([t], 0)
+    loss = sft_loss_fn(3.0)
+    scaled = SingleBackend(ModelSpec(str(tiny_path)).load(), lr=1e-2, weight_decay=0.1)
+    half = SingleBackend(ModelSpec(str(tiny_path)).load(), lr=5e-3, weight_decay=0.1)
+    a = scaled.train_step(scaled.split(batch), loss, lr_scale=0.5)
+    b = half.train_step(half.split(batch), loss)
+    assert a["lr"] == pytest.approx(5e-3) and b["lr"] == pytest.approx(5e-3)
+    wa, wb = scaled.state_dict(), half.state_dict()
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], atol=0, rtol=0)
+    assert [g["lr"] for g in scaled.optimizer.param_groups] == [pytest.approx(1e-2)] * \
+        len(scaled.optimizer.param_groups)
+    assert scaled.train_step(scaled.split(batch), loss)["lr"] == pytest.approx(1e-2)

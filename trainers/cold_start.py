@@ -416,7 +416,9 @@ def _sft(cfg: Config, base: Path, demos_file: Path, stage_dir: Path,
     scfg.trainer.resume = "auto"  # a killed cold start continues from its SFT checkpoint
     scfg.trainer.save_every = max(1, cfg.trainer.save_every)
     scfg.sft.eval_limit = 0
-    sft(scfg, _SFTStageHooks(hooks))
+    rates = cfg.per_env.get("trainer.cold_start_lr")
+    sft(scfg, _SFTStageHooks(hooks),
+        lr_by_env=dict(zip(env_names(cfg.env), rates)) if rates else None)
     final = latest_checkpoint(stage_dir)
     if final is None:
         raise RuntimeError(f"cold start: SFT in {stage_dir} left no checkpoint")
@@ -483,7 +485,10 @@ def _sft_settings(cfg: Config) -> dict:
                                                resolve_device(t.device)),
             "model_dtype": cfg.model.dtype, "lora": to_dict(cfg.model.lora),
             "micro_batch_tokens": micro_batch_tokens(cfg), "backend": t.backend,
-            "zero_stage": t.zero_stage, "nprocs": t.nprocs}
+            "zero_stage": t.zero_stage, "nprocs": t.nprocs,
+            # per env only when given, so the keys of one rate are unchanged
+            **({"lr_by_env": cfg.per_env["trainer.cold_start_lr"]}
+               if "trainer.cold_start_lr" in cfg.per_env else {})}
 
 
 def _metrics(run_dir: Path) -> list[dict]:

@@ -59,9 +59,10 @@ MEGA_BATCHES = 16  # batches per length-sorted mega-batch (HF's group_by_length 
 SHARED = "sft-batch"
 
 
-def load_sft_data(cfg: Config, tokenizer) -> tuple[list[Trajectory], int]:
+def load_sft_data(cfg: Config, tokenizer) -> tuple[list[Trajectory], list[str], int]:
     """The records of ``cfg.data.name`` as trajectories for this tokenizer; those longer than
-    ``sft.max_length`` are left out. Returns ``(trajectories, number left out)``."""
+    ``sft.max_length`` are left out. Returns ``(trajectories, each one's env (a record's
+    ``env``, else ``cfg.env``), number left out)``."""
     path = dataset_path(cfg.env, cfg.data.name)
     records = read_rows(path)
     if cfg.limit:
@@ -69,7 +70,7 @@ def load_sft_data(cfg: Config, tokenizer) -> tuple[list[Trajectory], int]:
     if not records:
         raise ValueError(f"{path} holds no records")
     chat = ChatTokens(tokenizer)
-    trajs, dropped = [], 0
+    trajs, envs, dropped = [], [], 0
     for i, rec in enumerate(records):
         try:
             traj = record_to_trajectory(rec, chat, cfg.env)
@@ -81,13 +82,29 @@ def load_sft_data(cfg: Config, tokenizer) -> tuple[list[Trajectory], int]:
         if traj.num_sampled == 0:
             raise ValueError(f"{path}:{i + 1}: no assistant tokens to learn (loss mask all 0)")
         trajs.append(traj)
+        envs.append(rec.get("env") or cfg.env)
     if dropped:
         logger.warning("%d of %d records are longer than sft.max_length=%d tokens and are "
                        "left out", dropped, len(records), cfg.sft.max_length)
     if not trajs:
         raise ValueError(f"every record of {path} is longer than sft.max_length="
                          f"{cfg.sft.max_length}")
-    return trajs, dropped
+    return trajs, envs, dropped
+
+
+def step_lr_scales(plan: list[list[int]], envs: list[str],
+                   lr_by_env: dict[str, float] | None) -> list[float]:
+    """Each step's rate as a fraction of the peak (``lr_by_env``'s largest): the mean of
+    its rows' envs' rates over that peak (a length-grouped batch is nearly always one
+    env's). All 1.0 without ``lr_by_env``."""
+    if not lr_by_env:
+        return [1.0] * len(plan)
+    unknown = sorted(set(envs) - set(lr_by_env))
+    if unknown:
+        raise ValueError(f"sft: no learning rate for env(s) {unknown}; the rates given are "
+                         f"for {sorted(lr_by_env)}")
+    peak = max(lr_by_env.values())
+    return [sum(lr_by_env[envs[i]] for i in batch) / (len(batch) * peak) for batch in plan]
 
 
 def epoch_batches(lengths: list[int], batch_size: int, seed: int, epoch: int,
@@ -150,8 +167,11 @@ def plan_steps(cfg: Config, lengths: list[int]) -> list[list[int]]:
     return plan[:s.max_steps] if s.max_steps else plan
 
 
-def sft(cfg: Config, hooks: Hooks | None = None) -> Path:
-    """Run SFT as configured; return the run directory."""
+def sft(cfg: Config, hooks: Hooks | None = None,
+        lr_by_env: dict[str, float] | None = None) -> Path:
+    """Run SFT as configured; return the run directory. ``lr_by_env``: each env's
+    demonstrations at their own peak rate (the cold start's per-env
+    ``trainer.cold_start_lr``; ``trainer.lr`` is then the largest of them)."""
     hooks = hooks or Hooks()
     t = cfg.trainer
     model = cfg.model.path or cfg.model.name
@@ -163,22 +183,24 @@ def sft(cfg: Config, hooks: Hooks | None = None) -> Path:
             "dropped; use a text-only model, or train the VL model with `agentgym train`")
     run_dir = start_run(cfg)
     tokenizer = load_tokenizer(path)
-    trajs, dropped = load_sft_data(cfg, tokenizer)
+    trajs, envs, dropped = load_sft_data(cfg, tokenizer)
     lengths = [len(tr.token_ids) for tr in trajs]
     plan = plan_steps(cfg, lengths)
+    scales = step_lr_scales(plan, envs, lr_by_env)
     per_epoch = math.ceil(len(trajs) / cfg.sft.batch_size)
     logger.info("sft: %d sequences (%d left out), %d steps, %d assistant tokens per epoch",
                 len(trajs), dropped, len(plan), sum(tr.num_sampled for tr in trajs))
     backend = make_backend(cfg, policy_spec(cfg, path), t.lr, total_steps=len(plan),
                            warmup_steps=t.warmup_steps)
     try:
-        return _sft_steps(cfg, run_dir, backend, tokenizer, trajs, plan, per_epoch, path, hooks)
+        return _sft_steps(cfg, run_dir, backend, tokenizer, trajs, plan, scales, per_epoch,
+                          path, hooks)
     finally:
         backend.close()
 
 
-def _sft_steps(cfg: Config, run_dir: Path, backend, tokenizer, trajs, plan, per_epoch: int,
-               path, hooks: Hooks) -> Path:
+def _sft_steps(cfg: Config, run_dir: Path, backend, tokenizer, trajs, plan, scales,
+               per_epoch: int, path, hooks: Hooks) -> Path:
     t = cfg.trainer
     start = resume(t.resume, run_dir, backend)["step"]
     metrics_log = MetricsLogger(run_dir, curve_keys=("train/loss",), resume_step=start,
@@ -192,7 +214,8 @@ def _sft_steps(cfg: Config, run_dir: Path, backend, tokenizer, trajs, plan, per_
                 batch.uids = [f"{SHARED}/{i % max(1, t.nprocs)}" for i in range(len(batch))]
             micro = backend.split(batch)
             num_tokens = float(batch.loss_mask.sum().clamp(min=1))
-            out = backend.train_step(micro, sft_loss_fn(num_tokens, t.logprob_chunk, t.packing))
+            out = backend.train_step(micro, sft_loss_fn(num_tokens, t.logprob_chunk, t.packing),
+                                     lr_scale=scales[step])
             real, padded = padding_stats(micro, t.packing)
             shared = sum(shared_tokens(mb.input_ids, mb.attention_mask.sum(-1).tolist(),
                                        mb.uids) for mb in micro) if t.packing else 0

@@ -84,8 +84,10 @@ class Backend(Protocol):
     def split(self, batch: Batch) -> list[Batch]:
         """The batch as this backend's micro-batches (token-budgeted; per rank)."""
 
-    def train_step(self, batches: list[Batch], loss_fn: LossFn) -> dict[str, float]:
-        """One optimizer step over ``batches`` (gradients accumulated); its metrics."""
+    def train_step(self, batches: list[Batch], loss_fn: LossFn,
+                   lr_scale: float = 1.0) -> dict[str, float]:
+        """One optimizer step over ``batches`` (gradients accumulated), at ``lr_scale``
+        times the schedule's rate (:func:`scale_this_step`); its metrics."""
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The full weights, gathered (what the rollout engines load)."""
@@ -439,3 +441,16 @@ def batched_logprobs(model, batch: Batch, temperature: float, micro_batch_tokens
     out = batched_apply(model, batch, micro_batch_tokens,
                         LogprobFn(temperature, with_entropy, chunk, packing), packing)
     return out[0], (out[1] if with_entropy else None)
+
+
+def scale_this_step(optimizer, scheduler, scale: float) -> None:
+    """Multiply every parameter group's rate by ``scale`` for the optimizer step that
+    follows (the SFT's per-env rate: :func:`agentgym.trainers.sft.sft`). Nothing to undo:
+    the ``LambdaLR`` step after it sets each group's rate afresh from its base rate."""
+    if scale == 1.0:
+        return
+    if not isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+        raise TypeError(f"a per-step rate scale needs a LambdaLR schedule (it resets the "
+                        f"rate after each step); got {type(scheduler).__name__}")
+    for group in optimizer.param_groups:
+        group["lr"] = group["lr"] * scale

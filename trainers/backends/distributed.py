@@ -276,10 +276,11 @@ class DistributedBackend:
             w += [-1] * (width - len(w))
         return [[micro[i] if i >= 0 else None for i in w] for w in where], where
 
-    def train_step(self, batches: list[Batch], loss_fn: LossFn) -> dict[str, float]:
+    def train_step(self, batches: list[Batch], loss_fn: LossFn,
+                   lr_scale: float = 1.0) -> dict[str, float]:
         parts, _ = self._deal(batches)
         dummy = dummy_like(batches[0])
-        results = self.ranks.call("train_step", [(p, loss_fn, dummy) for p in parts])
+        results = self.ranks.call("train_step", [(p, loss_fn, dummy, lr_scale) for p in parts])
         out: dict[str, float] = {}
         for res in results:
             for k, v in res.items():

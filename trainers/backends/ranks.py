@@ -25,7 +25,8 @@ import torch.distributed as dist
 from agentgym.core.device import HOST, is_accelerator, resolve_device
 from agentgym.core.memory import give_back
 from agentgym.trainers import lora
-from agentgym.trainers.backends.base import LossFn, ModelSpec, add_metrics, as_floats, make_adamw
+from agentgym.trainers.backends.base import (LossFn, ModelSpec, add_metrics, as_floats,
+                                            make_adamw, scale_this_step)
 from agentgym.trainers.batch import Batch
 
 logger = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ class RankBackend:
         return out
 
     def train_step(self, micro: list[Batch | None], loss_fn: LossFn,
-                   dummy: Batch) -> dict[str, float]:
+                   dummy: Batch, lr_scale: float = 1.0) -> dict[str, float]:
         """One optimizer step over this rank's micro-batches (see the module docstring)."""
         self.module.train()
         self.zero_grad()
@@ -122,7 +123,7 @@ class RankBackend:
                 loss, metrics = loss * 0.0, {}
             self.backward(loss * self.world)
             add_metrics(totals, {**metrics, "loss": loss.detach()})
-        grad_norm, lr = self.step()
+        grad_norm, lr = self.step(lr_scale)
         out = as_floats({**totals, "grad_norm": grad_norm, "lr": lr})  # one host sync
         give_back()  # the step's freed memory, back to the system (agentgym.core.memory)
         return out
@@ -152,7 +153,7 @@ class RankBackend:
     # -- provided by subclasses ---------------------------------------------------------
     def zero_grad(self) -> None: ...
     def backward(self, loss: torch.Tensor) -> None: ...
-    def step(self) -> tuple[float, float]: ...
+    def step(self, lr_scale: float = 1.0) -> tuple[float, float]: ...
     def gathered_state_dict(self) -> dict[str, torch.Tensor] | None: ...
     def hf_module(self): ...
     def wrap_reference(self, model: torch.nn.Module) -> torch.nn.Module: ...
@@ -222,14 +223,15 @@ class FSDPRank(RankBackend):
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
-    def step(self) -> tuple[float, float]:
+    def step(self, lr_scale: float = 1.0) -> tuple[float, float]:
         params = [p for p in self.module.parameters() if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(
             params, self.o.max_grad_norm if self.o.max_grad_norm > 0 else float("inf"))
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
+        lr = self.scheduler.get_last_lr()[0] * lr_scale
+        scale_this_step(self.optimizer, self.scheduler, lr_scale)
         self.optimizer.step()
-        lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
         return norm, lr  # a tensor: train_step's one host sync reads it
 
@@ -317,8 +319,9 @@ class DeepSpeedRank(RankBackend):
     def backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss, scale_wrt_gas=False)
 
-    def step(self) -> tuple[float, float]:
-        lr = self.engine.get_lr()[0]
+    def step(self, lr_scale: float = 1.0) -> tuple[float, float]:
+        lr = self.engine.get_lr()[0] * lr_scale
+        scale_this_step(self.engine.optimizer, self.engine.lr_scheduler, lr_scale)
         self.engine.step()
         norm = self.engine.get_global_grad_norm()
         return float(norm if norm is not None else 0.0), lr

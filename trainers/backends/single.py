@@ -11,6 +11,7 @@ import torch
 
 from agentgym.trainers import lora
 from agentgym.trainers.backends.base import (LogprobFn, LossFn, add_metrics, as_floats,
+                                            scale_this_step,
                                              batched_apply, make_adamw, split)
 from agentgym.trainers.batch import Batch
 
@@ -88,7 +89,8 @@ class SingleBackend:
     def close(self) -> None:
         """Nothing to release (distributed backends stop their rank processes)."""
 
-    def train_step(self, batches: list[Batch], loss_fn: LossFn) -> dict[str, float]:
+    def train_step(self, batches: list[Batch], loss_fn: LossFn,
+                   lr_scale: float = 1.0) -> dict[str, float]:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         totals: dict = {}
@@ -100,8 +102,9 @@ class SingleBackend:
         params = [p for p in self.model.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.clip_grad_norm_(
             params, self.max_grad_norm if self.max_grad_norm > 0 else float("inf"))
+        lr = self.scheduler.get_last_lr()[0] * lr_scale
+        scale_this_step(self.optimizer, self.scheduler, lr_scale)
         self.optimizer.step()
-        lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
         return as_floats({**totals, "grad_norm": grad_norm, "lr": lr})  # one host sync
 
