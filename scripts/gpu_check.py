@@ -17,15 +17,17 @@ the page before the next begins:
    baseline's warm-up (its compiles) in a column of its own; the page is rewritten after
    each of its rows, and should it fail, the page says so and the check goes on (exiting
    1 at the end);
-3. update throughput, MFU and peak memory of random-initialised models of the shipped
+3. ``bench/update_speed.py``: the packed update against the padded one, MFU at 135M and
+   1.5B with the run's own micro-batch budget (issue 56's bars);
+4. update throughput, MFU and peak memory of random-initialised models of the shipped
    shapes (smollm2 135M/360M/1.7B, Qwen2.5 0.5B/1.5B/3B/7B, while the planner says a
    single-GPU full fine-tune fits), each peak beside the memory planner's figure;
-4. on smollm2-135m's real weights (the policy's GPU defaults: bf16 rollout copy, bf16
+5. on smollm2-135m's real weights (the policy's GPU defaults: bf16 rollout copy, bf16
    autocast over fp32 master weights, SDPA or flash attention), generation and update
    throughput;
-5. last, the tests' 20-step GRPO run on arith (minutes), read back from its run directory.
+6. last, the tests' 20-step GRPO run on arith (minutes), read back from its run directory.
 
-The figures of stages 4 and 5:
+The figures of stages 5 and 6:
 
 - generation tokens/s: the HF engine, 64 prompts x up to 256 sampled tokens, continuous
   batching (tokens counted as generated);
@@ -239,6 +241,22 @@ def _engine_speed(smoke: bool, progress) -> str:
                             "python bench/engine_speed.py " + " ".join(argv), progress)
 
 
+def _update_speed(smoke: bool, peak: float | None) -> str:
+    """bench/update_speed.py on the device: the padded update against the packed one with
+    the run's own micro-batch budget (``trainer.micro_batch_tokens=0``: the planner's on a
+    GPU), MFU at 135M and 1.5B on 32 x 8 trl and 8 x 8 search rows (issue 56's bars); the
+    CPU smoke: the tiny model, two rows a group. Its section's text."""
+    from bench import update_speed
+    runs = ([["--model", "tiny", "--device", "cpu", "--repeats", "1", "--prompts", "2",
+              "--groups", "1", "--samples", "2"]] if smoke
+            else [["--random", name, "--device", "cuda", "--bf16", "--mfu", "--peak-tflops",
+                   f"{(peak or 989e12) / 1e12:.0f}", "--prompts", "32", "--groups", "8",
+                   "--repeats", "2"] for name in ("smollm2-135m", "qwen2.5-1.5b")])
+    return "\n\n".join(update_speed.run(update_speed.parse(argv),
+                                        "python bench/update_speed.py " + " ".join(argv))
+                       for argv in runs)
+
+
 def _engine_stage(smoke: bool, out: Path, header: list[str], rows: list[tuple[str, str]],
                   peak_line: str) -> tuple[str, bool]:
     """The engine benchmark as the page's footer (rewritten after each of its rows): (the
@@ -347,6 +365,16 @@ def main() -> int:
         tests_rc = tests_rc or rc
         _write(out, header, rows, footer)
     footer, engine_ok = _engine_stage(a.cpu_smoke, out, header, rows, footer)
+    print("gpu-check: update speed", flush=True)
+    title = "## Update speed: packed against padded\n\n"
+    try:
+        footer += "\n\n" + title + _update_speed(a.cpu_smoke, peak)
+    except Exception as e:  # noqa: BLE001 - the later stages still pay; the page says why
+        import traceback
+        traceback.print_exc()
+        footer += "\n\n" + title + f"**Stopped by {type(e).__name__}: {e}**"
+        engine_ok = False
+    _write(out, header, rows, footer)
     print("gpu-check: random-initialised shapes", flush=True)
     for row in _shapes(device, capacity, a.cpu_smoke):
         rows.append(row)

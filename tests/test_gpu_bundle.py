@@ -150,4 +150,5 @@ def test_the_gpu_check_runs_every_stage_in_its_cpu_smoke(tmp_path):
     assert "generation, HF engine" in text and "update, tiny" in text
     assert "--cpu-smoke (not a GPU figure)" in text
     assert "## Engine speed against transformers' generate" in text  # the first stage
+    assert "## Update speed: packed against padded" in text and "| trl | 4,096 | 4 |" in text
     assert "| smollm2-135m, float32 | multi-turn, 2 episodes x 2 turns |" in text
