@@ -29,7 +29,7 @@ def test_the_demo_recipe_is_the_measured_command_and_later_keys_win():
                 "trainer.prompts_per_step=8", "n=4", "trainer.lr=2e-5", "search.reward=f1",
                 "rollout.max_turns=[3,2]", "rollout.max_tokens_per_turn=[96,64]",
                 "trainer.cold_start_probe=4", "trainer.cold_start_demos=[64,32]",
-                "sft.epochs=1", "trainer.eval_limit=[20,60]"]
+                "trainer.cold_start_lr=[2e-4,5e-5]", "sft.epochs=1", "trainer.eval_limit=[20,60]"]
     by_hand = to_dict(build_config(parse_overrides(measured), {"rollout.n": 5}))
     by_recipe = to_dict(build_config(parse_overrides(["recipe=cpu_demo"]), {"rollout.n": 5}))
     assert by_recipe == {**by_hand, "recipe": "cpu_demo"}

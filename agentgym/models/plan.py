@@ -12,8 +12,9 @@ on the CPU in the engine's dtype, with the packed copies of ``engine.packed_weig
 
 The constants that no shape determines (bytes per saved activation element, copies of
 the logits, the process's own footprint) were fitted to measured peaks: on the CPU to
-``bench/update_memory.py``'s nine cells (docs/BENCHMARKS.md, "Memory planner"); the GPU
-ones are the same model with bf16 activations and a CUDA context, not yet measured.
+``bench/update_memory.py``'s nine cells (docs/BENCHMARKS.md, "Memory planner"); on a GPU
+the bytes per activation element to ``bench/update_speed.py``'s step peaks on an H200
+(docs/GPU.md), the CUDA context not measured.
 """
 
 from __future__ import annotations
@@ -44,9 +45,10 @@ class Device:
 
 #: host (the CPU): fitted to bench/update_memory.py (smollm2-135m, bf16 autocast, 1k and 8k tokens;
 #: the 4k cells held out). GPU: ``act_bytes`` from bench/update_speed.py's step peaks on an
-#: H200 (ten packed cells, smollm2-135m and qwen2.5-1.5b, 3.5k-37k tokens a micro-batch,
-#: bf16 autocast: 2.5-3.7 bytes per element; at 3.0 every total within 10%; docs/GPU.md);
-#: the 1.5 GiB CUDA context is not measured (torch's allocator does not count it).
+#: H200 (nine packed cells, smollm2-135m and qwen2.5-1.5b, 3.5k-37k tokens a micro-batch,
+#: bf16 autocast: 2.5-3.7 bytes per element; at 3.0 the total is -4% to +24% of torch's
+#: allocated peak, tests/test_plan.py's MEASURED_GPU; docs/GPU.md); the 1.5 GiB CUDA
+#: context is not measured (torch's allocator does not count it).
 DEVICES = {"host": Device("host", 0.3 * GiB, 3.3, 2.0, 4.0),
            "gpu": Device("gpu", 1.5 * GiB, 3.0, 2.0, 4.0)}
 
@@ -327,7 +329,8 @@ def report(cfg: Any, gpus: int, capacity: float, device: str) -> list[str]:
              f"{shape.layers} layers, hidden {shape.hidden}, vocab {shape.vocab}",
              f"per {device} device ({gpus} x {capacity / GiB:.0f} GiB; backend {s.backend}"
              f"{f' ZeRO-{s.zero_stage}' if s.backend == 'deepspeed' else ''}, micro-batch "
-             f"{s.micro_batch_tokens} tokens{' (auto)' if auto else ''}, log-prob chunk {s.logprob_chunk or 'off'}, "
+             f"{s.micro_batch_tokens} tokens{' (auto)' if auto else ''}, log-prob chunk "
+             f"{s.logprob_chunk or 'off'}, "
              f"checkpointing {'on' if s.checkpointing else 'off'}):"]
     lines += [f"  {label:<48} {b / GiB:8.2f} GiB" for label, b in rows]
     lines.append(f"  {'total':<48} {need / GiB:8.2f} GiB of {capacity / GiB:.0f}")

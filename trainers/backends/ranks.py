@@ -26,7 +26,7 @@ from agentgym.core.device import HOST, is_accelerator, resolve_device
 from agentgym.core.memory import give_back
 from agentgym.trainers import lora
 from agentgym.trainers.backends.base import (LossFn, ModelSpec, add_metrics, as_floats,
-                                            make_adamw, scale_this_step)
+                                             make_adamw, scale_this_step)
 from agentgym.trainers.batch import Batch
 
 logger = logging.getLogger(__name__)

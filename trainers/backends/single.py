@@ -11,8 +11,8 @@ import torch
 
 from agentgym.trainers import lora
 from agentgym.trainers.backends.base import (LogprobFn, LossFn, add_metrics, as_floats,
-                                            scale_this_step,
-                                             batched_apply, make_adamw, split)
+                                             batched_apply, make_adamw, scale_this_step,
+                                             split)
 from agentgym.trainers.batch import Batch
 
 logger = logging.getLogger(__name__)
