@@ -35,11 +35,8 @@ from agentgym.envs.geometry import GeometryConfig
 from agentgym.envs.judge import JudgeConfig  # reward=judge's
 from agentgym.envs.mcp_env import MCPConfig
 from agentgym.envs.search import RetrieverConfig, SearchConfig
-from agentgym.presets import (ALGO_PRESETS, ALIASES, PER_ENV_KEYS, env_presets,  # noqa: F401
-                              load_recipe)
-
-#: the keys of :data:`PER_ENV_KEYS` whose values are floats (the others count things)
-FLOAT_PER_ENV_KEYS = ("trainer.cold_start_lr",)
+from agentgym.presets import (ALGO_PRESETS, ALIASES, FLOAT_PER_ENV_KEYS,  # noqa: F401
+                              PER_ENV_KEYS, env_presets, load_recipe)
 
 
 @dataclass

@@ -43,6 +43,8 @@ ALIASES = {"n": "rollout.n", "seed": "trainer.seed", "backend": "trainer.backend
 #: (the trainer's sequence budget) takes the largest.
 PER_ENV_KEYS = ("rollout.max_turns", "rollout.max_tokens_per_turn",
                 "trainer.cold_start_demos", "trainer.eval_limit", "trainer.cold_start_lr")
+#: those of them whose values are floats (the others count things)
+FLOAT_PER_ENV_KEYS = ("trainer.cold_start_lr",)
 
 
 def env_presets(env: str) -> dict[str, Any]:
