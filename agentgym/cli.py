@@ -67,7 +67,7 @@ def _run_rollouts(cfg: Config, desc: str):
     from agentgym.data.rows import load_rows
     from agentgym.rollout.runtime import build_manager, played_by_program
 
-    rows = load_rows(cfg.env, cfg.data.name, cfg.limit)
+    rows = load_rows(cfg.env, cfg.data.name, cfg.limit, cfg=cfg)
     manager, engine, tokenizer = build_manager(cfg)
     if played_by_program(cfg):  # the agent program plays the rows
         from agentgym.serving.agents import program_manager
@@ -332,7 +332,7 @@ def cmd_demos(args: list[str]) -> int:
     from agentgym.rollout.runtime import env_factory
 
     cfg = _config(args)
-    rows = load_rows(cfg.env, cfg.data.name, cfg.limit)
+    rows = load_rows(cfg.env, cfg.data.name, cfg.limit, cfg=cfg)
     from agentgym import envs
     options = envs.env_manifest(cfg.env).demo_options_for(cfg)
     t0 = time.perf_counter()

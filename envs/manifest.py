@@ -43,7 +43,8 @@ class EnvManifest:
         presets: keys the run's config takes when this env is chosen, under the command's
             own and the user's (``{"rollout.max_turns": 2}``).
         datasets: ``data=NAME``'s datasets: a file under the data folder (``data/``), or a
-            function of no arguments that makes the rows.
+            function that makes the rows, its parameters (if any) sections or keys of
+            :attr:`reads` like the other functions'.
         default: the env of ``agentgym train`` without ``env=`` (one env sets it).
         plays_any_rows: rows whose ``env`` names another env are still this env's to play.
         played_by_program: the rows are played by the user's program (``agent=``,
@@ -94,8 +95,10 @@ class EnvManifest:
                 raise TypeError(f"sections[{name!r}] is {section!r}, not a dataclass")
         if clash := set(self.reads) & set(self.sections):
             raise ValueError(f"reads names {sorted(clash)} that are sections already")
-        for hook, leading in _FUNCTIONS.items():
-            fn = getattr(self, hook)
+        hooks = [(hook, getattr(self, hook), leading) for hook, leading in _FUNCTIONS.items()]
+        hooks += [(f"datasets[{name!r}]", made, 0) for name, made in self.datasets.items()
+                  if callable(made)]
+        for hook, fn, leading in hooks:
             if fn is None:
                 continue
             for p in list(inspect.signature(fn).parameters.values())[leading:]:

@@ -302,3 +302,38 @@ def scripted_length_reward(data_source, solution_str, ground_truth, extra_info=N
     """A scripted reward in verl's custom-reward signature (``reward=fakes:…``): the
     episode's text length, so a random model's samples differ and an update has a signal."""
     return len(solution_str) / 1000.0
+
+
+class AnsweringEngine(ScriptedEngine):
+    """Scripted model output for whole training runs of a question-answer env
+    (``env=reasoning_gym``): it finds which of :attr:`answers`' questions its prompt holds
+    and answers ``<answer>{answer}</answer>`` on even samples and ``<answer>{wrong}</answer>``
+    on odd ones, so GRPO groups have reward variance. With :attr:`code` set, an episode's
+    first reply runs that code (``<code>```python …```</code>``) and the answer comes
+    once an ``<interpreter>`` reply is in the prompt. Logprobs are a fixed -1.0 per token
+    (the trainer recomputes its own)."""
+
+    needs_model = False
+    answers: dict[str, str] = {}  # question -> the right answer (set by the test)
+    wrong = "no idea"
+    code = ""
+
+    def __init__(self, tokenizer) -> None:
+        self.tok, self.replies = tokenizer, []
+
+    async def generate(self, prompt_ids, sampling: SamplingParams, images=None, session_id=None):
+        seen = self.tok.decode(prompt_ids)
+        found = [a for q, a in self.answers.items() if q.strip() in seen]
+        assert len(found) == 1, f"the prompt holds {len(found)} of the test's questions"
+        sample = int(str(session_id).split("/")[1])
+        if self.code and "<interpreter>" not in seen:
+            text = f"<code>\n```python\n{self.code}\n```\n</code>"
+        else:
+            text = f"<answer>{found[0] if sample % 2 == 0 else self.wrong}</answer>"
+        self.replies.append(text)
+        ids = self.tok.encode(text, add_special_tokens=False) + [self.tok.eos_token_id]
+        return GenerateOutput(ids, [-1.0] * len(ids), "stop")
+
+    @classmethod
+    def from_config(cls, cfg, model, tokenizer):
+        return cls(tokenizer)

@@ -249,7 +249,7 @@ def evaluate_policy(cfg: Config, backend, tokenizer, path, hooks: Hooks) -> dict
     from agentgym.data.rows import load_rows
     from agentgym.rollout.runtime import engine_for
     from agentgym.trainers.workers import evaluate
-    rows = load_rows(cfg.env, cfg.trainer.eval_data, cfg.sft.eval_limit)
+    rows = load_rows(cfg.env, cfg.trainer.eval_data, cfg.sft.eval_limit, cfg=cfg)
     engine = engine_for(cfg, path, tokenizer)
     try:
         engine.update_weights(backend.state_dict(), 1)

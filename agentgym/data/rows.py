@@ -140,12 +140,13 @@ def dataset_path(env: str, name: str) -> Path:
     return data_dir() / names[name]
 
 
-def load_rows(env: str, name: str, limit: int = 0) -> list[dict]:
-    """Rows of a dataset, validated; the first ``limit`` (0 = all)."""
+def load_rows(env: str, name: str, limit: int = 0, cfg=None) -> list[dict]:
+    """Rows of a dataset, validated; the first ``limit`` (0 = all). A dataset the env
+    makes gets the config sections it names from ``cfg`` (None: their defaults)."""
     made = datasets(env).get(name)
     made = made if callable(made) else None
     path = f"data={name}" if made else dataset_path(env, name)
-    rows = made() if made else read_rows(path)
+    rows = made_rows(env, made, cfg) if made else read_rows(path)
     if limit:
         rows = rows[:limit]
     from agentgym import envs
@@ -160,6 +161,17 @@ def load_rows(env: str, name: str, limit: int = 0) -> list[dict]:
                              f"(valid: {', '.join(sorted(names))})")
     verl_fields(rows, env, str(path))
     return rows
+
+
+def made_rows(env: str, make, cfg=None) -> list[dict]:
+    """The rows dataset function ``make`` of env ``env`` makes: its parameters are the
+    env's config sections or keys it reads (:meth:`EnvManifest.call`), from ``cfg``, or
+    at their defaults without one."""
+    from agentgym import envs
+    if cfg is None:
+        from agentgym.config import build_config
+        cfg = build_config({"env": env})
+    return envs.env_manifest(env).call(make, cfg)
 
 
 def verl_fields(rows: list[dict], env: str, where: str) -> None:
@@ -285,7 +297,7 @@ def question_rows(cfg, name: str, limit: int = 0) -> TrainingRows:
     (:func:`row_filter_applies`; ``EnvManifest.filter_rows``), then the first ``limit`` (0:
     all)."""
     from agentgym import envs
-    rows = load_rows(cfg.env, name)
+    rows = load_rows(cfg.env, name, cfg=cfg)
     total = len(rows)
     if not row_filter_applies(cfg):
         return TrainingRows(rows[:limit] if limit else rows, total, source=name)
