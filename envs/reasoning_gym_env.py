@@ -36,9 +36,11 @@ each entry a question, an answer and metadata, and scores an answer with the tas
   the entry regenerated from the row (task, settings, level, seed, index), so a row in a
   file scores as it did when made; ``info["em"]`` is 1.0 when the score is 1.0 (the solve
   rate the curriculum and the held-out tables count), ``info["score"]`` the score.
-* **Cold start**: a demonstration answers ``<answer>{answer}</answer>`` with the entry's
-  answer, kept only when the task scores it 1.0 (tasks whose entries have no single answer
-  give none).
+* **Cold start** (:func:`rg_demo`): a demonstration answers ``<answer>{answer}</answer>``
+  with the entry's answer; with ``tool=code``, an entry whose metadata holds its arithmetic
+  ``expression`` is demonstrated by a cell printing it, then that value as the answer.
+  Either is kept only when the task scores it 1.0 (tasks whose entries have no single
+  answer give none).
 """
 
 from __future__ import annotations
@@ -399,19 +401,35 @@ def rg_kwargs(reasoning_gym: ReasoningGymConfig, code: CodeConfig,
 
 
 def rg_demo(row: dict, env) -> dict | None:
-    """The answer-only demonstration of a row: ``<answer>{answer}</answer>``, kept when the
-    task scores it 1.0."""
-    answer = str(row["reward_model"]["ground_truth"])
+    """A row's demonstration, kept when the task scores its answer 1.0: the answer alone,
+    ``<answer>{answer}</answer>``; with ``tool=code``, for an entry whose metadata holds
+    its arithmetic ``expression`` (``basic_arithmetic``, ``chain_sum``, …), a cell printing
+    it, then the printed value as the answer. Other entries under the tool give none."""
+    prompt, _ = env.reset(seed=0, options={"row": row})
+    actions, observations = [], []
+    if env.tool == "code":
+        expression = (env._entry.get("metadata") or {}).get("expression")
+        if not isinstance(expression, str) or not expression.strip():
+            return None
+        actions.append(f"Let me compute it with Python.\n<code>\n```python\n"
+                       f"print({expression.strip()})\n```\n</code>")
+        obs, _, terminated, truncated, _ = env.step(actions[-1])
+        if terminated or truncated:
+            return None
+        observations.append(obs)
+        text = "".join(m["content"] for m in obs)
+        answer = text.split("<interpreter>")[-1].split("</interpreter>")[0].strip()
+    else:
+        answer = str(row["reward_model"]["ground_truth"])
     if not answer:
         return None
-    prompt, _ = env.reset(seed=0, options={"row": row})
-    action = f"<answer>{answer}</answer>"
-    _, reward, terminated, _, _ = env.step(action)
+    actions.append(f"<answer>{answer}</answer>")
+    _, reward, terminated, _, _ = env.step(actions[-1])
     if not terminated or reward < 1.0:
         return None
-    return {"type": "demonstration", "env": "reasoning_gym", "builder": "reasoning-gym-answer",
-            "prompt": prompt, "actions": [action], "observations": [], "reward": reward,
-            "row": row}
+    return {"type": "demonstration", "env": "reasoning_gym",
+            "builder": f"reasoning-gym-{env.tool or 'answer'}", "prompt": prompt,
+            "actions": actions, "observations": observations, "reward": reward, "row": row}
 
 
 def rg_sources(reasoning_gym: ReasoningGymConfig, code: CodeConfig, sandbox: SandboxConfig):
@@ -428,7 +446,6 @@ MANIFEST = EnvManifest(
     datasets={"train": train_rows, "test": heldout_rows},
     kwargs=rg_kwargs,
     demonstrate=rg_demo,
-    demo_requires={"reasoning_gym.tool": ""},  # the builder writes the answer alone
     sources=rg_sources,
     episode_metrics=("score",),
 )

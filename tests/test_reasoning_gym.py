@@ -180,3 +180,35 @@ def test_a_reasoning_gym_mix_trains_one_grpo_step_with_the_answers_alone_in_the_
 def resolve_tokenizer():
     from agentgym.models.zoo import load_tokenizer, resolve_model
     return load_tokenizer(resolve_model("tiny"))
+
+
+def test_demonstrations_answer_or_print_the_entrys_expression_and_are_scored():
+    from agentgym.envs.reasoning_gym_env import rg_demo
+    from agentgym.tools.sandbox import LocalSandbox, Limits
+    keys = ("reasoning_gym.tasks=basic_arithmetic", "reasoning_gym.size=12",
+            "reasoning_gym.config={min_digits: 2, max_digits: 3, operators: ['+', '-', '*']}")
+    plain = _rows("train", *keys)
+    env = ReasoningGymEnv()
+    demos = [rg_demo(r, env) for r in plain]
+    env.close()
+    assert all(d["actions"] == [f"<answer>{r['reward_model']['ground_truth']}</answer>"]
+               and d["reward"] == 1.0 for d, r in zip(demos, plain))
+    with LocalSandbox(Limits()) as box:
+        env = ReasoningGymEnv(tool="code", sandbox=box, max_turns=2)
+        coded = [(rg_demo(r, env), r) for r in _rows("train", *keys, "reasoning_gym.tool=code")]
+        env.close()
+    assert len(coded) == 12 and all(d is not None for d, _ in coded)  # +, -, * print exactly
+    for demo, row in coded:
+        expression = reasoning_gym.create_dataset(
+            "basic_arithmetic", seed=0, size=row["extra_info"]["size"],
+            **row["extra_info"]["settings"])[row["extra_info"]["index"]]["metadata"]["expression"]
+        assert f"print({expression})" in demo["actions"][0]
+        gold = row["reward_model"]["ground_truth"]
+        assert demo["observations"][0][0]["content"] == f"\n<interpreter>\n{gold}\n</interpreter>\n\n"
+        assert demo["actions"][1] == f"<answer>{gold}</answer>"
+    with LocalSandbox(Limits()) as box:  # a task whose entries carry no expression: none
+        env = ReasoningGymEnv(tool="code", sandbox=box, max_turns=2)
+        row = _rows("train", "reasoning_gym.tasks=spell_backward", "reasoning_gym.size=1",
+                    "reasoning_gym.tool=code")[0]
+        assert rg_demo(row, env) is None
+        env.close()
