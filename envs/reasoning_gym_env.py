@@ -32,7 +32,8 @@ each entry a question, an answer and metadata, and scores an answer with the tas
   code env: ``<code>```python …```</code>`` runs and answers ``<interpreter>…</interpreter>``
   inline (the code env's sandbox, ``sandbox.*`` and ``code.obs_bytes``), until the answer
   or ``rollout.max_turns``; without it the first reply is the answer.
-* **Reward**: the task's ``score_answer`` (reasoning-gym's partial credit included), from
+* **Reward**: the task's ``score_answer`` (reasoning-gym's partial credit included;
+  ``reasoning_gym.reward=solved``: 1.0 only for a score of 1.0, else 0.0), from
   the entry regenerated from the row (task, settings, level, seed, index), so a row in a
   file scores as it did when made; ``info["em"]`` is 1.0 when the score is 1.0 (the solve
   rate the curriculum and the held-out tables count), ``info["score"]`` the score.
@@ -70,6 +71,7 @@ INVALID_ACTION = ("\nMy previous action is invalid. To run code I should put it 
                   "Let me try again.\n")
 NO_CODE = "No Python code found between <code> and </code>."
 PROTOCOLS = ("", "code")
+REWARDS = ("score", "solved")
 
 
 def rg():
@@ -96,6 +98,7 @@ class ReasoningGymConfig:
     levels: int = 0  # rows at the first K levels of the task's curriculum (0: config as given)
     prompt: str = "default"  # reasoning-gym's SYSTEM_PROMPTS name
     tool: str = ""  # "" (the reply is the answer) | code (the sandboxed interpreter first)
+    reward: str = "score"  # score (the task's score_answer, partial credit kept) | solved (1 or 0)
 
     def __post_init__(self) -> None:
         names = self.task_names()
@@ -119,6 +122,8 @@ class ReasoningGymConfig:
             raise ValueError(f"reasoning_gym.levels must be >= 0, got {self.levels}")
         if self.tool not in PROTOCOLS:
             raise ValueError(f"reasoning_gym.tool={self.tool!r}; valid: '' (none), code")
+        if self.reward not in REWARDS:
+            raise ValueError(f"reasoning_gym.reward={self.reward!r}; valid: {', '.join(REWARDS)}")
         if self.seed < self.eval_seed + self.eval_size and \
                 self.eval_seed < self.seed + self.size:
             raise ValueError(
@@ -312,17 +317,21 @@ class ReasoningGymEnv(CodeEnv, env_id="agentgym/ReasoningGym-v0", short="reasoni
             run until the answer or ``max_turns``).
         sandbox, obs_bytes, stateful: the code env's, used with ``tool=code``.
         max_turns: actions per episode with ``tool=code``.
+        reward: ``score`` (the task's score, partial credit kept) or ``solved`` (1.0 when
+            the score is 1.0, else 0.0).
     """
 
     stop_strings = ("</answer>",)
 
     def __init__(self, tool: str = "", sandbox=None, obs_bytes: int = 1024,
-                 stateful: bool = False, max_turns: int = 4) -> None:
+                 stateful: bool = False, max_turns: int = 4, reward: str = "score") -> None:
         super().__init__(sandbox=sandbox, obs_bytes=obs_bytes, stateful=stateful,
                          max_turns=max_turns)
         if tool not in PROTOCOLS:
             raise ValueError(f"tool={tool!r}; valid: '' (none), code")
-        self.tool = tool
+        if reward not in REWARDS:
+            raise ValueError(f"reward={reward!r}; valid: {', '.join(REWARDS)}")
+        self.tool, self.reward = tool, reward
         if tool == "code":
             self.stop_strings = ("</code>", "</answer>")
         self._entry: dict = {}
@@ -348,8 +357,10 @@ class ReasoningGymEnv(CodeEnv, env_id="agentgym/ReasoningGym-v0", short="reasoni
             logger.debug("%s: score_answer raised on %r: %s", self._task, answer, e)
             score = 0.0
         score = score if score == score else 0.0  # NaN: 0
-        return score, {"em": float(score >= 1.0), "score": score, "answer": answer,
-                       "task": self._task, "ground_truth": self._golds}
+        solved = float(score >= 1.0)
+        return score if self.reward == "score" else solved, {
+            "em": solved, "score": score, "answer": answer, "task": self._task,
+            "ground_truth": self._golds}
 
     def _step(self, action, last_turn):
         answer = answer_of(action)
@@ -394,10 +405,10 @@ def rg_kwargs(reasoning_gym: ReasoningGymConfig, code: CodeConfig,
               sandbox: SandboxConfig) -> dict:
     """The tool; with ``tool=code`` the code env's shared sandbox and output budget."""
     if reasoning_gym.tool != "code":
-        return {"tool": ""}
+        return {"tool": "", "reward": reasoning_gym.reward}
     shared = code_kwargs(code, sandbox)
     return {"tool": "code", "sandbox": shared["sandbox"], "obs_bytes": shared["obs_bytes"],
-            "stateful": shared["stateful"]}
+            "stateful": shared["stateful"], "reward": reasoning_gym.reward}
 
 
 def rg_demo(row: dict, env) -> dict | None:

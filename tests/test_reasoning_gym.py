@@ -109,6 +109,12 @@ def test_the_reward_is_the_tasks_own_score_of_the_answer_regenerated_from_the_ro
                 f"Reversed, it reads:\n<answer> {answer} </answer>")
             assert reward == ds.score_answer(answer, entry) == info["score"]
             assert info["em"] == float(answer == entry["answer"]) and terminated
+        solved = ReasoningGymEnv(reward="solved")  # reasoning_gym.reward=solved: 1 or 0
+        solved.reset(options={"row": row})
+        _, reward, _, _, info = solved.step(f"<answer>{entry['answer'][:-1]}</answer>")
+        assert (reward, info["score"]) == (0.0, ds.score_answer(entry["answer"][:-1], entry)) \
+            and 0 < info["score"] < 1  # partial credit in the metric, not the reward
+        solved.close()
         env.reset(options={"row": row})
         _, reward, terminated, _, info = env.step("no tags at all")  # the reply is the answer
         assert (reward, terminated, info["malformed_actions"]) == (0.0, True, 1)
