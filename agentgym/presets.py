@@ -76,7 +76,10 @@ def load_recipe(name: str) -> dict[str, Any]:
         raise ValueError(f"recipe={name!r}: no such recipe{did_you_mean(str(name), names)}; "
                          f"valid: {', '.join(names)} or a path to a .yaml file")
     keys = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    if not isinstance(keys, dict) or any(isinstance(v, dict) for v in keys.values()):
+    # a mapping under a dotted key is that key's value (reasoning_gym.config: {...}); under
+    # a section's name it is the nested form this file does not take
+    if not isinstance(keys, dict) or any(isinstance(v, dict) and "." not in str(k)
+                                         for k, v in keys.items()):
         raise ValueError(f"recipe {path}: expected a mapping of dotted keys to values "
                          f"(rollout.n: 5), got {type(keys).__name__}"
                          f"{' with a nested section' if isinstance(keys, dict) else ''}")

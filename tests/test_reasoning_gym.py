@@ -218,3 +218,18 @@ def test_demonstrations_answer_or_print_the_entrys_expression_and_are_scored():
                     "reasoning_gym.tool=code")[0]
         assert rg_demo(row, env) is None
         env.close()
+
+
+def test_the_recipe_is_the_measured_command():
+    # docs/BENCHMARKS.md, "reasoning-gym: RL after the cold start": run rg-3's keys
+    from agentgym.config import to_dict
+    measured = ["env=reasoning_gym", "model=smollm2-135m", "reasoning_gym.tasks=basic_arithmetic",
+                "reasoning_gym.tool=code", "reasoning_gym.reward=solved",
+                "reasoning_gym.config={min_terms: 2, max_terms: 3, min_digits: 2, max_digits: 3}",
+                "reasoning_gym.size=2000", "reasoning_gym.eval_size=200",
+                "trainer.eval_limit=200", "trainer.total_steps=10", "trainer.prompts_per_step=8",
+                "rollout.n=8", "trainer.lr=2e-5", "trainer.cold_start_demos=64", "sft.epochs=1",
+                "rollout.max_turns=2", "rollout.max_tokens_per_turn=64"]
+    by_hand = to_dict(build_config(parse_overrides(measured)))
+    assert to_dict(build_config(parse_overrides(["recipe=reasoning_gym_cpu"]))) == \
+        {**by_hand, "recipe": "reasoning_gym_cpu"}
