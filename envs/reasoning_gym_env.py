@@ -79,7 +79,8 @@ def rg():
     try:
         import reasoning_gym
     except ImportError as e:
-        raise ImportError(f"env=reasoning_gym needs the reasoning-gym package: {INSTALL}") \
+        from agentgym.tools.errors import MissingExtra
+        raise MissingExtra(f"env=reasoning_gym needs the reasoning-gym package: {INSTALL}") \
             from e
     return reasoning_gym
 
