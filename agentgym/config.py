@@ -34,6 +34,7 @@ from agentgym.envs.code import CodeConfig, SandboxConfig  # the sandbox's: the c
 from agentgym.envs.geometry import GeometryConfig
 from agentgym.envs.judge import JudgeConfig  # reward=judge's
 from agentgym.envs.mcp_env import MCPConfig
+from agentgym.envs.openenv_env import OpenEnvConfig
 from agentgym.envs.reasoning_gym_env import ReasoningGymConfig
 from agentgym.envs.search import RetrieverConfig, SearchConfig
 from agentgym.presets import (ALGO_PRESETS, ALIASES, FLOAT_PER_ENV_KEYS,  # noqa: F401
@@ -418,12 +419,13 @@ class Config:
     # rollout.max_turns=[4,2]); the key itself holds the largest
     per_env: dict[str, list[int | float]] = field(default_factory=dict)
     recipe: str = ""  # recipes/NAME.yaml (or a .yaml path) layered under the user's keys
-    # the shipped envs' sections (envs/code.py, geometry.py, mcp_env.py, reasoning_gym_env.py,
-    # search.py)
+    # the shipped envs' sections (envs/code.py, geometry.py, mcp_env.py, openenv_env.py,
+    # reasoning_gym_env.py, search.py)
     code: CodeConfig = field(default_factory=CodeConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     geometry: GeometryConfig = field(default_factory=GeometryConfig)
     mcp: MCPConfig = field(default_factory=MCPConfig)
+    openenv: OpenEnvConfig = field(default_factory=OpenEnvConfig)
     reasoning_gym: ReasoningGymConfig = field(default_factory=ReasoningGymConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
     retriever: RetrieverConfig = field(default_factory=RetrieverConfig)

@@ -49,11 +49,11 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import re
 import threading
 from dataclasses import asdict, dataclass, field
 
 from agentgym.core.registry import did_you_mean
+from agentgym.envs.code import _CODE, _FENCE, _NOT_PROSE, NO_CODE  # its cell protocol
 from agentgym.envs.code import CodeConfig, CodeEnv, code_kwargs
 from agentgym.envs.manifest import EnvManifest
 from agentgym.tools.sandbox import SandboxConfig
@@ -61,15 +61,11 @@ from agentgym.tools.sandbox import SandboxConfig
 logger = logging.getLogger(__name__)
 
 INSTALL = "pip install 'agentgym[reasoning-gym]' (or reasoning-gym==0.1.25)"
-_CODE = re.compile(r"<code>(.*?)</code>", re.DOTALL)
-_NOT_PROSE = re.compile(r"<code>.*?(?:</code>|$)|```.*?```", re.DOTALL)
-_FENCE = re.compile(r"```[\w+-]*[ \t]*\n?(.*?)(?:```|$)", re.DOTALL)
 CODE_PROMPT = ("\nYou can run Python to help you: write it as <code>\n```python\ncode\n```\n"
                "</code> and its output comes back as <interpreter>output</interpreter>.")
 INVALID_ACTION = ("\nMy previous action is invalid. To run code I should put it between <code> "
                   "and </code>; to answer I should write <answer>answer</answer>. "
                   "Let me try again.\n")
-NO_CODE = "No Python code found between <code> and </code>."
 PROTOCOLS = ("", "code")
 REWARDS = ("score", "solved")
 
@@ -90,8 +86,8 @@ class ReasoningGymConfig:
     """``reasoning_gym.*``: which tasks, at which settings, from which seeds."""
 
     tasks: str = "leg_counting"  # reasoning-gym task names: one, or a list for a mix
-    weights: list[float] = field(default_factory=list)  # a mix's shares, in task order (empty: equal)
-    config: dict = field(default_factory=dict)  # the generator's settings, or {task: {...}} per task
+    weights: list[float] = field(default_factory=list)  # a mix's shares in task order ([]: equal)
+    config: dict = field(default_factory=dict)  # generator settings, or {task: {...}} per task
     size: int = 1000  # training rows (data=train), all tasks together
     seed: int = 0  # the training rows' seed
     eval_size: int = 200  # held-out rows (trainer.eval_data=test)
@@ -233,7 +229,8 @@ def make_row(task: str, level: int, settings: dict, seed: int, size: int, index:
             "prompt": [{"role": "system", "content": system},
                        {"role": "user", "content": entry["question"]}],
             "ability": "reasoning",
-            "reward_model": {"style": "rule", "ground_truth": "" if answer is None else str(answer)},
+            "reward_model": {"style": "rule",
+                             "ground_truth": "" if answer is None else str(answer)},
             "extra_info": {"question": entry["question"], "task": task, "settings": settings,
                            "seed": seed, "size": size, "index": index, "split": split,
                            **({"level": level} if level else {}),

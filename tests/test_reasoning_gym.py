@@ -210,7 +210,8 @@ def test_demonstrations_answer_or_print_the_entrys_expression_and_are_scored():
             **row["extra_info"]["settings"])[row["extra_info"]["index"]]["metadata"]["expression"]
         assert f"print({expression})" in demo["actions"][0]
         gold = row["reward_model"]["ground_truth"]
-        assert demo["observations"][0][0]["content"] == f"\n<interpreter>\n{gold}\n</interpreter>\n\n"
+        shown = demo["observations"][0][0]["content"]
+        assert shown == f"\n<interpreter>\n{gold}\n</interpreter>\n\n"
         assert demo["actions"][1] == f"<answer>{gold}</answer>"
     with LocalSandbox(Limits()) as box:  # a task whose entries carry no expression: none
         env = ReasoningGymEnv(tool="code", sandbox=box, max_turns=2)
