@@ -63,7 +63,7 @@ class OpenEnvConfig:
     url: str = ""  # a running OpenEnv server, http://host:port (its WebSocket is /ws)
     app: str = ""  # or module:app, served by uvicorn in a process the run starts and supervises
     action_field: str = ""  # the action's text field the reply fills ("": the reply holds JSON)
-    observation_field: str = ""  # the observation's field shown ("": all fields, as JSON)
+    observation_field: str = ""  # the field shown ("": the only field's text, else JSON)
     system: str = ""  # a system message before the first observation ("" = none)
     timeout_s: float = 60.0  # one reset or step
     max_restarts: int = 5  # openenv.app: restarts of the served process
@@ -170,7 +170,8 @@ class OpenEnvEnv(AgentEnv, env_id="agentgym/OpenEnv-v0", short="openenv"):
         url: the server's base URL (``http://host:port``).
         action_field: the action field the reply fills ("": the reply holds the action as
             a JSON object).
-        observation_field: the observation field shown ("": every field, as JSON).
+        observation_field: the observation field shown ("": the only field's text, else
+            every field as JSON).
         system: a system message before the first observation ("" = none).
         timeout_s: one reset or step.
         max_turns: actions per episode.

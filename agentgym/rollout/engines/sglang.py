@@ -358,6 +358,8 @@ class SGLangEngine(WeightSyncMixin, Engine):
 
     async def _generate_on(self, server: _Server, ids: list[int],
                            sampling: SamplingParams) -> GenerateOutput:
+        if recovering(server.url):  # restarted, its weights not yet restored: wait
+            raise _Transient(f"{server.url} is being restarted by its supervisor", server.url)
         server_stops = await self._server_stops(server)
         body = {"input_ids": ids, "sampling_params": sglang_sampling(sampling, server_stops),
                 "return_logprob": True, "rid": uuid.uuid4().hex}
@@ -369,7 +371,13 @@ class SGLangEngine(WeightSyncMixin, Engine):
 
     def _parse(self, server: _Server, out: Any, sampling: SamplingParams,
                server_stops: bool) -> GenerateOutput:
-        result = parse_generate(out, server.url, self.tokenizer, self.weight_version)
+        try:
+            result = parse_generate(out, server.url, self.tokenizer, self.weight_version)
+        except SGLangServerError as e:
+            if recovering(server.url):  # answered while the supervisor restores its weights
+                raise _Transient(f"{server.url} answered during its restart: {e}",
+                                 server.url) from None
+            raise
         if sampling.stop and not server_stops:
             cut = client_stop(self.tokenizer, result.ids, sampling.stop)
             if cut is not None:
