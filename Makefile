@@ -60,6 +60,16 @@ $(STAMP): $(CORE) requirements/cpu.txt
 
 install: $(STAMP) sysdeps
 
+# env=verifiers runs verifiers 0.4 in an environment of its own (its mcp and openai pins
+# conflict with the project's; docs/DECISIONS.md); tests/test_verifiers.py uses it.
+VF_VENV := .venv-verifiers
+$(VF_VENV)/.installed: requirements/verifiers.txt
+	test -x $(VF_VENV)/bin/python || $(PY) -m venv $(VF_VENV)
+	$(VF_VENV)/bin/pip install -q --disable-pip-version-check --no-compile \
+	  -r requirements/verifiers.txt
+	touch $@
+$(VF_VENV): $(VF_VENV)/.installed
+
 # The main job, kept to minutes on a 2-core CPU: `agentgym train env=search` on the embedded
 # default (smollm2-135m, shipped NQ/HotpotQA questions whose answer is in the shipped
 # corpus, local BM25 retriever), with the code env's generated arithmetic (data=arith)
@@ -80,13 +90,13 @@ demo: $(CORE) sysdeps
 	rm -rf $(DEMO_DIR)
 	$(BIN)/agentgym train recipe=cpu_demo run_dir=$(DEMO_DIR) $(DEMO_BF16)
 
-test: $(STAMP) sysdeps browser
+test: $(STAMP) $(VF_VENV)/.installed sysdeps browser
 	$(BIN)/python -m pytest -q
 
 # The default tier with every core kept busy by spinning processes (not in CI): the way to
 # hunt timing-dependent tests. STRESS_CPUS=N changes how many.
 STRESS_CPUS ?= $(shell nproc)
-test-stress: $(STAMP) sysdeps browser
+test-stress: $(STAMP) $(VF_VENV)/.installed sysdeps browser
 	$(BIN)/python scripts/under_load.py --cpus $(STRESS_CPUS) -- $(BIN)/python -m pytest -q
 
 # The lent GPU machine's image has transformers 5.17: the engine, trainer, backend and model
@@ -152,4 +162,4 @@ bench-trl: $(BENCH_VENV)/.installed
 	$(BENCH_VENV)/bin/python bench/grpo_vs_trl.py --model smollm2-135m --steps 4 --completion-len 48 --repeats 2
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(BENCH_VENV) $(VF_VENV) runs .pytest_cache

@@ -26,7 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-from agentgym.config import Config, all_keys, build_config, parse_overrides, to_dict
+from agentgym.config import Config, all_keys, build_config, to_dict
+from agentgym.overrides import parse_overrides
 from agentgym.core.server_process import exit_cleanly_on_sigterm
 from agentgym.core.supervisor import ServiceFailed
 from agentgym.reporting.stats import wilson_ci95  # noqa: F401 - benches import it from here
@@ -179,12 +180,18 @@ def cmd_check_env(args: list[str]) -> int:
     from agentgym.tools.errors import MissingExtra
 
     _setup_logging("WARNING")
-    ids = args or envs.env_ids()
+    keys = [a for a in args if "=" in a]  # config keys for an env not stepped here
+    ids = [a for a in args if "=" not in a] or envs.env_ids()
     failed = 0
     for name in ids:
         env_id = name
         try:
             env_id = envs.resolve_env_id(name)  # a short name or a plugin's class spec too
+            manifest = envs.env_manifest(name)
+            if manifest.check is not None:  # env=verifiers: its own check, with its keys
+                cfg = build_config({**parse_overrides(keys), "env": name})
+                print(f"ok    {env_id}: {manifest.call(manifest.check, cfg)}")
+                continue
             envs.check_env(envs.make_env(env_id))
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")

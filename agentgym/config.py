@@ -21,12 +21,9 @@ recipe's keys (``recipe=search_r1_qwen2.5_3b_grpo``: ``recipes/``), the user's o
 from __future__ import annotations
 
 import dataclasses
-import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any
-
-import yaml
 
 from agentgym.core.registry import check_choices, did_you_mean, env_names  # noqa: F401
 from agentgym.envs import config_sections, default_env, env_manifest
@@ -37,6 +34,8 @@ from agentgym.envs.mcp_env import MCPConfig
 from agentgym.envs.openenv_env import OpenEnvConfig
 from agentgym.envs.reasoning_gym_env import ReasoningGymConfig
 from agentgym.envs.search import RetrieverConfig, SearchConfig
+from agentgym.envs.verifiers_env import VerifiersConfig
+from agentgym.overrides import coerce
 from agentgym.presets import (ALGO_PRESETS, ALIASES, FLOAT_PER_ENV_KEYS,  # noqa: F401
                               PER_ENV_KEYS, env_presets, load_recipe)
 
@@ -420,7 +419,7 @@ class Config:
     per_env: dict[str, list[int | float]] = field(default_factory=dict)
     recipe: str = ""  # recipes/NAME.yaml (or a .yaml path) layered under the user's keys
     # the shipped envs' sections (envs/code.py, geometry.py, mcp_env.py, openenv_env.py,
-    # reasoning_gym_env.py, search.py)
+    # reasoning_gym_env.py, search.py, verifiers_env.py)
     code: CodeConfig = field(default_factory=CodeConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     geometry: GeometryConfig = field(default_factory=GeometryConfig)
@@ -429,6 +428,7 @@ class Config:
     reasoning_gym: ReasoningGymConfig = field(default_factory=ReasoningGymConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
     retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
+    verifiers: VerifiersConfig = field(default_factory=VerifiersConfig)
     # other envs' sections (one added under envs/, a plugin's once chosen), used as fields
     sections: dict[str, Any] = field(default_factory=_env_sections)
 
@@ -476,38 +476,6 @@ def all_keys(obj: Any, prefix: str = "") -> list[str]:
     return keys
 
 
-def _coerce(key: str, raw: Any, hint: Any) -> Any:
-    """Check/convert a parsed value to the annotated type; error names key and value."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        return _coerce(key, raw, [a for a in typing.get_args(hint) if a is not type(None)][0])
-    if origin is list:
-        items = raw if isinstance(raw, list) else [raw]
-        (item_t,) = typing.get_args(hint) or (str,)
-        return [_coerce(key, x, item_t) for x in items]
-    if hint is bool:
-        if isinstance(raw, bool):
-            return raw
-        if isinstance(raw, str) and raw.lower() in _BOOL_WORDS:
-            return _BOOL_WORDS[raw.lower()]
-    elif hint is int:
-        if isinstance(raw, int) and not isinstance(raw, bool):
-            return raw
-    elif hint is float:
-        if isinstance(raw, str):  # YAML 1.1 reads "1e-5" (no dot) as a string
-            try:
-                return float(raw)
-            except ValueError:
-                pass
-        elif isinstance(raw, (int, float)) and not isinstance(raw, bool):
-            return float(raw)
-    elif hint is str:  # a list: names, one per env of a mixed run (data=[train,arith])
-        return ",".join(map(str, raw)) if isinstance(raw, list) else "" if raw is None else str(raw)
-    else:
-        return raw
-    raise ValueError(f"{key}={raw!r} is not a valid {hint.__name__}")
-
-
 def set_key(cfg: Any, key: str, value: Any) -> None:
     """Set a dotted key on a config tree (value already parsed from YAML). A list for one
     of :data:`PER_ENV_KEYS` is a mixed run's value per env (``cfg.per_env``)."""
@@ -516,7 +484,7 @@ def set_key(cfg: Any, key: str, value: Any) -> None:
         cfg.per_env.pop(key, None)
         if isinstance(value, list):
             kind = float if key in FLOAT_PER_ENV_KEYS else int
-            cfg.per_env[key] = [_coerce(key, v, kind) for v in value]
+            cfg.per_env[key] = [coerce(key, v, kind) for v in value]
             value = max(cfg.per_env[key], default=0)
     node, parts = cfg, key.split(".")
     for i, part in enumerate(parts):
@@ -534,34 +502,11 @@ def set_key(cfg: Any, key: str, value: Any) -> None:
                                      f"{key}.{_field_names(current)[0]}=…")
                 node, part = current, "name"
             hints = typing.get_type_hints(type(node))
-            setattr(node, part, _coerce(key, value, hints[part]))
+            setattr(node, part, coerce(key, value, hints[part]))
             if hasattr(node, "__post_init__"):
                 node.__post_init__()  # re-validate the section
         else:
             node = children[part]
-
-
-#: YAML 1.1 reads these as booleans; here they stay words, so a text key keeps them
-#: (``trainer.cold_start=off``) and a boolean key still takes them (``engine.prefix_cache=off``).
-_BOOL_WORDS = {"yes": True, "on": True, "y": True, "no": False, "off": False, "n": False}
-
-
-def parse_overrides(args: list[str]) -> dict[str, Any]:
-    """``["a.b=1", "c=[x, y]"]`` → ``{"a.b": 1, "c": ["x", "y"]}`` (YAML-parsed values;
-    ``yes/no/on/off`` stay words, see :data:`_BOOL_WORDS`)."""
-    out: dict[str, Any] = {}
-    for arg in args:
-        key, sep, raw = arg.partition("=")
-        if not sep or not key:
-            raise ValueError(f"expected key=value, got {arg!r}")
-        if raw.strip().lower() in _BOOL_WORDS:
-            out[key.strip()] = raw.strip()
-            continue
-        try:
-            out[key.strip()] = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError:
-            out[key.strip()] = raw
-    return out
 
 
 def is_mixed(cfg: Any) -> bool:

@@ -27,7 +27,8 @@ from typing import Any, Callable, Mapping
 
 #: the manifest's functions and how many leading arguments each takes from its caller
 #: (``filter_rows(rows, limit, ...)``); the rest come from the config by name
-_FUNCTIONS = {"kwargs": 0, "row_filter": 0, "filter_rows": 2, "demo_options": 0, "sources": 0}
+_FUNCTIONS = {"kwargs": 0, "row_filter": 0, "filter_rows": 2, "demo_options": 0, "sources": 0,
+              "check": 0}
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,12 @@ class EnvManifest:
         plays_any_rows: rows whose ``env`` names another env are still this env's to play.
         played_by_program: the rows are played by the user's program (``agent=``,
             :mod:`agentgym.serving.agents`), not stepped here.
+        program: for an env played by a program of its own (``env=verifiers``): a
+            ``module:Class`` built with the run's config, whose ``async play(row,
+            base_url)`` plays one episode against the endpoint and returns its reward,
+            and ``close()`` ends what it started; ``agent=`` is then not needed.
+        check: ``(...) -> str``: ``agentgym check-env``'s check of an env not stepped here
+            (it raises what it finds wrong); what it checked, in words.
         kwargs: ``(...) -> dict``: constructor arguments beyond ``max_turns``; starts or
             connects what the env needs (a retriever, a sandbox, a server) once per
             process. Called once per env factory, not per episode.
@@ -79,6 +86,8 @@ class EnvManifest:
     default: bool = False
     plays_any_rows: bool = False
     played_by_program: bool = False
+    program: str = ""
+    check: Callable[..., str] | None = None
     kwargs: Callable[..., dict] | None = None
     row_filter: Callable[..., str | None] | None = None
     filter_rows: Callable[..., tuple[list[dict], int]] | None = None
@@ -93,6 +102,9 @@ class EnvManifest:
         for name, section in self.sections.items():
             if not (isinstance(section, type) and dataclasses.is_dataclass(section)):
                 raise TypeError(f"sections[{name!r}] is {section!r}, not a dataclass")
+        if self.program and not self.played_by_program:
+            raise ValueError(f"program={self.program!r} plays the rows: set "
+                             f"played_by_program=True too")
         if clash := set(self.reads) & set(self.sections):
             raise ValueError(f"reads names {sorted(clash)} that are sections already")
         hooks = [(hook, getattr(self, hook), leading) for hook, leading in _FUNCTIONS.items()]

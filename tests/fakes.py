@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 
 from fastapi import Request  # module level: FastAPI resolves the proxy's annotation here
@@ -107,6 +108,27 @@ class ScriptedAgentModel(ScriptedServed):
             self.replies += 1
             self.script.append("Lima + eos" if self.replies % 2 else "Cusco + eos")
         return await super().generate(prompt_ids, sampling, images, session_id)
+
+
+class ScriptedCalcModel(ScriptedAgentModel):
+    """The rollout engine of an ``env=verifiers`` run on tests/vf_envs/vf_calc
+    (``engine=scripted-calc-model``, registered by tests/test_verifiers.py): a call of the
+    environment's ``calc_add`` tool with the question's numbers, then, once the tool's
+    result is in the prompt, a reply that cycles through right and brief, right and
+    wordy, and wrong, so a group's rewards differ. A fake of the model's output only."""
+
+    async def generate(self, prompt_ids, sampling, images=None, session_id=None):
+        import re
+        seen = self.tok.decode(prompt_ids)
+        a, b = map(int, re.findall(r"What is (\d+) \+ (\d+)\?", seen)[-1])
+        if "<|im_start|>tool" not in seen:
+            call = {"name": "calc_add", "arguments": {"a": a, "b": b}}
+            self.script.append(f"<tool_call>\n{json.dumps(call)}\n</tool_call> + eos")
+        else:
+            reply = [f"{a + b}", f"The tool says the sum is {a + b} .", "7"][self.replies % 3]
+            self.replies += 1
+            self.script.append(f"{reply} + eos")
+        return await ScriptedServed.generate(self, prompt_ids, sampling, images, session_id)
 
 
 class DeadRetrieverFault:

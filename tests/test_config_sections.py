@@ -14,7 +14,8 @@ import typing
 import pytest
 
 from agentgym import envs
-from agentgym.config import Config, all_keys, build_config, parse_overrides, set_key, to_dict
+from agentgym.config import Config, all_keys, build_config, set_key, to_dict
+from agentgym.overrides import parse_overrides
 from agentgym.envs.manifest import EnvManifest
 
 MAZE = textwrap.dedent('''

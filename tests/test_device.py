@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from agentgym.core import device as dev
-from agentgym.config import build_config, parse_overrides
+from agentgym.config import build_config
+from agentgym.overrides import parse_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARY = ("agentgym", "trainers", "envs", "tools", "retriever_server")

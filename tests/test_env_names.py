@@ -31,6 +31,7 @@ TYPED_CONFIG = "agentgym/config.py"
 NOT_AN_ENV = {
     ("agentgym/serving/openai_common.py", "code"),  # the "code" field of OpenAI's errors
     ("agentgym/serving/agents.py", "agent"),  # the agent= key and a thread-name prefix
+    ("tools/verifiers_worker.py", "agent"),  # verifiers' own config key for its agent seat
     ("tools/_sandbox_worker.py", "code"),  # the sandbox protocol's "code" field
     ("tools/sandbox_local.py", "code"),  # the same field, sent
     ("retriever_server/batcher.py", "search"),  # a thread-name prefix

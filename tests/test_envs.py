@@ -15,8 +15,8 @@ from agentgym.envs.base import AgentEnv, MessagesSpace, TextSpace
 from agentgym.envs.registration import register_env, resolve_env_id
 
 
-#: every registered env that is stepped (env=agent is played by the user's agent program)
-STEPPED = [e for e in envs.env_ids() if e != "agentgym/Agent-v0"]
+#: every registered env that is stepped (env=agent and env=verifiers are played by programs)
+STEPPED = [e for e in envs.env_ids() if not envs.env_manifest(e).played_by_program]
 
 
 @pytest.mark.parametrize("env_id", STEPPED)

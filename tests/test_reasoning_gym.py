@@ -11,7 +11,8 @@ import pytest
 reasoning_gym = pytest.importorskip("reasoning_gym")
 
 from agentgym.cli import main  # noqa: E402
-from agentgym.config import build_config, parse_overrides  # noqa: E402
+from agentgym.config import build_config  # noqa: E402
+from agentgym.overrides import parse_overrides  # noqa: E402
 from agentgym.data.rows import load_rows  # noqa: E402
 from agentgym.envs import check_env, make_env  # noqa: E402
 from agentgym.envs.reasoning_gym_env import ReasoningGymConfig, ReasoningGymEnv  # noqa: E402

@@ -15,7 +15,8 @@ import json
 import httpx
 import pytest
 
-from agentgym.config import Config, EngineConfig, RolloutConfig, build_config, parse_overrides
+from agentgym.config import Config, EngineConfig, RolloutConfig, build_config
+from agentgym.overrides import parse_overrides
 from agentgym.rollout.engines.base import push_weights
 from agentgym.rollout.engines.hf import HFEngine
 from agentgym.rollout.engines.launcher import launch_serve, sglang_command

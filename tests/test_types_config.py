@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from agentgym.config import Config, build_config, parse_overrides, set_key
+from agentgym.config import Config, build_config, set_key
+from agentgym.overrides import parse_overrides
 from agentgym.core.registry import Registry
 from agentgym.core.types import Trajectory
 

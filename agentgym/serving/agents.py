@@ -209,11 +209,26 @@ def load_agent(spec: str):
 
 
 def program_manager(manager, engine, tokenizer, cfg) -> "AgentManager":
-    """For ``env=agent``: the runtime's env manager closed, an :class:`AgentManager` on
-    the same engine in its place (``rollout`` and ``eval`` use it as ``train`` does)."""
+    """For ``env=agent`` (and an env that names its own :func:`env_program`): the
+    runtime's env manager closed, an :class:`AgentManager` on the same engine in its place
+    (``rollout`` and ``eval`` use it as ``train`` does)."""
     manager.close()
     return AgentManager(engine, tokenizer, cfg, cfg.trainer.seed,
                         greedy=cfg.rollout.temperature == 0)
+
+
+def env_program(cfg):
+    """The player of an env whose manifest names one (:attr:`EnvManifest.program
+    <agentgym.envs.manifest.EnvManifest.program>`: ``env=verifiers``), built with the
+    run's config; None for ``env=agent`` (``agent=`` plays)."""
+    from agentgym import envs
+    from agentgym.core.registry import env_names
+    from agentgym.envs.plugins import load_spec
+    specs = {envs.env_manifest(e).program for e in env_names(cfg.env)} - {""}
+    if len(specs) > 1:
+        raise ValueError(f"env={cfg.env!r} mixes envs played by different programs "
+                         f"({', '.join(sorted(specs))}); train them in separate runs")
+    return load_spec(specs.pop(), "program")(cfg) if specs else None
 
 
 class AgentManager:
@@ -221,11 +236,15 @@ class AgentManager:
     plays an env: ``run(rows, n)`` returns the trajectories (an episode may yield
     several), and :attr:`stats` the step's counts (:meth:`take_stats`)."""
 
-    def __init__(self, engine, tokenizer, cfg, seed: int = 0, greedy: bool = False) -> None:
+    def __init__(self, engine, tokenizer, cfg, seed: int = 0, greedy: bool = False,
+                 program=None) -> None:
         from agentgym.rollout.chat import ChatTokens
         self.engine, self.tok, self.cfg, self.seed = engine, tokenizer, cfg, seed
         self.greedy = greedy
-        self.fn = load_agent(cfg.agent)
+        if program is None and not cfg.agent:
+            program = env_program(cfg)
+        self.program = program  # an env's own player (EnvManifest.program), closed with us
+        self.fn = program.play if program is not None else load_agent(cfg.agent)
         self.reward_fn = None
         if cfg.reward:
             from agentgym.envs.plugins import load_reward
@@ -332,6 +351,8 @@ class AgentManager:
         return [t for g in groups for t in g]
 
     def close(self) -> None:
+        if self.program is not None:
+            self.program.close()
         self._server.should_exit = True
         self._thread.join(timeout=30)
         self._pool.shutdown(wait=True)
