@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from agentgym.config import Config, all_keys, build_config, to_dict
-from agentgym.overrides import parse_overrides
+from agentgym.core.overrides import parse_overrides
 from agentgym.core.server_process import exit_cleanly_on_sigterm
 from agentgym.core.supervisor import ServiceFailed
 from agentgym.reporting.stats import wilson_ci95  # noqa: F401 - benches import it from here

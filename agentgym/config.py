@@ -35,7 +35,7 @@ from agentgym.envs.openenv_env import OpenEnvConfig
 from agentgym.envs.reasoning_gym_env import ReasoningGymConfig
 from agentgym.envs.search import RetrieverConfig, SearchConfig
 from agentgym.envs.verifiers_env import VerifiersConfig
-from agentgym.overrides import coerce
+from agentgym.core.overrides import coerce
 from agentgym.presets import (ALGO_PRESETS, ALIASES, FLOAT_PER_ENV_KEYS,  # noqa: F401
                               PER_ENV_KEYS, env_presets, load_recipe)
 

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from agentgym.cli import main as cli, wilson_ci95  # noqa: E402
 from agentgym.config import build_config  # noqa: E402
-from agentgym.overrides import parse_overrides  # noqa: E402
+from agentgym.core.overrides import parse_overrides  # noqa: E402
 from bench.report import machine, write_section  # noqa: E402
 from agentgym.trainers.hooks import Hooks  # noqa: E402
 

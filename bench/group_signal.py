@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agentgym.config import build_config  # noqa: E402
-from agentgym.overrides import parse_overrides  # noqa: E402
+from agentgym.core.overrides import parse_overrides  # noqa: E402
 from bench.report import machine, write_section  # noqa: E402
 
 

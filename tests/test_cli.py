@@ -66,7 +66,7 @@ def test_unknown_env_and_dataset_fail_clearly(capsys):
 
 def test_a_mixed_run_takes_budgets_per_env_and_checks_their_count(capsys):
     from agentgym.config import build_config
-    from agentgym.overrides import parse_overrides
+    from agentgym.core.overrides import parse_overrides
     from agentgym.rollout.runtime import sub_config
     cfg = build_config(parse_overrides([
         "env=[search,code]", "rollout.max_turns=[3,2]", "rollout.max_tokens_per_turn=[128,64]",

@@ -15,7 +15,7 @@ import pytest
 
 from agentgym import envs
 from agentgym.config import Config, all_keys, build_config, set_key, to_dict
-from agentgym.overrides import parse_overrides
+from agentgym.core.overrides import parse_overrides
 from agentgym.envs.manifest import EnvManifest
 
 MAZE = textwrap.dedent('''

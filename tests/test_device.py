@@ -12,7 +12,7 @@ import torch
 
 from agentgym.core import device as dev
 from agentgym.config import build_config
-from agentgym.overrides import parse_overrides
+from agentgym.core.overrides import parse_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARY = ("agentgym", "trainers", "envs", "tools", "retriever_server")

@@ -269,7 +269,7 @@ def test_a_killed_ray_rollout_worker_is_replaced_and_the_step_completes(tmp_path
                                                                         retriever_url):
     pytest.importorskip("ray")
     from agentgym.config import build_config
-    from agentgym.overrides import parse_overrides
+    from agentgym.core.overrides import parse_overrides
     from agentgym.trainers.loop import train
 
     def run(name: str, hooks: Hooks | None) -> list[dict]:

@@ -131,7 +131,7 @@ def test_a_template_that_renders_tools_gets_them(tiny_tokenizer):
 
 def test_search_protocol_is_checked():
     from agentgym.config import build_config
-    from agentgym.overrides import parse_overrides
+    from agentgym.core.overrides import parse_overrides
     with pytest.raises(ValueError, match="search.protocol='xml'; valid: tags, tools"):
         SearchEnv(retriever_url="http://127.0.0.1:9", protocol="xml")
     with pytest.raises(ValueError, match="search.protocol"):

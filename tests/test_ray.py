@@ -48,7 +48,7 @@ def _args(tmp_path, name, retriever_url) -> list[str]:
 
 
 def _cfg(tmp_path, name, retriever_url):
-    from agentgym.overrides import parse_overrides
+    from agentgym.core.overrides import parse_overrides
     return build_config(parse_overrides(_args(tmp_path, name, retriever_url)))
 
 

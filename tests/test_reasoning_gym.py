@@ -12,7 +12,7 @@ reasoning_gym = pytest.importorskip("reasoning_gym")
 
 from agentgym.cli import main  # noqa: E402
 from agentgym.config import build_config  # noqa: E402
-from agentgym.overrides import parse_overrides  # noqa: E402
+from agentgym.core.overrides import parse_overrides  # noqa: E402
 from agentgym.data.rows import load_rows  # noqa: E402
 from agentgym.envs import check_env, make_env  # noqa: E402
 from agentgym.envs.reasoning_gym_env import ReasoningGymConfig, ReasoningGymEnv  # noqa: E402

@@ -9,7 +9,7 @@ import pytest
 
 from agentgym.cli import main
 from agentgym.config import all_keys, build_config, to_dict
-from agentgym.overrides import parse_overrides
+from agentgym.core.overrides import parse_overrides
 from agentgym.presets import load_recipe, recipe_names
 
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from agentgym.config import Config, EngineConfig, RolloutConfig, build_config
-from agentgym.overrides import parse_overrides
+from agentgym.core.overrides import parse_overrides
 from agentgym.rollout.engines.base import push_weights
 from agentgym.rollout.engines.hf import HFEngine
 from agentgym.rollout.engines.launcher import launch_serve, sglang_command

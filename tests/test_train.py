@@ -92,7 +92,7 @@ def test_a_mixed_run_of_two_envs(tmp_path, retriever_url):
 
     from agentgym.cli import main
     from agentgym.config import build_config
-    from agentgym.overrides import parse_overrides
+    from agentgym.core.overrides import parse_overrides
     from agentgym.data.rows import heldout_rows, training_rows
     overrides = ["env=[search,code]", "data.mix=[3,1]", "limit=40", "trainer.eval_limit=2"]
     cfg = build_config(parse_overrides(overrides))

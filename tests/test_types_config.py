@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from agentgym.config import Config, build_config, set_key
-from agentgym.overrides import parse_overrides
+from agentgym.core.overrides import parse_overrides
 from agentgym.core.registry import Registry
 from agentgym.core.types import Trajectory
 
