@@ -30,6 +30,7 @@ from agentgym.config import Config, all_keys, build_config, to_dict
 from agentgym.core.overrides import parse_overrides
 from agentgym.core.server_process import exit_cleanly_on_sigterm
 from agentgym.core.supervisor import ServiceFailed
+from agentgym.core.watchdog import StageStalled
 from agentgym.reporting.stats import wilson_ci95  # noqa: F401 - benches import it from here
 
 log = logging.getLogger("agentgym")
@@ -131,6 +132,16 @@ def cmd_eval(args: list[str]) -> int:
     if cfg.out:
         write_result(result, cfg.out)
         print(f"  wrote {cfg.out}")
+    return 0
+
+
+def cmd_status(args: list[str]) -> int:
+    """``agentgym status RUN_DIR``: the run's stage and step now, time in stage, last
+    metrics, last checkpoint (:mod:`agentgym.reporting.status`)."""
+    from agentgym.reporting.status import status_lines
+    if len(args) != 1 or "=" in args[0]:
+        raise ValueError(f"usage: agentgym status RUN_DIR; got {args}")
+    print("\n".join(status_lines(args[0])))
     return 0
 
 
@@ -548,7 +559,7 @@ def cmd_sandbox(args: list[str]) -> int:
 #: ``key=value`` commands (take config overrides).
 COMMANDS = {"train": cmd_train, "rollout": cmd_rollout, "eval": cmd_eval, "inspect": cmd_inspect,
             "check-env": cmd_check_env, "config": cmd_config, "plan": cmd_plan, "sft": cmd_sft, "demos": cmd_demos, "filter": cmd_filter,
-            "compare": cmd_compare}
+            "compare": cmd_compare, "status": cmd_status}
 #: Commands with their own ``--flag`` arguments (each parses its raw argv).
 FLAG_COMMANDS: dict = {"index": cmd_index, "serve-retriever": cmd_serve_retriever,
                        "serve": cmd_serve, "sandbox": cmd_sandbox}
@@ -592,6 +603,10 @@ def main(argv: list[str] | None = None) -> int:
         log.debug("command failed", exc_info=True)
         print(f"agentgym {command}: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, CheckpointError) else 1
+    except StageStalled as e:  # a stage past its deadline: where, and how to continue
+        log.debug("command failed", exc_info=True)
+        print(f"agentgym {command}: error: {e}", file=sys.stderr)
+        return 3
     finally:  # an MCP server lives as long as the command that connected to it
         if (mcp := sys.modules.get("agentgym.tools.mcp_client")) is not None:
             mcp.close_shared()

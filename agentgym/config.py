@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentgym.core.registry import check_choices, did_you_mean, env_names  # noqa: F401
+from agentgym.core.watchdog import DeadlinesConfig
 from agentgym.envs import config_sections, default_env, env_manifest
 from agentgym.envs.code import CodeConfig, SandboxConfig  # the sandbox's: the code env's
 from agentgym.envs.geometry import GeometryConfig
@@ -418,6 +419,7 @@ class Config:
     # rollout.max_turns=[4,2]); the key itself holds the largest
     per_env: dict[str, list[int | float]] = field(default_factory=dict)
     recipe: str = ""  # recipes/NAME.yaml (or a .yaml path) layered under the user's keys
+    deadlines: DeadlinesConfig = field(default_factory=DeadlinesConfig)  # stall detection
     # the shipped envs' sections (envs/code.py, geometry.py, mcp_env.py, openenv_env.py,
     # reasoning_gym_env.py, search.py, verifiers_env.py)
     code: CodeConfig = field(default_factory=CodeConfig)

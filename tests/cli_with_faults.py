@@ -4,7 +4,9 @@ registered, for tests that run training in a subprocess.
 Fault injection (tests only): with ``AGENTGYM_TEST_KILL_IN_SAVE=N`` the process sends
 itself SIGKILL in the middle of saving checkpoint N: after the backend has written its
 weights and optimizer shards into ``step_N.tmp``, before ``state.json`` and the rename
-that mark the checkpoint complete.
+that mark the checkpoint complete. With ``AGENTGYM_TEST_BLOCK_IN_SAVE=N`` saving checkpoint
+N blocks forever at the same point instead (``blocked_checkpoint_write``: a write to a disk
+that stopped answering).
 """
 
 from __future__ import annotations
@@ -32,6 +34,21 @@ if KILL_AT:
         return wrapper
     SingleBackend.save = dying(SingleBackend.save)
     DistributedBackend.save = dying(DistributedBackend.save)
+
+BLOCK_AT = os.environ.get("AGENTGYM_TEST_BLOCK_IN_SAVE")
+if BLOCK_AT:
+    import threading
+
+    def blocked_checkpoint_write() -> None:
+        threading.Event().wait()
+
+    def blocking(save):
+        def wrapper(self, path, tokenizer=None):
+            save(self, path, tokenizer)
+            if Path(path).name == f"step_{BLOCK_AT}.tmp":
+                blocked_checkpoint_write()
+        return wrapper
+    SingleBackend.save = blocking(SingleBackend.save)
 
 if __name__ == "__main__":
     from agentgym.cli import main

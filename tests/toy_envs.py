@@ -162,3 +162,27 @@ def two_step_rows(n: int, turn_reward: bool) -> list[dict]:
              "ability": "toy", "reward_model": {"style": "rule", "ground_truth": ""},
              "extra_info": {"index": i, "turn_reward": turn_reward},
              "env": "agentgym-test/TwoStep-v0"} for i in range(n)]
+
+
+#: released by tests/test_stalls.py when it ends, so no thread stays blocked
+STALL_RELEASE = threading.Event()
+
+
+def stall_forever() -> None:
+    """What a hung tool or reward does: wait on something that never comes."""
+    STALL_RELEASE.wait()
+
+
+class StallingLetterEnvFault(LetterEnv):
+    """Fault injection: a row with ``extra_info.stall`` makes the env's step (its reward)
+    block forever (until the test releases :data:`STALL_RELEASE`); other rows are
+    :class:`LetterEnv`'s."""
+
+    def _reset(self, row):
+        self._stall = bool(((row or {}).get("extra_info") or {}).get("stall"))
+        return super()._reset(row)
+
+    def _step(self, action, last_turn):
+        if self._stall:
+            stall_forever()
+        return super()._step(action, last_turn)

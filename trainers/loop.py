@@ -37,6 +37,7 @@ from pathlib import Path
 
 from agentgym.config import Config
 from agentgym.core.device import peak_memory_gb
+from agentgym.core.watchdog import StageStalled
 from agentgym.trainers.cold_start import prepare
 from agentgym.trainers.phases import advantages, check_algo, score, update_policy
 from agentgym.trainers.hooks import Hooks
@@ -60,23 +61,50 @@ def run(cfg: Config, hooks: Hooks | None = None) -> Path:
         from agentgym.trainers.critic import Critic
         make_critic = lambda path, cluster: Critic(cfg, path, cluster)  # noqa: E731
     s = open_session(cfg, hooks, make_critic=make_critic)
-    source = step_source(cfg, s)
+    state = "failed"
     try:
+        source = step_source(cfg, s)
         for step in range(s.start, cfg.trainer.total_steps):
             s.end_step(step + 1, one_step(cfg, s, source, step))
         s.finish()
+        state = "finished"
+    except StageStalled:
+        state = "stalled"
+        raise
     finally:
-        s.close()
+        s.close(state)
     return s.run_dir
 
 
 def one_step(cfg: Config, s: Session, source, step: int) -> dict[str, float]:
     """Phases 1-5 of step ``step`` (module docstring); returns the step's metrics."""
     t0 = time.perf_counter()
-    # 1. rollouts
-    trajs, m = source.take(step)
+    # 1. rollouts (their deadline counts from the last episode to finish)
+    with s.watch.stage("rollout", step + 1):
+        trajs, m = source.take(step)
     s.cursor, s.taken = source.cursor, source.taken_after_cursor
     t1 = time.perf_counter()
+    with s.watch.stage("update", step + 1):  # from the last minibatch trained
+        policy_updated = _train(cfg, s, trajs, step, m, t1)
+    t2 = time.perf_counter()
+    # 5. weight sync (the policy is unchanged during the critic's warm-up)
+    if policy_updated:
+        s.sync()
+    else:
+        source.weights_unchanged()
+    t3 = time.perf_counter()
+    if s.critic is not None:
+        m["train/policy_updated"] = float(policy_updated)
+    m.update({"time/rollout_s": t1 - t0, "time/train_s": t2 - t1, "time/sync_s": t3 - t2,
+              "time/generate_s": m["rollout/generate_s"], "time/env_s": m["rollout/env_s"],
+              "time/step_s": time.perf_counter() - t0})
+    if (peak := peak_memory_gb(getattr(s.backend, "device", None))) is not None:
+        m["perf/peak_memory_gb"] = peak  # this process's GPU: policy, engine, ref
+    return m
+
+
+def _train(cfg: Config, s: Session, trajs, step: int, m: dict, t1: float) -> bool:
+    """Phases 2-4 (module docstring); whether the policy changed."""
     policy_updated = False
     if trajs:  # none when dynamic sampling left nothing to train on
         # 2. old / reference logprobs, token rewards; the critic's values
@@ -97,18 +125,4 @@ def one_step(cfg: Config, s: Session, source, step: int) -> dict[str, float]:
             m.update(update_policy(cfg, s.backend, batch, s.temperature, step, s.hooks))
             m["time/update_s"] = time.perf_counter() - tu
             policy_updated = True
-    t2 = time.perf_counter()
-    # 5. weight sync (the policy is unchanged during the critic's warm-up)
-    if policy_updated:
-        s.sync()
-    else:
-        source.weights_unchanged()
-    t3 = time.perf_counter()
-    if s.critic is not None:
-        m["train/policy_updated"] = float(policy_updated)
-    m.update({"time/rollout_s": t1 - t0, "time/train_s": t2 - t1, "time/sync_s": t3 - t2,
-              "time/generate_s": m["rollout/generate_s"], "time/env_s": m["rollout/env_s"],
-              "time/step_s": time.perf_counter() - t0})
-    if (peak := peak_memory_gb(getattr(s.backend, "device", None))) is not None:
-        m["perf/peak_memory_gb"] = peak  # this process's GPU: policy, engine, ref
-    return m
+    return policy_updated

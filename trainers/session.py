@@ -17,6 +17,7 @@ from agentgym.core.memory import give_back
 from agentgym.core.supervisor import (ServiceFailed, forget_unsupervised, infra_totals,
                                       raise_if_failed)
 from agentgym.core.types import Trajectory
+from agentgym.core.watchdog import NO_WATCH, StageStalled, Watchdog
 from agentgym.data.rows import heldout_rows, training_rows
 from agentgym.models.zoo import load_tokenizer, resolve_model
 from agentgym.reporting.evaluation import write_outcomes
@@ -110,6 +111,8 @@ class Session:
     #: where each step's trajectories come from (:func:`step_source`): it also pushes the
     #: weights and closes the workers
     steps: Any = None
+    #: the stages' deadlines, heartbeat.json and stall stacks (agentgym.core.watchdog)
+    watch: Any = NO_WATCH
 
     def end_step(self, done: int, m: dict) -> None:
         """Periodic eval, the step's metrics line, and a checkpoint when one is due.
@@ -142,12 +145,13 @@ class Session:
 
     def save(self, done: int) -> Path:
         """``checkpoints/step_<done>``: weights, optimizer, data position, policy version."""
-        return save_checkpoint(self.run_dir, done, self.backend, self.tokenizer,
-                               {"data_cursor": self.cursor, "data_taken": self.taken,
-                                "policy_version": self.version,
-                                **({"curriculum": self.curriculum.state()}
-                                   if self.curriculum else {})},
-                               critic=self.critic.backend if self.critic else None)
+        with self.watch.stage("checkpoint", done):
+            return save_checkpoint(self.run_dir, done, self.backend, self.tokenizer,
+                                   {"data_cursor": self.cursor, "data_taken": self.taken,
+                                    "policy_version": self.version,
+                                    **({"curriculum": self.curriculum.state()}
+                                       if self.curriculum else {})},
+                                   critic=self.critic.backend if self.critic else None)
 
     def write_samples(self, step: int, trajs: list[Trajectory], batch: Batch) -> None:
         """``trainer.log_samples`` of the step's trajectories, for ``agentgym inspect``."""
@@ -161,8 +165,9 @@ class Session:
         """Greedy single-sample accuracy on the held-out rows; each question's outcome in
         ``eval/step_<step>.json`` (for the paired test of two steps,
         :func:`agentgym.reporting.evaluation.paired_steps`)."""
-        trajs = self.workers.generate(self.eval_rows, 1, self.cfg.trainer.seed, self.hooks,
-                                      greedy=True)
+        with self.watch.stage("eval", step):  # its deadline counts from the last episode
+            trajs = self.workers.generate(self.eval_rows, 1, self.cfg.trainer.seed,
+                                          self.hooks, greedy=True)
         write_outcomes(self.run_dir / "eval" / f"step_{step}.json", trajs)
         return eval_metrics(trajs, per_env=is_mixed(self.cfg))
 
@@ -170,7 +175,9 @@ class Session:
         """A new policy version: the trainer's full weights, gathered once, into every
         rollout engine."""
         self.version += 1
-        (self.steps or self.workers).update_weights(self.backend.state_dict(), self.version)
+        with self.watch.stage("sync", self.version):
+            (self.steps or self.workers).update_weights(self.backend.state_dict(),
+                                                        self.version)
 
     def finish(self) -> None:
         """The final held-out eval (when configured and a step ran)."""
@@ -180,7 +187,8 @@ class Session:
             self.metrics_log.log(t.total_steps, final)
             self.hooks.step_end(t.total_steps, final)
 
-    def close(self) -> None:
+    def close(self, state: str = "finished") -> None:
+        self.watch.close(state)
         (self.steps or self.workers).close()  # a step source closes its workers
         self.metrics_log.close()
         self.backend.close()  # a sharded backend stops its rank processes / actors
@@ -219,7 +227,9 @@ def open_session(cfg: Config, hooks: Hooks | None = None,
     version = state.get("policy_version", start)
     if version or getattr(workers, "remote", False):  # servers start from their own copy
         workers.update_weights(backend.state_dict(), version)
-    s = Session(cfg=cfg, hooks=hooks, run_dir=run_dir, rows=rows, eval_rows=eval_rows,
+    watch = Watchdog(run_dir, cfg.deadlines)
+    hooks = WatchedHooks(hooks, watch)
+    s = Session(cfg=cfg, hooks=hooks, run_dir=run_dir, rows=rows, eval_rows=eval_rows, watch=watch,
                 tokenizer=tokenizer, backend=backend, workers=workers, ref=ref,
                 metrics_log=MetricsLogger(run_dir, resume_step=start, sink=t.logger,
                                           config=to_dict(cfg)),
@@ -232,8 +242,33 @@ def open_session(cfg: Config, hooks: Hooks | None = None,
         s.curriculum = make_curriculum(rows, tuple(cfg.data.curriculum_band), t.seed,
                                        state.get("curriculum"))
     if eval_rows and start == 0:
-        s.metrics_log.log(0, s.evaluate(0))
+        try:
+            s.metrics_log.log(0, s.evaluate(0))
+        except BaseException as e:
+            watch.close("stalled" if isinstance(e, StageStalled) else "failed")
+            raise
     return s
+
+
+class WatchedHooks(Hooks):
+    """The run's hooks, each ``advance`` (an episode finished, a minibatch trained) also
+    the watched stage's progress."""
+
+    def __init__(self, inner: Hooks, watch) -> None:
+        self.inner, self.watch = inner, watch
+
+    def phase(self, name: str, total: int) -> None:
+        self.inner.phase(name, total)
+
+    def advance(self, k: int = 1) -> None:
+        self.watch.progress()
+        self.inner.advance(k)
+
+    def step_end(self, step: int, metrics: dict) -> None:
+        self.inner.step_end(step, metrics)
+
+    def announce(self, text: str) -> None:
+        self.inner.announce(text)
 
 
 def step_source(cfg: Config, s: Session):

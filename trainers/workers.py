@@ -81,7 +81,8 @@ class LocalWorkers:
             else:
                 self._managers[greedy] = GenerationManager(self.engine, self.tokenizer,
                                                            env_factory(cfg), cfg.rollout,
-                                                           seed=cfg.trainer.seed)
+                                                           seed=cfg.trainer.seed,
+                                                           deadlines=cfg.deadlines)
         return self._managers[greedy]
 
     def extra_metrics(self) -> dict:
@@ -114,7 +115,8 @@ class LocalWorkers:
             elif "async" not in self._managers:
                 self._managers["async"] = GenerationManager(
                     self.engine, self.tokenizer, env_factory(self.cfg), self.cfg.rollout,
-                    seed=self.cfg.trainer.seed, allow_weight_updates=True)
+                    seed=self.cfg.trainer.seed, allow_weight_updates=True,
+                    deadlines=self.cfg.deadlines)
             manager = self._managers["async"]
         done = await asyncio.gather(*(manager.play(row, uid, k, base_seed=seed)
                                       for k in range(n)))

@@ -13,8 +13,6 @@ with mask 1 and the engine's logprobs; prompt, filler and observation ids with m
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import functools
 import hashlib
 import itertools
 import logging
@@ -27,7 +25,9 @@ from agentgym.rollout.context import (CONTINUE, DROPPED, SUMMARY_REQUEST, Blocks
 from agentgym.config import RolloutConfig
 from agentgym.rollout.engines.base import Engine
 from agentgym.rollout.writer import TrajectoryWriter
+from agentgym.core.daemon_pool import DaemonPool
 from agentgym.core.supervisor import wait_healthy
+from agentgym.core.watchdog import DeadlinesConfig, dump_stacks
 from agentgym.core.types import SamplingParams, Trajectory
 
 logger = logging.getLogger(__name__)
@@ -35,6 +35,10 @@ logger = logging.getLogger(__name__)
 #: how long a replay waits for the local services to be healthy again (a restart takes
 #: seconds; a supervisor that gives up ends the wait at once)
 INFRA_WAIT_S = 120.0
+
+
+class EnvStalled(RuntimeError):
+    """An env call ran past ``deadlines.env_step_s``."""
 
 
 async def _wait_for_services() -> None:
@@ -76,7 +80,8 @@ class GenerationManager:
     """
 
     def __init__(self, engine: Engine, tokenizer, env_factory: Callable[[], Any],
-                 cfg: RolloutConfig, seed: int = 0, allow_weight_updates: bool = False) -> None:
+                 cfg: RolloutConfig, seed: int = 0, allow_weight_updates: bool = False,
+                 deadlines: DeadlinesConfig | None = None) -> None:
         self.engine = engine
         self.chat = ChatTokens(tokenizer)
         self.env_factory = env_factory
@@ -85,15 +90,31 @@ class GenerationManager:
         #: asynchronous training: a weight update may land between the turns of an
         #: episode; each turn records its version (else such an update is an error)
         self.allow_weight_updates = allow_weight_updates
-        self._pool = concurrent.futures.ThreadPoolExecutor(cfg.env_workers,
-                                                           thread_name_prefix="env")
+        #: an env step past ``deadlines.env_step_s`` ends its episode (agentgym.core.watchdog)
+        self.deadlines = deadlines or DeadlinesConfig()
+        self._pool = DaemonPool(cfg.env_workers, thread_name_prefix="env")
         self._sessions = itertools.count()
         cfg.check_context()
         self._user_strategy = load_strategy(cfg.context)
 
     async def _in_pool(self, fn, *args, **kwargs):
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
+        return await asyncio.wrap_future(self._pool.submit(fn, *args, **kwargs))
+
+    async def _env_call(self, what: str, episode: str, fn, *args, **kwargs):
+        """``fn`` in the env pool under ``deadlines.env_step_s``: past it, every thread's
+        stack is written (the env's call is among them) and :class:`EnvStalled` raised.
+        The call's thread stays blocked (Python cannot stop it); the pool's other
+        threads play on."""
+        limit = self.deadlines.env_step_s
+        call = self._pool.submit(fn, *args, **kwargs)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(call), limit)
+        except TimeoutError:
+            self._pool.abandon(call)
+            reason = f"episode {episode}: env.{what} made no progress for {limit:g}s " \
+                     f"(deadlines.env_step_s)"
+            path = dump_stacks(reason, f"env-{what}")
+            raise EnvStalled(reason + (f"; stacks: {path}" if path else "")) from None
 
     async def play(self, row: dict, uid: str = "0", sample_index: int = 0,
                    base_seed: int | None = None) -> list[Trajectory]:
@@ -185,7 +206,18 @@ class GenerationManager:
                 out = await self._generate(w, sampling, session, turn, m)
                 text = self.chat.decode(out.ids)
                 t0 = time.perf_counter()
-                obs, reward, terminated, truncated, info = await self._in_pool(env.step, text)
+                try:
+                    obs, reward, terminated, truncated, info = \
+                        await self._env_call("step", session, env.step, text)
+                except EnvStalled as e:  # an infrastructure failure: not trained on
+                    m["env_s"] += time.perf_counter() - t0
+                    traj.truncated = True
+                    info = {**info, "infra_failures": 1, "infra_error": str(e),
+                            "end": "env_stalled"}
+                    turn_rewards.append(0.0)
+                    step += 1
+                    turn += 1
+                    break
                 m["env_s"] += time.perf_counter() - t0
                 step += 1
                 turn += 1
@@ -201,7 +233,10 @@ class GenerationManager:
                 blocks += [("generated", list(out.ids)), ("filler", filler),
                            ("observation", obs_ids)]
         finally:
-            await self._in_pool(env.close)
+            try:
+                await self._env_call("close", session, env.close)
+            except EnvStalled as e:
+                logger.warning("%s", e)
         ranges[-1][1] = len(turn_rewards) - 1
         return _finish_parts(parts, ranges, turn_rewards, info, m, row,
                              f"{uid}/{sample_index}/{seed}")
@@ -276,7 +311,10 @@ class GenerationManager:
 
     def close(self) -> None:
         # env calls still queued are not started (a run that ends mid-rollout, SIGTERM);
-        # the running ones finish
+        # the running ones finish, but for those stuck past deadlines.env_step_s
+        if stuck := self._pool.abandoned:
+            logger.warning("%d env call(s) stuck past deadlines.env_step_s are left running "
+                           "(their stacks are in the run's stalls/ folder)", stuck)
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 

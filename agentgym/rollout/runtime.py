@@ -115,7 +115,8 @@ def build_manager(cfg: Config, model=None, tokenizer=None):
             from agentgym.models.zoo import load_tokenizer, resolve_model
             tokenizer = load_tokenizer(resolve_model(cfg.model.path or cfg.model.name))
     engine = build_engine(cfg, model, tokenizer)
-    manager = GenerationManager(engine, tokenizer, env_factory(cfg), cfg.rollout, seed=cfg.trainer.seed)
+    manager = GenerationManager(engine, tokenizer, env_factory(cfg), cfg.rollout,
+                                seed=cfg.trainer.seed, deadlines=cfg.deadlines)
     return manager, engine, tokenizer
 
 

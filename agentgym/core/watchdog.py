@@ -1,0 +1,284 @@
+"""Deadlines for the stages of a run, a heartbeat file, and every thread's stack when a
+stage stalls.
+
+A run's stages (a step's rollouts, the update, the weight sync, a checkpoint, an eval)
+each run under :meth:`Watchdog.stage`, with a deadline from ``deadlines.*``
+(:class:`DeadlinesConfig`). The deadline counts from the stage's start or from its last
+:meth:`~Watchdog.progress` (an episode finished, a batch trained), so a long stage that
+keeps moving (an eval over a big set) is not a stall; one that stops is. A thread (the
+watchdog's) checks the stages every second and writes ``heartbeat.json`` in the run
+directory (the stage, the step, since when, the process's threads: ``agentgym status``
+reads it). A stage past its deadline:
+
+* writes every thread's Python stack to ``stalls/stall-step<N>-<stage>-<time>.txt`` in the
+  run directory and names the stage, the step, how long it waited and that file in the
+  log;
+* then does what the stage's failure should do. A fatal stage (the update, the weight sync,
+  a checkpoint, a step's rollouts, an eval) is interrupted: the thread that runs it gets
+  :class:`StageStalled` raised (a signal to the main thread; a checkpoint being written is
+  then removed, the earlier ones intact), the CLI says it and exits non-zero, and
+  ``trainer.resume=auto`` continues from the last checkpoint. If the thread does not
+  unwind within ``deadlines.grace_s`` (a call that holds the interpreter), the process
+  exits with :data:`EXIT_STALLED` after writing the same message.
+
+The episode-level deadline (an env's step with its tools and reward) is the rollout
+manager's (:mod:`agentgym.rollout.manager`): a stalled step ends its episode as an
+infrastructure failure, kept out of the gradient, with the stacks written by
+:func:`dump_stacks`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+#: the exit status of a process whose stalled stage would not unwind
+EXIT_STALLED = 70
+HEARTBEAT = "heartbeat.json"
+STALLS = "stalls"
+
+
+@dataclass
+class DeadlinesConfig:
+    """``deadlines.*``: how long each stage may go without progress, in seconds. The
+    defaults are far above what a healthy stage takes; a user never has to touch them."""
+
+    rollout_s: float = 1800.0  # a step's rollouts with no episode finishing
+    eval_s: float = 1800.0  # an eval with no episode finishing
+    update_s: float = 3600.0  # the policy (and critic) update of one step
+    sync_s: float = 1800.0  # the new weights into the rollout engines
+    checkpoint_s: float = 1800.0  # one checkpoint's save
+    env_step_s: float = 600.0  # one env step (its tools, its reward) or close
+    grace_s: float = 60.0  # a fatal stall's time to unwind before the process exits
+    heartbeat_s: float = 5.0  # how often heartbeat.json is rewritten
+
+    def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            if not value > 0:
+                raise ValueError(f"deadlines.{name} must be > 0 seconds, got {value!r}")
+
+
+class StageStalled(RuntimeError):
+    """A stage ran past its deadline (raised in the thread that ran it)."""
+
+    def __init__(self, stage: str, step: int, waited: float, deadline: float,
+                 stacks: Path | None) -> None:
+        self.stage, self.step, self.waited, self.stacks = stage, step, waited, stacks
+        where = f"; every thread's stack is in {stacks}" if stacks else ""
+        super().__init__(f"the {stage} of step {step} made no progress for {waited:.0f}s, past "
+                         f"its deadline (deadlines.{stage}_s={deadline:g}){where}. The last "
+                         f"complete checkpoint is intact: continue with trainer.resume=auto")
+
+
+@dataclass
+class _Stage:
+    name: str
+    step: int
+    deadline: float
+    fatal: bool
+    thread: int
+    started: float
+    progress_at: float
+    fired: bool = False
+
+
+def _thread_names() -> dict[int, str]:
+    return {t.ident: t.name for t in threading.enumerate() if t.ident is not None}
+
+
+def format_stacks(reason: str) -> str:
+    """Every thread's Python stack, innermost call last, under a line saying why."""
+    names = _thread_names()
+    lines = [f"# {reason}", f"# pid {os.getpid()} on {socket.gethostname()}, "
+             f"{time.strftime('%Y-%m-%d %H:%M:%S')}", ""]
+    for ident, frame in sys._current_frames().items():
+        lines.append(f"Thread {names.get(ident, '?')} ({ident}):")
+        lines.extend(line.rstrip("\n") for line in traceback.format_stack(frame))
+        lines.append("")
+    return "\n".join(lines)
+
+
+#: where :func:`dump_stacks` writes when no file is given (the active watchdog's run dir)
+_STALL_DIR: Path | None = None
+
+
+def dump_stacks(reason: str, name: str, directory: Path | None = None) -> Path | None:
+    """Write :func:`format_stacks` to ``<directory>/stall-<name>-<time>.txt`` (the active
+    watchdog's ``stalls/`` by default) and log where; with no directory, log the stacks."""
+    text = format_stacks(reason)
+    directory = directory or _STALL_DIR
+    if directory is None:
+        logger.error("%s\n%s", reason, text)
+        return None
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"stall-{name}-{time.strftime('%Y%m%d-%H%M%S')}-{time.monotonic_ns()}.txt"
+    path.write_text(text)
+    logger.error("%s; every thread's stack: %s", reason, path)
+    return path
+
+
+class Watchdog:
+    """Watches the stages of one process (see the module docstring)."""
+
+    def __init__(self, run_dir: Path, cfg: DeadlinesConfig | None = None,
+                 role: str = "trainer", poll_s: float = 1.0) -> None:
+        global _STALL_DIR
+        self.run_dir, self.cfg, self.role = Path(run_dir), cfg or DeadlinesConfig(), role
+        self.poll_s = min(poll_s, self.cfg.heartbeat_s)
+        self._stages: list[_Stage] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._state = "running"
+        self._stalled: StageStalled | None = None
+        self._main = threading.main_thread().ident
+        self._previous_handler = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous_handler = signal.signal(signal.SIGUSR2, self._interrupt)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        _STALL_DIR = self.run_dir / STALLS
+        self._beat()
+        self._thread = threading.Thread(target=self._watch, daemon=True, name="watchdog")
+        self._thread.start()
+
+    # -- the stages ------------------------------------------------------------------
+    @contextlib.contextmanager
+    def stage(self, name: str, step: int, fatal: bool = True):
+        """Run the body as stage ``name`` of step ``step`` under ``deadlines.<name>_s``."""
+        now = time.monotonic()
+        st = _Stage(name, step, getattr(self.cfg, f"{name}_s"), fatal,
+                    threading.get_ident(), now, now)
+        with self._lock:
+            self._stages.append(st)
+        self._beat()
+        try:
+            yield st
+        except StageStalled:
+            raise
+        except BaseException:
+            if st.fired and self._stalled is not None:  # the stall's interrupt, unwound
+                raise self._stalled from None
+            raise
+        finally:
+            with self._lock:
+                self._stages.remove(st)
+            self._beat()
+
+    def progress(self) -> None:
+        """The stages of this thread (all, when called from another) are moving: their
+        deadlines count from now."""
+        now, me = time.monotonic(), threading.get_ident()
+        with self._lock:
+            mine = [s for s in self._stages if s.thread == me] or self._stages
+            for s in mine:
+                s.progress_at = now
+
+    # -- the watch -------------------------------------------------------------------
+    def _watch(self) -> None:
+        last_beat = time.monotonic()
+        while not self._stop.wait(self.poll_s):
+            now = time.monotonic()
+            with self._lock:
+                late = [s for s in self._stages if not s.fired and
+                        now - s.progress_at > s.deadline]
+                for s in late:
+                    s.fired = True
+            for s in late:
+                self._fire(s, now - s.progress_at)
+            if now - last_beat >= self.cfg.heartbeat_s or late:
+                self._beat()
+                last_beat = now
+
+    def _fire(self, st: _Stage, waited: float) -> None:
+        reason = (f"{self.role}: the {st.name} of step {st.step} made no progress for "
+                  f"{waited:.0f}s (deadlines.{st.name}_s={st.deadline:g})")
+        path = dump_stacks(reason, f"step{st.step}-{st.name}")
+        if not st.fatal:
+            return
+        self._stalled = StageStalled(st.name, st.step, waited, st.deadline, path)
+        self._state = "stalled"
+        self._beat()
+        if st.thread == self._main and self._previous_handler is not None:
+            signal.pthread_kill(st.thread, signal.SIGUSR2)  # raises in the stalled thread
+        threading.Thread(target=self._exit_after_grace, args=(st,), daemon=True,
+                         name="watchdog-grace").start()
+
+    def _interrupt(self, signum, frame) -> None:
+        if self._stalled is not None:
+            raise self._stalled
+
+    def _exit_after_grace(self, st: _Stage) -> None:
+        deadline = time.monotonic() + self.cfg.grace_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if st not in self._stages:
+                    return  # it unwound
+            time.sleep(0.2)
+        message = f"agentgym: {self._stalled} (it did not unwind within deadlines.grace_s=" \
+                  f"{self.cfg.grace_s:g}; exiting)"
+        logger.critical(message)
+        print(message, file=sys.stderr, flush=True)
+        os._exit(EXIT_STALLED)
+
+    # -- the heartbeat ---------------------------------------------------------------
+    def _beat(self) -> None:
+        now_mono, now = time.monotonic(), time.time()
+        with self._lock:
+            stages = list(self._stages)
+        names = _thread_names()
+        beat = {"pid": os.getpid(), "host": socket.gethostname(), "role": self.role,
+                "state": self._state, "time": now,
+                "stages": [{"stage": s.name, "step": s.step, "thread": names.get(s.thread, "?"),
+                            "since": now - (now_mono - s.started),
+                            "progress_at": now - (now_mono - s.progress_at),
+                            "deadline_s": s.deadline} for s in stages],
+                "threads": sorted(names.values())}
+        if self._stalled is not None:
+            beat["stall"] = str(self._stalled)
+        path = self.run_dir / HEARTBEAT
+        tmp = path.with_name(f".{HEARTBEAT}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps(beat, indent=1))
+            os.replace(tmp, path)
+        except OSError as e:  # a full disk must not stop the run here
+            logger.warning("could not write %s: %s", path, e)
+
+    def close(self, state: str = "finished") -> None:
+        global _STALL_DIR
+        self._stop.set()
+        self._thread.join(timeout=10)
+        if self._state == "running":
+            self._state = state
+        self._beat()
+        if self._previous_handler is not None:
+            signal.signal(signal.SIGUSR2, self._previous_handler)
+        if _STALL_DIR == self.run_dir / STALLS:
+            _STALL_DIR = None
+
+
+class _NoWatch:
+    """Stands in for a :class:`Watchdog` where nothing is watched (no run directory)."""
+
+    @contextlib.contextmanager
+    def stage(self, name: str, step: int, fatal: bool = True):
+        yield None
+
+    def progress(self) -> None:
+        pass
+
+    def close(self, state: str = "finished") -> None:
+        pass
+
+
+NO_WATCH = _NoWatch()

@@ -1,0 +1,184 @@
+"""No silent hangs (agentgym.core.watchdog): a stage past its deadline names itself, writes
+every thread's stack, and then does what that stage's failure should do: an env step that
+never returns ends its episode as an infrastructure failure (the run trains on without
+it); a checkpoint write that never returns ends the run with the stage in the message,
+and the resumed run ends as one that never stalled. The faults are injected (named
+``…Fault`` / ``blocked_…``); the deadlines are seconds so the tests are quick."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from agentgym import envs
+from agentgym.core.watchdog import EXIT_STALLED, DeadlinesConfig, StageStalled, Watchdog
+from agentgym.data.rows import write_jsonl
+from toy_envs import STALL_RELEASE, letter_rows
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def blocked_checkpoint_write(gate: threading.Event) -> None:
+    gate.wait()
+
+
+def test_a_stage_past_its_deadline_raises_in_its_thread_with_every_stack(tmp_path):
+    watch = Watchdog(tmp_path, DeadlinesConfig(checkpoint_s=1.0, grace_s=60.0), poll_s=0.1)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(StageStalled) as stalled:
+            with watch.stage("checkpoint", 3):
+                blocked_checkpoint_write(threading.Event())
+        waited = time.monotonic() - t0
+        beat = json.loads((tmp_path / "heartbeat.json").read_text())
+    finally:
+        watch.close("stalled")
+    e = stalled.value
+    assert (e.stage, e.step) == ("checkpoint", 3) and "deadlines.checkpoint_s=1" in str(e)
+    assert 1.0 <= waited < 31.0  # after its deadline, and well before the grace ran out
+    stack = e.stacks.read_text()
+    assert e.stacks.parent == tmp_path / "stalls" and "blocked_checkpoint_write" in stack
+    assert "Thread MainThread" in stack and "Thread watchdog" in stack
+    assert beat["state"] == "stalled" and "checkpoint of step 3" in beat["stall"]
+    assert beat["stages"] == []  # it unwound: the stage is over
+
+
+def test_a_long_stage_that_keeps_progressing_is_not_a_stall(tmp_path):
+    watch = Watchdog(tmp_path, DeadlinesConfig(eval_s=2.0), poll_s=0.05)
+    try:
+        with watch.stage("eval", 0):
+            end = time.monotonic() + 5.0  # more than twice its deadline, moving all along
+            while time.monotonic() < end:
+                watch.progress()
+                time.sleep(0.05)
+            beat = json.loads((tmp_path / "heartbeat.json").read_text())
+    finally:
+        watch.close()
+    assert not (tmp_path / "stalls").exists()
+    assert beat["state"] == "running" and beat["stages"][0]["stage"] == "eval"
+    assert json.loads((tmp_path / "heartbeat.json").read_text())["state"] == "finished"
+
+
+def test_a_stall_outside_the_main_thread_ends_the_process_after_its_grace(tmp_path):
+    """A fatal stage in a thread no signal can interrupt: the process writes the message
+    and exits with EXIT_STALLED once deadlines.grace_s has passed."""
+    code = f"""
+import threading
+from agentgym.core.watchdog import DeadlinesConfig, Watchdog
+watch = Watchdog({str(tmp_path)!r}, DeadlinesConfig(sync_s=1.0, grace_s=1.0), poll_s=0.1)
+def blocked_weight_push():
+    threading.Event().wait()
+def push():
+    with watch.stage("sync", 5):
+        blocked_weight_push()
+t = threading.Thread(target=push, name="pusher")
+t.start()
+t.join()
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == EXIT_STALLED, proc.stderr[-2000:]
+    assert "the sync of step 5 made no progress" in proc.stderr
+    (stack,) = (tmp_path / "stalls").glob("stall-step5-sync-*.txt")
+    assert "blocked_weight_push" in stack.read_text() and "Thread pusher" in stack.read_text()
+
+
+@pytest.fixture
+def stalling_env():
+    envs.register_env("agentgym-test/StallingLetter-v0", "toy_envs:StallingLetterEnvFault")
+    STALL_RELEASE.clear()
+    yield "agentgym-test/StallingLetter-v0"
+    STALL_RELEASE.set()  # the blocked env threads end with the test
+
+
+def test_an_env_step_that_never_returns_is_an_infra_failure_not_trained_on(
+        tmp_path, stalling_env):
+    from agentgym.cli import main
+    rows = letter_rows(2)
+    rows[0]["extra_info"]["stall"] = True
+    for r in rows:
+        r["env"] = stalling_env
+    data = tmp_path / "rows.jsonl"
+    write_jsonl(data, rows)
+    run = tmp_path / "run"
+    assert main(["train", f"env={stalling_env}", "model=tiny", f"data={data}",
+                 "trainer.total_steps=1", "trainer.prompts_per_step=2", "n=2",
+                 "rollout.max_tokens_per_turn=8", "trainer.eval_limit=0",
+                 "deadlines.env_step_s=2", f"run_dir={run}"]) == 0
+    (step,) = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    # the stalled row's two episodes (each replayed once, stalling again) are left out;
+    # the other row's two are trained on
+    assert step["rollout/infra_failed"] == 2.0 and step["rollout/infra_dropped"] == 2.0
+    stacks = list((run / "stalls").glob("stall-env-step-*.txt"))
+    assert stacks and all("stall_forever" in p.read_text() for p in stacks)
+    assert json.loads((run / "heartbeat.json").read_text())["state"] == "finished"
+
+
+def test_status_reads_a_finished_run_and_refuses_a_folder_that_is_none(tmp_path, capsys):
+    from agentgym.cli import main
+    run = tmp_path / "run"
+    data = tmp_path / "toy.jsonl"
+    write_jsonl(data, letter_rows(4))
+    assert main(["train", "env=agentgym-test/Letter-v0", "model=tiny", f"data={data}",
+                 "trainer.total_steps=1", "trainer.prompts_per_step=2", "n=2",
+                 "rollout.max_tokens_per_turn=8", "trainer.eval_limit=0",
+                 f"run_dir={run}"]) == 0
+    capsys.readouterr()
+    assert main(["status", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert f"state     finished, pid {os.getpid()}" in out
+    assert "metrics   step 1: rollout/reward" in out
+    assert f"checkpoint {run / 'checkpoints' / 'step_1'}" in out
+    assert main(["status", str(tmp_path)]) == 2
+    assert "is not a run directory" in capsys.readouterr().err
+
+
+def _train_args(tmp: Path, run: Path) -> list[str]:
+    data = tmp / "toy.jsonl"
+    if not data.exists():
+        write_jsonl(data, letter_rows(16))
+    return ["train", "env=agentgym-test/Letter-v0", "model=tiny", f"data={data}",
+            "trainer.total_steps=3", "trainer.prompts_per_step=2", "n=4",
+            "rollout.max_tokens_per_turn=8", "trainer.lr=1e-2", "trainer.eval_limit=0",
+            "trainer.save_every=1", f"run_dir={run}"]
+
+
+def _cli(args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "tests" / "cli_with_faults.py"), *args],
+                          cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True,
+                          text=True, timeout=900)
+
+
+def _metrics(run: Path) -> list[dict]:
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "rollout/drift_"))
+             and k not in ("rollout/generate_s", "rollout/env_s")} for r in rows]
+
+
+def test_a_checkpoint_write_that_never_returns_ends_the_run_then_resume_matches(tmp_path):
+    from agentgym.reporting.status import status_lines
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    clean = _cli(_train_args(tmp_path, straight))
+    assert clean.returncode == 0, clean.stderr[-3000:]
+    stalled = _cli(_train_args(tmp_path, run) + ["deadlines.checkpoint_s=3"],
+                   env={"AGENTGYM_TEST_BLOCK_IN_SAVE": "2"})
+    assert stalled.returncode == 3, stalled.stderr[-3000:]
+    assert "the checkpoint of step 2 made no progress" in stalled.stderr
+    assert "trainer.resume=auto" in stalled.stderr
+    ckpts = run / "checkpoints"
+    assert (ckpts / "step_1").is_dir() and not (ckpts / "step_2").exists()
+    assert not (ckpts / "step_2.tmp").exists()  # the half-written one is gone
+    (stack,) = (run / "stalls").glob("stall-step2-checkpoint-*.txt")
+    assert "blocked_checkpoint_write" in stack.read_text()
+    report = "\n".join(status_lines(run))
+    assert "state     stalled" in report and f"checkpoint {ckpts / 'step_1'}" in report
+    resumed = _cli(_train_args(tmp_path, run) + ["trainer.resume=auto"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert _metrics(run) == _metrics(straight)  # steps 1-3, as if it had never stalled
