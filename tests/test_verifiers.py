@@ -126,6 +126,40 @@ def test_check_env_loads_the_taskset_and_reads_its_rubric(capsys):
     assert "has 1 task(s)" in capsys.readouterr().out
 
 
+def test_a_worker_killed_mid_episode_fails_that_episode_and_the_next_is_played(
+        tiny_model, tiny_tokenizer):
+    """Fault injection: the verifiers worker (and the harness it started) is SIGKILLed
+    when the engine gets the episode's first call. That episode is counted failed and not
+    trained on; the next episode starts a new worker and is played."""
+    import os
+    import signal
+
+    from agentgym.data.rows import load_rows
+    from agentgym.serving.agents import program_manager
+    cfg = vf_cfg()
+    engine = ScriptedCalcModel(tiny_model, tiny_tokenizer)
+    manager = program_manager(_Closed(), engine, tiny_tokenizer, cfg)
+    killed = []
+    real = engine.generate
+
+    async def generate_then_kill_the_worker(*args, **kwargs):
+        if not killed:
+            worker = manager.program.worker()
+            killed.append(worker.proc.pid)
+            os.killpg(worker.proc.pid, signal.SIGKILL)
+        return await real(*args, **kwargs)
+    engine.generate = generate_then_kill_the_worker
+    row = load_rows("verifiers", "train", 0, cfg=cfg)[2]
+    try:
+        assert asyncio.run(manager.run([row], n=1)) == []
+        assert manager.take_stats()["agent/failed"] == 1.0
+        (traj,) = asyncio.run(manager.run([row], n=1))
+        assert manager.take_stats()["agent/failed"] == 0.0
+        assert manager.program.worker().proc.pid != killed[0] and traj.reward > 0
+    finally:
+        manager.close()
+
+
 class _Closed:
     def close(self):
         pass
