@@ -131,6 +131,32 @@ class ScriptedCalcModel(ScriptedAgentModel):
         return await ScriptedServed.generate(self, prompt_ids, sampling, images, session_id)
 
 
+class StallingLetterModelFault(ScriptedServed):
+    """Fault injection (``engine=stalling-letter-model-fault``, registered by
+    tests/test_stalls.py): a prompt holding ``#0`` sends the request to an engine step that
+    never returns (``blocked_engine_step``, in a thread, until the test releases
+    toy_envs.STALL_RELEASE); any other prompt gets an 'e'-heavy reply."""
+
+    def __init__(self, model, tokenizer):
+        super().__init__(model, tokenizer, [])
+
+    @classmethod
+    def from_config(cls, cfg, model, tokenizer):
+        return cls(model, tokenizer)
+
+    async def generate(self, prompt_ids, sampling, images=None, session_id=None):
+        if "#0" in self.tok.decode(prompt_ids):  # the engine's own thread, stuck
+            threading.Thread(target=blocked_engine_step, daemon=True, name="engine-step").start()
+            await asyncio.get_running_loop().create_future()  # its answer never comes
+        self.script.append("eee eee + eos")
+        return await super().generate(prompt_ids, sampling, images, session_id)
+
+
+def blocked_engine_step() -> None:
+    from toy_envs import STALL_RELEASE
+    STALL_RELEASE.wait()
+
+
 class DeadRetrieverFault:
     """Injects a retriever that is down (connection refused)."""
 

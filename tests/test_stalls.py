@@ -121,6 +121,25 @@ def test_an_env_step_that_never_returns_is_an_infra_failure_not_trained_on(
     assert json.loads((run / "heartbeat.json").read_text())["state"] == "finished"
 
 
+def test_a_generation_that_never_returns_is_an_infra_failure_not_trained_on(
+        tmp_path, stalling_env):
+    from agentgym.cli import main
+    from agentgym.rollout.engines.base import ENGINES
+    if "stalling-letter-model-fault" not in ENGINES.names():
+        ENGINES.register("stalling-letter-model-fault", "fakes:StallingLetterModelFault")
+    data = tmp_path / "rows.jsonl"
+    write_jsonl(data, letter_rows(2))  # "Write text #0." stalls in the engine
+    run = tmp_path / "run"
+    assert main(["train", "env=agentgym-test/Letter-v0", "model=tiny", f"data={data}",
+                 "engine=stalling-letter-model-fault", "trainer.total_steps=1",
+                 "trainer.prompts_per_step=2", "n=2", "rollout.max_tokens_per_turn=8",
+                 "trainer.eval_limit=0", "deadlines.turn_s=2", f"run_dir={run}"]) == 0
+    (step,) = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert step["rollout/infra_failed"] == 2.0 and step["rollout/infra_dropped"] == 2.0
+    stacks = list((run / "stalls").glob("stall-generate-*.txt"))
+    assert stacks and all("blocked_engine_step" in p.read_text() for p in stacks)
+
+
 def test_status_reads_a_finished_run_and_refuses_a_folder_that_is_none(tmp_path, capsys):
     from agentgym.cli import main
     run = tmp_path / "run"

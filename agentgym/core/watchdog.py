@@ -21,9 +21,9 @@ reads it). A stage past its deadline:
   unwind within ``deadlines.grace_s`` (a call that holds the interpreter), the process
   exits with :data:`EXIT_STALLED` after writing the same message.
 
-The episode-level deadline (an env's step with its tools and reward) is the rollout
-manager's (:mod:`agentgym.rollout.manager`): a stalled step ends its episode as an
-infrastructure failure, kept out of the gradient, with the stacks written by
+The episode-level deadlines (an env's step with its tools and reward; one generation) are
+the rollout manager's (:mod:`agentgym.rollout.manager`): a stalled call ends its episode
+as an infrastructure failure, kept out of the gradient, with the stacks written by
 :func:`dump_stacks`.
 """
 
@@ -55,12 +55,13 @@ class DeadlinesConfig:
     """``deadlines.*``: how long each stage may go without progress, in seconds. The
     defaults are far above what a healthy stage takes; a user never has to touch them."""
 
-    rollout_s: float = 1800.0  # a step's rollouts with no episode finishing
-    eval_s: float = 1800.0  # an eval with no episode finishing
+    rollout_s: float = 3600.0  # a step's rollouts with no episode finishing
+    eval_s: float = 3600.0  # an eval with no episode finishing
     update_s: float = 3600.0  # the policy (and critic) update of one step
     sync_s: float = 1800.0  # the new weights into the rollout engines
     checkpoint_s: float = 1800.0  # one checkpoint's save
     env_step_s: float = 600.0  # one env step (its tools, its reward) or close
+    turn_s: float = 3600.0  # one generation of the policy (the request is then cancelled)
     grace_s: float = 60.0  # a fatal stall's time to unwind before the process exits
     heartbeat_s: float = 5.0  # how often heartbeat.json is rewritten
 

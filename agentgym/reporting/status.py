@@ -76,7 +76,8 @@ def status_lines(run_dir: str | Path, now: float | None = None) -> list[str]:
         last = [line for line in text[:text.rfind("\n") + 1].splitlines() if line.strip()]
         if last:
             m = json.loads(last[-1])
-            shown = "  ".join(f"{k} {m[k]:.4g}" for k in SHOWN if isinstance(m.get(k), (int, float)))
+            shown = "  ".join(f"{k} {m[k]:.4g}" for k in SHOWN
+                              if isinstance(m.get(k), (int, float)))
             lines.append(f"metrics   step {m.get('step')}: {shown}".rstrip())
     ckpts = sorted((p for p in (run / "checkpoints").glob("step_*")
                     if p.is_dir() and p.name[5:].isdigit()), key=lambda p: int(p.name[5:]))

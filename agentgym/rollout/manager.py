@@ -37,8 +37,9 @@ logger = logging.getLogger(__name__)
 INFRA_WAIT_S = 120.0
 
 
-class EnvStalled(RuntimeError):
-    """An env call ran past ``deadlines.env_step_s``."""
+class CallStalled(RuntimeError):
+    """An env call ran past ``deadlines.env_step_s``, or a generation past
+    ``deadlines.turn_s``: the episode ends as an infrastructure failure."""
 
 
 async def _wait_for_services() -> None:
@@ -102,7 +103,7 @@ class GenerationManager:
 
     async def _env_call(self, what: str, episode: str, fn, *args, **kwargs):
         """``fn`` in the env pool under ``deadlines.env_step_s``: past it, every thread's
-        stack is written (the env's call is among them) and :class:`EnvStalled` raised.
+        stack is written (the env's call is among them) and :class:`CallStalled` raised.
         The call's thread stays blocked (Python cannot stop it); the pool's other
         threads play on."""
         limit = self.deadlines.env_step_s
@@ -114,7 +115,7 @@ class GenerationManager:
             reason = f"episode {episode}: env.{what} made no progress for {limit:g}s " \
                      f"(deadlines.env_step_s)"
             path = dump_stacks(reason, f"env-{what}")
-            raise EnvStalled(reason + (f"; stacks: {path}" if path else "")) from None
+            raise CallStalled(reason + (f"; stacks: {path}" if path else "")) from None
 
     async def play(self, row: dict, uid: str = "0", sample_index: int = 0,
                    base_seed: int | None = None) -> list[Trajectory]:
@@ -180,62 +181,66 @@ class GenerationManager:
             blocks: Blocks = [("prompt", prompt)]  # the context, for rollout.context
             traj.policy_version = self.engine.policy_version
             step = turn = 0  # the env's steps; turns count every generation (summaries too)
-            while True:
-                if cfg.context != "keep" and len(traj.token_ids) > cfg.context_tokens:
-                    new = await self._compact(blocks, w, turn, seed, session, m)
-                    if new is not None:
-                        if cfg.context == "summarize":  # the summary was a turn: reward 0
-                            turn_rewards.append(0.0)
-                            turn += 1
-                        ranges[-1][1] = turn - 1
-                        blocks, images = new, traj.images
-                        traj = new_part()
-                        traj.images, traj.policy_version = images, self.engine.policy_version
-                        w = TrajectoryWriter(traj, self.chat, fmt)
-                        w.prompt(joined(blocks), turn)
-                        parts.append(traj)
-                        ranges.append([turn, -1])
-                budget = cfg.max_response_tokens - traj.response_length
-                if budget <= 0:
-                    traj.truncated, info = True, {**info, "end": "token_budget"}
-                    break
-                sampling = SamplingParams(
-                    max_new_tokens=min(self._tokens_per_turn(row), budget),
-                    temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                    stop=env.stop_strings, seed=(seed + 7919 * step) % 2**31)
-                out = await self._generate(w, sampling, session, turn, m)
-                text = self.chat.decode(out.ids)
-                t0 = time.perf_counter()
-                try:
-                    obs, reward, terminated, truncated, info = \
-                        await self._env_call("step", session, env.step, text)
-                except EnvStalled as e:  # an infrastructure failure: not trained on
+            try:
+                while True:
+                    if cfg.context != "keep" and len(traj.token_ids) > cfg.context_tokens:
+                        new = await self._compact(blocks, w, turn, seed, session, m)
+                        if new is not None:
+                            if cfg.context == "summarize":  # the summary was a turn: reward 0
+                                turn_rewards.append(0.0)
+                                turn += 1
+                            ranges[-1][1] = turn - 1
+                            blocks, images = new, traj.images
+                            traj = new_part()
+                            traj.images, traj.policy_version = images, self.engine.policy_version
+                            w = TrajectoryWriter(traj, self.chat, fmt)
+                            w.prompt(joined(blocks), turn)
+                            parts.append(traj)
+                            ranges.append([turn, -1])
+                    budget = cfg.max_response_tokens - traj.response_length
+                    if budget <= 0:
+                        traj.truncated, info = True, {**info, "end": "token_budget"}
+                        break
+                    sampling = SamplingParams(
+                        max_new_tokens=min(self._tokens_per_turn(row), budget),
+                        temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                        stop=env.stop_strings, seed=(seed + 7919 * step) % 2**31)
+                    out = await self._generate(w, sampling, session, turn, m)
+                    text = self.chat.decode(out.ids)
+                    t0 = time.perf_counter()
+                    try:
+                        obs, reward, terminated, truncated, info = \
+                            await self._env_call("step", session, env.step, text)
+                    except CallStalled as e:  # an infrastructure failure: not trained on
+                        m["env_s"] += time.perf_counter() - t0
+                        traj.truncated = True
+                        info = {**info, "infra_failures": 1, "infra_error": str(e),
+                                "end": "env_stalled"}
+                        turn_rewards.append(0.0)
+                        step += 1
+                        turn += 1
+                        break
                     m["env_s"] += time.perf_counter() - t0
-                    traj.truncated = True
-                    info = {**info, "infra_failures": 1, "infra_error": str(e),
-                            "end": "env_stalled"}
-                    turn_rewards.append(0.0)
                     step += 1
                     turn += 1
-                    break
-                m["env_s"] += time.perf_counter() - t0
-                step += 1
-                turn += 1
-                turn_rewards.append(reward)
-                if terminated or truncated:
-                    traj.terminated, traj.truncated = terminated, truncated
-                    break
-                after = w.after_action(out.ids, obs, turn - 1, cfg.max_response_tokens)
-                if after is None:  # no room left for another action
-                    traj.truncated, info = True, {**info, "end": "token_budget"}
-                    break
-                filler, obs_ids = after
-                blocks += [("generated", list(out.ids)), ("filler", filler),
-                           ("observation", obs_ids)]
+                    turn_rewards.append(reward)
+                    if terminated or truncated:
+                        traj.terminated, traj.truncated = terminated, truncated
+                        break
+                    after = w.after_action(out.ids, obs, turn - 1, cfg.max_response_tokens)
+                    if after is None:  # no room left for another action
+                        traj.truncated, info = True, {**info, "end": "token_budget"}
+                        break
+                    filler, obs_ids = after
+                    blocks += [("generated", list(out.ids)), ("filler", filler),
+                               ("observation", obs_ids)]
+            except CallStalled as e:  # a generation past deadlines.turn_s: not trained on
+                traj.truncated = True
+                info = {**info, "infra_failures": 1, "infra_error": str(e), "end": "stalled"}
         finally:
             try:
                 await self._env_call("close", session, env.close)
-            except EnvStalled as e:
+            except CallStalled as e:
                 logger.warning("%s", e)
         ranges[-1][1] = len(turn_rewards) - 1
         return _finish_parts(parts, ranges, turn_rewards, info, m, row,
@@ -246,8 +251,15 @@ class GenerationManager:
         """Sample one turn onto ``w``'s trajectory (its ids, logprobs and policy version)."""
         traj = w.traj
         t0 = time.perf_counter()
-        out = await self.engine.generate(traj.token_ids, sampling, images=traj.images,
-                                         session_id=session)
+        limit = self.deadlines.turn_s
+        try:  # a request past its deadline is cancelled (the engine drops its row)
+            out = await asyncio.wait_for(self.engine.generate(
+                traj.token_ids, sampling, images=traj.images, session_id=session), limit)
+        except TimeoutError:
+            reason = f"episode {session}: a generation made no progress for {limit:g}s " \
+                     f"(deadlines.turn_s)"
+            path = dump_stacks(reason, "generate")
+            raise CallStalled(reason + (f"; stacks: {path}" if path else "")) from None
         m["generate_s"] += time.perf_counter() - t0
         version = out.policy_version if out.policy_version is not None \
             else self.engine.policy_version
