@@ -92,7 +92,8 @@ t.join()
 
 @pytest.fixture
 def stalling_env():
-    envs.register_env("agentgym-test/StallingLetter-v0", "toy_envs:StallingLetterEnvFault")
+    if "agentgym-test/StallingLetter-v0" not in envs.env_ids():
+        envs.register_env("agentgym-test/StallingLetter-v0", "toy_envs:StallingLetterEnvFault")
     STALL_RELEASE.clear()
     yield "agentgym-test/StallingLetter-v0"
     STALL_RELEASE.set()  # the blocked env threads end with the test
