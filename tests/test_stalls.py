@@ -99,11 +99,13 @@ def stalling_env():
     STALL_RELEASE.set()  # the blocked env threads end with the test
 
 
-def test_an_env_step_that_never_returns_is_an_infra_failure_not_trained_on(
-        tmp_path, stalling_env):
+@pytest.mark.parametrize("where", ["stall", "stall_reset"])
+def test_an_env_call_that_never_returns_is_an_infra_failure_not_trained_on(
+        tmp_path, stalling_env, where):
+    """An env step (its reward) or an env reset that never returns."""
     from agentgym.cli import main
     rows = letter_rows(2)
-    rows[0]["extra_info"]["stall"] = True
+    rows[0]["extra_info"][where] = True
     for r in rows:
         r["env"] = stalling_env
     data = tmp_path / "rows.jsonl"
@@ -117,7 +119,8 @@ def test_an_env_step_that_never_returns_is_an_infra_failure_not_trained_on(
     # the stalled row's two episodes (each replayed once, stalling again) are left out;
     # the other row's two are trained on
     assert step["rollout/infra_failed"] == 2.0 and step["rollout/infra_dropped"] == 2.0
-    stacks = list((run / "stalls").glob("stall-env-step-*.txt"))
+    call = {"stall": "step", "stall_reset": "reset"}[where]
+    stacks = list((run / "stalls").glob(f"stall-env-{call}-*.txt"))
     assert stacks and all("stall_forever" in p.read_text() for p in stacks)
     assert json.loads((run / "heartbeat.json").read_text())["state"] == "finished"
 

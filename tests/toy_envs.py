@@ -175,11 +175,14 @@ def stall_forever() -> None:
 
 class StallingLetterEnvFault(LetterEnv):
     """Fault injection: a row with ``extra_info.stall`` makes the env's step (its reward)
-    block forever (until the test releases :data:`STALL_RELEASE`); other rows are
-    :class:`LetterEnv`'s."""
+    block forever (until the test releases :data:`STALL_RELEASE`), one with
+    ``extra_info.stall_reset`` its reset; other rows are :class:`LetterEnv`'s."""
 
     def _reset(self, row):
-        self._stall = bool(((row or {}).get("extra_info") or {}).get("stall"))
+        extra = (row or {}).get("extra_info") or {}
+        self._stall = bool(extra.get("stall"))
+        if extra.get("stall_reset"):
+            stall_forever()
         return super()._reset(row)
 
     def _step(self, action, last_turn):

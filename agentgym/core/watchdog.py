@@ -21,7 +21,8 @@ reads it). A stage past its deadline:
   unwind within ``deadlines.grace_s`` (a call that holds the interpreter), the process
   exits with :data:`EXIT_STALLED` after writing the same message.
 
-The episode-level deadlines (an env's step with its tools and reward; one generation) are
+The episode-level deadlines (an env's reset, or step with its tools and reward; one
+generation) are
 the rollout manager's (:mod:`agentgym.rollout.manager`): a stalled call ends its episode
 as an infrastructure failure, kept out of the gradient, with the stacks written by
 :func:`dump_stacks`.
@@ -60,7 +61,7 @@ class DeadlinesConfig:
     update_s: float = 3600.0  # the policy (and critic) update of one step
     sync_s: float = 1800.0  # the new weights into the rollout engines
     checkpoint_s: float = 1800.0  # one checkpoint's save
-    env_step_s: float = 600.0  # one env step (its tools, its reward) or close
+    env_step_s: float = 600.0  # one env reset, step (its tools, its reward) or close
     turn_s: float = 3600.0  # one generation of the policy (the request is then cancelled)
     grace_s: float = 60.0  # a fatal stall's time to unwind before the process exits
     heartbeat_s: float = 5.0  # how often heartbeat.json is rewritten

@@ -169,7 +169,12 @@ class GenerationManager:
             else await self._in_pool(self.env_factory)
         try:
             t0 = time.perf_counter()
-            obs, info = await self._in_pool(env.reset, seed=seed, options={"row": row})
+            stalled = None
+            try:
+                obs, info = await self._env_call("reset", session, env.reset, seed=seed,
+                                                 options={"row": row})
+            except CallStalled as e:  # the row's own prompt stands in for the env's
+                stalled, obs, info = e, [dict(x) for x in row.get("prompt") or []], {}
             m["env_s"] += time.perf_counter() - t0
             fmt = env.observation_format
             prompt, traj.images = self.chat.prompt(obs, tools=getattr(env, "tools", None))
@@ -182,6 +187,8 @@ class GenerationManager:
             traj.policy_version = self.engine.policy_version
             step = turn = 0  # the env's steps; turns count every generation (summaries too)
             try:
+                if stalled is not None:  # not played: an infrastructure failure
+                    raise stalled
                 while True:
                     if cfg.context != "keep" and len(traj.token_ids) > cfg.context_tokens:
                         new = await self._compact(blocks, w, turn, seed, session, m)
@@ -234,7 +241,7 @@ class GenerationManager:
                     filler, obs_ids = after
                     blocks += [("generated", list(out.ids)), ("filler", filler),
                                ("observation", obs_ids)]
-            except CallStalled as e:  # a generation past deadlines.turn_s: not trained on
+            except CallStalled as e:  # a reset or generation past its deadline: not trained on
                 traj.truncated = True
                 info = {**info, "infra_failures": 1, "infra_error": str(e), "end": "stalled"}
         finally:
