@@ -6,7 +6,9 @@ itself SIGKILL in the middle of saving checkpoint N: after the backend has writt
 weights and optimizer shards into ``step_N.tmp``, before ``state.json`` and the rename
 that mark the checkpoint complete. With ``AGENTGYM_TEST_BLOCK_IN_SAVE=N`` saving checkpoint
 N blocks forever at the same point instead (``blocked_checkpoint_write``: a write to a disk
-that stopped answering).
+that stopped answering). With ``AGENTGYM_TEST_SILENT_RANK=R:N`` rank R of a sharded
+backend is not sent the N-th ``train_step``: the other ranks enter its collectives and
+wait for a rank that stopped answering.
 """
 
 from __future__ import annotations
@@ -49,6 +51,26 @@ if BLOCK_AT:
                 blocked_checkpoint_write()
         return wrapper
     SingleBackend.save = blocking(SingleBackend.save)
+
+SILENT = os.environ.get("AGENTGYM_TEST_SILENT_RANK")
+if SILENT:
+    import pickle
+
+    from agentgym.trainers.backends.distributed import ProcessRanks
+    silent_rank, nth = map(int, SILENT.split(":"))
+    calls = {"train_step": 0}
+    real_call = ProcessRanks.call
+
+    def call_without_one_rank(self, method, args_per_rank):
+        if method == "train_step":
+            calls[method] += 1
+            if calls[method] == nth:
+                for r, (conn, args) in enumerate(zip(self.conns, args_per_rank)):
+                    if r != silent_rank:
+                        conn.send_bytes(pickle.dumps((method, args)))
+                return self._gather()
+        return real_call(self, method, args_per_rank)
+    ProcessRanks.call = call_without_one_rank
 
 if __name__ == "__main__":
     from agentgym.cli import main

@@ -205,3 +205,28 @@ def test_a_checkpoint_write_that_never_returns_ends_the_run_then_resume_matches(
     resumed = _cli(_train_args(tmp_path, run) + ["trainer.resume=auto"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert _metrics(run) == _metrics(straight)  # steps 1-3, as if it had never stalled
+
+
+def test_a_rank_that_stops_answering_is_named_and_every_rank_ends(tmp_path):
+    """FSDP2 over two gloo ranks; rank 1 is not sent step 2's update, so rank 0 waits in
+    its collectives. The update's deadline ends the run naming rank 1, every rank's stack
+    (faulthandler's) is in the stall file, and no rank process is left."""
+    run = tmp_path / "run"
+    args = _train_args(tmp_path, run) + ["trainer.backend=fsdp", "trainer.nprocs=2",
+                                         "deadlines.update_s=10"]
+    stalled = _cli(args, env={"AGENTGYM_TEST_SILENT_RANK": "1:2"})
+    assert stalled.returncode == 3, stalled.stderr[-3000:]
+    assert "the update of step 2 made no progress" in stalled.stderr
+    assert "rank 1 (pid" in stalled.stderr and "had not answered" in stalled.stderr
+    (stack,) = (run / "stalls").glob("stall-step2-update-*.txt")
+    text = stack.read_text()
+    assert "# rank 0 (pid" in text and "# rank 1 (pid" in text
+    assert "did not answer the call in flight" in text
+    rank0 = text.split("# rank 0 (pid")[1].split("# rank 1 (pid")[0]
+    assert "train_step" in rank0  # rank 0 is inside the update, waiting on rank 1
+    import re
+    pids = [int(p) for p in re.findall(r"# rank \d \(pid (\d+)", text)]
+    assert len(pids) == 2
+    for pid in pids:  # both rank processes were stopped with the run
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

@@ -73,15 +73,24 @@ class DeadlinesConfig:
 
 
 class StageStalled(RuntimeError):
-    """A stage ran past its deadline (raised in the thread that ran it)."""
+    """A stage ran past its deadline (raised in the thread that ran it). ``detail`` is
+    what the stalled code knew of it (:meth:`with_detail`: the ranks that did not
+    answer)."""
 
     def __init__(self, stage: str, step: int, waited: float, deadline: float,
-                 stacks: Path | None) -> None:
+                 stacks: Path | None, detail: str = "") -> None:
         self.stage, self.step, self.waited, self.stacks = stage, step, waited, stacks
+        self.deadline, self.detail = deadline, detail
         where = f"; every thread's stack is in {stacks}" if stacks else ""
+        said = f" ({detail})" if detail else ""
         super().__init__(f"the {stage} of step {step} made no progress for {waited:.0f}s, past "
-                         f"its deadline (deadlines.{stage}_s={deadline:g}){where}. The last "
-                         f"complete checkpoint is intact: continue with trainer.resume=auto")
+                         f"its deadline (deadlines.{stage}_s={deadline:g}){said}{where}. The "
+                         f"last complete checkpoint is intact: continue with "
+                         f"trainer.resume=auto")
+
+    def with_detail(self, detail: str) -> "StageStalled":
+        return StageStalled(self.stage, self.step, self.waited, self.deadline, self.stacks,
+                            detail)
 
 
 @dataclass
@@ -114,6 +123,20 @@ def format_stacks(reason: str) -> str:
 
 #: where :func:`dump_stacks` writes when no file is given (the active watchdog's run dir)
 _STALL_DIR: Path | None = None
+#: what else a stall's stack file gets: ``hook(path)`` appends the stacks of processes
+#: this one drives (the rank processes of a sharded backend, :func:`add_stall_hook`)
+_HOOKS: list = []
+
+
+def add_stall_hook(hook) -> None:
+    """``hook(path)`` runs after a stall's stacks are written to ``path`` (and appends to
+    it); :func:`remove_stall_hook` when what it reports is gone."""
+    _HOOKS.append(hook)
+
+
+def remove_stall_hook(hook) -> None:
+    if hook in _HOOKS:
+        _HOOKS.remove(hook)
 
 
 def dump_stacks(reason: str, name: str, directory: Path | None = None) -> Path | None:
@@ -127,6 +150,11 @@ def dump_stacks(reason: str, name: str, directory: Path | None = None) -> Path |
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"stall-{name}-{time.strftime('%Y%m%d-%H%M%S')}-{time.monotonic_ns()}.txt"
     path.write_text(text)
+    for hook in list(_HOOKS):
+        try:
+            hook(path)
+        except Exception as e:  # noqa: BLE001 - the report must not fail the stall's handling
+            logger.warning("a stall hook failed: %s", e)
     logger.error("%s; every thread's stack: %s", reason, path)
     return path
 

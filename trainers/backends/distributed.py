@@ -34,8 +34,10 @@ import os
 import pickle
 import signal
 import socket
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from multiprocessing.connection import Client, Listener
@@ -44,6 +46,7 @@ from typing import Any
 
 import torch
 
+from agentgym.core.watchdog import StageStalled, add_stall_hook, remove_stall_hook
 from agentgym.trainers.backends.base import LogprobFn, LossFn, ModelSpec, split
 from agentgym.trainers.backends.ranks import OptimSpec
 from agentgym.trainers.batch import Batch
@@ -138,6 +141,11 @@ class ProcessRanks:
         env = {**os.environ, "AGENTGYM_RANK_AUTHKEY": key.hex(),
                "PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))}
         self.conns, self.procs = [], []
+        # each rank dumps its threads' stacks here on SIGUSR2 (a stall: stall_stacks)
+        self._stacks = Path(tempfile.mkdtemp(prefix="agentgym-rank-stacks-"))
+        env["AGENTGYM_RANK_STACKS"] = str(self._stacks)
+        self._answered: set[int] = set()
+        add_stall_hook(self.stall_stacks)
         with Listener(("127.0.0.1", 0), authkey=key) as listener:
             host, lport = listener.address
             for r in range(n):
@@ -164,9 +172,51 @@ class ProcessRanks:
             conn.send_bytes(pickle.dumps((method, args), protocol=pickle.HIGHEST_PROTOCOL))
         return self._gather()
 
+    def stall_stacks(self, path: Path) -> None:
+        """A stall's hook (:func:`agentgym.core.watchdog.add_stall_hook`): each live rank's
+        threads' stacks (faulthandler's, on SIGUSR2), appended to ``path`` under a line
+        saying whether the rank answered the call in flight."""
+        host = socket.gethostname()
+        files = [self._stacks / f"rank{r}.txt" for r in range(len(self.procs))]
+        sizes = [f.stat().st_size if f.exists() else 0 for f in files]
+        for p in self.procs:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGUSR2)
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and any(
+                p.poll() is None and (not f.exists() or f.stat().st_size == n)
+                for p, f, n in zip(self.procs, files, sizes)):
+            time.sleep(0.05)
+        time.sleep(0.2)  # the last lines of a dump in progress
+        with open(path, "a") as out:
+            for r, (p, f, n) in enumerate(zip(self.procs, files, sizes)):
+                state = "answered" if r in self._answered else "did not answer"
+                out.write(f"\n# rank {r} (pid {p.pid} on {host}): {state} the call in "
+                          f"flight\n")
+                if p.poll() is not None:
+                    out.write(f"exited with code {p.returncode}\n")
+                elif f.exists():
+                    with open(f, "rb") as src:
+                        src.seek(n)
+                        out.write(src.read().decode(errors="replace"))
+
     def _gather(self, timeout_s: float | None = None) -> list[Any]:
-        """Every rank's reply; a rank's error or death stops all ranks and raises."""
+        """Every rank's reply; a rank's error or death stops all ranks and raises. A stall
+        (:class:`~agentgym.core.watchdog.StageStalled`) stops them too, naming the ranks
+        that had not answered."""
+        try:
+            return self._gather_replies(timeout_s)
+        except StageStalled as e:
+            host = socket.gethostname()
+            silent = [f"rank {r} (pid {p.pid} on {host})" for r, p in enumerate(self.procs)
+                      if r not in self._answered]
+            self.close(force=True)
+            raise e.with_detail(f"{', '.join(silent) or 'no rank'} had not answered; every "
+                                f"rank was stopped") from None
+
+    def _gather_replies(self, timeout_s: float | None) -> list[Any]:
         results: dict[int, Any] = {}
+        self._answered = set()
         start = time.monotonic()
         while len(results) < len(self.conns):
             for r, (conn, p) in enumerate(zip(self.conns, self.procs)):
@@ -181,6 +231,7 @@ class ProcessRanks:
                         self.close(force=True)
                         raise RuntimeError(f"rank {r} failed:\n{payload}")
                     results[r] = payload
+                    self._answered.add(r)
                 elif p.poll() is not None:
                     self.close(force=True)
                     raise RuntimeError(f"rank {r} exited with code {p.returncode}")
@@ -205,6 +256,8 @@ class ProcessRanks:
         for conn in self.conns:
             conn.close()
         self.conns, self.procs = [], []
+        remove_stall_hook(self.stall_stacks)
+        shutil.rmtree(self._stacks, ignore_errors=True)
 
 
 def _rank_main(address: str, rank: int) -> None:
@@ -213,6 +266,10 @@ def _rank_main(address: str, rank: int) -> None:
     _die_with_parent()
     # DeepSpeed 0.19 calls collectives torch 2.13 deprecated; one warning per call
     warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
+    if stacks := os.environ.get("AGENTGYM_RANK_STACKS"):  # a stall's report (stall_stacks)
+        import faulthandler
+        dump = open(Path(stacks) / f"rank{rank}.txt", "a")  # noqa: SIM115 - the process's life
+        faulthandler.register(signal.SIGUSR2, file=dump, all_threads=True)
     host, port = address.rsplit(":", 1)
     conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ["AGENTGYM_RANK_AUTHKEY"]))
     conn.send(rank)
