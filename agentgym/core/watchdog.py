@@ -168,7 +168,7 @@ class Watchdog:
         self.run_dir, self.cfg, self.role = Path(run_dir), cfg or DeadlinesConfig(), role
         self.poll_s = min(poll_s, self.cfg.heartbeat_s)
         self._stages: list[_Stage] = []
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # the signal handler takes it in the main thread
         self._stop = threading.Event()
         self._state = "running"
         self._stalled: StageStalled | None = None
@@ -245,7 +245,9 @@ class Watchdog:
                          name="watchdog-grace").start()
 
     def _interrupt(self, signum, frame) -> None:
-        if self._stalled is not None:
+        with self._lock:  # not if the stage ended between the check and the signal
+            active = any(s.fired for s in self._stages)
+        if self._stalled is not None and active:
             raise self._stalled
 
     def _exit_after_grace(self, st: _Stage) -> None:
