@@ -229,8 +229,8 @@ def open_session(cfg: Config, hooks: Hooks | None = None,
         workers.update_weights(backend.state_dict(), version)
     watch = Watchdog(run_dir, cfg.deadlines)
     hooks = WatchedHooks(hooks, watch)
-    s = Session(cfg=cfg, hooks=hooks, run_dir=run_dir, rows=rows, eval_rows=eval_rows, watch=watch,
-                tokenizer=tokenizer, backend=backend, workers=workers, ref=ref,
+    s = Session(cfg=cfg, hooks=hooks, run_dir=run_dir, rows=rows, eval_rows=eval_rows,
+                watch=watch, tokenizer=tokenizer, backend=backend, workers=workers, ref=ref,
                 metrics_log=MetricsLogger(run_dir, resume_step=start, sink=t.logger,
                                           config=to_dict(cfg)),
                 critic=critic, cluster=cluster, start=start,
