@@ -128,6 +128,16 @@ def serve(conn, rank: int, world: int, port: int, kind: str, spec: ModelSpec,
         pass
 
 
+def _stacks_dir() -> Path:
+    """A folder for the ranks' stack dumps, named by this process; those of drivers that
+    are gone (a SIGKILLed run cannot remove its own) are removed first."""
+    for old in Path(tempfile.gettempdir()).glob("agentgym-rank-stacks-*-*"):
+        pid = old.name.split("-")[3]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"agentgym-rank-stacks-{os.getpid()}-"))
+
+
 class ProcessRanks:
     """N rank processes, started as ``python -m agentgym.trainers.backends.distributed`` (as
     torchrun starts its workers: the driver's ``__main__`` is never re-imported) and
@@ -142,7 +152,7 @@ class ProcessRanks:
                "PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))}
         self.conns, self.procs = [], []
         # each rank dumps its threads' stacks here on SIGUSR2 (a stall: stall_stacks)
-        self._stacks = Path(tempfile.mkdtemp(prefix="agentgym-rank-stacks-"))
+        self._stacks = _stacks_dir()
         env["AGENTGYM_RANK_STACKS"] = str(self._stacks)
         self._answered: set[int] = set()
         add_stall_hook(self.stall_stacks)
