@@ -169,6 +169,7 @@ class Watchdog:
         self.poll_s = min(poll_s, self.cfg.heartbeat_s)
         self._stages: list[_Stage] = []
         self._lock = threading.RLock()  # the signal handler takes it in the main thread
+        self._beat_lock = threading.Lock()  # one writer of heartbeat.json at a time
         self._stop = threading.Event()
         self._state = "running"
         self._stalled: StageStalled | None = None
@@ -280,11 +281,12 @@ class Watchdog:
             beat["stall"] = str(self._stalled)
         path = self.run_dir / HEARTBEAT
         tmp = path.with_name(f".{HEARTBEAT}.{os.getpid()}.tmp")
-        try:
-            tmp.write_text(json.dumps(beat, indent=1))
-            os.replace(tmp, path)
-        except OSError as e:  # a full disk must not stop the run here
-            logger.warning("could not write %s: %s", path, e)
+        with self._beat_lock:  # the stage's thread and the watchdog's both write it
+            try:
+                tmp.write_text(json.dumps(beat, indent=1))
+                os.replace(tmp, path)
+            except OSError as e:  # a full disk must not stop the run here
+                logger.warning("could not write %s: %s", path, e)
 
     def close(self, state: str = "finished") -> None:
         global _STALL_DIR
