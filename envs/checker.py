@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import math
 import warnings
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from agentgym.envs.base import is_message
 
@@ -115,3 +115,37 @@ def check_env(env: Any, seed: int = 0, actions: tuple[str, ...] = PROBE_ACTIONS)
         env.close()
     except Exception as e:  # noqa: BLE001 - any error here is the violation
         _fail(env, f"a second close() raised {type(e).__name__}: {e}", "Make close idempotent.")
+
+
+def check_envs(names: list[str], build_cfg: Callable[[str], Any]
+               ) -> Iterator[tuple[str, str, str]]:
+    """``agentgym check-env``'s verdicts, one per env name (a short name, an id or a
+    plugin's class spec): ``("ok" | "skip" | "FAIL", env id, detail)``. Each is checked
+    with :func:`check_env` and gymnasium's own checker; an env whose manifest has its own
+    ``check`` (``env=verifiers``) runs that with ``build_cfg(name)``, the run's config; an
+    optional package not installed (or ``env=agent``, not stepped here) is a skip. Every
+    env is reported, whatever failed before it."""
+    import gymnasium
+    from gymnasium.utils.env_checker import check_env as gym_check_env
+
+    from agentgym.envs.base import NotSteppable
+    from agentgym.envs.registration import env_manifest, make_env, resolve_env_id
+    from agentgym.tools.errors import MissingExtra
+
+    for name in names:
+        env_id = name
+        try:
+            env_id = resolve_env_id(name)
+            manifest = env_manifest(name)
+            if manifest.check is not None:
+                yield "ok", env_id, str(manifest.call(manifest.check, build_cfg(name)))
+                continue
+            check_env(make_env(env_id))
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                gym_check_env(gymnasium.make(env_id).unwrapped, skip_render_check=True)
+            yield "ok", env_id, f"{len(caught)} gymnasium warnings" if caught else ""
+        except (MissingExtra, NotSteppable) as e:
+            yield "skip", env_id, str(e)
+        except Exception as e:  # noqa: BLE001 - report every env, then fail
+            yield "FAIL", env_id, f"{type(e).__name__}: {e}"
