@@ -214,10 +214,11 @@ def main() -> None:
         w = csv.writer(f)
         w.writerow(["t_s", "trainer_life", "rss_mib", "fds", "threads"])
         w.writerows(samples)
-    report(args, samples, events, code, left, tmp_left, lives)
+    stalls = sorted(p.name for p in (run_dir / "stalls").glob("stall-*.txt"))
+    report(args, samples, events, code, left, tmp_left, lives, stalls)
 
 
-def report(args, samples, events, code, left, tmp_left, life_rows) -> None:
+def report(args, samples, events, code, left, tmp_left, life_rows, stalls) -> None:
     # each life's own steps (a resumed life starts from its checkpoint's rows)
     own = [[r for r in lf["rows"] if "rollout/reward" in r and r["step"] > lf["from"]]
            for lf in life_rows]
@@ -258,6 +259,8 @@ steps) for {args.minutes:g} minutes, a fault every {args.every:g} minutes in tur
 - The clean stop (SIGTERM): exit {code}; processes of the tree still alive 30 s later:
   {len(left)} {left if left else ''}; `$TMPDIR/agentgym-*` folders left: {len(tmp_left)}
   {tmp_left if tmp_left else ''}.
+- Stalls reported with the default `deadlines.*` (stack files in the run's `stalls/`):
+  {len(stalls)} {stalls if stalls else ''}.
 
 | minutes | RSS MiB min / median / max | fds min / max | threads max |
 |---|---|---|---|

@@ -34,8 +34,10 @@ import json
 import logging
 import os
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,7 +118,10 @@ class VerifiersWorker:
 
     def __init__(self, cfg: VerifiersConfig) -> None:
         self.cfg = cfg
-        cmd = [cfg.interpreter(), str(WORKER), json.dumps(cfg.spec())]
+        #: the episodes' working folders (removed with the worker, however it ends)
+        self.workdirs = tempfile.mkdtemp(prefix="agentgym-verifiers-")
+        cmd = [cfg.interpreter(), str(WORKER),
+               json.dumps({**cfg.spec(), "workdirs": self.workdirs})]
         logger.info("starting the verifiers worker: %s", shlex.join(cmd[:2]))
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, bufsize=1,
@@ -173,6 +178,7 @@ class VerifiersWorker:
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(err)
+        shutil.rmtree(self.workdirs, ignore_errors=True)  # what its episodes left
 
     @property
     def alive(self) -> bool:
@@ -216,6 +222,7 @@ class VerifiersWorker:
             except ProcessLookupError:
                 pass
             self.proc.wait()
+        shutil.rmtree(self.workdirs, ignore_errors=True)
 
 
 def _answer(msg: dict) -> dict:

@@ -6,7 +6,9 @@ itself SIGKILL in the middle of saving checkpoint N: after the backend has writt
 weights and optimizer shards into ``step_N.tmp``, before ``state.json`` and the rename
 that mark the checkpoint complete. With ``AGENTGYM_TEST_BLOCK_IN_SAVE=N`` saving checkpoint
 N blocks forever at the same point instead (``blocked_checkpoint_write``: a write to a disk
-that stopped answering). With ``AGENTGYM_TEST_SILENT_RANK=R:N`` rank R of a sharded
+that stopped answering). With ``AGENTGYM_TEST_BLOCK_IN_PUSH=N`` pushing policy version N
+to the rollout engine blocks forever (``blocked_weight_push``: an engine that stopped
+taking weights). With ``AGENTGYM_TEST_SILENT_RANK=R:N`` rank R of a sharded
 backend is not sent the N-th ``train_step``: the other ranks enter its collectives and
 wait for a rank that stopped answering.
 """
@@ -51,6 +53,23 @@ if BLOCK_AT:
                 blocked_checkpoint_write()
         return wrapper
     SingleBackend.save = blocking(SingleBackend.save)
+
+PUSH_AT = os.environ.get("AGENTGYM_TEST_BLOCK_IN_PUSH")
+if PUSH_AT:
+    import threading
+
+    from agentgym.trainers.workers import LocalWorkers
+
+    def blocked_weight_push() -> None:
+        threading.Event().wait()
+
+    def blocking_push(push):
+        def wrapper(self, state_dict, version):
+            if version == int(PUSH_AT):
+                blocked_weight_push()
+            push(self, state_dict, version)
+        return wrapper
+    LocalWorkers.update_weights = blocking_push(LocalWorkers.update_weights)
 
 SILENT = os.environ.get("AGENTGYM_TEST_SILENT_RANK")
 if SILENT:

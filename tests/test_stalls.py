@@ -20,7 +20,7 @@ import pytest
 from agentgym import envs
 from agentgym.core.watchdog import EXIT_STALLED, DeadlinesConfig, StageStalled, Watchdog
 from agentgym.data.rows import write_jsonl
-from toy_envs import STALL_RELEASE, letter_rows
+from toy_envs import STALL_RELEASE, STALLING_MAKES, letter_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,6 +48,29 @@ def test_a_stage_past_its_deadline_raises_in_its_thread_with_every_stack(tmp_pat
     assert "Thread MainThread" in stack and "Thread watchdog" in stack
     assert beat["state"] == "stalled" and "checkpoint of step 3" in beat["stall"]
     assert beat["stages"] == []  # it unwound: the stage is over
+
+
+def test_a_stall_file_holds_the_stacks_of_the_servers_this_process_started(
+        tmp_path, tiny_path):
+    """A server the run started (``agentgym serve`` here; the local retriever is started
+    the same way) writes its threads' stacks into the stall's file when asked."""
+    from agentgym.rollout.engines.launcher import launch_serve
+    server = launch_serve(str(tiny_path))
+    pid = server.pid
+    watch = Watchdog(tmp_path, DeadlinesConfig(checkpoint_s=1.0), poll_s=0.1)
+    try:
+        with pytest.raises(StageStalled) as stalled:
+            with watch.stage("checkpoint", 1):
+                blocked_checkpoint_write(threading.Event())
+        alive_after = server.alive
+    finally:
+        watch.close("stalled")
+        server.stop()
+    text = stalled.value.stacks.read_text()
+    head = f"# service agentgym serve at {server.url} (pid {pid} on "
+    assert head in text and alive_after  # asked for its stacks, not killed by the signal
+    theirs = text.split(head)[1]
+    assert "most recent call first" in theirs and "serve.py" in theirs
 
 
 def test_a_long_stage_that_keeps_progressing_is_not_a_stall(tmp_path):
@@ -99,30 +122,59 @@ def stalling_env():
     STALL_RELEASE.set()  # the blocked env threads end with the test
 
 
-@pytest.mark.parametrize("where", ["stall", "stall_reset"])
-def test_an_env_call_that_never_returns_is_an_infra_failure_not_trained_on(
-        tmp_path, stalling_env, where):
-    """An env step (its reward) or an env reset that never returns."""
+def _train_on_letters(tmp_path, env: str, rows: list[dict], *keys: str) -> dict:
+    """One step of two rows, two samples each, in this process; the step's metrics."""
     from agentgym.cli import main
-    rows = letter_rows(2)
-    rows[0]["extra_info"][where] = True
     for r in rows:
-        r["env"] = stalling_env
+        r["env"] = env
     data = tmp_path / "rows.jsonl"
     write_jsonl(data, rows)
     run = tmp_path / "run"
-    assert main(["train", f"env={stalling_env}", "model=tiny", f"data={data}",
+    assert main(["train", f"env={env}", "model=tiny", f"data={data}",
                  "trainer.total_steps=1", "trainer.prompts_per_step=2", "n=2",
                  "rollout.max_tokens_per_turn=8", "trainer.eval_limit=0",
-                 "deadlines.env_step_s=2", f"run_dir={run}"]) == 0
+                 "deadlines.env_step_s=2", f"run_dir={run}", *keys]) == 0
+    assert json.loads((run / "heartbeat.json").read_text())["state"] == "finished"
     (step,) = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return step
+
+
+@pytest.mark.parametrize("where", ["stall", "stall_reset", "stall_reward"])
+def test_an_env_call_that_never_returns_is_an_infra_failure_not_trained_on(
+        tmp_path, stalling_env, where):
+    """An env step, an env reset, or the reward function (``reward=``, run inside the
+    env's last step) that never returns."""
+    rows = letter_rows(2)
+    rows[0]["extra_info"][where] = True
+    reward = ["reward=toy_envs:reward_that_never_returns_fault"] * (where == "stall_reward")
+    step = _train_on_letters(tmp_path, stalling_env, rows, *reward)
     # the stalled row's two episodes (each replayed once, stalling again) are left out;
     # the other row's two are trained on
     assert step["rollout/infra_failed"] == 2.0 and step["rollout/infra_dropped"] == 2.0
-    call = {"stall": "step", "stall_reset": "reset"}[where]
-    stacks = list((run / "stalls").glob(f"stall-env-{call}-*.txt"))
-    assert stacks and all("stall_forever" in p.read_text() for p in stacks)
-    assert json.loads((run / "heartbeat.json").read_text())["state"] == "finished"
+    call = {"stall": "step", "stall_reset": "reset", "stall_reward": "step"}[where]
+    blocked = {"stall_reward": "reward_that_never_returns_fault"}.get(where, "stall_forever")
+    stacks = list((tmp_path / "run" / "stalls").glob(f"stall-env-{call}-*.txt"))
+    assert stacks and all(blocked in p.read_text() for p in stacks)
+
+
+def test_an_env_whose_construction_never_returns_is_replayed_on_a_new_one(tmp_path):
+    """Two env constructions block forever: their episodes fail (written on the row's
+    prompt, never played), are replayed on new envs, and all four are trained on."""
+    if "agentgym-test/StallingMakeLetter-v0" not in envs.env_ids():
+        envs.register_env("agentgym-test/StallingMakeLetter-v0",
+                          "toy_envs:StallingMakeLetterEnvFault")
+    STALL_RELEASE.clear()
+    STALLING_MAKES[0] = 2
+    try:
+        step = _train_on_letters(tmp_path, "agentgym-test/StallingMakeLetter-v0",
+                                 letter_rows(2))
+    finally:
+        STALL_RELEASE.set()
+    assert STALLING_MAKES[0] == 0
+    assert step["rollout/infra_failed"] == 2.0 and step["rollout/infra_dropped"] == 0.0
+    stacks = list((tmp_path / "run" / "stalls").glob("stall-env-make-*.txt"))
+    texts = [p.read_text() for p in stacks]  # the construction, blocked
+    assert len(texts) == 2 and all("in __init__" in t and "stall_forever" in t for t in texts)
 
 
 def test_a_generation_that_never_returns_is_an_infra_failure_not_trained_on(
@@ -142,6 +194,31 @@ def test_a_generation_that_never_returns_is_an_infra_failure_not_trained_on(
     assert step["rollout/infra_failed"] == 2.0 and step["rollout/infra_dropped"] == 2.0
     stacks = list((run / "stalls").glob("stall-generate-*.txt"))
     assert stacks and all("blocked_engine_step" in p.read_text() for p in stacks)
+
+
+def test_an_async_producer_whose_groups_stop_finishing_ends_the_run_from_its_own_watch(
+        tmp_path, stalling_env, capsys):
+    """trainer.mode=async: the group of the stalling row never finishes (its env step
+    never returns; deadlines.env_step_s is left at its default). The producer thread's own
+    watch writes the stacks (its thread and the blocked step among them) and the stall is
+    raised in the trainer's thread: the CLI exits 3 naming the rollout stage."""
+    from agentgym.cli import main
+    rows = letter_rows(2)
+    rows[0]["extra_info"]["stall"] = True
+    for r in rows:
+        r["env"] = stalling_env
+    data = tmp_path / "rows.jsonl"
+    write_jsonl(data, rows)
+    run = tmp_path / "run"
+    assert main(["train", f"env={stalling_env}", "model=tiny", f"data={data}",
+                 "trainer.mode=async", "trainer.total_steps=2", "trainer.prompts_per_step=2",
+                 "n=2", "rollout.max_tokens_per_turn=8", "trainer.eval_limit=0",
+                 "deadlines.rollout_s=3", f"run_dir={run}"]) == 3
+    err = capsys.readouterr().err
+    assert "the rollout of step 1 made no progress" in err and "trainer.resume=auto" in err
+    texts = [p.read_text() for p in (run / "stalls").glob("stall-step1-rollout-*.txt")]
+    assert texts and all("Thread async-rollout" in t and "stall_forever" in t for t in texts)
+    assert json.loads((run / "heartbeat.json").read_text())["state"] == "stalled"
 
 
 def test_status_reads_a_finished_run_and_refuses_a_folder_that_is_none(tmp_path, capsys):
@@ -185,21 +262,26 @@ def _metrics(run: Path) -> list[dict]:
              and k not in ("rollout/generate_s", "rollout/env_s")} for r in rows]
 
 
-def test_a_checkpoint_write_that_never_returns_ends_the_run_then_resume_matches(tmp_path):
+@pytest.mark.parametrize("stage, fault, blocked", [
+    ("checkpoint", "AGENTGYM_TEST_BLOCK_IN_SAVE", "blocked_checkpoint_write"),
+    ("sync", "AGENTGYM_TEST_BLOCK_IN_PUSH", "blocked_weight_push")])
+def test_a_checkpoint_write_or_weight_push_that_never_returns_ends_the_run_then_resume_matches(
+        tmp_path, stage, fault, blocked):
+    """Step 2's checkpoint write, or its push of policy version 2 to the engine, blocks
+    forever (cli_with_faults.py)."""
     from agentgym.reporting.status import status_lines
     straight, run = tmp_path / "straight", tmp_path / "run"
     clean = _cli(_train_args(tmp_path, straight))
     assert clean.returncode == 0, clean.stderr[-3000:]
-    stalled = _cli(_train_args(tmp_path, run) + ["deadlines.checkpoint_s=3"],
-                   env={"AGENTGYM_TEST_BLOCK_IN_SAVE": "2"})
+    stalled = _cli(_train_args(tmp_path, run) + [f"deadlines.{stage}_s=3"], env={fault: "2"})
     assert stalled.returncode == 3, stalled.stderr[-3000:]
-    assert "the checkpoint of step 2 made no progress" in stalled.stderr
+    assert f"the {stage} of step 2 made no progress" in stalled.stderr
     assert "trainer.resume=auto" in stalled.stderr
     ckpts = run / "checkpoints"
     assert (ckpts / "step_1").is_dir() and not (ckpts / "step_2").exists()
-    assert not (ckpts / "step_2.tmp").exists()  # the half-written one is gone
-    (stack,) = (run / "stalls").glob("stall-step2-checkpoint-*.txt")
-    assert "blocked_checkpoint_write" in stack.read_text()
+    assert not (ckpts / "step_2.tmp").exists()  # a half-written one is gone
+    (stack,) = (run / "stalls").glob(f"stall-step2-{stage}-*.txt")
+    assert blocked in stack.read_text()
     report = "\n".join(status_lines(run))
     assert "state     stalled" in report and f"checkpoint {ckpts / 'step_1'}" in report
     resumed = _cli(_train_args(tmp_path, run) + ["trainer.resume=auto"])
@@ -230,3 +312,52 @@ def test_a_rank_that_stops_answering_is_named_and_every_rank_ends(tmp_path):
     for pid in pids:  # both rank processes were stopped with the run
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_a_ray_rank_that_stops_answering_is_named_and_every_rank_ends(
+        tmp_path, retriever_url, monkeypatch):
+    """FSDP2 over two rank actors of a local Ray; rank 1's process is stopped (SIGSTOP)
+    before step 2's update, so rank 0 waits in its collectives. The update's deadline ends
+    the run naming the ranks that had not answered; rank 0's stacks are in the stall
+    file; every rank actor is gone."""
+    pytest.importorskip("ray")
+    import signal
+
+    from agentgym.config import build_config
+    from agentgym.core.overrides import parse_overrides
+    from agentgym.trainers.loop import train
+    from agentgym.trainers.ray_cluster import RayRanks
+
+    calls, stopped = {"train_step": 0}, []
+    real_call = RayRanks.call
+
+    def call_with_rank_1_stopped_fault(self, method, args_per_rank):
+        if method == "train_step":
+            calls[method] += 1
+            if calls[method] == 2:
+                pid, _ = self.where[1]
+                os.kill(pid, signal.SIGSTOP)  # a rank process that stopped answering
+                stopped.append(pid)
+        return real_call(self, method, args_per_rank)
+    monkeypatch.setattr(RayRanks, "call", call_with_rank_1_stopped_fault)
+    run = tmp_path / "run"
+    cfg = build_config(parse_overrides([
+        "env=search", "model=tiny", "trainer.total_steps=3", "trainer.prompts_per_step=2",
+        "n=2", "rollout.max_tokens_per_turn=16", "rollout.max_response_tokens=128",
+        "trainer.eval_limit=0", "trainer.cold_start=off", "algo.entropy_coef=0.001",
+        "backend=fsdp", "trainer.nprocs=2", "ray.address=local", "ray.cpus=0.5",
+        "deadlines.update_s=10", f"retriever.url={retriever_url}", f"run_dir={run}"]))
+    with pytest.raises(StageStalled) as stalled:
+        train(cfg)
+    message = str(stalled.value)
+    assert "the update of step 2 made no progress" in message
+    assert "rank 1 (pid" in message and "had not answered" in message
+    (stack,) = (run / "stalls").glob("stall-step2-update-*.txt")
+    text = stack.read_text()
+    assert "# rank 0 (pid" in text and "# rank 1 (pid" in text
+    rank0 = text.split("# rank 0 (pid")[1].split("# rank 1 (pid")[0]
+    assert "train_step" in rank0  # rank 0 is inside the update, waiting on rank 1
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and Path(f"/proc/{stopped[0]}").exists():
+        time.sleep(0.2)  # ray.kill, then Ray's shutdown, end the stopped actor
+    assert not Path(f"/proc/{stopped[0]}").exists()

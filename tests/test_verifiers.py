@@ -130,9 +130,11 @@ def test_a_worker_killed_mid_episode_fails_that_episode_and_the_next_is_played(
         tiny_model, tiny_tokenizer):
     """Fault injection: the verifiers worker (and the harness it started) is SIGKILLed
     when the engine gets the episode's first call. That episode is counted failed and not
-    trained on; the next episode starts a new worker and is played."""
+    trained on; the next episode starts a new worker and is played. The killed worker's
+    episode folders are removed, and nothing is left in verifiers' own cache."""
     import os
     import signal
+    import time
 
     from agentgym.data.rows import load_rows
     from agentgym.serving.agents import program_manager
@@ -141,11 +143,13 @@ def test_a_worker_killed_mid_episode_fails_that_episode_and_the_next_is_played(
     manager = program_manager(_Closed(), engine, tiny_tokenizer, cfg)
     killed = []
     real = engine.generate
+    runtimes = Path.home() / ".cache" / "verifiers" / "runtimes" / "subprocess"
+    before = set(runtimes.glob("*"))
 
     async def generate_then_kill_the_worker(*args, **kwargs):
         if not killed:
             worker = manager.program.worker()
-            killed.append(worker.proc.pid)
+            killed.append((worker.proc.pid, Path(worker.workdirs)))
             os.killpg(worker.proc.pid, signal.SIGKILL)
         return await real(*args, **kwargs)
     engine.generate = generate_then_kill_the_worker
@@ -155,9 +159,14 @@ def test_a_worker_killed_mid_episode_fails_that_episode_and_the_next_is_played(
         assert manager.take_stats()["agent/failed"] == 1.0
         (traj,) = asyncio.run(manager.run([row], n=1))
         assert manager.take_stats()["agent/failed"] == 0.0
-        assert manager.program.worker().proc.pid != killed[0] and traj.reward > 0
+        assert manager.program.worker().proc.pid != killed[0][0] and traj.reward > 0
+        deadline = time.monotonic() + 60  # the worker's reader removes them once it is gone
+        while killed[0][1].exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not killed[0][1].exists()
     finally:
         manager.close()
+    assert set(runtimes.glob("*")) <= before
 
 
 class _Closed:

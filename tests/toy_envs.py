@@ -189,3 +189,29 @@ class StallingLetterEnvFault(LetterEnv):
         if self._stall:
             stall_forever()
         return super()._step(action, last_turn)
+
+
+#: how many of the next :class:`StallingLetterEnvFault` constructions block forever
+STALLING_MAKES = [0]
+_MAKES_LOCK = threading.Lock()
+
+
+class StallingMakeLetterEnvFault(StallingLetterEnvFault):
+    """Fault injection: while :data:`STALLING_MAKES` is above 0, each construction takes
+    one and blocks forever (until the test releases :data:`STALL_RELEASE`)."""
+
+    def __init__(self, max_turns: int = 1) -> None:
+        with _MAKES_LOCK:
+            stall, STALLING_MAKES[0] = STALLING_MAKES[0] > 0, max(STALLING_MAKES[0] - 1, 0)
+        if stall:
+            stall_forever()
+        super().__init__(max_turns)
+
+
+def reward_that_never_returns_fault(data_source, solution_str, ground_truth, extra_info=None):
+    """Fault injection (``reward=toy_envs:reward_that_never_returns_fault``): a reward
+    function, verl's signature, that blocks forever on a row with ``extra_info.stall_reward``
+    (until the test releases :data:`STALL_RELEASE`) and pays the reply's length otherwise."""
+    if (extra_info or {}).get("stall_reward"):
+        stall_forever()
+    return len(solution_str) / 100.0

@@ -187,6 +187,14 @@ def main() -> None:
     bindir = os.path.dirname(sys.executable)
     os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
     os.environ.setdefault("AGENTGYM_EPISODE_KEY", "agentgym")
+    if spec.get("workdirs"):  # the episodes' working folders (verifiers' subprocess runtime
+        # makes them under ~/.cache/verifiers) in a folder the parent removes however this
+        # process ends: a killed worker cannot remove its own (verifiers 0.4.0's module
+        # constant, read when a runtime starts)
+        import pathlib
+
+        import verifiers.v1.runtimes.subprocess as vf_subprocess
+        vf_subprocess.CACHE_DIR = pathlib.Path(spec["workdirs"])
     try:
         worker = Worker(spec)
     except Exception as e:  # a taskset that does not load: said on stdout, then exit 2

@@ -29,6 +29,13 @@ were; a checkpoint keeps both, and a resumed run skips those. Groups in flight o
 finished but not taken at a kill are rolled out again. :meth:`AsyncSteps.restart` (a
 crashed producer) re-schedules the groups that were in flight and keeps the finished
 ones.
+
+The producer has its own watch (:mod:`agentgym.core.watchdog`): its ``rollout`` stage
+moves when a group finishes or while it has none in flight (then it waits on the
+trainer, which is watched on its own), so a producer whose groups stop finishing stalls
+after ``deadlines.rollout_s`` with its stacks written, and the stall is raised in the
+trainer's thread. The trainer's wait for a step's groups (its own ``rollout`` stage)
+moves with each group finished.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ import time
 
 from agentgym.config import is_mixed
 from agentgym.core.types import Trajectory
+from agentgym.core.watchdog import NO_WATCH
 from agentgym.rollout.manager import row_uid
 from agentgym.trainers.steps import infra_metrics, regroup, rollout_metrics, without_infra_failures
 
@@ -57,8 +65,9 @@ class AsyncSteps:
     """
 
     def __init__(self, cfg, local, rows: list[dict], start_group: int, version: int,
-                 taken: list[int] = ()) -> None:
-        self.cfg, self.local = cfg, local
+                 taken: list[int] = (), watch=NO_WATCH) -> None:
+        self.cfg, self.local, self.watch = cfg, local, watch
+        self._stage = None  # the producer's watched stage
         self.rows = rows
         self.P, self.n = cfg.trainer.prompts_per_step, cfg.rollout.n
         self.max_staleness = cfg.trainer.max_staleness
@@ -90,7 +99,9 @@ class AsyncSteps:
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
         try:
-            self._loop.run_until_complete(self._produce())
+            with self.watch.stage("rollout", self.step_of(self.next_group) + 1,
+                                  in_main=True) as self._stage:
+                self._loop.run_until_complete(self._produce())
         except BaseException as e:  # noqa: BLE001 - handed to the trainer
             with self._cv:
                 self._error = e
@@ -113,6 +124,8 @@ class AsyncSteps:
             with self._cv:
                 ok = self._stop or self._may_start()
             if not ok:  # wait for a newer policy version, without blocking the loop
+                if not self.in_flight:  # waiting on the trainer: not a stall of its own
+                    self._moved(trainer_too=False)
                 await loop.run_in_executor(None, self._wait_schedulable)
                 continue
             if self._stop:
@@ -158,6 +171,14 @@ class AsyncSteps:
             self.done[g] = list(trajs)
             self._cv.notify_all()
         self._tasks.pop(g, None)
+        self._moved(trainer_too=True)
+
+    def _moved(self, trainer_too: bool) -> None:
+        """The producer's watch moves (in its thread): a group finished (the trainer's wait
+        for one moves too), or none is in flight. Its step: the oldest group's in flight."""
+        if self._stage is not None:
+            self._stage.step = self.step_of(min(self.in_flight, default=self.next_group)) + 1
+        self.watch.progress("rollout" if trainer_too else None)
 
     # -- the trainer's side -------------------------------------------------------------
     def staleness(self, trajs: list[Trajectory]) -> int:

@@ -53,7 +53,8 @@ from agentgym.data.rows import training_rows, write_jsonl
 from agentgym.core.device import engine_dtype, mixed_precision, resolve_device
 from agentgym.core.paths import cache_dir, file_digest
 from agentgym.models.plan import micro_batch_tokens
-from agentgym.trainers.hooks import Hooks
+from agentgym.core.watchdog import NO_WATCH, StageStalled, Watchdog
+from agentgym.trainers.hooks import Hooks, WatchedHooks
 from agentgym.trainers.run import latest_checkpoint, resolve_run_dir
 
 logger = logging.getLogger(__name__)
@@ -90,7 +91,25 @@ def prepare(cfg: Config, hooks: Hooks | None = None, probe_engine=None) -> Confi
                            f"(or give trainer.cold_start=PATH)")
             return cfg
         parts[env] = sub
-    return _auto(cfg, parts, Path(cfg.run_dir) / "cold_start", hooks, probe_engine)
+    watch = Watchdog(Path(cfg.run_dir), cfg.deadlines, role="cold start")
+    state = "failed"
+    try:
+        cfg = _auto(cfg, parts, Path(cfg.run_dir) / "cold_start", WatchedHooks(hooks, watch),
+                    probe_engine)
+        state = "finished"
+    except StageStalled:
+        state = "stalled"
+        raise
+    finally:
+        watch.close(state)
+    return cfg
+
+
+def _stage(hooks: Hooks, name: str):
+    """A stage of the cold start under its deadline (``deadlines.<name>_s``, counted from
+    the last episode or SFT step): its probes and evals are ``eval``, its demonstrations
+    ``rollout``, its SFT ``update``."""
+    return getattr(hooks, "watch", NO_WATCH).stage(name, 0)
 
 
 def _from_path(cfg: Config, path: Path, hooks: Hooks) -> Config:
@@ -195,7 +214,9 @@ def _probe_base(cfg: Config, base: Path, probe_rows: list[dict], probe_key: str,
     hooks.announce(f"cold start: probing {base.name} on {len(probe_rows)} training "
                    f"questions (greedy)" + (f", with its eval on {len(held[0])} held-out "
                                             f"questions ({cfg.trainer.eval_data})" if held else ""))
-    played = _play(cfg, base, [probe_rows] + ([held[0]] if held else []), hooks, probe_engine)
+    with _stage(hooks, "eval"):
+        played = _play(cfg, base, [probe_rows] + ([held[0]] if held else []), hooks,
+                       probe_engine)
     if probe_engine is None:
         _write_atomic(probe_file, played[0])
     if held:
@@ -238,8 +259,9 @@ def _run_stage(cfg: Config, parts: dict[str, Config], rows: dict[str, list[dict]
     t0 = time.perf_counter()
     demos, looked_at, over = [], 0, 0
     for env, sub in parts.items():
-        got, at, too_long = _demos_within_budgets(sub, env, rows[env], base,
-                                                  sub.trainer.cold_start_demos, hooks)
+        with _stage(hooks, "rollout"):
+            got, at, too_long = _demos_within_budgets(sub, env, rows[env], base,
+                                                      sub.trainer.cold_start_demos, hooks)
         if not got:
             raise ValueError(f"cold start: no {env} demonstration could be built from {at} "
                              f"training rows of {sub.data.name}; train from an SFT "
@@ -252,7 +274,8 @@ def _run_stage(cfg: Config, parts: dict[str, Config], rows: dict[str, list[dict]
     t1 = time.perf_counter()
     hooks.announce(f"cold start: {len(demos)} demonstrations from {looked_at} training rows "
                    f"({over} over the rollout budgets) in {t1 - t0:.0f}s; SFT in {stage_dir}")
-    sft_model, sft_summary = _sft(cfg, base, demos_file, stage_dir, hooks)
+    with _stage(hooks, "update"):
+        sft_model, sft_summary = _sft(cfg, base, demos_file, stage_dir, hooks)
     t2 = time.perf_counter()
     loss = (f"SFT loss {sft_summary['loss_first']:.3f} -> {sft_summary['loss_last']:.3f}, "
             f"{sft_summary['steps']} steps, {t2 - t1:.0f}s")
@@ -260,7 +283,8 @@ def _run_stage(cfg: Config, parts: dict[str, Config], rows: dict[str, list[dict]
         after = None
         hooks.announce(f"cold start: {loss}; RL's step-0 eval measures the result")
     else:
-        after = _probe(cfg, sft_model, probe_rows, hooks, None)
+        with _stage(hooks, "eval"):
+            after = _probe(cfg, sft_model, probe_rows, hooks, None)
         hooks.announce(f"cold start: format-valid {_show(before)} -> "
                        f"{_show(after)} on the {after['count']} probe questions ({loss})")
     t3 = time.perf_counter()
@@ -358,7 +382,8 @@ def _eval_before(cfg: Config, base: Path, inputs: dict, store: Path, hooks: Hook
         return found
     hooks.announce(f"cold start: evaluating {base.name} on {len(rows)} held-out questions "
                    f"({cfg.trainer.eval_data}) for comparison")
-    found = _probe(cfg, base, rows, hooks, probe_engine)
+    with _stage(hooks, "eval"):
+        found = _probe(cfg, base, rows, hooks, probe_engine)
     if probe_engine is None:
         _write_atomic(path, found)
     return found

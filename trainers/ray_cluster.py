@@ -35,9 +35,14 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import socket
+from pathlib import Path
 from typing import Any
 
 from agentgym.config import Config
+from agentgym.core.watchdog import (StageStalled, add_stall_hook, collect_stacks,
+                                    remove_stall_hook, stacks_on_signal, stalled_now)
 
 logger = logging.getLogger(__name__)
 
@@ -45,22 +50,37 @@ _ENV_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM",
              "AGENTGYM_CACHE", "DS_ACCELERATOR", "TORCH_EXTENSIONS_DIR")
 
 
-def _gather(refs: list, actors: list, what: str) -> list:
+def _gather(refs: list, actors: list, what: str, names: list[str] | None = None) -> list:
     """``ray.get`` of every ref; the first failure kills ``actors`` (the others may be
-    waiting in a collective for it) and is re-raised with the remote traceback."""
+    waiting in a collective for it) and is re-raised with the remote traceback. A stall of
+    the stage that waits (:class:`~agentgym.core.watchdog.StageStalled`, which a one-second
+    Ray wait lets the signal handler raise, then reports as a SystemError) kills them too,
+    naming (``names``, one per ref) those that had not answered."""
     import ray
     pending, done = list(refs), {}
     index = {r: i for i, r in enumerate(refs)}
-    while pending:
-        ready, pending = ray.wait(pending, num_returns=1, timeout=None)
-        for ref in ready:
-            try:
-                done[index[ref]] = ray.get(ref)
-            except Exception:
-                for a in actors:
-                    ray.kill(a)
-                logger.error("%s failed; its actors were stopped", what)
-                raise
+    try:
+        while pending:
+            # in slices: a wait with no timeout never lets the stall's signal handler run
+            ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
+            for ref in ready:
+                try:
+                    done[index[ref]] = ray.get(ref)
+                except Exception:
+                    for a in actors:
+                        ray.kill(a)
+                    logger.error("%s failed; its actors were stopped", what)
+                    raise
+    except BaseException as e:  # a stall's signal in Ray's wait surfaces as another error
+        stall = e if isinstance(e, StageStalled) else e.__context__ if isinstance(
+            e.__context__, StageStalled) else stalled_now()  # (SystemError, KeyboardInterrupt)
+        if stall is None:
+            raise
+        silent = [names[i] if names else f"actor {i}" for i in range(len(refs)) if i not in done]
+        for a in actors:
+            ray.kill(a)
+        raise stall.with_detail(f"{', '.join(silent)} had not answered; every actor of the "
+                                f"{what} was stopped") from None
     return [done[i] for i in range(len(refs))]
 
 
@@ -74,15 +94,20 @@ class RankActor:
         return ray.util.get_node_ip_address(), free_port()
 
     def setup(self, rank: int, world: int, addr: str, port: int, kind: str, spec, optim,
-              threads: int) -> str:
+              threads: int, driver_host: str, stacks: str) -> tuple[str, int, str]:
+        """The rank's process group and backend; its node, pid and host. On the driver's
+        host, its stacks go to ``stacks`` when the driver's stage stalls (SIGUSR2)."""
         import ray
 
         from agentgym.trainers.backends.distributed import init_rank
         from agentgym.trainers.backends.ranks import RANK_BACKENDS
+        host = socket.gethostname()
+        if host == driver_host:
+            stacks_on_signal(stacks)
         os.environ["LOCAL_RANK"] = "0"  # Ray gives each actor its own visible GPU(s)
         init_rank(rank, world, addr, port, kind, threads)
         self.backend = RANK_BACKENDS[kind](spec, optim, rank, world)
-        return ray.get_runtime_context().get_node_id()
+        return ray.get_runtime_context().get_node_id(), os.getpid(), host
 
     def call(self, method: str, *args) -> Any:
         return getattr(self.backend, method)(*args)
@@ -193,29 +218,51 @@ class RayCluster:
 
 class RayRanks:
     """``trainer.nprocs`` train ranks as actors: the ``call`` interface of
-    :class:`agentgym.trainers.backends.distributed.ProcessRanks`."""
+    :class:`agentgym.trainers.backends.distributed.ProcessRanks`. A stall of the stage
+    that waits for them names the ranks that had not answered (rank, pid, host) and stops
+    every one; the stall's file gets the stacks of those on the driver's host."""
 
     def __init__(self, cluster: RayCluster, n: int, kind: str, spec, optim, role: str) -> None:
         import ray
+
+        from agentgym.trainers.backends.distributed import stacks_dir
         cls = ray.remote(RankActor)
         self.actors = [cls.options(**cluster.options("train", r), name=None).remote()
                        for r in range(n)]
         addr, port = ray.get(self.actors[0].address.remote())
         threads = cluster.threads("train")
-        self.nodes = _gather([a.setup.remote(r, n, addr, port, kind, spec, optim, threads)
-                              for r, a in enumerate(self.actors)], self.actors, f"{role} ranks")
+        self._stacks = stacks_dir()
+        here = socket.gethostname()
+        setups = [a.setup.remote(r, n, addr, port, kind, spec, optim, threads, here,
+                                 str(self._stacks / f"rank{r}.txt"))
+                  for r, a in enumerate(self.actors)]
+        where = _gather(setups, self.actors, f"{role} ranks")
+        self.nodes = [node for node, _, _ in where]
+        self.where = [(pid, host) for _, pid, host in where]
+        self.names = [f"rank {r} (pid {pid} on {host})" for r, (pid, host) in enumerate(self.where)]
         cluster.nodes[f"{role}_ranks"] = self.nodes
+        add_stall_hook(self.stall_stacks)
         logger.info("%d %s %s ranks on nodes %s", n, kind, role, self.nodes)
 
     def call(self, method: str, args_per_rank: list[tuple]) -> list[Any]:
         return _gather([a.call.remote(method, *args) for a, args in zip(self.actors, args_per_rank)],
-                       self.actors, method)
+                       self.actors, method, self.names)
+
+    def stall_stacks(self, path: Path) -> None:
+        """A stall's hook: the stacks of the ranks on this host (faulthandler's, SIGUSR2)."""
+        here = socket.gethostname()
+        collect_stacks(path, [(f"rank {r}", pid if host == here else None,
+                               self._stacks / f"rank{r}.txt", "" if host == here else
+                               f"a Ray actor on {host}")
+                              for r, (pid, host) in enumerate(self.where)])
 
     def close(self) -> None:
         import ray
+        remove_stall_hook(self.stall_stacks)
         for a in self.actors:
             ray.kill(a)
         self.actors = []
+        shutil.rmtree(self._stacks, ignore_errors=True)
 
 
 class RayWorkers:
@@ -277,7 +324,8 @@ class RayWorkers:
         out: dict[int, list] = {}
         pending, replaced = list(owner), 0
         while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
+            # in slices: a wait with no timeout never lets the stall's signal handler run
+            ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
             for ref in ready:
                 i = owner[ref]
                 try:

@@ -26,7 +26,7 @@ from agentgym.rollout.engines.base import ENGINES
 from agentgym.rollout.runtime import engine_for
 from agentgym.trainers.backends.base import Backend
 from agentgym.trainers.batch import Batch
-from agentgym.trainers.hooks import Hooks
+from agentgym.trainers.hooks import Hooks, WatchedHooks
 from agentgym.trainers.workers import LocalWorkers, eval_metrics
 from agentgym.trainers.run import (make_backend, policy_spec, reference, resume, save_checkpoint,
                                    start_run)
@@ -250,27 +250,6 @@ def open_session(cfg: Config, hooks: Hooks | None = None,
     return s
 
 
-class WatchedHooks(Hooks):
-    """The run's hooks, each ``advance`` (an episode finished, a minibatch trained) also
-    the watched stage's progress."""
-
-    def __init__(self, inner: Hooks, watch) -> None:
-        self.inner, self.watch = inner, watch
-
-    def phase(self, name: str, total: int) -> None:
-        self.inner.phase(name, total)
-
-    def advance(self, k: int = 1) -> None:
-        self.watch.progress()
-        self.inner.advance(k)
-
-    def step_end(self, step: int, metrics: dict) -> None:
-        self.inner.step_end(step, metrics)
-
-    def announce(self, text: str) -> None:
-        self.inner.announce(text)
-
-
 def step_source(cfg: Config, s: Session):
     """Where each step's trajectories come from, the same for every algorithm, behind one
     interface (``take(step)``, ``weights_unchanged()``, ``cursor``, ``taken_after_cursor``):
@@ -282,7 +261,8 @@ def step_source(cfg: Config, s: Session):
             raise ValueError("data.curriculum=solve_rate picks each step's prompts from the "
                              "last step's outcomes; run it with trainer.mode=sync")
         from agentgym.trainers.async_steps import AsyncSteps
-        s.steps = AsyncSteps(cfg, s.workers, s.rows, s.cursor, s.version, s.taken)
+        s.steps = AsyncSteps(cfg, s.workers, s.rows, s.cursor, s.version, s.taken,
+                             s.watch)
     else:
         s.steps = SyncSteps(cfg, s.workers, s.rows, s.cursor, s.hooks, s.curriculum)
     return s.steps

@@ -13,6 +13,10 @@ SIGTERM to the starting process would skip ``atexit``: the first ``start()`` in 
 thread therefore turns SIGTERM, when nothing else handles it, into ``SystemExit`` (as
 SIGINT is turned into ``KeyboardInterrupt``), so ``finally`` blocks and exit handlers run.
 
+When a stage of the starting process's run stalls (:mod:`agentgym.core.watchdog`), the
+stall's file gets the stacks of each running server that listens for the ask (one that
+calls :func:`watch_parent`: the retriever, ``agentgym serve``), by SIGUSR2.
+
 Example::
 
     proc = ServerProcess([sys.executable, "-m", "agentgym.retriever_server", "--port", "8000", ...],
@@ -34,9 +38,13 @@ import subprocess
 import tempfile
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import httpx
+
+from agentgym.core.watchdog import (STACKS_FILE_ENV, add_stall_hook, collect_stacks,
+                                    stacks_on_signal)
 
 logger = logging.getLogger(__name__)
 
@@ -82,10 +90,13 @@ def watch_parent(poll_s: float = 1.0) -> threading.Thread | None:
     so the server shuts down as on ``stop()``) and remove its temporary log folder when the
     process that started it is gone, however that one died (a SIGKILL runs no cleanup of
     its own; the server would otherwise run on, orphaned). A daemon thread polling the
-    parent pid; None when not started by a :class:`ServerProcess`."""
+    parent pid; None when not started by a :class:`ServerProcess`. Also: this server's
+    threads' stacks go to the file its parent named when a stage of the parent's run
+    stalls (:func:`agentgym.core.watchdog.stacks_on_signal`)."""
     parent = os.environ.get(PARENT_PID_ENV)
     if not parent:
         return None
+    stacks_on_signal()
     parent_pid, tmp_dir = int(parent), os.environ.get(TMP_DIR_ENV)
 
     def run() -> None:
@@ -130,6 +141,9 @@ class ServerProcess:
         #: the server's combined stdout/stderr (None before ``start``; with the default
         #: temporary folder, gone after ``stop``)
         self.log_path: Path | None = None
+        #: beside the log: the server's stacks, when a stall of this process asks for them
+        #: (a server that calls :func:`watch_parent` creates it; others are not signalled)
+        self.stacks_path: Path | None = None
         self._tmp_dir: Path | None = None  # ours to remove
         self.proc: subprocess.Popen | None = None
 
@@ -170,9 +184,12 @@ class ServerProcess:
             slug = "".join(c if c.isalnum() else "-" for c in self.name)
             self._tmp_dir = Path(tempfile.mkdtemp(prefix=f"agentgym-{slug}-"))
             self.log_path = self._tmp_dir / "server.log"
+        self.stacks_path = self.log_path.with_name("stacks.txt")
+        self.stacks_path.unlink(missing_ok=True)  # the child creates it when it listens
         with open(self.log_path, "ab") as log:
             watch = {PARENT_PID_ENV: str(os.getpid()),
-                     TMP_DIR_ENV: str(self._tmp_dir) if self._tmp_dir else ""}
+                     TMP_DIR_ENV: str(self._tmp_dir) if self._tmp_dir else "",
+                     STACKS_FILE_ENV: str(self.stacks_path)}
             self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL,
                                          env={**os.environ, **self.env, **watch},
@@ -184,6 +201,7 @@ class ServerProcess:
             raise
         logger.info("%s at %s (pid %d) ready in %.1f s; log %s", self.name, self.url,
                     self.proc.pid, time.perf_counter() - t0, self.log_path)
+        _RUNNING.add(self)
         return self.url
 
     def _wait_healthy(self) -> None:
@@ -210,6 +228,7 @@ class ServerProcess:
         temporary folder. Idempotent."""
         proc, self.proc = self.proc, None
         atexit.unregister(self.stop)
+        _RUNNING.discard(self)
         try:
             if proc is not None and proc.poll() is None:
                 self._signal(proc, signal.SIGTERM)
@@ -244,3 +263,19 @@ class ServerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+#: the servers this process started and has not stopped (a stall reports their stacks)
+_RUNNING: "weakref.WeakSet[ServerProcess]" = weakref.WeakSet()
+
+
+def _servers_stacks(path: Path) -> None:
+    """A stall's hook: the stacks of every server this process runs that listens for the
+    ask (``stacks.txt`` beside its log), appended to the stall's file."""
+    servers = [s for s in list(_RUNNING) if s.alive and s.stacks_path is not None]
+    if servers:
+        collect_stacks(path, [(f"service {s.name} at {s.url}", s.pid, s.stacks_path, "")
+                              for s in servers])
+
+
+add_stall_hook(_servers_stacks)

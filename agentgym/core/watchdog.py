@@ -11,8 +11,9 @@ directory (the stage, the step, since when, the process's threads: ``agentgym st
 reads it). A stage past its deadline:
 
 * writes every thread's Python stack to ``stalls/stall-step<N>-<stage>-<time>.txt`` in the
-  run directory and names the stage, the step, how long it waited and that file in the
-  log;
+  run directory, then the stacks of the processes the run drives (rank processes, Ray rank
+  actors on this host, the servers it started: :func:`collect_stacks`), and names the
+  stage, the step, how long it waited and that file in the log;
 * then does what the stage's failure should do. A fatal stage (the update, the weight sync,
   a checkpoint, a step's rollouts, an eval) is interrupted: the thread that runs it gets
   :class:`StageStalled` raised (a signal to the main thread; a checkpoint being written is
@@ -61,7 +62,7 @@ class DeadlinesConfig:
     update_s: float = 3600.0  # the policy (and critic) update of one step
     sync_s: float = 1800.0  # the new weights into the rollout engines
     checkpoint_s: float = 1800.0  # one checkpoint's save
-    env_step_s: float = 600.0  # one env reset, step (its tools, its reward) or close
+    env_step_s: float = 600.0  # one env construction, reset, step (tools, reward), close
     turn_s: float = 3600.0  # one generation of the policy (the request is then cancelled)
     grace_s: float = 60.0  # a fatal stall's time to unwind before the process exits
     heartbeat_s: float = 5.0  # how often heartbeat.json is rewritten
@@ -78,19 +79,20 @@ class StageStalled(RuntimeError):
     answer)."""
 
     def __init__(self, stage: str, step: int, waited: float, deadline: float,
-                 stacks: Path | None, detail: str = "") -> None:
+                 stacks: Path | None, detail: str = "", role: str = "trainer") -> None:
         self.stage, self.step, self.waited, self.stacks = stage, step, waited, stacks
-        self.deadline, self.detail = deadline, detail
+        self.deadline, self.detail, self.role = deadline, detail, role
         where = f"; every thread's stack is in {stacks}" if stacks else ""
         said = f" ({detail})" if detail else ""
-        super().__init__(f"the {stage} of step {step} made no progress for {waited:.0f}s, past "
+        of = "" if role == "trainer" else f"{role} "  # the cold start's stages
+        super().__init__(f"the {of}{stage} of step {step} made no progress for {waited:.0f}s, past "
                          f"its deadline (deadlines.{stage}_s={deadline:g}){said}{where}. The "
                          f"last complete checkpoint is intact: continue with "
                          f"trainer.resume=auto")
 
     def with_detail(self, detail: str) -> "StageStalled":
         return StageStalled(self.stage, self.step, self.waited, self.deadline, self.stacks,
-                            detail)
+                            detail, self.role)
 
 
 @dataclass
@@ -103,6 +105,7 @@ class _Stage:
     started: float
     progress_at: float
     fired: bool = False
+    raise_in: int = 0  # the thread its stall is raised in
 
 
 def _thread_names() -> dict[int, str]:
@@ -123,9 +126,17 @@ def format_stacks(reason: str) -> str:
 
 #: where :func:`dump_stacks` writes when no file is given (the active watchdog's run dir)
 _STALL_DIR: Path | None = None
+#: the watchdog of this process's run (:func:`stalled_now`)
+_ACTIVE: "Watchdog | None" = None
 #: what else a stall's stack file gets: ``hook(path)`` appends the stacks of processes
 #: this one drives (the rank processes of a sharded backend, :func:`add_stall_hook`)
 _HOOKS: list = []
+
+
+def stalled_now() -> "StageStalled | None":
+    """The fatal stall of this process's run, once one has fired (for code whose wait turns
+    the stall's signal into another exception: Ray's ``wait`` raises KeyboardInterrupt)."""
+    return _ACTIVE._stalled if _ACTIVE is not None else None
 
 
 def add_stall_hook(hook) -> None:
@@ -137,6 +148,57 @@ def add_stall_hook(hook) -> None:
 def remove_stall_hook(hook) -> None:
     if hook in _HOOKS:
         _HOOKS.remove(hook)
+
+
+#: set by the process that starts a child (a service, a rank): the file the child writes
+#: its threads' stacks into on SIGUSR2 (:func:`stacks_on_signal`, :func:`collect_stacks`)
+STACKS_FILE_ENV = "AGENTGYM_STACKS_FILE"
+
+
+def stacks_on_signal(path: str | Path | None = None) -> bool:
+    """In a child process of a run (a service, a rank): on SIGUSR2, write every thread's
+    stack to ``path`` (default: the file its parent named in ``AGENTGYM_STACKS_FILE``),
+    which the parent sends when one of its stages stalls (:func:`collect_stacks`).
+    ``faulthandler``'s dump: it runs even while this process's Python is stuck. Whether
+    a file was named (the parent signals only a child whose file exists: SIGUSR2 would
+    kill any other)."""
+    path = path or os.environ.get(STACKS_FILE_ENV)
+    if not path:
+        return False
+    import faulthandler
+    dump = open(path, "a")  # noqa: SIM115 - open for the process's life
+    faulthandler.register(signal.SIGUSR2, file=dump, all_threads=True)
+    return True
+
+
+def collect_stacks(out: Path, children: list[tuple[str, int | None, Path, str]]) -> None:
+    """Append the stacks of ``children`` (what to call it, its pid, the file it writes its
+    stacks into on SIGUSR2: :func:`stacks_on_signal`, a note) to ``out``, each under a
+    line ``# NAME (pid PID on HOST): NOTE``: every live one whose file exists is
+    signalled, and what it writes within 5 s is copied."""
+    def alive(pid: int | None) -> bool:
+        return pid is not None and Path(f"/proc/{pid}").exists()
+
+    sizes = {}
+    for _, pid, path, _ in children:
+        if alive(pid) and path.exists():
+            sizes[path] = path.stat().st_size
+            os.kill(pid, signal.SIGUSR2)
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and any(p.stat().st_size == n for p, n in sizes.items()):
+        time.sleep(0.05)
+    time.sleep(0.2)  # the last lines of a dump in progress
+    with open(out, "a") as f:
+        for name, pid, path, note in children:
+            where = f" (pid {pid} on {socket.gethostname()})" if pid is not None else ""
+            f.write(f"\n# {name}{where}{': ' + note if note else ''}\n")
+            if path not in sizes:
+                f.write("not signalled from here\n" if pid is None else "not running\n"
+                        if not alive(pid) else f"its stacks were not asked for (no {path})\n")
+                continue
+            with open(path, "rb") as src:
+                src.seek(sizes[path])
+                f.write(src.read().decode(errors="replace") or "it wrote no stacks within 5 s\n")
 
 
 def dump_stacks(reason: str, name: str, directory: Path | None = None) -> Path | None:
@@ -164,7 +226,7 @@ class Watchdog:
 
     def __init__(self, run_dir: Path, cfg: DeadlinesConfig | None = None,
                  role: str = "trainer", poll_s: float = 1.0) -> None:
-        global _STALL_DIR
+        global _STALL_DIR, _ACTIVE
         self.run_dir, self.cfg, self.role = Path(run_dir), cfg or DeadlinesConfig(), role
         self.poll_s = min(poll_s, self.cfg.heartbeat_s)
         self._stages: list[_Stage] = []
@@ -178,18 +240,21 @@ class Watchdog:
         if threading.current_thread() is threading.main_thread():
             self._previous_handler = signal.signal(signal.SIGUSR2, self._interrupt)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        _STALL_DIR = self.run_dir / STALLS
+        _STALL_DIR, _ACTIVE = self.run_dir / STALLS, self
         self._beat()
         self._thread = threading.Thread(target=self._watch, daemon=True, name="watchdog")
         self._thread.start()
 
     # -- the stages ------------------------------------------------------------------
     @contextlib.contextmanager
-    def stage(self, name: str, step: int, fatal: bool = True):
-        """Run the body as stage ``name`` of step ``step`` under ``deadlines.<name>_s``."""
+    def stage(self, name: str, step: int, fatal: bool = True, in_main: bool = False):
+        """Run the body as stage ``name`` of step ``step`` under ``deadlines.<name>_s``.
+        ``in_main``: a fatal stall is raised in the main thread (the trainer, which waits
+        on this helper thread's work), not in this one."""
         now = time.monotonic()
-        st = _Stage(name, step, getattr(self.cfg, f"{name}_s"), fatal,
-                    threading.get_ident(), now, now)
+        me = threading.get_ident()
+        st = _Stage(name, step, getattr(self.cfg, f"{name}_s"), fatal, me, now, now,
+                    raise_in=self._main if in_main else me)
         with self._lock:
             self._stages.append(st)
         self._beat()
@@ -206,12 +271,15 @@ class Watchdog:
                 self._stages.remove(st)
             self._beat()
 
-    def progress(self) -> None:
-        """The stages of this thread (all, when called from another) are moving: their
-        deadlines count from now."""
+    def progress(self, name: str | None = None) -> None:
+        """Stages are moving: their deadlines count from now. Those named ``name``, or
+        else this thread's (every stage, when called from a thread that runs none)."""
         now, me = time.monotonic(), threading.get_ident()
         with self._lock:
-            mine = [s for s in self._stages if s.thread == me] or self._stages
+            if name is not None:
+                mine = [s for s in self._stages if s.name == name]
+            else:
+                mine = [s for s in self._stages if s.thread == me] or self._stages
             for s in mine:
                 s.progress_at = now
 
@@ -235,13 +303,14 @@ class Watchdog:
         reason = (f"{self.role}: the {st.name} of step {st.step} made no progress for "
                   f"{waited:.0f}s (deadlines.{st.name}_s={st.deadline:g})")
         path = dump_stacks(reason, f"step{st.step}-{st.name}")
-        if not st.fatal:
+        if not st.fatal or self._stalled is not None:  # the first fatal stall ends the run
             return
-        self._stalled = StageStalled(st.name, st.step, waited, st.deadline, path)
+        self._stalled = StageStalled(st.name, st.step, waited, st.deadline, path,
+                                     role=self.role)
         self._state = "stalled"
         self._beat()
-        if st.thread == self._main and self._previous_handler is not None:
-            signal.pthread_kill(st.thread, signal.SIGUSR2)  # raises in the stalled thread
+        if st.raise_in == self._main and self._previous_handler is not None:
+            signal.pthread_kill(self._main, signal.SIGUSR2)  # raises StageStalled there
         threading.Thread(target=self._exit_after_grace, args=(st,), daemon=True,
                          name="watchdog-grace").start()
 
@@ -289,7 +358,7 @@ class Watchdog:
                 logger.warning("could not write %s: %s", path, e)
 
     def close(self, state: str = "finished") -> None:
-        global _STALL_DIR
+        global _STALL_DIR, _ACTIVE
         self._stop.set()
         self._thread.join(timeout=10)
         if self._state == "running":
@@ -299,16 +368,18 @@ class Watchdog:
             signal.signal(signal.SIGUSR2, self._previous_handler)
         if _STALL_DIR == self.run_dir / STALLS:
             _STALL_DIR = None
+        if _ACTIVE is self:
+            _ACTIVE = None
 
 
 class _NoWatch:
     """Stands in for a :class:`Watchdog` where nothing is watched (no run directory)."""
 
     @contextlib.contextmanager
-    def stage(self, name: str, step: int, fatal: bool = True):
+    def stage(self, name: str, step: int, fatal: bool = True, in_main: bool = False):
         yield None
 
-    def progress(self) -> None:
+    def progress(self, name: str | None = None) -> None:
         pass
 
     def close(self, state: str = "finished") -> None:

@@ -37,6 +37,19 @@ logger = logging.getLogger(__name__)
 INFRA_WAIT_S = 120.0
 
 
+class _Unmade:
+    """The env of an episode whose env's construction stalled: it is written on the row's
+    own prompt, as an infrastructure failure."""
+
+    observation_format, stop_strings, tools = "chat", (), None
+
+    def close(self) -> None:
+        pass
+
+
+_UNMADE = _Unmade()
+
+
 class CallStalled(RuntimeError):
     """An env call ran past ``deadlines.env_step_s``, or a generation past
     ``deadlines.turn_s``: the episode ends as an infrastructure failure."""
@@ -98,18 +111,18 @@ class GenerationManager:
         cfg.check_context()
         self._user_strategy = load_strategy(cfg.context)
 
-    async def _in_pool(self, fn, *args, **kwargs):
-        return await asyncio.wrap_future(self._pool.submit(fn, *args, **kwargs))
-
     async def _env_call(self, what: str, episode: str, fn, *args, **kwargs):
-        """``fn`` in the env pool under ``deadlines.env_step_s``: past it, every thread's
-        stack is written (the env's call is among them) and :class:`CallStalled` raised.
-        The call's thread stays blocked (Python cannot stop it); the pool's other
-        threads play on."""
+        """``fn`` (the env's construction, reset, step or close) in the env pool under
+        ``deadlines.env_step_s``: past it, every thread's stack is written (the env's call
+        is among them) and :class:`CallStalled` raised. The call's thread stays blocked
+        (Python cannot stop it); the pool's other threads play on."""
         limit = self.deadlines.env_step_s
         call = self._pool.submit(fn, *args, **kwargs)
         try:
             return await asyncio.wait_for(asyncio.wrap_future(call), limit)
+        except asyncio.CancelledError:  # the episode ended (the run is ending): not waited
+            self._pool.abandon(call)  # for at close, should the call be stuck
+            raise
         except TimeoutError:
             self._pool.abandon(call)
             reason = f"episode {episode}: env.{what} made no progress for {limit:g}s " \
@@ -159,32 +172,26 @@ class GenerationManager:
         cfg = self.cfg
         seed = trajectory_seed(self.seed if base_seed is None else base_seed, uid, sample_index)
         session = f"{uid}/{sample_index}/{seed}/{next(self._sessions)}"  # one per episode
-        new_part = lambda: Trajectory(uid=uid, sample_index=sample_index,  # noqa: E731
-                                      data_source=str(row.get("data_source", "")))
-        traj = new_part()
-        parts, turn_rewards, ranges = [traj], [], [[0, -1]]  # ranges: each part's turns
         m = {"turns": 0, "generate_s": 0.0, "env_s": 0.0, "length_stops": 0}
-        env = await self._in_pool(self.env_factory, row) \
-            if getattr(self.env_factory, "takes_row", False) \
-            else await self._in_pool(self.env_factory)
+        env: Any = _UNMADE
         try:
-            t0 = time.perf_counter()
-            stalled = None
+            t0, stalled = time.perf_counter(), None
             try:
+                env = await self._env_call("make", session, self.env_factory, *(
+                    [row] if getattr(self.env_factory, "takes_row", False) else []))
+                t0 = time.perf_counter()
                 obs, info = await self._env_call("reset", session, env.reset, seed=seed,
                                                  options={"row": row})
             except CallStalled as e:  # the row's own prompt stands in for the env's
                 stalled, obs, info = e, [dict(x) for x in row.get("prompt") or []], {}
             m["env_s"] += time.perf_counter() - t0
-            fmt = env.observation_format
-            prompt, traj.images = self.chat.prompt(obs, tools=getattr(env, "tools", None))
+            prompt, images = self.chat.prompt(obs, tools=getattr(env, "tools", None))
             if len(prompt) > cfg.max_prompt_tokens:
                 raise ValueError(f"prompt of row {uid!r} has {len(prompt)} tokens, more than "
                                  f"rollout.max_prompt_tokens={cfg.max_prompt_tokens}")
-            w = TrajectoryWriter(traj, self.chat, fmt)
-            w.prompt(prompt, turn=0)
+            ep = _Episode(self.chat, env.observation_format, row, uid, sample_index)
+            traj, w = ep.start(prompt, 0, images, self.engine.policy_version)
             blocks: Blocks = [("prompt", prompt)]  # the context, for rollout.context
-            traj.policy_version = self.engine.policy_version
             step = turn = 0  # the env's steps; turns count every generation (summaries too)
             try:
                 if stalled is not None:  # not played: an infrastructure failure
@@ -192,18 +199,13 @@ class GenerationManager:
                 while True:
                     if cfg.context != "keep" and len(traj.token_ids) > cfg.context_tokens:
                         new = await self._compact(blocks, w, turn, seed, session, m)
-                        if new is not None:
+                        if new is not None:  # the rewritten context starts a new part
                             if cfg.context == "summarize":  # the summary was a turn: reward 0
-                                turn_rewards.append(0.0)
+                                ep.rewards.append(0.0)
                                 turn += 1
-                            ranges[-1][1] = turn - 1
-                            blocks, images = new, traj.images
-                            traj = new_part()
-                            traj.images, traj.policy_version = images, self.engine.policy_version
-                            w = TrajectoryWriter(traj, self.chat, fmt)
-                            w.prompt(joined(blocks), turn)
-                            parts.append(traj)
-                            ranges.append([turn, -1])
+                            blocks = new
+                            traj, w = ep.start(joined(blocks), turn, traj.images,
+                                               self.engine.policy_version)
                     budget = cfg.max_response_tokens - traj.response_length
                     if budget <= 0:
                         traj.truncated, info = True, {**info, "end": "token_budget"}
@@ -213,24 +215,15 @@ class GenerationManager:
                         temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                         stop=env.stop_strings, seed=(seed + 7919 * step) % 2**31)
                     out = await self._generate(w, sampling, session, turn, m)
-                    text = self.chat.decode(out.ids)
-                    t0 = time.perf_counter()
+                    text, t0 = self.chat.decode(out.ids), time.perf_counter()
+                    turn += 1
                     try:
                         obs, reward, terminated, truncated, info = \
                             await self._env_call("step", session, env.step, text)
-                    except CallStalled as e:  # an infrastructure failure: not trained on
+                    finally:  # a stalled step ends the episode with this turn's reward 0
                         m["env_s"] += time.perf_counter() - t0
-                        traj.truncated = True
-                        info = {**info, "infra_failures": 1, "infra_error": str(e),
-                                "end": "env_stalled"}
-                        turn_rewards.append(0.0)
-                        step += 1
-                        turn += 1
-                        break
-                    m["env_s"] += time.perf_counter() - t0
                     step += 1
-                    turn += 1
-                    turn_rewards.append(reward)
+                    ep.rewards.append(reward)
                     if terminated or truncated:
                         traj.terminated, traj.truncated = terminated, truncated
                         break
@@ -241,17 +234,16 @@ class GenerationManager:
                     filler, obs_ids = after
                     blocks += [("generated", list(out.ids)), ("filler", filler),
                                ("observation", obs_ids)]
-            except CallStalled as e:  # a reset or generation past its deadline: not trained on
-                traj.truncated = True
+            except CallStalled as e:  # a reset, step or generation past its deadline
+                ep.rewards += [0.0] * (turn - len(ep.rewards))  # its turns: no reward
+                traj.truncated = True  # an infrastructure failure: not trained on
                 info = {**info, "infra_failures": 1, "infra_error": str(e), "end": "stalled"}
         finally:
             try:
                 await self._env_call("close", session, env.close)
             except CallStalled as e:
                 logger.warning("%s", e)
-        ranges[-1][1] = len(turn_rewards) - 1
-        return _finish_parts(parts, ranges, turn_rewards, info, m, row,
-                             f"{uid}/{sample_index}/{seed}")
+        return ep.finish(info, m, f"{uid}/{sample_index}/{seed}")
 
     async def _generate(self, w: TrajectoryWriter, sampling: SamplingParams, session: str,
                         turn: int, m: dict):
@@ -330,10 +322,12 @@ class GenerationManager:
 
     def close(self) -> None:
         # env calls still queued are not started (a run that ends mid-rollout, SIGTERM);
-        # the running ones finish, but for those stuck past deadlines.env_step_s
+        # the running ones finish, but for those no episode waits for any more (stuck past
+        # deadlines.env_step_s, or of an episode the run's end cancelled)
         if stuck := self._pool.abandoned:
-            logger.warning("%d env call(s) stuck past deadlines.env_step_s are left running "
-                           "(their stacks are in the run's stalls/ folder)", stuck)
+            logger.warning("%d env call(s) no episode waits for are left running (stuck past "
+                           "deadlines.env_step_s: their stacks are in the run's stalls/ "
+                           "folder; or cut short by the run's end)", stuck)
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
@@ -371,45 +365,72 @@ def summarize(trajs: list[Trajectory]) -> dict[str, float]:
     return out
 
 
-def _finish_parts(parts: list[Trajectory], ranges: list[list[int]], turn_rewards: list[float],
-                  info: dict, m: dict, row: dict, episode: str) -> list[Trajectory]:
-    """An episode's trajectories completed: each part's step rewards (its turns', indexed
-    by turn, and the later parts' on its last turn), the episode's reward, info, version
-    and metrics (:mod:`agentgym.rollout.context`)."""
-    traj = parts[-1]
-    info = {k: v for k, v in info.items() if _jsonable(v)}
-    info.setdefault("env", str(row.get("env", "")))  # per-env metrics of mixed runs
-    counters = {
-        **{k: float(v) for k, v in m.items()},
-        "tool_calls": float(info.get("tool_calls", 0)),
-        "tool_failures": float(info.get("tool_failures", 0)),
-        "malformed_actions": float(info.get("malformed_actions", 0)),
-        "infra_failures": float(info.get("infra_failures", 0)),
-        "infra_retried": 0.0}
-    episode_return = float(sum(turn_rewards))
-    for j, (part, (first, last)) in enumerate(zip(parts, ranges)):
-        # this part's turns' rewards (indexed by turn), the later parts' on its last turn
-        part.step_rewards = [0.0] * first + turn_rewards[first:last + 1]
-        if part.step_rewards and j < len(parts) - 1:
-            part.step_rewards[-1] += float(sum(turn_rewards[last + 1:]))
-            part.terminated, part.truncated = traj.terminated, False
-        if part.turn_versions:
-            part.policy_version = min(part.turn_versions)
-        part.reward = episode_return
-        part.info = dict(info)
-        if len(parts) > 1:
-            part.info.update(episode=episode, part=j,
-                             parts=len(parts))
-        part.metrics = {
-            **counters,
-            "prompt_length": float(part.prompt_length),
-            "response_length": float(part.response_length),
-            "generated_tokens": float(part.num_sampled),
-            "observation_tokens": float(sum(len(s) for s in part.segments
-                                            if s.kind in ("observation", "filler"))),
-        }
-        part.check()
-    return parts
+class _Episode:
+    """One episode's trajectories: the first, and one more each time ``rollout.context``
+    rewrites the context (:mod:`agentgym.rollout.context`); ``ranges`` holds each part's
+    first and last turn, ``rewards`` every turn's reward."""
+
+    def __init__(self, chat: ChatTokens, fmt: str, row: dict, uid: str, sample_index: int):
+        self.chat, self.fmt, self.row = chat, fmt, row
+        self.uid, self.sample_index = uid, sample_index
+        self.parts: list[Trajectory] = []
+        self.ranges: list[list[int]] = []
+        self.rewards: list[float] = []
+
+    def start(self, prompt: list[int], turn: int, images: Any, policy_version: int
+              ) -> tuple[Trajectory, TrajectoryWriter]:
+        """A new part whose prompt is ``prompt`` (the whole context), from ``turn`` on."""
+        if self.ranges:
+            self.ranges[-1][1] = turn - 1
+        traj = Trajectory(uid=self.uid, sample_index=self.sample_index,
+                          data_source=str(self.row.get("data_source", "")))
+        traj.images, traj.policy_version = images, policy_version
+        w = TrajectoryWriter(traj, self.chat, self.fmt)
+        w.prompt(prompt, turn)
+        self.parts.append(traj)
+        self.ranges.append([turn, -1])
+        return traj, w
+
+    def finish(self, info: dict, m: dict, episode: str) -> list[Trajectory]:
+        """The trajectories completed: each part's step rewards (its turns', indexed by
+        turn, and the later parts' on its last turn), the episode's reward, info, version
+        and metrics."""
+        parts, ranges, turn_rewards = self.parts, self.ranges, self.rewards
+        ranges[-1][1] = len(turn_rewards) - 1
+        traj = parts[-1]
+        info = {k: v for k, v in info.items() if _jsonable(v)}
+        info.setdefault("env", str(self.row.get("env", "")))  # per-env metrics of mixed runs
+        counters = {
+            **{k: float(v) for k, v in m.items()},
+            "tool_calls": float(info.get("tool_calls", 0)),
+            "tool_failures": float(info.get("tool_failures", 0)),
+            "malformed_actions": float(info.get("malformed_actions", 0)),
+            "infra_failures": float(info.get("infra_failures", 0)),
+            "infra_retried": 0.0}
+        episode_return = float(sum(turn_rewards))
+        for j, (part, (first, last)) in enumerate(zip(parts, ranges)):
+            # this part's turns' rewards (indexed by turn), the later parts' on its last turn
+            part.step_rewards = [0.0] * first + turn_rewards[first:last + 1]
+            if part.step_rewards and j < len(parts) - 1:
+                part.step_rewards[-1] += float(sum(turn_rewards[last + 1:]))
+                part.terminated, part.truncated = traj.terminated, False
+            if part.turn_versions:
+                part.policy_version = min(part.turn_versions)
+            part.reward = episode_return
+            part.info = dict(info)
+            if len(parts) > 1:
+                part.info.update(episode=episode, part=j,
+                                 parts=len(parts))
+            part.metrics = {
+                **counters,
+                "prompt_length": float(part.prompt_length),
+                "response_length": float(part.response_length),
+                "generated_tokens": float(part.num_sampled),
+                "observation_tokens": float(sum(len(s) for s in part.segments
+                                                if s.kind in ("observation", "filler"))),
+            }
+            part.check()
+        return parts
 
 
 def last_parts(trajs: list[Trajectory]) -> list[Trajectory]:

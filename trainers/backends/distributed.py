@@ -46,7 +46,8 @@ from typing import Any
 
 import torch
 
-from agentgym.core.watchdog import StageStalled, add_stall_hook, remove_stall_hook
+from agentgym.core.watchdog import (StageStalled, add_stall_hook, collect_stacks,
+                                     remove_stall_hook, stacks_on_signal)
 from agentgym.trainers.backends.base import LogprobFn, LossFn, ModelSpec, split
 from agentgym.trainers.backends.ranks import OptimSpec
 from agentgym.trainers.batch import Batch
@@ -128,9 +129,9 @@ def serve(conn, rank: int, world: int, port: int, kind: str, spec: ModelSpec,
         pass
 
 
-def _stacks_dir() -> Path:
-    """A folder for the ranks' stack dumps, named by this process; those of drivers that
-    are gone (a SIGKILLed run cannot remove its own) are removed first."""
+def stacks_dir() -> Path:
+    """A folder for the ranks' stack dumps (processes or Ray actors), named by this
+    process; those of drivers that are gone (a SIGKILLed run cannot remove its own) are removed first."""
     for old in Path(tempfile.gettempdir()).glob("agentgym-rank-stacks-*-*"):
         pid = old.name.split("-")[3]
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
@@ -152,7 +153,7 @@ class ProcessRanks:
                "PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))}
         self.conns, self.procs = [], []
         # each rank dumps its threads' stacks here on SIGUSR2 (a stall: stall_stacks)
-        self._stacks = _stacks_dir()
+        self._stacks = stacks_dir()
         env["AGENTGYM_RANK_STACKS"] = str(self._stacks)
         self._answered: set[int] = set()
         add_stall_hook(self.stall_stacks)
@@ -186,29 +187,10 @@ class ProcessRanks:
         """A stall's hook (:func:`agentgym.core.watchdog.add_stall_hook`): each live rank's
         threads' stacks (faulthandler's, on SIGUSR2), appended to ``path`` under a line
         saying whether the rank answered the call in flight."""
-        host = socket.gethostname()
-        files = [self._stacks / f"rank{r}.txt" for r in range(len(self.procs))]
-        sizes = [f.stat().st_size if f.exists() else 0 for f in files]
-        for p in self.procs:
-            if p.poll() is None:
-                os.kill(p.pid, signal.SIGUSR2)
-        deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline and any(
-                p.poll() is None and (not f.exists() or f.stat().st_size == n)
-                for p, f, n in zip(self.procs, files, sizes)):
-            time.sleep(0.05)
-        time.sleep(0.2)  # the last lines of a dump in progress
-        with open(path, "a") as out:
-            for r, (p, f, n) in enumerate(zip(self.procs, files, sizes)):
-                state = "answered" if r in self._answered else "did not answer"
-                out.write(f"\n# rank {r} (pid {p.pid} on {host}): {state} the call in "
-                          f"flight\n")
-                if p.poll() is not None:
-                    out.write(f"exited with code {p.returncode}\n")
-                elif f.exists():
-                    with open(f, "rb") as src:
-                        src.seek(n)
-                        out.write(src.read().decode(errors="replace"))
+        collect_stacks(path, [
+            (f"rank {r}", p.pid, self._stacks / f"rank{r}.txt",
+             f"{'answered' if r in self._answered else 'did not answer'} the call in flight")
+            for r, p in enumerate(self.procs)])
 
     def _gather(self, timeout_s: float | None = None) -> list[Any]:
         """Every rank's reply; a rank's error or death stops all ranks and raises. A stall
@@ -277,9 +259,7 @@ def _rank_main(address: str, rank: int) -> None:
     # DeepSpeed 0.19 calls collectives torch 2.13 deprecated; one warning per call
     warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
     if stacks := os.environ.get("AGENTGYM_RANK_STACKS"):  # a stall's report (stall_stacks)
-        import faulthandler
-        dump = open(Path(stacks) / f"rank{rank}.txt", "a")  # noqa: SIM115 - the process's life
-        faulthandler.register(signal.SIGUSR2, file=dump, all_threads=True)
+        stacks_on_signal(Path(stacks) / f"rank{rank}.txt")
     host, port = address.rsplit(":", 1)
     conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ["AGENTGYM_RANK_AUTHKEY"]))
     conn.send(rank)
