@@ -108,7 +108,7 @@ def test_the_check_finds_what_it_is_for(tmp_path):
 def _example() -> str:
     """docs/ENVS.md's ``envs/echo.py``: the code block after that heading's file line."""
     text = (ROOT / "docs" / "ENVS.md").read_text(encoding="utf-8")
-    section = text[text.index("`envs/echo.py`, the whole of it:"):]
+    section = text[text.index("`envs/echo.py`, the whole of it"):]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 

@@ -30,7 +30,7 @@ def wheel(tmp_path_factory) -> Path:
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
                     "--no-build-isolation", "-w", str(out), str(src)], check=True,
                    capture_output=True, text=True)
-    (whl,) = out.glob("agentgym-*.whl")
+    (whl,) = out.glob("agentgym_rl-*.whl")  # the distribution agentgym-rl
     return whl
 
 

@@ -50,7 +50,7 @@ def _same(got: list[dict], want: list[dict], env: str) -> None:
         assert {k: g[k] for k in w} == w
 
 
-def test_parquet_jsonl_shards_globs_and_save_to_disk_read_alike(tmp_path):
+def test_parquet_jsonl_shards_globs_and_save_to_disk_read_alike(tmp_path, monkeypatch):
     rows = gsm8k_rows()
     ds = datasets.Dataset.from_list(rows)
     ds.to_parquet(str(tmp_path / "test.parquet"))  # what verl's script calls
@@ -63,6 +63,10 @@ def test_parquet_jsonl_shards_globs_and_save_to_disk_read_alike(tmp_path):
     datasets.DatasetDict({"train": ds}).save_to_disk(str(tmp_path / "saved_dict"))
     for source in ("test.parquet", "test.jsonl", "shards", "shards/part-*.parquet", "saved"):
         _same(load_rows("code", str(tmp_path / source)), rows, "code")
+    # a glob the shell did not expand (quoted, as the README writes it): ~ is still home
+    monkeypatch.setenv("HOME", str(tmp_path))
+    _same(load_rows("code", "~/shards/part-*.parquet"), rows, "code")
+    _same(load_rows("code", "~/test.parquet"), rows, "code")
     with pytest.raises(ValueError, match="a DatasetDict saved by save_to_disk; pass one "
                                          "split's folder, e.g. data=.*saved_dict/train"):
         load_rows("code", str(tmp_path / "saved_dict"))

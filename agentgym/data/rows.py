@@ -16,6 +16,7 @@ import glob
 import gzip
 import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,7 +54,8 @@ def read_rows(path: str | Path) -> list[dict]:
     """Rows of a dataset on disk, whatever of :data:`ACCEPTED` it is: parquet is known by
     its magic bytes, gzip likewise, anything else is read as JSONL; a file that is none of
     them is a ValueError naming it and what is accepted."""
-    spec = str(path)
+    spec = os.path.expanduser(str(path))  # a quoted '~/data/*.parquet' too
+    path = Path(spec)
     if any(c in spec for c in "*?["):
         files = sorted(f for f in glob.glob(spec, recursive=True) if Path(f).is_file())
         if not files:
@@ -126,7 +128,9 @@ def validate_row(row: dict, where: str) -> None:
 
 
 def dataset_path(env: str, name: str) -> Path:
-    """Resolve a dataset name of ``env``, or a path (a file, a directory, a glob)."""
+    """Resolve a dataset name of ``env``, or a path (a file, a directory, a glob; ``~``
+    is the home folder, also where the shell did not expand it: a quoted glob)."""
+    name = os.path.expanduser(name)
     if name.endswith(_SHARDS) or "/" in name or any(c in name for c in "*?[") \
             or Path(name).exists():
         path = Path(name)
