@@ -41,6 +41,12 @@ def _setup_logging(level: str) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
+#: what ``agentgym train`` (and ``agentgym config``, which shows train's config) sets
+#: unless told otherwise: group-based estimators need n > 1, and Search-R1 samples 5
+#: (algo=ppo's preset sets 1)
+TRAIN_DEFAULTS = {"rollout.n": 5}
+
+
 def _config(args: list[str], command_defaults: dict | None = None) -> Config:
     from agentgym import envs
 
@@ -245,9 +251,8 @@ def cmd_train(args: list[str]) -> int:
     the before / after table and where the run's curves and files are."""
     from agentgym.trainers.loop import train
 
-    # Group-based estimators need n > 1; Search-R1 samples 5 (algo=ppo's preset sets 1).
-    # train() checks the algorithm's settings before any model loads.
-    cfg = _config(args, {"rollout.n": 5})
+    # train() checks the algorithm's settings before any model loads
+    cfg = _config(args, TRAIN_DEFAULTS)
     run_dir = train(cfg, _BarHooks())
     _print_comparison(Path(run_dir), cfg)
     run = Path(run_dir)
@@ -365,7 +370,9 @@ def cmd_filter(args: list[str]) -> int:
 
 
 def cmd_config(args: list[str]) -> int:
-    cfg = _config(args)
+    """``agentgym config KEY=VALUE …``: the config ``agentgym train`` resolves from them
+    (JSON), and every key."""
+    cfg = _config(args, TRAIN_DEFAULTS)
     print(json.dumps(to_dict(cfg), indent=2))
     print("keys: " + " ".join(all_keys(cfg)), file=sys.stderr)
     return 0

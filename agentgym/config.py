@@ -21,6 +21,8 @@ recipe's keys (``recipe=search_r1_qwen2.5_3b_grpo``: ``recipes/``), the user's o
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 import typing
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +58,11 @@ class LoraConfig:
                              f"{self.rank}, {self.alpha}, {self.dropout}")
 
 
+#: ``org/name``: what a Hugging Face hub id looks like (a folder path has a leading ``/``,
+#: ``.`` or ``~``, or exists)
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
 @dataclass
 class ModelConfig:
     name: str = "smollm2-135m"  # tiny | smollm2-135m | a local HF folder
@@ -66,6 +73,15 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         check_choices("model", self, {"dtype": ("float32", "bfloat16")})
+        for key in ("name", "path"):
+            value = getattr(self, key)
+            if _HUB_ID.fullmatch(value) and not os.path.exists(os.path.expanduser(value)):
+                raise ValueError(
+                    f"model.{key}={value!r} is no folder here but reads as a Hugging Face hub "
+                    f"id, and AgentGym downloads nothing while it runs: download it first "
+                    f"(huggingface-cli download {value} --local-dir ~/models/"
+                    f"{value.split('/')[1]}), then pass model=~/models/{value.split('/')[1]}; "
+                    f"or a name of the model zoo (tiny, smollm2-135m, tiny:SHAPE)")
 
 
 @dataclass

@@ -137,3 +137,19 @@ def test_the_train_table_prints_the_paired_p_value_of_rl_against_sft(tmp_path, c
     assert "0.300 [" in out and "0.550 [" in rl_row  # the two EMs, 12/40 and 22/40
     # each row's tool calls per episode (the env's word for them: searches for env=search)
     assert "tool calls/episode" in out and " 2.50 " in rl_row
+
+
+def test_config_shows_what_train_resolves(capsys):
+    """``agentgym config`` prints train's config: its group size 5 unless told (algo=ppo's
+    preset: 1)."""
+    for args, n in ([], 5), (["n=3"], 3), (["algo=ppo"], 1):
+        assert main(["config", "env=search", *args]) == 0
+        assert json.loads(capsys.readouterr().out)["rollout"]["n"] == n, args
+
+
+def test_a_hub_id_is_refused_when_the_config_is_read(capsys):
+    """``model=Qwen/…`` is refused before anything loads, saying what to pass instead."""
+    assert main(["config", "env=search", "model=Qwen/Qwen2.5-3B-Instruct"]) == 2
+    err = capsys.readouterr().err
+    assert "model.name='Qwen/Qwen2.5-3B-Instruct'" in err and "downloads nothing" in err
+    assert "model=~/models/Qwen2.5-3B-Instruct" in err

@@ -122,13 +122,18 @@ def stalling_env():
     STALL_RELEASE.set()  # the blocked env threads end with the test
 
 
-def _train_on_letters(tmp_path, env: str, rows: list[dict], *keys: str) -> dict:
-    """One step of two rows, two samples each, in this process; the step's metrics."""
-    from agentgym.cli import main
+def _letter_data(tmp_path, env: str, rows: list[dict]) -> Path:
     for r in rows:
         r["env"] = env
     data = tmp_path / "rows.jsonl"
     write_jsonl(data, rows)
+    return data
+
+
+def _train_on_letters(tmp_path, env: str, rows: list[dict], *keys: str) -> dict:
+    """One step of two rows, two samples each, in this process; the step's metrics."""
+    from agentgym.cli import main
+    data = _letter_data(tmp_path, env, rows)
     run = tmp_path / "run"
     assert main(["train", f"env={env}", "model=tiny", f"data={data}",
                  "trainer.total_steps=1", "trainer.prompts_per_step=2", "n=2",
@@ -205,10 +210,7 @@ def test_an_async_producer_whose_groups_stop_finishing_ends_the_run_from_its_own
     from agentgym.cli import main
     rows = letter_rows(2)
     rows[0]["extra_info"]["stall"] = True
-    for r in rows:
-        r["env"] = stalling_env
-    data = tmp_path / "rows.jsonl"
-    write_jsonl(data, rows)
+    data = _letter_data(tmp_path, stalling_env, rows)
     run = tmp_path / "run"
     assert main(["train", f"env={stalling_env}", "model=tiny", f"data={data}",
                  "trainer.mode=async", "trainer.total_steps=2", "trainer.prompts_per_step=2",
@@ -292,10 +294,11 @@ def test_a_checkpoint_write_or_weight_push_that_never_returns_ends_the_run_then_
 def test_a_rank_that_stops_answering_is_named_and_every_rank_ends(tmp_path):
     """FSDP2 over two gloo ranks; rank 1 is not sent step 2's update, so rank 0 waits in
     its collectives. The update's deadline ends the run naming rank 1, every rank's stack
-    (faulthandler's) is in the stall file, and no rank process is left."""
-    run = tmp_path / "run"
-    args = _train_args(tmp_path, run) + ["trainer.backend=fsdp", "trainer.nprocs=2",
-                                         "deadlines.update_s=10"]
+    (faulthandler's) is in the stall file, and no rank process is left; the resumed run
+    ends as one that never stalled."""
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    fsdp = ["trainer.backend=fsdp", "trainer.nprocs=2"]
+    args = _train_args(tmp_path, run) + fsdp + ["deadlines.update_s=10"]
     stalled = _cli(args, env={"AGENTGYM_TEST_SILENT_RANK": "1:2"})
     assert stalled.returncode == 3, stalled.stderr[-3000:]
     assert "the update of step 2 made no progress" in stalled.stderr
@@ -312,6 +315,12 @@ def test_a_rank_that_stops_answering_is_named_and_every_rank_ends(tmp_path):
     for pid in pids:  # both rank processes were stopped with the run
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+    assert (run / "checkpoints" / "step_1").is_dir()
+    resumed = _cli(_train_args(tmp_path, run) + fsdp + ["trainer.resume=auto"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    clean = _cli(_train_args(tmp_path, straight) + fsdp)
+    assert clean.returncode == 0, clean.stderr[-3000:]
+    assert _metrics(run) == _metrics(straight)  # steps 1-3, as if it had never stalled
 
 
 def test_a_ray_rank_that_stops_answering_is_named_and_every_rank_ends(

@@ -61,8 +61,10 @@ def status_lines(run_dir: str | Path, now: float | None = None) -> list[str]:
             else:
                 state += f" (another host: the heartbeat is {_ago(now - beat['time'])} old)"
         lines.append(f"state     {state}, {where}, heartbeat {_ago(now - beat['time'])} ago")
+        role = beat.get("role", "trainer")
+        who = "" if role == "trainer" else f"{role}: "  # the cold start's stages
         for st in beat["stages"]:
-            lines.append(f"stage     {st['stage']} of step {st['step']} for "
+            lines.append(f"stage     {who}{st['stage']} of step {st['step']} for "
                          f"{_ago(now - st['since'])} (last progress {_ago(now - st['progress_at'])}"
                          f" ago, deadline {st['deadline_s']:g}s) in thread {st['thread']}")
         if not beat["stages"] and beat["state"] == "running":
