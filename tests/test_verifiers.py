@@ -145,6 +145,7 @@ def test_a_worker_killed_mid_episode_fails_that_episode_and_the_next_is_played(
     real = engine.generate
     runtimes = Path.home() / ".cache" / "verifiers" / "runtimes" / "subprocess"
     before = set(runtimes.glob("*"))
+    ports_before = set(Path("/tmp").glob("vf-port-*"))
 
     async def generate_then_kill_the_worker(*args, **kwargs):
         if not killed:
@@ -167,6 +168,7 @@ def test_a_worker_killed_mid_episode_fails_that_episode_and_the_next_is_played(
     finally:
         manager.close()
     assert set(runtimes.glob("*")) <= before
+    assert set(Path("/tmp").glob("vf-port-*")) <= ports_before  # verifiers' port files too
 
 
 class _Closed:

@@ -171,6 +171,25 @@ def _protocol_pipes():
     return _PIPES
 
 
+def _remove_port_files() -> None:
+    """verifiers 0.4.0 has each tool server it starts write its port to
+    ``/tmp/vf-port-<uuid>`` and never removes the file (one per episode's tool server):
+    with the subprocess runtime the file is this machine's, so it is removed once read."""
+    import verifiers.v1.mcp.launch as vf_launch
+    read_back = vf_launch._read_back_port
+
+    async def read_then_remove(runtime, path: str) -> int:
+        try:
+            return await read_back(runtime, path)
+        finally:
+            if getattr(runtime, "type", None) == "subprocess":
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+    vf_launch._read_back_port = read_then_remove
+
+
 def main() -> None:
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -195,6 +214,7 @@ def main() -> None:
 
         import verifiers.v1.runtimes.subprocess as vf_subprocess
         vf_subprocess.CACHE_DIR = pathlib.Path(spec["workdirs"])
+    _remove_port_files()
     try:
         worker = Worker(spec)
     except Exception as e:  # a taskset that does not load: said on stdout, then exit 2
