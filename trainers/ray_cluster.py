@@ -42,7 +42,7 @@ from typing import Any
 
 from agentgym.config import Config
 from agentgym.core.watchdog import (StageStalled, add_stall_hook, collect_stacks,
-                                    remove_stall_hook, stacks_on_signal, stalled_now)
+                                    remove_stall_hook, stacks_on_signal)
 
 logger = logging.getLogger(__name__)
 
@@ -71,10 +71,9 @@ def _gather(refs: list, actors: list, what: str, names: list[str] | None = None)
                         ray.kill(a)
                     logger.error("%s failed; its actors were stopped", what)
                     raise
-    except BaseException as e:  # a stall's signal in Ray's wait surfaces as another error
-        stall = e if isinstance(e, StageStalled) else e.__context__ if isinstance(
-            e.__context__, StageStalled) else stalled_now()  # (SystemError, KeyboardInterrupt)
-        if stall is None:
+    except BaseException as e:  # a stall's signal in Ray's wait surfaces as a SystemError
+        stall = e if isinstance(e, StageStalled) else e.__context__
+        if not isinstance(stall, StageStalled):
             raise
         silent = [names[i] if names else f"actor {i}" for i in range(len(refs)) if i not in done]
         for a in actors:

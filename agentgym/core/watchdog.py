@@ -105,7 +105,7 @@ class _Stage:
     started: float
     progress_at: float
     fired: bool = False
-    raise_in: int = 0  # the thread its stall is raised in
+    in_main: bool = False  # its stall is raised in the main thread, not in its own
 
 
 def _thread_names() -> dict[int, str]:
@@ -126,17 +126,9 @@ def format_stacks(reason: str) -> str:
 
 #: where :func:`dump_stacks` writes when no file is given (the active watchdog's run dir)
 _STALL_DIR: Path | None = None
-#: the watchdog of this process's run (:func:`stalled_now`)
-_ACTIVE: "Watchdog | None" = None
 #: what else a stall's stack file gets: ``hook(path)`` appends the stacks of processes
 #: this one drives (the rank processes of a sharded backend, :func:`add_stall_hook`)
 _HOOKS: list = []
-
-
-def stalled_now() -> "StageStalled | None":
-    """The fatal stall of this process's run, once one has fired (for code whose wait turns
-    the stall's signal into another exception: Ray's ``wait`` raises KeyboardInterrupt)."""
-    return _ACTIVE._stalled if _ACTIVE is not None else None
 
 
 def add_stall_hook(hook) -> None:
@@ -226,7 +218,7 @@ class Watchdog:
 
     def __init__(self, run_dir: Path, cfg: DeadlinesConfig | None = None,
                  role: str = "trainer", poll_s: float = 1.0) -> None:
-        global _STALL_DIR, _ACTIVE
+        global _STALL_DIR
         self.run_dir, self.cfg, self.role = Path(run_dir), cfg or DeadlinesConfig(), role
         self.poll_s = min(poll_s, self.cfg.heartbeat_s)
         self._stages: list[_Stage] = []
@@ -240,7 +232,7 @@ class Watchdog:
         if threading.current_thread() is threading.main_thread():
             self._previous_handler = signal.signal(signal.SIGUSR2, self._interrupt)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        _STALL_DIR, _ACTIVE = self.run_dir / STALLS, self
+        _STALL_DIR = self.run_dir / STALLS
         self._beat()
         self._thread = threading.Thread(target=self._watch, daemon=True, name="watchdog")
         self._thread.start()
@@ -252,9 +244,8 @@ class Watchdog:
         ``in_main``: a fatal stall is raised in the main thread (the trainer, which waits
         on this helper thread's work), not in this one."""
         now = time.monotonic()
-        me = threading.get_ident()
-        st = _Stage(name, step, getattr(self.cfg, f"{name}_s"), fatal, me, now, now,
-                    raise_in=self._main if in_main else me)
+        st = _Stage(name, step, getattr(self.cfg, f"{name}_s"), fatal, threading.get_ident(),
+                    now, now, in_main=in_main)
         with self._lock:
             self._stages.append(st)
         self._beat()
@@ -309,7 +300,7 @@ class Watchdog:
                                      role=self.role)
         self._state = "stalled"
         self._beat()
-        if st.raise_in == self._main and self._previous_handler is not None:
+        if (st.in_main or st.thread == self._main) and self._previous_handler is not None:
             signal.pthread_kill(self._main, signal.SIGUSR2)  # raises StageStalled there
         threading.Thread(target=self._exit_after_grace, args=(st,), daemon=True,
                          name="watchdog-grace").start()
@@ -358,7 +349,7 @@ class Watchdog:
                 logger.warning("could not write %s: %s", path, e)
 
     def close(self, state: str = "finished") -> None:
-        global _STALL_DIR, _ACTIVE
+        global _STALL_DIR
         self._stop.set()
         self._thread.join(timeout=10)
         if self._state == "running":
@@ -368,8 +359,6 @@ class Watchdog:
             signal.signal(signal.SIGUSR2, self._previous_handler)
         if _STALL_DIR == self.run_dir / STALLS:
             _STALL_DIR = None
-        if _ACTIVE is self:
-            _ACTIVE = None
 
 
 class _NoWatch:
