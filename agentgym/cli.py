@@ -45,6 +45,14 @@ def _setup_logging(level: str) -> None:
 #: unless told otherwise: group-based estimators need n > 1, and Search-R1 samples 5
 #: (algo=ppo's preset sets 1)
 TRAIN_DEFAULTS = {"rollout.n": 5}
+#: what ``agentgym sft`` sets unless told otherwise: SFT's usual step size (RL's default is
+#: 1e-6), warmup and cosine decay
+SFT_DEFAULTS = {"trainer.lr": 2e-5, "trainer.warmup_steps": 2, "trainer.lr_schedule": "cosine"}
+#: each ``key=value`` command's defaults over the config's (the others have none)
+COMMAND_DEFAULTS = {"train": TRAIN_DEFAULTS, "config": TRAIN_DEFAULTS, "sft": SFT_DEFAULTS}
+#: ``key=value`` arguments of a command's own, beside the config's keys
+COMMAND_KEYS = {"eval": ("k",), "plan": ("gpus", "gpu_memory"), "compare": ("metric",),
+                "inspect": ("out",)}
 
 
 def _config(args: list[str], command_defaults: dict | None = None) -> Config:
@@ -123,7 +131,7 @@ def cmd_eval(args: list[str]) -> int:
     k = int(given.pop("k", 1))
     if k < 1:
         raise ValueError(f"k={k}: the samples per question for pass@k must be >= 1")
-    rest = [a for a in args if a.partition("=")[0] != "k"]
+    rest = [a for a in args if a.partition("=")[0] not in COMMAND_KEYS["eval"]]
     # k=1: one greedy answer per question; k > 1: k samples at rollout.temperature (1.0 unless
     # set). What eval means, so above a recipe's sampling keys, below the user's.
     cfg = _config([f"rollout.temperature={0.0 if k == 1 else 1.0}", f"rollout.n={k}", *rest])
@@ -304,9 +312,7 @@ class _SFTHooks(_BarHooks):
 def cmd_sft(args: list[str]) -> int:
     from agentgym.trainers.sft import sft
 
-    # SFT's usual step size (RL's default is 1e-6), warmup and cosine decay
-    cfg = _config(args, {"trainer.lr": 2e-5, "trainer.warmup_steps": 2,
-                         "trainer.lr_schedule": "cosine"})
+    cfg = _config(args, SFT_DEFAULTS)
     if not _gave_data(args):
         raise ValueError("agentgym sft needs data=FILE.jsonl (demonstrations from agentgym "
                          "demos, trajectories from agentgym rollout/filter, or conversations)")
@@ -383,7 +389,7 @@ def cmd_plan(args: list[str]) -> int:
     from agentgym.core.device import names_host
     from agentgym.models.plan import parse_bytes, report
     given = parse_overrides(args)
-    rest = [a for a in args if a.partition("=")[0] not in ("gpus", "gpu_memory")]
+    rest = [a for a in args if a.partition("=")[0] not in COMMAND_KEYS["plan"]]
     cfg = _config(rest)
     device = "host" if names_host(cfg.trainer.device) else "gpu"
     gpus = int(given.get("gpus", cfg.trainer.nprocs))
@@ -391,8 +397,7 @@ def cmd_plan(args: list[str]) -> int:
     return 0
 
 
-def cmd_index(args: list[str]) -> int:
-    """``agentgym index build --corpus FILE --method dense|bm25 --out DIR``."""
+def index_parser() -> argparse.ArgumentParser:
     from agentgym.retriever_server.__main__ import add_index_args
 
     p = argparse.ArgumentParser(prog="agentgym index", description="Build a retrieval index "
@@ -401,7 +406,12 @@ def cmd_index(args: list[str]) -> int:
     sub = p.add_subparsers(dest="action", required=True)
     b = sub.add_parser("build", help="index a Search-R1 JSONL(.gz) corpus (id, contents)")
     add_index_args(b)
-    ns = p.parse_args(args)
+    return p
+
+
+def cmd_index(args: list[str]) -> int:
+    """``agentgym index build --corpus FILE --method dense|bm25 --out DIR``."""
+    ns = index_parser().parse_args(args)
     _setup_logging("WARNING")
 
     from tqdm import tqdm
@@ -429,24 +439,27 @@ def cmd_index(args: list[str]) -> int:
     return 0
 
 
-def cmd_serve_retriever(args: list[str]) -> int:
-    """``agentgym serve-retriever --index DIR [--port N …]`` (= ``python -m
-    agentgym.retriever_server``)."""
-    from agentgym.retriever_server.__main__ import add_server_args, serve
+def serve_retriever_parser() -> argparse.ArgumentParser:
+    from agentgym.retriever_server.__main__ import add_server_args
 
     p = argparse.ArgumentParser(prog="agentgym serve-retriever",
                                 description="Serve Search-R1's /retrieve API over an index.")
     add_server_args(p)
-    ns = p.parse_args(args)
+    return p
+
+
+def cmd_serve_retriever(args: list[str]) -> int:
+    """``agentgym serve-retriever --index DIR [--port N …]`` (= ``python -m
+    agentgym.retriever_server``)."""
+    from agentgym.retriever_server.__main__ import serve
+
+    ns = serve_retriever_parser().parse_args(args)
     _setup_logging(ns.log_level)
     serve(ns)
     return 0
 
 
-def cmd_serve(args: list[str]) -> int:
-    """``agentgym serve --model M --port N``: the HF engine behind SGLang's native API."""
-    from agentgym.serving.serve import serve
-
+def serve_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="agentgym serve",
         description="Serve a policy with the in-process HF engine behind a subset of SGLang's "
@@ -467,6 +480,14 @@ def cmd_serve(args: list[str]) -> int:
                         "on their side)")
     p.add_argument("--weight-version", default="default")
     p.add_argument("--log-level", default="info")
+    return p
+
+
+def cmd_serve(args: list[str]) -> int:
+    """``agentgym serve --model M --port N``: the HF engine behind SGLang's native API."""
+    from agentgym.serving.serve import serve
+
+    p = serve_parser()
     try:
         ns = p.parse_args(args)
     except SystemExit as e:
@@ -485,6 +506,17 @@ def cmd_serve(args: list[str]) -> int:
     return 0
 
 
+def sandbox_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="agentgym sandbox",
+                                description="Run Python code in the code sandbox; print the "
+                                            "result as JSON.")
+    p.add_argument("action", choices=["exec"])
+    p.add_argument("--file", default="-", help="code file; '-' or absent: read stdin")
+    p.add_argument("--session", default=None, help="run as a cell of this session (notebook)")
+    p.add_argument("overrides", nargs="*", metavar="sandbox.KEY=VALUE")
+    return p
+
+
 def cmd_sandbox(args: list[str]) -> int:
     """``agentgym sandbox exec [--file F.py | -] [--session ID] [sandbox.KEY=VALUE ...]``.
 
@@ -493,13 +525,7 @@ def cmd_sandbox(args: list[str]) -> int:
     code's own status; see ``exit_code`` in the JSON), 1 when the sandbox itself failed,
     2 for a usage or config error.
     """
-    p = argparse.ArgumentParser(prog="agentgym sandbox",
-                                description="Run Python code in the code sandbox; print the "
-                                            "result as JSON.")
-    p.add_argument("action", choices=["exec"])
-    p.add_argument("--file", default="-", help="code file; '-' or absent: read stdin")
-    p.add_argument("--session", default=None, help="run as a cell of this session (notebook)")
-    p.add_argument("overrides", nargs="*", metavar="sandbox.KEY=VALUE")
+    p = sandbox_parser()
     try:
         ns = p.parse_intermixed_args(args)
     except SystemExit as e:  # usage error (2) or --help (0); main() must not exit
@@ -531,6 +557,9 @@ COMMANDS = {"train": cmd_train, "rollout": cmd_rollout, "eval": cmd_eval, "inspe
 #: Commands with their own ``--flag`` arguments (each parses its raw argv).
 FLAG_COMMANDS: dict = {"index": cmd_index, "serve-retriever": cmd_serve_retriever,
                        "serve": cmd_serve, "sandbox": cmd_sandbox}
+#: their parsers (``sandbox``'s parses intermixed), which the docs' check uses too
+FLAG_PARSERS = {"index": index_parser, "serve-retriever": serve_retriever_parser,
+                "serve": serve_parser, "sandbox": sandbox_parser}
 
 
 def main(argv: list[str] | None = None) -> int:

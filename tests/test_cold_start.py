@@ -104,9 +104,20 @@ def test_off_and_path_are_honoured(tmp_path, tiny_path, retriever_url, cache):
     given = _cfg(tmp_path, tiny_path, retriever_url,
                  **{"trainer.cold_start": str(tiny_path), "model.path": ""})
     assert prepare(given).model.path == str(tiny_path)
+    # a run folder: its newest complete checkpoint (the README's SFT -> RL commands)
+    import shutil
+    run = tmp_path / "sft"
+    for step, complete in ((1, True), (2, True), (3, False)):
+        ckpt = shutil.copytree(tiny_path, run / "checkpoints" / f"step_{step}")
+        if complete:
+            (ckpt / "state.json").write_text('{"step": %d}' % step)
+    from_run = _cfg(tmp_path, tiny_path, retriever_url,
+                    **{"trainer.cold_start": str(run), "model.path": ""})
+    assert prepare(from_run).model.path == str(run / "checkpoints" / "step_2")
     bad = _cfg(tmp_path, tiny_path, retriever_url,
                **{"trainer.cold_start": str(tmp_path / "nowhere")})
-    with pytest.raises(ValueError, match="nowhere.*valid: auto, off, or the folder"):
+    with pytest.raises(ValueError, match="nowhere.*neither a Hugging Face model folder.*"
+                                         "or a run folder.*or auto, or off"):
         prepare(bad)
 
 

@@ -149,8 +149,19 @@ def test_unknown_name_suggests_the_closest(tmp_path):
         models.resolve_model("tiy", cache_dir=tmp_path)
     msg = str(err.value)
     assert "'tiy'" in msg and "did you mean 'tiny'" in msg and "smollm2-135m" in msg
-    with pytest.raises(ValueError, match="no config.json"):
+    with pytest.raises(ValueError, match="no config.json.*nor a run folder"):
         models.resolve_model(tmp_path)
+
+
+def test_a_run_folder_resolves_to_its_newest_complete_checkpoint(tiny_dir, tmp_path):
+    import shutil
+    for step, complete in ((2, True), (10, True), (11, False)):  # 10 > 2 as numbers
+        ckpt = shutil.copytree(tiny_dir, tmp_path / "run" / "checkpoints" / f"step_{step}")
+        if complete:
+            (ckpt / "state.json").write_text("{}")
+    newest = (tmp_path / "run" / "checkpoints" / "step_10").resolve()
+    assert models.resolve_model(tmp_path / "run") == newest
+    assert models.resolve_model(newest) == newest  # a checkpoint is a model folder
 
 
 def test_local_folder_resolves_to_itself(tiny_dir, monkeypatch):

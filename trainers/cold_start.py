@@ -3,7 +3,7 @@ does not follow the env's protocol, then RL from the result.
 
     agentgym train env=search                              # trainer.cold_start=auto (default)
     agentgym train env=search trainer.cold_start=off       # RL from the model as it is
-    agentgym train env=search trainer.cold_start=runs/sft/checkpoints/step_16   # a ready SFT checkpoint
+    agentgym train env=search trainer.cold_start=runs/sft   # a ready SFT run (its newest checkpoint)
 
 GRPO learns from reward differences within a group. A model that never produces a
 well-formed answer (the base smollm2-135m on Search-R1's protocol: format-valid 0.01)
@@ -51,7 +51,7 @@ from typing import Any
 from agentgym.config import Config, env_names, to_dict
 from agentgym.data.rows import training_rows, write_jsonl
 from agentgym.core.device import engine_dtype, mixed_precision, resolve_device
-from agentgym.core.paths import cache_dir, file_digest
+from agentgym.core.paths import cache_dir, file_digest, model_folder
 from agentgym.models.plan import micro_batch_tokens
 from agentgym.core.watchdog import NO_WATCH, StageStalled, Watchdog
 from agentgym.trainers.hooks import Hooks, WatchedHooks
@@ -113,10 +113,10 @@ def _stage(hooks: Hooks, name: str):
 
 
 def _from_path(cfg: Config, path: Path, hooks: Hooks) -> Config:
-    if not (path / "config.json").is_file():
-        raise ValueError(f"trainer.cold_start={str(path)!r} is not a model folder (no "
-                         f"config.json there); valid: auto, off, or the folder of an SFT "
-                         f"checkpoint (e.g. runs/sft/checkpoints/step_N)")
+    try:
+        path = model_folder(path, "trainer.cold_start")
+    except ValueError as e:
+        raise ValueError(f"{e}; or auto, or off") from None
     hooks.announce(f"cold start: RL starts from {path} (trainer.cold_start=PATH)")
     return _start_from(cfg, str(path))
 

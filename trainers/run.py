@@ -10,7 +10,6 @@ import json
 import logging
 import os
 import random
-import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -20,13 +19,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from agentgym.config import Config, to_dict
+from agentgym.core.paths import complete_checkpoints, latest_checkpoint  # noqa: F401 - run folders
 
 if TYPE_CHECKING:
     from agentgym.trainers.backends.base import Backend
 
 logger = logging.getLogger(__name__)
-
-_STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 def resolve_run_dir(cfg: Config) -> Path:
@@ -58,23 +56,6 @@ class CheckpointError(OSError):
     print its message (which names the path and what to do) without a traceback, and
     :func:`resume` can tell a damaged checkpoint from a config mismatch (``ValueError``).
     """
-
-
-def complete_checkpoints(run_dir: Path) -> list[Path]:
-    """The complete ``checkpoints/step_N`` folders, newest first. ``state.json`` is
-    written last, so it marks a complete one; ``.tmp`` leftovers are ignored."""
-    found = []
-    for p in (run_dir / "checkpoints").glob("step_*"):
-        m = _STEP_DIR.match(p.name)
-        if m and (p / "state.json").exists():
-            found.append((int(m.group(1)), p))
-    return [p for _, p in sorted(found, reverse=True)]
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint (whether it loads is :func:`resume`'s question)."""
-    found = complete_checkpoints(run_dir)
-    return found[0] if found else None
 
 
 def resume(policy: str, run_dir: Path, backend, critic=None) -> dict[str, Any]:

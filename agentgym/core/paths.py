@@ -3,12 +3,21 @@
 * ``cache_dir()``: built artifacts (converted models, the tiny model), ``$AGENTGYM_CACHE``
   or ``~/.cache/agentgym``.
 * ``data_dir()``: the shipped datasets and corpus, ``$AGENTGYM_DATA`` or ``<repo>/data``.
+* ``complete_checkpoints(run_dir)`` / ``latest_checkpoint(run_dir)``: a run folder's
+  ``checkpoints/step_N`` folders, which ``model=`` and ``trainer.cold_start=`` also take
+  a run folder for (:func:`model_folder`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+_STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 def repo_root() -> Path:
@@ -74,3 +83,44 @@ def file_digest(path: Path) -> str:
         while chunk := fh.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()
+
+
+def complete_checkpoints(run_dir: Path) -> list[Path]:
+    """The complete ``checkpoints/step_N`` folders of a run folder, newest first.
+    ``state.json`` is written last, so it marks a complete one; ``.tmp`` leftovers are
+    ignored."""
+    found = []
+    for p in (Path(run_dir) / "checkpoints").glob("step_*"):
+        m = _STEP_DIR.match(p.name)
+        if m and (p / "state.json").exists():
+            found.append((int(m.group(1)), p))
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint of a run folder (whether it loads is
+    :func:`agentgym.trainers.run.resume`'s question)."""
+    found = complete_checkpoints(run_dir)
+    return found[0] if found else None
+
+
+def model_folder(folder: Path, key: str = "model") -> Path:
+    """A Hugging Face model folder, given one or a run folder (``runs/sft``: its newest
+    complete checkpoint, logged), so a command need not name ``step_N``.
+
+    Raises:
+        ValueError: neither (no ``config.json``, no complete checkpoint), naming ``key``
+            and what it takes.
+    """
+    folder = Path(folder).expanduser()
+    if (folder / "config.json").is_file():
+        return folder
+    newest = latest_checkpoint(folder)
+    if newest is not None and (newest / "config.json").is_file():
+        logger.info("%s=%s: a run folder; its newest checkpoint, %s", key, folder, newest)
+        return newest
+    raise ValueError(f"{key}={str(folder)!r} is neither a Hugging Face model folder (no "
+                     f"config.json there) nor a run folder with a complete checkpoint (no "
+                     f"checkpoints/step_N/state.json); valid: a model folder (config.json, "
+                     f"weights, tokenizer files), a checkpoint (RUN_DIR/checkpoints/step_N) "
+                     f"or a run folder (RUN_DIR: its newest checkpoint)")

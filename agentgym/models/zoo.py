@@ -89,8 +89,9 @@ def resolve_model(name_or_path: str | os.PathLike, cache_dir: str | Path | None 
     Zoo names take precedence over folders of the same name in the working directory.
 
     Args:
-        name_or_path: one of :data:`MODEL_NAMES`, or a folder holding ``config.json``,
-            weights and tokenizer files (a training checkpoint, a downloaded model).
+        name_or_path: one of :data:`MODEL_NAMES`, a folder holding ``config.json``,
+            weights and tokenizer files (a training checkpoint, a downloaded model), or a
+            run folder (its newest complete checkpoint: :func:`agentgym.core.paths.model_folder`).
         cache_dir: where zoo models are built; default ``$AGENTGYM_CACHE`` or
             ``~/.cache/agentgym``. Models go under ``<cache_dir>/models/<name>/``.
 
@@ -98,19 +99,16 @@ def resolve_model(name_or_path: str | os.PathLike, cache_dir: str | Path | None 
         The absolute folder path, ready for ``from_pretrained`` with no network.
 
     Raises:
-        ValueError: an unknown name that is not an existing folder, or a folder without
-            ``config.json``.
+        ValueError: an unknown name that is not an existing folder, or a folder that is
+            neither a model folder nor a run folder with a checkpoint.
     """
     name = os.fspath(name_or_path)
     if _entry(name) is not None:
         root = Path(cache_dir).expanduser() if cache_dir is not None else paths.cache_dir()
         return _ensure_built(name, (root / "models" / name.replace(":", "-")).absolute())
     folder = Path(name).expanduser()
-    if folder.is_dir():
-        if not (folder / "config.json").is_file():
-            raise ValueError(f"model folder {name!r} has no config.json; expected a Hugging "
-                             f"Face model folder (config.json, weights, tokenizer files)")
-        return folder.resolve()
+    if folder.is_dir():  # a model folder, or a run folder: its newest checkpoint
+        return paths.model_folder(folder).resolve()
     from agentgym.models.shapes import shape_names
     if name in shape_names():
         raise ValueError(f"model {name!r} is a shape (agentgym/models/configs/{name}.json), not "
