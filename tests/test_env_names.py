@@ -127,7 +127,11 @@ def checkout_with_echo(tmp_path) -> Path:
 
 
 def _agentgym(repo: Path, *argv: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(repo)}  # the copy, before the installed one
+    # the copy, before the installed one; the checkout's data: without it the copy's tiny
+    # model would train its tokenizer on other text and rebuild the shared cache's `tiny`
+    # under every other process that uses it (a server of tests/test_sglang_client.py
+    # decoded with the other tokenizer when this test ran beside the tier)
+    env = {**os.environ, "PYTHONPATH": str(repo), "AGENTGYM_DATA": str(ROOT / "data")}
     return subprocess.run([sys.executable, "-m", "agentgym.cli", *argv], cwd=repo, env=env,
                           capture_output=True, text=True, timeout=900)
 
