@@ -9,8 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from agentgym.core.overrides import load_yaml
 from agentgym.core.paths import repo_root
 from agentgym.core.registry import did_you_mean
 
@@ -75,7 +74,8 @@ def load_recipe(name: str) -> dict[str, Any]:
         names = recipe_names()
         raise ValueError(f"recipe={name!r}: no such recipe{did_you_mean(str(name), names)}; "
                          f"valid: {', '.join(names)} or a path to a .yaml file")
-    keys = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    # yes/no/on/off stay words, as on the command line (trainer.cold_start: off)
+    keys = load_yaml(path.read_text(encoding="utf-8")) or {}
     # a mapping under a dotted key is that key's value (reasoning_gym.config: {...}); under
     # a section's name it is the nested form this file does not take
     if not isinstance(keys, dict) or any(isinstance(v, dict) and "." not in str(k)

@@ -8,7 +8,7 @@ session (``/ws``) per episode, ``{"type": "reset", "data": {"seed": s}}`` then
 ``{"type": "step", "data": ACTION}`` messages, each answered by
 ``{"type": "observation", "data": {"observation", "reward", "done"}}``. So the server side
 needs nothing of AgentGym, and this side nothing of ``openenv-core`` (the WebSocket
-client is ``websockets``: ``pip install 'agentgym[openenv]'``).
+client is ``websockets``: ``pip install -e '.[openenv]'`` in the checkout).
 
     agentgym train env=openenv openenv.url=http://127.0.0.1:8000 openenv.action_field=message
     agentgym train env=openenv openenv.app=my_env.server.app:app openenv.action_field=message
@@ -48,7 +48,7 @@ from agentgym.envs.manifest import EnvManifest
 
 logger = logging.getLogger(__name__)
 
-INSTALL = "pip install 'agentgym[openenv]' (the websockets package)"
+INSTALL = "pip install -e '.[openenv]' in the checkout (the websockets package)"
 _ACTION = re.compile(r"<action>(.*?)</action>", re.DOTALL)
 PLACEHOLDER = "(the first observation of the OpenEnv server's reset)"
 #: the server of ``env=openenv`` without ``openenv.url`` or ``openenv.app``: a guessing game

@@ -1,7 +1,7 @@
 """reasoning-gym's tasks as an env, unchanged: ``agentgym/ReasoningGym-v0``
 (``env=reasoning_gym``).
 
-reasoning-gym (``pip install agentgym[reasoning-gym]``) generates about a hundred task
+reasoning-gym (``pip install -e '.[reasoning-gym]'``) generates about a hundred task
 families from a seed (``reasoning_gym.create_dataset(name, seed=, size=, **settings)``),
 each entry a question, an answer and metadata, and scores an answer with the task's own
 ``dataset.score_answer(answer, entry)``. This env plays them as they are:
@@ -60,7 +60,7 @@ from agentgym.tools.sandbox import SandboxConfig
 
 logger = logging.getLogger(__name__)
 
-INSTALL = "pip install 'agentgym[reasoning-gym]' (or reasoning-gym==0.1.25)"
+INSTALL = "pip install -e '.[reasoning-gym]' in the checkout (or reasoning-gym==0.1.25)"
 CODE_PROMPT = ("\nYou can run Python to help you: write it as <code>\n```python\ncode\n```\n"
                "</code> and its output comes back as <interpreter>output</interpreter>.")
 INVALID_ACTION = ("\nMy previous action is invalid. To run code I should put it between <code> "

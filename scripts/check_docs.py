@@ -473,7 +473,7 @@ class Checker:
         for a in args:
             if m := re.fullmatch(r"\.\[([\w,-]+)\]", a):
                 for extra in m.group(1).split(","):
-                    if extra not in extras:
+                    if extra not in extras and not PLACEHOLDER.search(extra):
                         self.problem(cmd, f"pyproject.toml has no extra {extra!r}; it has "
                                           f"{', '.join(sorted(extras))}")
             elif m := re.fullmatch(r"([\w.-]+)==([\w.]+)", a):

@@ -86,6 +86,9 @@ def test_auto_runs_below_the_threshold_and_a_second_run_reuses_the_cache(
     second = json.loads((tmp_path / "second" / "cold_start" / "cold_start.json").read_text())
     assert second["decision"] == "reused" and again.model.path == str(model)
     assert not (tmp_path / "second" / "cold_start" / "metrics.jsonl").exists()
+    # ... and its loss curve is the cached SFT's, so a rerun's cold_start/ still shows it
+    assert (tmp_path / "second" / "cold_start" / "loss_curve.png").read_bytes() == \
+        (stage / "loss_curve.png").read_bytes()
 
     # another SFT setting is another key: it runs again
     other = prepare(_cfg(tmp_path, tiny_path, retriever_url, "third",

@@ -5,6 +5,7 @@ keys resolve, its paths exist or an earlier command writes them; the cheap ones 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -104,7 +105,10 @@ def test_the_first_screen_shows_the_three_uses_and_installs_nobody_elses_package
     for command in ("agentgym serve-retriever --corpus", "agentgym train env=search",
                     "pytest tests/test_envs.py", "make demo", "make test"):
         assert command in first, command
-    # PyPI's `agentgym` is another project: every install line installs this checkout
-    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    # PyPI's `agentgym` is another project: every install line, in the docs and in the
+    # errors that name a missing extra, installs this checkout
+    code = [p for d in ("agentgym", "envs", "tools", "trainers", "retriever_server", "bench",
+                        "scripts") for p in sorted((ROOT / d).rglob("*.py"))]
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *code]:
         text = page.read_text(encoding="utf-8")
-        assert "pip install 'agentgym[" not in text and "pip install agentgym" not in text, page
+        assert not re.search(r"pip install '?agentgym(?![\w-])", text), page

@@ -21,6 +21,22 @@ def test_every_recipe_resolves_to_known_keys(name):
     known = set(all_keys(cfg)) | {"env", "model", "data", "algo"}
     assert set(keys) <= known
     assert cfg.recipe == name
+    # YAML 1.1 reads off/no/yes as booleans; a text key must keep the word, as on the
+    # command line ("trainer.cold_start: off" resolved to "False", a model folder's name)
+    flat = to_dict(cfg)
+    texts = [f"{section}.{k}" for section, d in flat.items() if isinstance(d, dict)
+             for k, v in d.items() if v in ("True", "False")]
+    assert texts == []
+
+
+def test_yes_no_on_off_stay_words_in_a_recipe_as_on_the_command_line(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("trainer.cold_start: off\nengine.prefix_cache: off\n"
+                      "trainer.log_samples: 3\n")
+    cfg = build_config(parse_overrides([f"recipe={recipe}"]))
+    given = build_config(parse_overrides(["trainer.cold_start=off", "engine.prefix_cache=off"]))
+    assert cfg.trainer.cold_start == given.trainer.cold_start == "off"
+    assert cfg.engine.prefix_cache is given.engine.prefix_cache is False
 
 
 def test_the_demo_recipe_is_the_measured_command_and_later_keys_win():

@@ -42,7 +42,7 @@ def _needs_mcp() -> None:
     try:
         import mcp  # noqa: F401
     except ImportError as e:
-        raise MissingExtra("env=mcp needs the mcp package: pip install 'agentgym[mcp]'") from e
+        raise MissingExtra("env=mcp needs the mcp package: pip install -e '.[mcp]' in the checkout") from e
 
 
 class MCPTools:

@@ -60,6 +60,7 @@ from agentgym.trainers.run import latest_checkpoint, resolve_run_dir
 logger = logging.getLogger(__name__)
 
 _RECORD = "cold_start.json"
+_CURVE = "loss_curve.png"  # the SFT's, written by agentgym.trainers.sft
 
 
 def prepare(cfg: Config, hooks: Hooks | None = None, probe_engine=None) -> Config:
@@ -188,6 +189,8 @@ def _auto(cfg: Config, parts: dict[str, Config], stage_dir: Path, hooks: Hooks,
                        f"({after})")
         _write_record(stage_dir, {**done, **record, "decision": "reused", "cache": str(cached),
                                   "model": str(cached / "model")})
+        if (cached / _CURVE).is_file():  # the curve of the SFT that made the cached model
+            shutil.copy2(cached / _CURVE, stage_dir / _CURVE)
         return _start_from(cfg, str(cached / "model"))
     hooks.announce(f"cold start: format-valid {_show(before)} on {before['count']} "
                    f"training questions < trainer.cold_start_threshold={t.cold_start_threshold}; "
@@ -292,7 +295,7 @@ def _run_stage(cfg: Config, parts: dict[str, Config], rows: dict[str, list[dict]
             "demos_over_budget": over, "demos_sha256": file_digest(demos_file),
             "sft": {**sft_summary, **_sft_settings(cfg)},
             "seconds": {"demos": t1 - t0, "sft": t2 - t1, "probe_after": t3 - t2}}
-    model_dir = _publish_model(sft_model, cached, done)
+    model_dir = _publish_model(sft_model, cached, done, stage_dir / _CURVE)
     _write_record(stage_dir, {**done, "decision": "ran", "cache": str(cached),
                               "model": str(model_dir)})
     shutil.rmtree(stage_dir / "checkpoints", ignore_errors=True)  # the model is in the cache
@@ -545,9 +548,9 @@ def _complete(cached: Path) -> bool:
     return _read(cached / _RECORD) is not None and (cached / "model" / "config.json").is_file()
 
 
-def _publish_model(checkpoint: Path, cached: Path, record: dict) -> Path:
+def _publish_model(checkpoint: Path, cached: Path, record: dict, curve: Path) -> Path:
     """Copy the checkpoint's HF files to ``cached/model`` (whole or not at all) with the
-    record beside it; return the model folder."""
+    record and the SFT's loss curve beside it; return the model folder."""
     cached.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{cached.name}.tmp-", dir=cached.parent))
     tmp.chmod(0o755)
@@ -557,6 +560,8 @@ def _publish_model(checkpoint: Path, cached: Path, record: dict) -> Path:
             if f.is_file() and f.suffix != ".pt" and f.name != "state.json":
                 shutil.copy2(f, tmp / "model" / f.name)
         (tmp / _RECORD).write_text(json.dumps(record, indent=2, default=str) + "\n")
+        if curve.is_file():
+            shutil.copy2(curve, tmp / _CURVE)
         if _complete(cached):  # another run published the same inputs meanwhile: use it
             logger.info("cold start: %s was published by another run; using it", cached)
         else:

@@ -3,6 +3,7 @@ YAML, :func:`coerce` checks one against its config field's type."""
 
 from __future__ import annotations
 
+import re
 import types
 import typing
 from typing import Any
@@ -15,6 +16,24 @@ import yaml
 _BOOL_WORDS = {"yes": True, "on": True, "y": True, "no": False, "off": False, "n": False}
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML with YAML 1.2's booleans only (``true``/``false``): the words of
+    :data:`_BOOL_WORDS` stay words, on the command line and in a recipe alike."""
+
+
+_BOOL_TAG = "tag:yaml.org,2002:bool"
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != _BOOL_TAG]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver(_BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                              list("tTfF"))
+
+
+def load_yaml(text: str) -> Any:
+    """``text`` as YAML, ``yes/no/on/off`` kept as words (:class:`_Loader`)."""
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader
+
+
 def parse_overrides(args: list[str]) -> dict[str, Any]:
     """``["a.b=1", "c=[x, y]"]`` → ``{"a.b": 1, "c": ["x", "y"]}`` (YAML-parsed values;
     ``yes/no/on/off`` stay words, see :data:`_BOOL_WORDS`)."""
@@ -23,11 +42,8 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
         key, sep, raw = arg.partition("=")
         if not sep or not key:
             raise ValueError(f"expected key=value, got {arg!r}")
-        if raw.strip().lower() in _BOOL_WORDS:
-            out[key.strip()] = raw.strip()
-            continue
         try:
-            out[key.strip()] = yaml.safe_load(raw) if raw.strip() else ""
+            out[key.strip()] = load_yaml(raw) if raw.strip() else ""
         except yaml.YAMLError:
             out[key.strip()] = raw
     return out

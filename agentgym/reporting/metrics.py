@@ -181,7 +181,7 @@ class WandbSink:
             import wandb
         except ImportError as e:
             raise ImportError("logger=wandb needs the wandb package: pip install "
-                              "'agentgym[wandb]' (or logger='' for JSONL/TensorBoard only)") from e
+                              "-e '.[wandb]' in the checkout (or logger='' for JSONL/TensorBoard only)") from e
         self.wandb = wandb
         id_file = run_dir / "wandb_id"
         run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:8]
