@@ -604,6 +604,12 @@ def main(argv: list[str] | None = None) -> int:
         log.debug("command failed", exc_info=True)
         print(f"agentgym {command}: error: {e}", file=sys.stderr)
         return 3
+    except KeyboardInterrupt:  # Ctrl-C: what was interrupted is in the log at DEBUG
+        log.debug("interrupted", exc_info=True)
+        resume = " (trainer.resume=auto with the same run_dir continues from its last " \
+                 "checkpoint)" if command in ("train", "sft") else ""
+        print(f"agentgym {command}: interrupted{resume}", file=sys.stderr)
+        return 130
     finally:  # an MCP server lives as long as the command that connected to it
         if (mcp := sys.modules.get("agentgym.tools.mcp_client")) is not None:
             mcp.close_shared()

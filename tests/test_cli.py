@@ -153,3 +153,45 @@ def test_a_hub_id_is_refused_when_the_config_is_read(capsys):
     err = capsys.readouterr().err
     assert "model.name='Qwen/Qwen2.5-3B-Instruct'" in err and "downloads nothing" in err
     assert "model=~/models/Qwen2.5-3B-Instruct" in err
+
+
+def test_ctrl_c_ends_train_with_a_line_not_a_traceback_and_status_says_interrupted(tmp_path):
+    """Ctrl-C (SIGINT) in the middle of a step: exit 130, one line that says how to go on,
+    and the heartbeat's state "interrupted" (what `agentgym status` shows)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from conftest import wait_until
+    root = Path(__file__).resolve().parents[1]
+    run = tmp_path / "run"
+    # as from a terminal: Python installs its Ctrl-C handler only where SIGINT is not ignored
+    code = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "from agentgym.cli import main; sys.exit(main(sys.argv[1:]))")
+    err = tmp_path / "stderr.log"
+    with open(err, "wb") as f:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, "train", "env=search", "model=tiny", f"run_dir={run}",
+             "trainer.cold_start=off", "trainer.eval_limit=0", "trainer.total_steps=1000",
+             "n=2", "trainer.prompts_per_step=2"],
+            cwd=root, stdout=subprocess.DEVNULL, stderr=f,
+            env={**os.environ, "PYTHONPATH": str(root)})
+    try:
+        def stepping() -> bool:
+            assert proc.poll() is None, err.read_text()[-3000:]
+            return (run / "metrics.jsonl").is_file()  # a step is done: the loop is running
+        wait_until(stepping, 600, "the first step")
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    said = err.read_text()
+    assert proc.returncode == 130, said[-3000:]
+    assert "agentgym train: interrupted (trainer.resume=auto" in said
+    assert "Traceback" not in said
+    beat = json.loads((run / "heartbeat.json").read_text())
+    assert beat["state"] == "interrupted"

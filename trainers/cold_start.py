@@ -101,6 +101,9 @@ def prepare(cfg: Config, hooks: Hooks | None = None, probe_engine=None) -> Confi
     except StageStalled:
         state = "stalled"
         raise
+    except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM (exit_cleanly_on_sigterm)
+        state = "interrupted"
+        raise
     finally:
         watch.close(state)
     return cfg

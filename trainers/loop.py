@@ -71,6 +71,9 @@ def run(cfg: Config, hooks: Hooks | None = None) -> Path:
     except StageStalled:
         state = "stalled"
         raise
+    except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM (exit_cleanly_on_sigterm)
+        state = "interrupted"
+        raise
     finally:
         s.close(state)
     return s.run_dir
