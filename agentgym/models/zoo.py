@@ -103,9 +103,9 @@ def resolve_model(name_or_path: str | os.PathLike, cache_dir: str | Path | None 
             neither a model folder nor a run folder with a checkpoint.
     """
     name = os.fspath(name_or_path)
-    if _entry(name) is not None:
+    if (entry := _entry(name)) is not None:
         root = Path(cache_dir).expanduser() if cache_dir is not None else paths.cache_dir()
-        return _ensure_built(name, (root / "models" / name.replace(":", "-")).absolute())
+        return _ensure_built(name, (root / "models" / _folder_name(name, entry)).absolute())
     folder = Path(name).expanduser()
     if folder.is_dir():  # a model folder, or a run folder: its newest checkpoint
         return paths.model_folder(folder).resolve()
@@ -125,6 +125,16 @@ def _read_record(folder: Path) -> dict[str, Any] | None:
         return json.loads((folder / _BUILD_RECORD).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+
+
+def _folder_name(name: str, entry: _ZooEntry) -> str:
+    """``name``'s folder under ``<cache>/models``. A tiny model whose tokenizer trained on
+    the built-in text (no shipped corpus in this process's data folder: an installed wheel,
+    a copy of the code) gets a folder of its own, so it never rebuilds the corpus-trained
+    one under a process that shares the cache and loaded it by path (another tokenizer)."""
+    folder = name.replace(":", "-")
+    source = entry.recipe().get("text_source", "corpus")
+    return folder if source == "corpus" else f"{folder}-{source}"
 
 
 def _entry(name: str) -> _ZooEntry | None:
