@@ -397,20 +397,10 @@ def cmd_plan(args: list[str]) -> int:
     return 0
 
 
-def index_parser() -> argparse.ArgumentParser:
-    from agentgym.retriever_server.__main__ import add_index_args
-
-    p = argparse.ArgumentParser(prog="agentgym index", description="Build a retrieval index "
-                                "for `agentgym serve-retriever` / "
-                                "`python -m agentgym.retriever_server`.")
-    sub = p.add_subparsers(dest="action", required=True)
-    b = sub.add_parser("build", help="index a Search-R1 JSONL(.gz) corpus (id, contents)")
-    add_index_args(b)
-    return p
-
-
 def cmd_index(args: list[str]) -> int:
     """``agentgym index build --corpus FILE --method dense|bm25 --out DIR``."""
+    from agentgym.retriever_server.__main__ import index_parser
+
     ns = index_parser().parse_args(args)
     _setup_logging("WARNING")
 
@@ -439,21 +429,12 @@ def cmd_index(args: list[str]) -> int:
     return 0
 
 
-def serve_retriever_parser() -> argparse.ArgumentParser:
-    from agentgym.retriever_server.__main__ import add_server_args
-
-    p = argparse.ArgumentParser(prog="agentgym serve-retriever",
-                                description="Serve Search-R1's /retrieve API over an index.")
-    add_server_args(p)
-    return p
-
-
 def cmd_serve_retriever(args: list[str]) -> int:
     """``agentgym serve-retriever --index DIR [--port N …]`` (= ``python -m
     agentgym.retriever_server``)."""
-    from agentgym.retriever_server.__main__ import serve
+    from agentgym.retriever_server.__main__ import serve, server_parser
 
-    ns = serve_retriever_parser().parse_args(args)
+    ns = server_parser("agentgym serve-retriever").parse_args(args)
     _setup_logging(ns.log_level)
     serve(ns)
     return 0
@@ -487,9 +468,8 @@ def cmd_serve(args: list[str]) -> int:
     """``agentgym serve --model M --port N``: the HF engine behind SGLang's native API."""
     from agentgym.serving.serve import serve
 
-    p = serve_parser()
     try:
-        ns = p.parse_args(args)
+        ns = serve_parser().parse_args(args)
     except SystemExit as e:
         return int(e.code or 0)
     _setup_logging(ns.log_level)
@@ -500,9 +480,9 @@ def cmd_serve(args: list[str]) -> int:
         print(f"agentgym serve: {str(e).replace('trainer.device', '--device')}", file=sys.stderr)
         return 2
     serve(ns.model, host=ns.host, port=ns.port, dtype=ns.dtype, device=ns.device,
-          max_batch_size=ns.max_batch_size,
-          seed=ns.seed, skip_tokenizer_init=ns.skip_tokenizer_init,
-          weight_version=ns.weight_version, log_level=ns.log_level.lower())
+          max_batch_size=ns.max_batch_size, seed=ns.seed,
+          skip_tokenizer_init=ns.skip_tokenizer_init, weight_version=ns.weight_version,
+          log_level=ns.log_level.lower())
     return 0
 
 
@@ -525,9 +505,8 @@ def cmd_sandbox(args: list[str]) -> int:
     code's own status; see ``exit_code`` in the JSON), 1 when the sandbox itself failed,
     2 for a usage or config error.
     """
-    p = sandbox_parser()
     try:
-        ns = p.parse_intermixed_args(args)
+        ns = sandbox_parser().parse_intermixed_args(args)
     except SystemExit as e:  # usage error (2) or --help (0); main() must not exit
         return int(e.code or 0)
     overrides = [o for o in ns.overrides if o != "-"]  # a bare '-' means stdin
@@ -557,9 +536,16 @@ COMMANDS = {"train": cmd_train, "rollout": cmd_rollout, "eval": cmd_eval, "inspe
 #: Commands with their own ``--flag`` arguments (each parses its raw argv).
 FLAG_COMMANDS: dict = {"index": cmd_index, "serve-retriever": cmd_serve_retriever,
                        "serve": cmd_serve, "sandbox": cmd_sandbox}
-#: their parsers (``sandbox``'s parses intermixed), which the docs' check uses too
-FLAG_PARSERS = {"index": index_parser, "serve-retriever": serve_retriever_parser,
-                "serve": serve_parser, "sandbox": sandbox_parser}
+#: their parsers (``sandbox``'s parses intermixed), which the docs' check uses too; the
+#: retriever's are imported when asked for
+FLAG_PARSERS = {"index": lambda: _retriever().index_parser(), "serve": serve_parser,
+                "serve-retriever": lambda: _retriever().server_parser("agentgym serve-retriever"),
+                "sandbox": sandbox_parser}
+
+
+def _retriever():
+    from agentgym.retriever_server import __main__ as retriever
+    return retriever
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -606,9 +592,9 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     except KeyboardInterrupt:  # Ctrl-C: what was interrupted is in the log at DEBUG
         log.debug("interrupted", exc_info=True)
-        resume = " (trainer.resume=auto with the same run_dir continues from its last " \
-                 "checkpoint)" if command in ("train", "sft") else ""
-        print(f"agentgym {command}: interrupted{resume}", file=sys.stderr)
+        print(f"agentgym {command}: interrupted" + (" (trainer.resume=auto with the same "
+              "run_dir continues from its last checkpoint)" if command in ("train", "sft")
+              else ""), file=sys.stderr)
         return 130
     finally:  # an MCP server lives as long as the command that connected to it
         if (mcp := sys.modules.get("agentgym.tools.mcp_client")) is not None:

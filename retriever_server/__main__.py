@@ -126,11 +126,27 @@ def serve(args: argparse.Namespace) -> None:
                 limit_concurrency=args.max_connections, timeout_graceful_shutdown=10)
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m agentgym.retriever_server", description=__doc__,
+def server_parser(prog: str = "python -m agentgym.retriever_server") -> argparse.ArgumentParser:
+    """This module's command line, which ``agentgym serve-retriever`` is too."""
+    p = argparse.ArgumentParser(prog=prog, description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_server_args(p)
-    args = p.parse_args(argv)
+    return p
+
+
+def index_parser() -> argparse.ArgumentParser:
+    """``agentgym index``'s command line."""
+    p = argparse.ArgumentParser(prog="agentgym index", description="Build a retrieval index "
+                                "for `agentgym serve-retriever` / "
+                                "`python -m agentgym.retriever_server`.")
+    sub = p.add_subparsers(dest="action", required=True)
+    add_index_args(sub.add_parser("build", help="index a Search-R1 JSONL(.gz) corpus (id, "
+                                                "contents)"))
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = server_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     serve(args)
