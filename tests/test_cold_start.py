@@ -292,3 +292,20 @@ def test_the_cache_key_holds_per_env_rates_only_when_given():
                                       "trainer.cold_start_lr": [2e-4, 1e-4]}))
     assert "lr_by_env" not in one and one["lr"] == 1e-4
     assert per["lr_by_env"] == [2e-4, 1e-4] and per["lr"] == 2e-4
+
+
+def test_the_probe_and_before_eval_keys_leave_out_the_sft_s_per_env_values():
+    """A mixed run's per-env demonstration counts and SFT rates change the SFT, not what
+    the base model plays: its probe and "before" eval stay cached across them; a per-env
+    rollout budget plays differently and keys them."""
+    from agentgym.trainers.cold_start import _play_inputs
+
+    def played(**keys):
+        cfg = build_config({"env": "search,code", **keys})
+        return _play_inputs({"model": "m", "per_env": cfg.per_env})
+    base = played(**{"rollout.max_turns": [3, 2]})
+    assert base == {"model": "m", "per_env": {"rollout.max_turns": [3, 2]}}
+    assert played(**{"rollout.max_turns": [3, 2], "trainer.cold_start_demos": [32, 16],
+                     "trainer.cold_start_lr": [2e-4, 5e-5], "trainer.eval_limit": [20, 60]}) == base
+    assert played(**{"rollout.max_turns": [4, 2]}) != base
+    assert played(**{"trainer.cold_start_demos": [32, 16]}) == {"model": "m"}

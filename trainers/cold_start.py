@@ -153,7 +153,8 @@ def _auto(cfg: Config, parts: dict[str, Config], stage_dir: Path, hooks: Hooks,
               "engine_dtype": engine_dtype(cfg.engine.dtype, cfg.model.dtype,
                                            resolve_device(cfg.trainer.device))}
     probe_rows = [r for e in parts for r in rows[e][:t.cold_start_probe]]
-    probe_key = _digest({**inputs, "rows": probe_rows})
+    played = _play_inputs(inputs)
+    probe_key = _digest({**played, "rows": probe_rows})
     key = _digest({**inputs, "rows": rows[env] if single else rows,
                    "demos": t.cold_start_demos,
                    "builder": (_demo_options(cfg, env) if single else
@@ -168,7 +169,7 @@ def _auto(cfg: Config, parts: dict[str, Config], stage_dir: Path, hooks: Hooks,
                        f"{earlier.get('model') or base}")
         return _start_from(cfg, earlier.get("model"))
     store = cache_dir() / "cold_start"
-    before, played_before = _probe_base(cfg, base, probe_rows, probe_key, inputs, store,
+    before, played_before = _probe_base(cfg, base, probe_rows, probe_key, played, store,
                                         hooks, probe_engine)
     record: dict[str, Any] = {"key": key, "probe_before": before,
                               "threshold": t.cold_start_threshold, "base_model": str(base),
@@ -180,7 +181,7 @@ def _auto(cfg: Config, parts: dict[str, Config], stage_dir: Path, hooks: Hooks,
                        f"{t.cold_start_threshold}")
         _write_record(stage_dir, {**record, "decision": "skipped", "model": None})
         return cfg
-    record["eval_before"] = played_before or _eval_before(cfg, base, inputs, store, hooks,
+    record["eval_before"] = played_before or _eval_before(cfg, base, played, store, hooks,
                                                           probe_engine)
     cached = store / key
     if _complete(cached):
@@ -201,6 +202,16 @@ def _auto(cfg: Config, parts: dict[str, Config], stage_dir: Path, hooks: Hooks,
                    f"{'' if single else ' per env'}, then SFT")
     model_dir = _run_stage(cfg, parts, rows, probe_rows, base, stage_dir, cached, record, hooks)
     return _start_from(cfg, str(model_dir))
+
+
+def _play_inputs(inputs: dict) -> dict:
+    """The part of the cold start's inputs that the base model's probe and "before" eval
+    depend on: a mixed run's per-env values of the rollout only, so a change of the
+    demonstrations' count or the SFT's rates plays neither again (the held-out rows
+    themselves are in the eval's key)."""
+    rollout = {k: v for k, v in inputs.get("per_env", {}).items() if k.startswith("rollout.")}
+    return {k: v for k, v in inputs.items() if k != "per_env"} | (
+        {"per_env": rollout} if rollout else {})
 
 
 def _probe_base(cfg: Config, base: Path, probe_rows: list[dict], probe_key: str,
