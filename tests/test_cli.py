@@ -181,7 +181,8 @@ def test_ctrl_c_ends_train_with_a_line_not_a_traceback_and_status_says_interrupt
     try:
         def stepping() -> bool:
             assert proc.poll() is None, err.read_text()[-3000:]
-            return (run / "metrics.jsonl").is_file()  # a step is done: the loop is running
+            metrics = run / "metrics.jsonl"  # opened at set-up, a line once a step is done
+            return metrics.is_file() and bool(metrics.read_text().strip())
         wait_until(stepping, 600, "the first step")
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=300)
@@ -195,3 +196,20 @@ def test_ctrl_c_ends_train_with_a_line_not_a_traceback_and_status_says_interrupt
     assert "Traceback" not in said
     beat = json.loads((run / "heartbeat.json").read_text())
     assert beat["state"] == "interrupted"
+
+
+def test_ctrl_c_during_the_run_s_set_up_leaves_the_heartbeat_interrupted(tmp_path, monkeypatch,
+                                                                        capsys):
+    """A Ctrl-C after the watchdog started but before the first step (here: while the
+    metrics log opens, a fault injected) ends the watch as "interrupted", not "running"."""
+    from agentgym.trainers import session
+
+    def interrupted_while_opening_fault(*_a, **_k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(session, "MetricsLogger", interrupted_while_opening_fault)
+    run = tmp_path / "run"
+    assert main(["train", "env=search", "model=tiny", f"run_dir={run}", "trainer.cold_start=off",
+                 "trainer.eval_limit=0", "trainer.total_steps=1", "n=2",
+                 "trainer.prompts_per_step=2"]) == 130
+    assert "agentgym train: interrupted" in capsys.readouterr().err
+    assert json.loads((run / "heartbeat.json").read_text())["state"] == "interrupted"

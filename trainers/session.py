@@ -17,7 +17,7 @@ from agentgym.core.memory import give_back
 from agentgym.core.supervisor import (ServiceFailed, forget_unsupervised, infra_totals,
                                       raise_if_failed)
 from agentgym.core.types import Trajectory
-from agentgym.core.watchdog import NO_WATCH, StageStalled, Watchdog
+from agentgym.core.watchdog import NO_WATCH, Watchdog, end_state
 from agentgym.data.rows import heldout_rows, training_rows
 from agentgym.models.zoo import load_tokenizer, resolve_model
 from agentgym.reporting.evaluation import write_outcomes
@@ -228,25 +228,25 @@ def open_session(cfg: Config, hooks: Hooks | None = None,
     if version or getattr(workers, "remote", False):  # servers start from their own copy
         workers.update_weights(backend.state_dict(), version)
     watch = Watchdog(run_dir, cfg.deadlines)
-    hooks = WatchedHooks(hooks, watch)
-    s = Session(cfg=cfg, hooks=hooks, run_dir=run_dir, rows=rows, eval_rows=eval_rows,
-                watch=watch, tokenizer=tokenizer, backend=backend, workers=workers, ref=ref,
-                metrics_log=MetricsLogger(run_dir, resume_step=start, sink=t.logger,
-                                          config=to_dict(cfg)),
-                critic=critic, cluster=cluster, start=start,
-                cursor=state.get("data_cursor", start * t.prompts_per_step), version=version,
-                temperature=cfg.rollout.temperature or 1.0,
-                taken=state.get("data_taken", []))
-    if cfg.data.curriculum:
-        from agentgym.trainers.curriculum import make_curriculum
-        s.curriculum = make_curriculum(rows, tuple(cfg.data.curriculum_band), t.seed,
-                                       state.get("curriculum"))
-    if eval_rows and start == 0:
-        try:
+    try:  # what goes wrong from here on (Ctrl-C included) is said by the heartbeat
+        hooks = WatchedHooks(hooks, watch)
+        s = Session(cfg=cfg, hooks=hooks, run_dir=run_dir, rows=rows, eval_rows=eval_rows,
+                    watch=watch, tokenizer=tokenizer, backend=backend, workers=workers, ref=ref,
+                    metrics_log=MetricsLogger(run_dir, resume_step=start, sink=t.logger,
+                                              config=to_dict(cfg)),
+                    critic=critic, cluster=cluster, start=start,
+                    cursor=state.get("data_cursor", start * t.prompts_per_step), version=version,
+                    temperature=cfg.rollout.temperature or 1.0,
+                    taken=state.get("data_taken", []))
+        if cfg.data.curriculum:
+            from agentgym.trainers.curriculum import make_curriculum
+            s.curriculum = make_curriculum(rows, tuple(cfg.data.curriculum_band), t.seed,
+                                           state.get("curriculum"))
+        if eval_rows and start == 0:
             s.metrics_log.log(0, s.evaluate(0))
-        except BaseException as e:
-            watch.close("stalled" if isinstance(e, StageStalled) else "failed")
-            raise
+    except BaseException as e:
+        watch.close(end_state(e))
+        raise
     return s
 
 

@@ -326,6 +326,12 @@ class Watchdog:
 
     # -- the heartbeat ---------------------------------------------------------------
     def _beat(self) -> None:
+        # one writer at a time (a stage's thread, the watchdog, close), each writing what
+        # holds when it writes: a beat that read "running" must not land after close's
+        with self._beat_lock:
+            self._write_beat()
+
+    def _write_beat(self) -> None:
         now_mono, now = time.monotonic(), time.time()
         with self._lock:
             stages = list(self._stages)
@@ -341,12 +347,11 @@ class Watchdog:
             beat["stall"] = str(self._stalled)
         path = self.run_dir / HEARTBEAT
         tmp = path.with_name(f".{HEARTBEAT}.{os.getpid()}.tmp")
-        with self._beat_lock:  # the stage's thread and the watchdog's both write it
-            try:
-                tmp.write_text(json.dumps(beat, indent=1))
-                os.replace(tmp, path)
-            except OSError as e:  # a full disk must not stop the run here
-                logger.warning("could not write %s: %s", path, e)
+        try:
+            tmp.write_text(json.dumps(beat, indent=1))
+            os.replace(tmp, path)
+        except OSError as e:  # a full disk must not stop the run here
+            logger.warning("could not write %s: %s", path, e)
 
     def close(self, state: str = "finished") -> None:
         global _STALL_DIR
@@ -359,6 +364,17 @@ class Watchdog:
             signal.signal(signal.SIGUSR2, self._previous_handler)
         if _STALL_DIR == self.run_dir / STALLS:
             _STALL_DIR = None
+
+
+def end_state(error: BaseException | None) -> str:
+    """The heartbeat's last state for a run that ended with ``error`` (None: it finished)."""
+    if error is None:
+        return "finished"
+    if isinstance(error, StageStalled):
+        return "stalled"
+    if isinstance(error, (KeyboardInterrupt, SystemExit)):  # Ctrl-C, or SIGTERM
+        return "interrupted"  # (exit_cleanly_on_sigterm)
+    return "failed"
 
 
 class _NoWatch:
