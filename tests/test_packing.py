@@ -182,22 +182,55 @@ def test_varlen_layout_equals_the_dense_one(tiny_path, tiny_tokenizer):
     assert_same(dense, varlen)
 
 
-def test_fused_head_equals_autograd():
+@pytest.mark.parametrize("with_entropy", [True, False])
+def test_fused_head_equals_autograd(with_entropy):
+    """Log-probs, entropies and both gradients equal autograd's over the full logits, with
+    every chunk kept, none kept (recomputed in the scratch blocks) and some of each, a last
+    chunk shorter than the others, at temperatures 1 and not."""
     g = torch.Generator().manual_seed(0)
     head = torch.nn.Linear(16, 50, bias=False)
     h = torch.randn(37, 16, generator=g, requires_grad=True)
     t = torch.randint(0, 50, (37,), generator=g)
     wl, we = torch.randn(37, generator=g), torch.randn(37, generator=g)
-    for temperature, keep in ((1.0, 1 << 30), (0.6, 0), (1.3, 3000)):  # kept, recomputed, mixed
-        lp, ent = head_logprobs(head, h, t, temperature, with_entropy=True, entropy_grad=True,
-                                chunk=8, keep_bytes=keep)
-        gh, gw = torch.autograd.grad((lp * wl + ent * we).sum(), [h, head.weight])
-        lp2, ent2 = plain_logprobs(head(h), t, temperature, with_entropy=True)
-        gh2, gw2 = torch.autograd.grad((lp2 * wl + ent2 * we).sum(), [h, head.weight])
+    for temperature, keep in ((1.0, 1 << 30), (0.6, 0), (1.3, 3000), (1.0, 3000)):
+        lp, ent = head_logprobs(head, h, t, temperature, with_entropy=with_entropy,
+                                entropy_grad=True, chunk=8, keep_bytes=keep)
+        lp2, ent2 = plain_logprobs(head(h), t, temperature, with_entropy=with_entropy)
+        objective = [(lp * wl).sum(), (lp2 * wl).sum()]
+        if with_entropy:
+            torch.testing.assert_close(ent, ent2)
+            objective = [objective[0] + (ent * we).sum(), objective[1] + (ent2 * we).sum()]
+        else:
+            assert ent is None and ent2 is None
+        gh, gw = torch.autograd.grad(objective[0], [h, head.weight])
+        gh2, gw2 = torch.autograd.grad(objective[1], [h, head.weight])
         torch.testing.assert_close(lp, lp2)
-        torch.testing.assert_close(ent, ent2)
         torch.testing.assert_close(gh, gh2)
         torch.testing.assert_close(gw, gw2)
+
+
+def test_fused_head_under_bf16_autocast_is_as_close_to_fp32_as_the_unfused_head():
+    """Under autocast the fused head's matmuls run in bf16 (cast explicitly, autocast off
+    inside) and the rest in fp32, as the unfused head under autocast does: its values and
+    gradients are as far from fp32's as the unfused head's (bf16 rounding, ~1e-2 here)."""
+    torch.manual_seed(1)
+    head = torch.nn.Linear(32, 80, bias=False)
+    h = torch.randn(21, 32, requires_grad=True)
+    t = torch.randint(0, 80, (21,))
+    wl = torch.randn(21)
+
+    def run(fused: bool, bf16: bool):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            lp = (head_logprobs(head, h, t, chunk=8) if fused
+                  else plain_logprobs(head(h), t, 1.0, with_entropy=False))[0]
+        return (lp, *torch.autograd.grad((lp * wl).sum(), [h, head.weight]))
+
+    exact = run(fused=False, bf16=False)
+    fused, unfused = run(fused=True, bf16=True), run(fused=False, bf16=True)
+    for name, f, u, x in zip(("logp", "d hidden", "d weight"), fused, unfused, exact):
+        assert f.dtype == torch.float32, name
+        assert 0 < float((u - x).abs().max()), name  # bf16 did round the unfused head
+        assert float((f - x).abs().max()) <= 2 * float((u - x).abs().max()), name
 
 
 def test_karmarkar_karp_balances():

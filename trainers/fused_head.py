@@ -45,41 +45,64 @@ def _compute_dtype(device_type: str, weight: torch.Tensor) -> torch.dtype:
     return weight.dtype
 
 
-def _logits(h: torch.Tensor, w: torch.Tensor, cd: torch.dtype, temperature: float):
-    z = h.to(cd) @ w.to(cd).t()
-    z = z.float() if z.dtype != torch.float32 else z
-    return z.div_(temperature) if temperature != 1.0 else z
+def _scratch(buf: torch.Tensor | None, rows: int, like: torch.Tensor, cols: int):
+    """``(buf, its first rows)``: one fp32 ``(chunk, V)`` block made on first use and
+    reused by every chunk after. A fresh block per chunk costs more than its arithmetic on
+    the CPU: above glibc's mmap threshold (32 MiB) each one is mapped anew and its pages
+    faulted in and zeroed by the kernel, about 100 ms per 200 MB chunk on a 2-core VM,
+    where the log-softmax itself takes 45 ms (docs/DECISIONS.md, issue 56)."""
+    if buf is None:
+        buf = torch.empty(like.shape[0], cols, dtype=torch.float32, device=like.device)
+    return buf, buf[:rows]
 
 
-def _log_softmax_(z: torch.Tensor) -> torch.Tensor:
-    """``z`` turned into its log-softmax in place (no ``(rows, V)`` copy)."""
-    return z.sub_(torch.logsumexp(z, -1, keepdim=True))
+def _log_softmax_into(h: torch.Tensor, wt: torch.Tensor, cd: torch.dtype,
+                      temperature: float, z: torch.Tensor, out: torch.Tensor) -> None:
+    """``out`` = log-softmax of ``h @ wt`` (``wt``: the head's weight, transposed, in
+    ``cd``) over the vocabulary, through ``z`` (scratch for the fp32 logits)."""
+    if cd == torch.float32 and h.dtype == torch.float32:
+        torch.mm(h, wt, out=z)
+    else:  # the product in the autocast dtype, copied up
+        z.copy_(h.to(cd) @ wt)
+    if temperature != 1.0:
+        z.div_(temperature)
+    torch.log_softmax(z, -1, out=out)
 
 
 class HeadLogprobs(torch.autograd.Function):
-    """``(logp (M,), entropy (M,) or empty)`` of ``targets`` under ``hidden @ weight.T``."""
+    """``(logp (M,), entropy (M,) or empty)`` of ``targets`` under ``hidden @ weight.T``.
+
+    Every ``(chunk, V)`` tensor is either kept for the backward (one allocation per kept
+    chunk) or one of two scratch blocks reused across chunks; the matmuls are cast
+    explicitly (autocast off inside), so their ``out=`` forms apply."""
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature: float, with_entropy: bool,
                 chunk: int, keep_bytes: int):
         cd = _compute_dtype(hidden.device.type, weight)
-        M = hidden.shape[0]
+        M, V = hidden.shape[0], weight.shape[0]
         logp = torch.empty(M, dtype=torch.float32, device=hidden.device)
         ent = torch.empty(M if with_entropy else 0, dtype=torch.float32, device=hidden.device)
         kept: list[torch.Tensor | None] = []
-        budget = keep_bytes
-        for a in range(0, M, chunk):
-            logq = _log_softmax_(_logits(hidden[a:a + chunk], weight, cd, temperature))
-            logp[a:a + chunk] = logq.gather(-1, targets[a:a + chunk, None])[:, 0]
-            if with_entropy:
-                ent[a:a + chunk] = -torch.exp(logq).mul_(logq).sum(-1)
-            size = logq.numel() * 4
-            if keep_bytes >= 0:  # -1: no backward will run (a no-grad pass)
-                if size <= budget:
-                    kept.append(logq)
-                    budget -= size
+        budget, zbuf, sbuf = keep_bytes, None, None
+        first = hidden[:chunk]  # the scratch blocks' rows
+        with torch.autocast(hidden.device.type, enabled=False):
+            wt = weight.to(cd).t()
+            for a in range(0, M, chunk):
+                n = min(chunk, M - a)
+                zbuf, z = _scratch(zbuf, n, first, V)
+                keep = 0 <= n * V * 4 <= budget  # keep_bytes -1: no backward will run
+                if keep:
+                    logq = torch.empty(n, V, dtype=torch.float32, device=hidden.device)
+                    budget -= n * V * 4
                 else:
-                    kept.append(None)
+                    sbuf, logq = _scratch(sbuf, n, first, V)
+                _log_softmax_into(hidden[a:a + n], wt, cd, temperature, z, logq)
+                logp[a:a + n] = logq.gather(-1, targets[a:a + n, None])[:, 0]
+                if with_entropy:  # the logits are spent: exp(log q) goes where they were
+                    ent[a:a + n] = -torch.exp(logq, out=z).mul_(logq).sum(-1)
+                if keep_bytes >= 0:
+                    kept.append(logq if keep else None)
         ctx.save_for_backward(hidden, weight, targets)
         ctx.kept, ctx.cd, ctx.temperature, ctx.chunk = kept, cd, temperature, chunk
         ctx.ent = ent if with_entropy else None
@@ -98,37 +121,49 @@ class HeadLogprobs(torch.autograd.Function):
             return None, None, None, None, None, None, None
         d_hidden = torch.empty_like(hidden) if want_h else None
         d_weight = None
-        w = weight.to(cd)
-        for k, a in enumerate(range(0, hidden.shape[0], chunk)):
-            h = hidden[a:a + chunk]
-            logq = ctx.kept[k] if k < len(ctx.kept) else None
-            ctx.kept[k:k + 1] = [None] * (k < len(ctx.kept))  # freed as it is used
-            if logq is None:
-                logq = _log_softmax_(_logits(h, weight, cd, temperature))
-            # dz = g_lp * (onehot - p) + g_ent * (-p * (log p + H)), in place over logq
-            p = torch.exp(logq)
-            if g_ent is not None:
-                dz = logq.add_(ctx.ent[a:a + chunk, None]).mul_(g_ent[a:a + chunk, None].float())
-                if g_logp is not None:
-                    dz.add_(g_logp[a:a + chunk, None].float())
-                dz.mul_(p).neg_()
-            else:
-                dz = p.mul_(g_logp[a:a + chunk, None].float().neg())
-            del p, logq
-            if g_logp is not None:
-                dz.scatter_add_(-1, targets[a:a + chunk, None],
-                                g_logp[a:a + chunk, None].float())
-            if temperature != 1.0:
-                dz.div_(temperature)
-            dzc = dz.to(cd)
-            if want_h:
-                d_hidden[a:a + chunk] = (dzc @ w).to(hidden.dtype)
-            if want_w:
-                part = dzc.t() @ h.to(cd)
-                if d_weight is None:
-                    d_weight = part.float() if part.dtype != torch.float32 else part
+        zbuf = sbuf = None
+        first, V = hidden[:chunk], weight.shape[0]
+        with torch.autocast(hidden.device.type, enabled=False):
+            w = weight.to(cd)
+            for k, a in enumerate(range(0, hidden.shape[0], chunk)):
+                h = hidden[a:a + chunk]
+                n = h.shape[0]
+                logq = ctx.kept[k] if k < len(ctx.kept) else None
+                ctx.kept[k:k + 1] = [None] * (k < len(ctx.kept))  # freed as it is used
+                if logq is None:  # not kept: the chunk's log-softmax again, in scratch
+                    zbuf, z = _scratch(zbuf, n, first, V)
+                    sbuf, logq = _scratch(sbuf, n, first, V)
+                    _log_softmax_into(h, w.t(), cd, temperature, z, logq)
+                # dz = g_lp * (onehot - p) + g_ent * (-p * (log p + H)), in place over logq
+                if g_ent is not None:
+                    zbuf, p = _scratch(zbuf, n, first, V)
+                    torch.exp(logq, out=p)
+                    dz = logq.add_(ctx.ent[a:a + n, None]).mul_(g_ent[a:a + n, None].float())
+                    if g_logp is not None:
+                        dz.add_(g_logp[a:a + n, None].float())
+                    dz.mul_(p).neg_()
                 else:
-                    d_weight.add_(part)
+                    dz = logq.exp_().mul_(g_logp[a:a + n, None].float().neg())
+                del logq
+                if g_logp is not None:
+                    dz.scatter_add_(-1, targets[a:a + n, None], g_logp[a:a + n, None].float())
+                if temperature != 1.0:
+                    dz.div_(temperature)
+                dzc = dz.to(cd)
+                if want_h:
+                    if cd == hidden.dtype:
+                        torch.mm(dzc, w, out=d_hidden[a:a + n])
+                    else:
+                        d_hidden[a:a + n] = (dzc @ w).to(hidden.dtype)
+                if want_w:
+                    hc = h.to(cd)
+                    if d_weight is None:
+                        d_weight = dzc.t() @ hc
+                        d_weight = d_weight.float() if d_weight.dtype != torch.float32 else d_weight
+                    elif cd == torch.float32:  # accumulated in place, no (V, H) temporary
+                        d_weight.addmm_(dzc.t(), hc)
+                    else:
+                        d_weight.add_(dzc.t() @ hc)
         ctx.kept = None
         if d_weight is not None:
             d_weight = d_weight.to(weight.dtype)
