@@ -233,6 +233,29 @@ def test_fused_head_under_bf16_autocast_is_as_close_to_fp32_as_the_unfused_head(
         assert float((f - x).abs().max()) <= 2 * float((u - x).abs().max()), name
 
 
+def test_a_packed_forward_makes_no_attention_mask(tiny_path):
+    """transformers would build a (T, T) block-causal mask from a pack's restarted
+    positions, which the packed attention never reads: inside ``packed_forward`` the
+    model's mask comes back None; outside it (an unpacked forward through the same
+    attention name) transformers builds it as before."""
+    from transformers.masking_utils import create_causal_mask
+
+    from agentgym.trainers.backends.base import ModelSpec
+    model = ModelSpec(str(tiny_path)).load("cpu")
+    assert pk.enable(model)
+    positions = torch.tensor([[0, 1, 2, 3, 0, 1, 2]])  # two segments in one row
+    embeds = torch.zeros(1, 7, model.config.hidden_size)
+
+    def mask():
+        return create_causal_mask(config=model.config, inputs_embeds=embeds,
+                                  attention_mask=None, past_key_values=None,
+                                  position_ids=positions)
+    with pk.packed_forward():
+        assert mask() is None
+    outside = mask()
+    assert outside is not None and not bool(outside[0, 0, 4, 3])  # the segments kept apart
+
+
 def test_karmarkar_karp_balances():
     costs = [90, 70, 60, 50, 40, 30, 20, 10, 5, 5]
     parts = pk.karmarkar_karp(costs, 3)

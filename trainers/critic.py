@@ -62,7 +62,8 @@ def token_values(model, mb: Batch, device, packing: bool = True, whole: bool = F
         return values, out[torch.arange(out.shape[0], device=out.device), last]
     lengths = mb.attention_mask.sum(-1).tolist()
     pack = pk.build_pack(mb.input_ids, lengths, mb.loss_mask, groups=mb.uids, keep_whole=whole)
-    out = model(**pack.model_kwargs(device)).logits[0, :, 0].float()
+    with pk.packed_forward():
+        out = model(**pack.model_kwargs(device)).logits[0, :, 0].float()
     values = pk.scatter(out[pack.hidden_at.to(device)], pack)
     last = torch.zeros(len(lengths), dtype=torch.float32, device=out.device)
     if whole:

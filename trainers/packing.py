@@ -28,6 +28,8 @@ see none). The attention function is registered with transformers'
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 from dataclasses import dataclass, fields
 
@@ -39,6 +41,31 @@ logger = logging.getLogger(__name__)
 
 #: the model-forward keyword that carries the segments to every attention layer
 PACK_KWARG = "agentgym_pack"
+#: True while a packed forward runs (:func:`packed_forward`)
+_PACKED = contextvars.ContextVar("agentgym_packed_forward", default=False)
+
+
+@contextlib.contextmanager
+def packed_forward():
+    """Around a model forward of a pack: transformers makes no attention mask for it. Its
+    attention reads the segments, and the mask transformers would build from the
+    restarted positions (a ``(T, T)`` block-causal one, through Python mask functions) was
+    thrown away: 26 ms a forward on a 4k-token pack, a fifth of the tiny model's update."""
+    token = _PACKED.set(True)
+    try:
+        yield
+    finally:
+        _PACKED.reset(token)
+
+
+def _mask_interface(impl: str):
+    """``impl``'s mask function, skipped (None) inside :func:`packed_forward`."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+    make = ALL_MASK_ATTENTION_FUNCTIONS[impl]
+
+    def mask(*args, **kwargs):
+        return None if _PACKED.get() else make(*args, **kwargs)
+    return mask
 #: a bucket of stacked segments may hold at most this many times their real area
 BUCKET_WASTE = 1.5
 
@@ -427,10 +454,10 @@ def enable(model) -> bool:
     if impl.startswith("agentgym_packed_"):
         return True
     from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.masking_utils import AttentionMaskInterface
     name = f"agentgym_packed_{impl}"
     AttentionInterface.register(name, packed_attention(impl))
-    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[impl])
+    AttentionMaskInterface.register(name, _mask_interface(impl))
     base.set_attn_implementation(name)
     return True
 

@@ -326,11 +326,13 @@ def token_logprobs(model, mb: Batch, device, temperature: float = 1.0,
     at, targets = pack.hidden_at.to(device), pack.targets.to(device)
     parts = _decoder_and_head(model)
     if parts is not None:
-        hidden = parts[0](**kw).last_hidden_state[0, at]
+        with pk.packed_forward():
+            hidden = parts[0](**kw).last_hidden_state[0, at]
         lp, ent = head_logprobs(parts[1], hidden, targets, temperature, with_entropy,
                                 entropy_grad, chunk)
     else:  # sharded: the root's forward projects the gathered positions only
-        logits = model(**kw, logits_to_keep=at).logits[0]
+        with pk.packed_forward():
+            logits = model(**kw, logits_to_keep=at).logits[0]
         lp, ent = plain_logprobs(logits, targets, temperature, with_entropy, entropy_grad)
     return pk.scatter(lp, pack), (pk.scatter(ent, pack) if with_entropy else None)
 
