@@ -223,7 +223,7 @@ def test_fused_head_under_bf16_autocast_is_as_close_to_fp32_as_the_unfused_head(
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             lp = (head_logprobs(head, h, t, chunk=8) if fused
                   else plain_logprobs(head(h), t, 1.0, with_entropy=False))[0]
-        return (lp, *torch.autograd.grad((lp * wl).sum(), [h, head.weight]))
+        return (lp.detach(), *torch.autograd.grad((lp * wl).sum(), [h, head.weight]))
 
     exact = run(fused=False, bf16=False)
     fused, unfused = run(fused=True, bf16=True), run(fused=False, bf16=True)
