@@ -53,7 +53,7 @@ from agentgym.data.rows import training_rows, write_jsonl
 from agentgym.core.device import engine_dtype, mixed_precision, resolve_device
 from agentgym.core.paths import cache_dir, file_digest, model_folder
 from agentgym.models.plan import micro_batch_tokens
-from agentgym.core.watchdog import NO_WATCH, Watchdog, end_state
+from agentgym.core.watchdog import NO_WATCH, Watchdog, closed_with_end_state
 from agentgym.trainers.hooks import Hooks, WatchedHooks
 from agentgym.trainers.run import latest_checkpoint, resolve_run_dir
 
@@ -93,15 +93,9 @@ def prepare(cfg: Config, hooks: Hooks | None = None, probe_engine=None) -> Confi
             return cfg
         parts[env] = sub
     watch = Watchdog(Path(cfg.run_dir), cfg.deadlines, role="cold start")
-    error = None
-    try:
+    with closed_with_end_state(watch.close):
         cfg = _auto(cfg, parts, Path(cfg.run_dir) / "cold_start", WatchedHooks(hooks, watch),
                     probe_engine)
-    except BaseException as e:
-        error = e
-        raise
-    finally:
-        watch.close(end_state(error))
     return cfg
 
 

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from agentgym.config import Config
 from agentgym.core.device import peak_memory_gb
-from agentgym.core.watchdog import end_state
+from agentgym.core.watchdog import closed_with_end_state
 from agentgym.trainers.cold_start import prepare
 from agentgym.trainers.phases import advantages, check_algo, score, update_policy
 from agentgym.trainers.hooks import Hooks
@@ -61,17 +61,11 @@ def run(cfg: Config, hooks: Hooks | None = None) -> Path:
         from agentgym.trainers.critic import Critic
         make_critic = lambda path, cluster: Critic(cfg, path, cluster)  # noqa: E731
     s = open_session(cfg, hooks, make_critic=make_critic)
-    error = None
-    try:
+    with closed_with_end_state(s.close):
         source = step_source(cfg, s)
         for step in range(s.start, cfg.trainer.total_steps):
             s.end_step(step + 1, one_step(cfg, s, source, step))
         s.finish()
-    except BaseException as e:
-        error = e
-        raise
-    finally:
-        s.close(end_state(error))
     return s.run_dir
 
 

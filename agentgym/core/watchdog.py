@@ -377,6 +377,20 @@ def end_state(error: BaseException | None) -> str:
     return "failed"
 
 
+@contextlib.contextmanager
+def closed_with_end_state(close):
+    """Runs the block, then ``close(end_state(...))`` with how it ended: "finished", or
+    the error's state (which is raised on)."""
+    error = None
+    try:
+        yield
+    except BaseException as e:
+        error = e
+        raise
+    finally:
+        close(end_state(error))
+
+
 class _NoWatch:
     """Stands in for a :class:`Watchdog` where nothing is watched (no run directory)."""
 
