@@ -146,31 +146,39 @@ def test_freed_memory_goes_back_to_the_system(monkeypatch):
 
 
 _HEAP_PROBE = """
-import ctypes, sys
+import ctypes
 from agentgym.core.memory import give_back, return_freed_memory
 def rss():
     return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) * 1024
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]
+def step(mib):  # a step's blocks, under the mmap threshold: from the heap, touched, freed
+    blocks = [libc.malloc(1 << 20) for _ in range(mib)]
+    for b in blocks:
+        ctypes.memset(b, 1, 1 << 20)
+    held = rss()
+    for b in blocks:
+        libc.free(b)
+    return held
 assert return_freed_memory()
 base = rss()
-blocks = [libc.malloc(1 << 20) for _ in range(256)]  # 256 MiB in blocks under the threshold
-for b in blocks:
-    ctypes.memset(b, 1, 1 << 20)
-held = rss()
-for b in blocks:
-    libc.free(b)
-freed = rss()
-given = give_back()
-print(base, held, freed, rss(), given)
+out = [base]
+for mib in (256, 512, 256):  # a step, one that needs twice as much, the first again
+    held = step(mib)
+    freed = rss()
+    given = give_back()
+    out += [held, freed, rss(), given]
+print(*out)
 """
 
 
-def test_a_steps_freed_heap_stays_until_given_back():
+def test_a_steps_freed_heap_is_kept_until_a_step_ends_above_what_a_step_needs():
     """Blocks under the mmap threshold come from the heap and stay in the process when
-    freed (the next step reuses them without faulting pages in again) until give_back()
-    returns them, as the trainers do at the end of every step."""
+    freed, so the next step reuses them without faulting pages in again; give_back()
+    returns them when a step ends above the RSS at which a step begun from a returned
+    heap ended (here the step that needs twice as much), as the trainers call it at the
+    end of every step."""
     import subprocess
     import sys
 
@@ -180,8 +188,28 @@ def test_a_steps_freed_heap_stays_until_given_back():
     out = subprocess.run([sys.executable, "-c", _HEAP_PROBE], capture_output=True, text=True,
                          env=env, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
-    base, held, freed, after, given = out.stdout.split()
-    mib = 1 << 20
-    assert int(held) - int(base) > 200 * mib  # touched: resident
-    assert int(freed) - int(base) > 200 * mib  # freed, still the process's: no unmap, no re-fault
-    assert int(freed) - int(after) > 200 * mib and given == "True"  # given back
+    base, *steps = out.stdout.split()
+    (held1, freed1, after1, given1), (held2, freed2, after2, given2), \
+        (held3, freed3, after3, given3) = (steps[i:i + 4] for i in range(0, 12, 4))
+    base, mib = int(base), 1 << 20
+    assert int(held1) - base > 200 * mib  # touched: resident
+    # the first step (a new process's heap counts as returned) sets the ceiling: kept
+    assert given1 == "False" and int(after1) - base > 200 * mib
+    # twice as much: its freed pages are above the ceiling and go back to the system
+    assert int(freed2) - base > 450 * mib
+    assert given2 == "True" and int(freed2) - int(after2) > 400 * mib
+    # begun from a returned heap, no higher than the ceiling: kept for the next step
+    assert int(held3) - int(after2) > 200 * mib and given3 == "False"
+    assert int(after3) - int(after2) > 200 * mib
+
+
+def test_the_keeper_returns_the_heap_when_a_step_ends_above_what_a_fresh_step_needed():
+    """The policy alone (agentgym.core.memory.Keeper), in GiB of RSS at each step's end: a
+    step begun from a returned heap raises the ceiling and keeps; a step begun from a kept
+    heap returns it only above the ceiling."""
+    from agentgym.core.memory import Keeper
+    keeper = Keeper()
+    ends = [9, 12, 11, 13, 10, 10.5, 12, 14, 15]
+    assert [keeper.step_end(gib * 2**30) for gib in ends] == \
+        [False, True, False, True, False, False, True, False, True]
+    assert keeper.ceiling == 14 * 2**30

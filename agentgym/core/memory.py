@@ -18,8 +18,14 @@ zeroed by the kernel: 172 million page faults and 374 s of system time in one 13
   glibc accepts, and stops ``free`` trimming the heap's top on its own, so a step reuses
   the memory its previous allocations freed;
 * :func:`give_back` (at the end of every training and SFT step, in the driver and in each
-  rank process) hands every free page of the heap back to the system with
-  ``malloc_trim(0)``: between steps the RSS goes back down, as it did at 128 KiB.
+  rank process) hands the heap's free pages back to the system with ``malloc_trim(0)``
+  when the process ends a step above the highest RSS that a step begun from a returned
+  heap ended at (:class:`Keeper`): glibc's heap does not stay the size a step needs, it
+  creeps by 2-3 GiB a step at the demo's update (its holes do not fit the next step's
+  blocks), so it must be returned now and then, but returning it after every step made
+  the next step fault its whole working set in again (2.5 million faults and 24-45 s of
+  system time a step there). Now it is returned every second step or so, and between
+  steps the RSS stays under what a step begun from a returned heap needs.
 """
 
 from __future__ import annotations
@@ -73,9 +79,46 @@ def return_freed_memory() -> bool:
     return ok
 
 
+def resident_bytes() -> int:
+    """This process's resident memory (RSS), in bytes; 0 where ``/proc`` has no figure."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class Keeper:
+    """When to return the heap's free pages: when a step ends above :attr:`ceiling`, the
+    highest RSS at which a step begun from a returned heap ended (what one step needs).
+    A step begun from a kept heap reuses its pages without faults, and its fragments
+    push the RSS above the ceiling within a step or two; a step begun from a returned
+    heap faults its working set in again and may raise the ceiling."""
+
+    def __init__(self) -> None:
+        #: the highest RSS at which a step begun from a returned heap ended (bytes)
+        self.ceiling = 0
+        #: whether the step now running began from a returned heap (a new process's has)
+        self.fresh = True
+
+    def step_end(self, rss: int) -> bool:
+        """Whether to return the heap now, at the end of a step with ``rss`` resident."""
+        if self.fresh:
+            self.ceiling = max(self.ceiling, rss)
+        self.fresh = rss > self.ceiling
+        return self.fresh
+
+
+_KEEPER = Keeper()
+
+
 def give_back() -> bool:
-    """Return the heap's free pages to the system (``malloc_trim(0)``: its top and every
-    whole free page inside it); a few hundred ms after a multi-GiB step. True if glibc did
-    release memory; False when there was none to release or off glibc."""
+    """At the end of a step: return the heap's free pages to the system
+    (``malloc_trim(0)``: its top and every whole free page inside it) when the process is
+    above the RSS a step needs (:class:`Keeper`), and keep them for the next step
+    otherwise; the trim itself takes up to a second after a multi-GiB step. True if
+    memory was returned; False when it was kept, there was none to return, or off glibc."""
     libc = _libc()
-    return bool(libc.malloc_trim(0)) if libc is not None else False
+    if libc is None or not _KEEPER.step_end(resident_bytes()):
+        return False
+    return bool(libc.malloc_trim(0))
