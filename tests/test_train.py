@@ -40,6 +40,29 @@ def test_cli_train_two_steps_leaves_checkpoint_metrics_and_png(tmp_path, retriev
     assert model(input_ids=torch.tensor([[1, 2, 3]])).logits.shape[-1] >= 1
 
 
+def test_the_curve_is_drawn_at_the_first_step_then_at_most_every_plot_every_s_and_at_close(
+        tmp_path):
+    """A redraw costs as much as a small model's update: within plot_every_s the PNG keeps
+    the first step's curve, and close() draws every step logged since."""
+    from agentgym.reporting.metrics import MetricsLogger
+    log = MetricsLogger(tmp_path / "hourly", plot_every_s=3600)
+    log.log(1, {"rollout/reward": 0.5})
+    first = log.png.read_bytes()
+    log.log(2, {"rollout/reward": 0.25})
+    log.log(3, {"rollout/reward": 0.75})
+    assert log.png.read_bytes() == first  # not redrawn within the hour
+    log.close()
+    assert log.png.read_bytes() != first  # the last two steps drawn at the end
+    every = MetricsLogger(tmp_path / "every", plot_every_s=0)
+    every.log(1, {"rollout/reward": 0.5})
+    one = every.png.read_bytes()
+    every.log(2, {"rollout/reward": 0.25})
+    assert every.png.read_bytes() != one  # redrawn at each step
+    drawn = every.png.stat().st_mtime_ns
+    every.close()
+    assert every.png.stat().st_mtime_ns == drawn  # nothing new to draw at the end
+
+
 def _weights(path):
     from safetensors.torch import load_file
     return load_file(str(path / "model.safetensors"))

@@ -1,5 +1,10 @@
 """Run metrics: one JSON line per step, TensorBoard events, and a reward-curve PNG.
 
+The PNG is redrawn at the first step, then at most every :data:`PLOT_EVERY_S` seconds
+and when the run closes: a redraw takes 0.2-0.7 s on a 2-core CPU (matplotlib's text
+layout and PNG encoding), as long as a whole policy update of a small model, and grows
+with the history.
+
 Keys are namespaced like CleanRL's (``rollout/reward``, ``train/loss``, ``time/step_s``);
 the JSONL file is the source the PNG is drawn from, so a resumed run keeps its history.
 ``logger=wandb`` logs the same metrics, the step's sample table (``trainer.log_samples``)
@@ -13,6 +18,7 @@ import json
 import logging
 import math
 import os
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -28,13 +34,16 @@ class MetricsLogger:
         curve_keys: metric keys drawn on the curve.
         png_name: the curve's file (``reward_curve.png`` for RL, ``loss_curve.png`` for SFT).
         ylabel: the curve's y-axis label.
+        plot_every_s: the least seconds between two redraws of the PNG while the run
+            goes on (the first step's and the last, at :meth:`close`, are always drawn).
     """
 
     def __init__(self, run_dir: str | Path,
                  curve_keys: tuple[str, ...] = ("rollout/reward", "eval/em"),
                  resume_step: int = 0, png_name: str = "reward_curve.png",
                  ylabel: str = "reward / EM", sink: str = "",
-                 config: dict[str, Any] | None = None) -> None:
+                 config: dict[str, Any] | None = None,
+                 plot_every_s: float | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -42,6 +51,9 @@ class MetricsLogger:
         self.png = self.run_dir / png_name
         self.ylabel = ylabel
         self.curve_keys = curve_keys
+        self.plot_every_s = PLOT_EVERY_S if plot_every_s is None else plot_every_s
+        self._drawn: float | None = None  # time.monotonic() of the last redraw
+        self._stale = False  # steps logged since the last redraw
         # A resumed run drops what was logged after its checkpoint (it is logged again);
         # a fresh run in an old directory starts an empty history.
         kept = [r for r in self.history() if resume_step and r["step"] <= resume_step]
@@ -59,7 +71,9 @@ class MetricsLogger:
         for k, v in clean.items():
             self.tb.add_scalar(k, v, step)
         self.tb.flush()
-        self.plot()
+        self._stale = True
+        if self._drawn is None or time.monotonic() - self._drawn >= self.plot_every_s:
+            self.plot()
         if self.wandb is not None:
             self.wandb.log(step, clean)
 
@@ -95,6 +109,7 @@ class MetricsLogger:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
+        self._drawn, self._stale = time.monotonic(), False
         rows = self.history()
         fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
         for key in self.curve_keys:
@@ -125,12 +140,16 @@ class MetricsLogger:
             plot_curriculum(rows, self.run_dir / "curriculum_curve.png")
 
     def close(self) -> None:
+        if self._stale:
+            self.plot()
         self.tb.close()
         if self.wandb is not None:
             self.wandb.close([self.png])
 
 
 SMOOTH = 5  # steps in the reward curve's moving average
+#: the least seconds between two redraws of a run's curve PNG (:class:`MetricsLogger`)
+PLOT_EVERY_S = 30.0
 
 
 def plot_curriculum(rows: list[dict], png: Path) -> None:
