@@ -155,15 +155,21 @@ def sample(logits: torch.Tensor, rows: RowParams):
     scaled = logits.float()
     if not rows.unit_temperature:
         scaled = scaled / rows.temperature[:, None]
-    lse = torch.logsumexp(scaled, dim=-1)
     tokens = scaled.argmax(-1) if rows.any_greedy else None
-    if not rows.all_greedy:
+    if rows.all_greedy:
+        lse = torch.logsumexp(scaled, dim=-1)
+    else:
+        # one exp over the vocabulary serves the draw and the log-normaliser (logsumexp
+        # would take its own: the exp is most of a draw's time)
+        peak = scaled.amax(-1, keepdim=True)
+        weights = (scaled - peak).exp_()  # the probabilities times the row's total
+        total = weights.sum(-1)
+        lse = peak[:, 0] + total.log()
         u = uniforms(rows.seeds, rows.positions)
-        probs = (scaled - lse[:, None]).exp_()
         truncated = None
         if rows.truncating is not None:
-            truncated = _truncated_draw(probs, rows, u)
-        drawn = _inverse_cdf(probs.cumsum_(-1), u)  # the probabilities become their CDF
+            truncated = _truncated_draw(weights / total[:, None], rows, u)
+        drawn = _inverse_cdf(weights.cumsum_(-1), u)  # the weights become their CDF
         if truncated is not None:
             drawn = torch.where(rows.truncating, truncated, drawn)
         tokens = drawn if tokens is None else torch.where(rows.greedy, tokens, drawn)
