@@ -36,6 +36,8 @@ import logging
 import os
 import sys
 
+import psutil
+
 logger = logging.getLogger(__name__)
 
 _M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters
@@ -79,15 +81,6 @@ def return_freed_memory() -> bool:
     return ok
 
 
-def resident_bytes() -> int:
-    """This process's resident memory (RSS), in bytes; 0 where ``/proc`` has no figure."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
 class Keeper:
     """When to return the heap's free pages: when a step ends above :attr:`ceiling`, the
     highest RSS at which a step begun from a returned heap ended (what one step needs).
@@ -119,6 +112,6 @@ def give_back() -> bool:
     otherwise; the trim itself takes up to a second after a multi-GiB step. True if
     memory was returned; False when it was kept, there was none to return, or off glibc."""
     libc = _libc()
-    if libc is None or not _KEEPER.step_end(resident_bytes()):
+    if libc is None or not _KEEPER.step_end(psutil.Process().memory_info().rss):
         return False
     return bool(libc.malloc_trim(0))
