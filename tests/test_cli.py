@@ -213,3 +213,31 @@ def test_ctrl_c_during_the_run_s_set_up_leaves_the_heartbeat_interrupted(tmp_pat
                  "trainer.prompts_per_step=2"]) == 130
     assert "agentgym train: interrupted" in capsys.readouterr().err
     assert json.loads((run / "heartbeat.json").read_text())["state"] == "interrupted"
+
+
+def test_ctrl_c_whose_closing_fails_too_is_still_an_interrupt_and_closes_the_rest(
+        tmp_path, monkeypatch, capsys):
+    """A Ctrl-C inside the first step's curve draw, and the draw at close failing as well
+    (as when the Ctrl-C lands inside matplotlib's first import; faults injected): still exit
+    130 with the one line, the heartbeat "interrupted", and the backend closed after the
+    metrics log failed to."""
+    from agentgym.reporting.metrics import MetricsLogger
+    from agentgym.trainers.backends.single import SingleBackend
+    draws, closed = [], []
+
+    def interrupted_then_broken_draw_fault(self):
+        draws.append(len(draws))
+        if len(draws) == 1:
+            raise KeyboardInterrupt
+        raise AttributeError("module 'matplotlib' has no attribute 'get_data_path'")
+    monkeypatch.setattr(MetricsLogger, "plot", interrupted_then_broken_draw_fault)
+    monkeypatch.setattr(SingleBackend, "close", lambda self: closed.append(self))
+    run = tmp_path / "run"
+    assert main(["train", "env=search", "model=tiny", f"run_dir={run}", "trainer.cold_start=off",
+                 "trainer.eval_limit=0", "trainer.total_steps=3", "n=2",
+                 "trainer.prompts_per_step=2"]) == 130
+    said = capsys.readouterr().err
+    assert "agentgym train: interrupted (trainer.resume=auto" in said
+    assert "Traceback" not in said
+    assert draws == [0, 1] and len(closed) == 1
+    assert json.loads((run / "heartbeat.json").read_text())["state"] == "interrupted"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -61,6 +62,26 @@ def test_the_curve_is_drawn_at_the_first_step_then_at_most_every_plot_every_s_an
     drawn = every.png.stat().st_mtime_ns
     every.close()
     assert every.png.stat().st_mtime_ns == drawn  # nothing new to draw at the end
+
+
+def test_a_curve_draw_cut_short_is_drawn_again_at_close(tmp_path, monkeypatch):
+    """A Ctrl-C inside a redraw (a fault injected into the PNG's write) leaves the steps
+    undrawn, so close() draws them."""
+    from matplotlib.figure import Figure
+
+    from agentgym.reporting.metrics import MetricsLogger
+    log = MetricsLogger(tmp_path / "run", plot_every_s=3600)
+    real = Figure.savefig
+
+    def interrupted_write_fault(self, *a, **k):
+        monkeypatch.setattr(Figure, "savefig", real)  # once
+        raise KeyboardInterrupt
+    monkeypatch.setattr(Figure, "savefig", interrupted_write_fault)
+    with pytest.raises(KeyboardInterrupt):
+        log.log(1, {"rollout/reward": 0.5})
+    assert not log.png.exists()
+    log.close()
+    assert log.png.stat().st_size > 0
 
 
 def _weights(path):

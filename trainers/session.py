@@ -5,6 +5,7 @@ every algorithm), and per step: metrics, periodic eval, checkpoints; tear-down."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
@@ -188,14 +189,18 @@ class Session:
             self.hooks.step_end(t.total_steps, final)
 
     def close(self, state: str = "finished") -> None:
-        self.watch.close(state)
-        (self.steps or self.workers).close()  # a step source closes its workers
-        self.metrics_log.close()
-        self.backend.close()  # a sharded backend stops its rank processes / actors
-        if self.critic is not None:
-            self.critic.close()
-        if self.cluster is not None:
-            self.cluster.close()
+        """The heartbeat's last state, then workers, metrics, backend, critic and cluster,
+        in that order: each is closed even when one before it fails (that error is raised
+        once all have run), so no rank process or actor outlives a failed close."""
+        with contextlib.ExitStack() as stack:  # its callbacks run last-in, first-out
+            if self.cluster is not None:
+                stack.callback(self.cluster.close)
+            if self.critic is not None:
+                stack.callback(self.critic.close)
+            stack.callback(self.backend.close)  # a sharded backend stops its ranks / actors
+            stack.callback(self.metrics_log.close)
+            stack.callback((self.steps or self.workers).close)  # a step source: its workers
+            stack.callback(self.watch.close, state)
 
 
 def open_session(cfg: Config, hooks: Hooks | None = None,

@@ -380,15 +380,18 @@ def end_state(error: BaseException | None) -> str:
 @contextlib.contextmanager
 def closed_with_end_state(close):
     """Runs the block, then ``close(end_state(...))`` with how it ended: "finished", or
-    the error's state (which is raised on)."""
-    error = None
+    the error's state. That error is raised on even when the close fails too (the close's
+    error is logged): a Ctrl-C stays an interrupt, a stall a stall."""
     try:
         yield
-    except BaseException as e:
-        error = e
+    except BaseException as error:
+        try:
+            close(end_state(error))
+        except Exception as failed:
+            logger.warning("closing the run after %s failed too: %r", type(error).__name__,
+                           failed, exc_info=logger.isEnabledFor(logging.DEBUG))
         raise
-    finally:
-        close(end_state(error))
+    close("finished")
 
 
 class _NoWatch:

@@ -45,6 +45,8 @@ class MetricsLogger:
                  config: dict[str, Any] | None = None,
                  plot_every_s: float | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter
+        _pyplot()  # imported at set-up: a Ctrl-C inside a first import mid-run would
+        # leave matplotlib half-imported, and the curve drawn at close would fail on it
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
@@ -105,11 +107,8 @@ class MetricsLogger:
         logged with ``<key>_ci95`` (the step's 95% interval over its groups) a band around
         them, and a moving average over :data:`SMOOTH` steps. With a curriculum, its own
         curves too (:func:`plot_curriculum`)."""
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        self._drawn, self._stale = time.monotonic(), False
+        plt = _pyplot()
+        self._drawn = time.monotonic()
         rows = self.history()
         fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
         for key in self.curve_keys:
@@ -138,6 +137,7 @@ class MetricsLogger:
         plt.close(fig)
         if any(k.endswith("curriculum/in_band") for r in rows for k in r):
             plot_curriculum(rows, self.run_dir / "curriculum_curve.png")
+        self._stale = False  # only once drawn: a draw cut short is drawn again at close
 
     def close(self) -> None:
         if self._stale:
@@ -145,6 +145,14 @@ class MetricsLogger:
         self.tb.close()
         if self.wandb is not None:
             self.wandb.close([self.png])
+
+
+def _pyplot():
+    """matplotlib's pyplot on the file-only Agg backend."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
 
 
 SMOOTH = 5  # steps in the reward curve's moving average
@@ -155,7 +163,7 @@ PLOT_EVERY_S = 30.0
 def plot_curriculum(rows: list[dict], png: Path) -> None:
     """``data.curriculum=solve_rate``: the recent solve rate of each level, the share of
     groups inside the band and with reward variance, and the current level (right axis)."""
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     found = {k for r in rows for k in r}
     keys = sorted(k for k in found if "curriculum/solve_rate_" in k)
