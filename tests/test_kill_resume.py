@@ -114,3 +114,26 @@ def test_sigkill_during_a_save_then_resume(tmp_path, uninterrupted, backend):
     assert [r["step"] for r in got] == list(range(1, STEPS + 1))
     assert got == uninterrupted[backend]
     assert not (ckpts / "step_2.tmp").exists()  # the leftover was replaced
+
+
+def test_a_set_up_that_fails_after_the_ranks_started_ends_them(tmp_path):
+    """``trainer.resume`` naming a checkpoint that is not there fails after the FSDP2 rank
+    processes started: the error is raised and the ranks end with it, not with this
+    process (a notebook or a sweep calling train() goes on)."""
+    import psutil
+
+    from agentgym.config import build_config
+    from agentgym.core.overrides import parse_overrides
+    from agentgym.trainers.loop import train
+    from agentgym.trainers.run import CheckpointError
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    missing = tmp_path / "no_such_checkpoint"
+    cfg = build_config(parse_overrides(_args(tmp_path, tmp_path / "run", "fsdp")[1:]
+                                       + [f"trainer.resume={missing}"]))
+    with pytest.raises(CheckpointError, match="no_such_checkpoint"):
+        train(cfg)
+
+    def ranks_ended() -> bool:
+        return not [p for p in psutil.Process().children(recursive=True)
+                    if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE]
+    wait_until(ranks_ended, 60, "the rank processes to end")

@@ -54,20 +54,23 @@ def check_vision(cfg: Config, path) -> None:
                          f"estimators so far; not with {', '.join(named)}")
 
 
-def setup(cfg: Config):
+def setup(cfg: Config, built: contextlib.ExitStack):
     """Load the policy (trained), the workers that play episodes (an engine with its own
     copy, here or in Ray actors) and an optional frozen reference. Returns ``(path,
     tokenizer, backend, workers, ref_model, cluster)`` (``cluster``: the Ray placement, or
-    None)."""
+    None); each part that holds processes or actors is pushed onto ``built`` to close."""
     cluster = None
     if cfg.ray.address:
         from agentgym.trainers.ray_cluster import RayCluster
         cluster = RayCluster(cfg)
+        built.callback(cluster.close)
     path = resolve_model(cfg.model.path or cfg.model.name)
     check_vision(cfg, path)
     tokenizer = load_tokenizer(path)
     backend = make_backend(cfg, policy_spec(cfg, path), cfg.trainer.lr, cluster)
+    built.callback(backend.close)
     workers = make_workers(cfg, path, tokenizer, cluster)
+    built.callback(workers.close)
     ref = reference(cfg, path, backend) if cfg.algo.kl_coef > 0 else None
     return path, tokenizer, backend, workers, ref, cluster
 
@@ -221,8 +224,19 @@ def open_session(cfg: Config, hooks: Hooks | None = None,
     if t.eval_limit:
         hooks.announce(held_out.describe(t.eval_data, "held-out"))
     eval_rows = held_out.rows
-    path, tokenizer, backend, workers, ref, cluster = setup(cfg)
+    with contextlib.ExitStack() as built:  # closed if the set-up fails: no rank outlives it
+        s = _opened(cfg, hooks, make_critic, run_dir, rows, eval_rows, built)
+        built.pop_all()  # the session closes them from here on
+    return s
+
+
+def _opened(cfg: Config, hooks: Hooks, make_critic, run_dir: Path, rows: list[dict],
+            eval_rows: list[dict], built: contextlib.ExitStack) -> Session:
+    t = cfg.trainer
+    path, tokenizer, backend, workers, ref, cluster = setup(cfg, built)
     critic = make_critic(path, cluster) if make_critic else None
+    if critic is not None:
+        built.callback(critic.close)
     if cluster is not None:
         (run_dir / "placement.json").write_text(json.dumps(
             {"placement": cfg.ray.placement, "bundle": cluster.bundle, **cluster.nodes},
