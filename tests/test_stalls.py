@@ -370,3 +370,27 @@ def test_a_ray_rank_that_stops_answering_is_named_and_every_rank_ends(
     while time.monotonic() < deadline and Path(f"/proc/{stopped[0]}").exists():
         time.sleep(0.2)  # ray.kill, then Ray's shutdown, end the stopped actor
     assert not Path(f"/proc/{stopped[0]}").exists()
+
+
+def test_a_signal_inside_a_deferred_block_reaches_its_handler_when_the_block_ends():
+    """``signals_deferred``: a SIGTERM (a handler of the caller's) and a Ctrl-C (Python's
+    own) that arrive inside the block reach their handlers after its last line, not in the
+    middle; the handlers in place before are back afterwards."""
+    import signal
+
+    from agentgym.core.watchdog import signals_deferred
+    seen, handled = [], []
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: handled.append(seen[:]))
+    try:
+        with signals_deferred():
+            signal.raise_signal(signal.SIGTERM)
+            seen.extend(range(1000))  # work after the signal, done whole
+        assert handled == [list(range(1000))]
+        with pytest.raises(KeyboardInterrupt):
+            with signals_deferred():
+                signal.raise_signal(signal.SIGINT)
+                seen.append("the last line")
+        assert seen[-1] == "the last line"
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGTERM, before)

@@ -394,6 +394,33 @@ def closed_with_end_state(close):
     close("finished")
 
 
+@contextlib.contextmanager
+def signals_deferred(signums: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)):
+    """Runs the block whole: a Ctrl-C or SIGTERM that arrives meanwhile is handed to its
+    handler (``KeyboardInterrupt``, ``SystemExit(143)``, ...) as the block ends. For work a
+    signal must not cut in two: one raised inside a C extension's first import becomes an
+    ``ImportError`` ("initialization failed"), and a Python module's is left half-imported
+    for the next user. Outside the main thread, where handlers do not run, the block just
+    runs; a signal whose handler was not set from Python is not deferred."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list = []
+    previous = {s: signal.signal(s, lambda signum, frame: arrived.append((signum, frame)))
+                for s in signums if signal.getsignal(s) is not None}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for signum, frame in arrived[:1]:  # the first: it ends the run
+            handler = previous[signum]
+            if callable(handler):
+                handler(signum, frame)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(signum)  # its default action, now
+
+
 class _NoWatch:
     """Stands in for a :class:`Watchdog` where nothing is watched (no run directory)."""
 

@@ -23,6 +23,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from agentgym.core.watchdog import signals_deferred
+
 logger = logging.getLogger(__name__)
 
 
@@ -45,8 +47,8 @@ class MetricsLogger:
                  config: dict[str, Any] | None = None,
                  plot_every_s: float | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter
-        _pyplot()  # imported at set-up: a Ctrl-C inside a first import mid-run would
-        # leave matplotlib half-imported, and the curve drawn at close would fail on it
+        with signals_deferred():  # imported whole, at set-up (see plot)
+            _pyplot()
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
@@ -107,6 +109,10 @@ class MetricsLogger:
         logged with ``<key>_ci95`` (the step's 95% interval over its groups) a band around
         them, and a moving average over :data:`SMOOTH` steps. With a curriculum, its own
         curves too (:func:`plot_curriculum`)."""
+        with signals_deferred():  # a Ctrl-C here is raised once the PNG is written
+            self._draw()
+
+    def _draw(self) -> None:
         plt = _pyplot()
         self._drawn = time.monotonic()
         rows = self.history()
@@ -148,9 +154,11 @@ class MetricsLogger:
 
 
 def _pyplot():
-    """matplotlib's pyplot on the file-only Agg backend."""
+    """matplotlib's pyplot on the file-only Agg backend, that backend's module loaded (a
+    first figure would load it, C extension included)."""
     import matplotlib
     matplotlib.use("Agg")
+    import matplotlib.backends.backend_agg  # noqa: F401
     import matplotlib.pyplot as plt
     return plt
 
