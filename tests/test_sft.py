@@ -327,6 +327,26 @@ def test_sft_resume_matches_an_uninterrupted_run(tmp_path):
     assert steps == [1, 2, 3, 4]
 
 
+def test_an_sft_step_interrupted_whose_closing_fails_too_is_still_an_interrupt(
+        tmp_path, monkeypatch):
+    """A Ctrl-C in an SFT step (a fault injected into its curve's draw) whose loss curve
+    then fails to draw at close: the KeyboardInterrupt is what the caller gets."""
+    from agentgym.reporting.metrics import MetricsLogger
+    draws = []
+
+    def interrupted_then_broken_draw_fault(self):
+        draws.append(len(draws))
+        raise KeyboardInterrupt if len(draws) == 1 else OSError("No space left on device")
+    monkeypatch.setattr(MetricsLogger, "plot", interrupted_then_broken_draw_fault)
+    data = tmp_path / "conv.jsonl"
+    write_jsonl(data, _conversations())
+    with pytest.raises(KeyboardInterrupt):
+        sft(build_config({"env": "search", "model": "tiny", "data": str(data),
+                          "sft.batch_size": 2, "sft.max_steps": 2,
+                          "run_dir": str(tmp_path / "run")}))
+    assert draws == [0, 1]
+
+
 def test_rft_loop_rollout_filter_sft_then_rl(tmp_path, tiny_tokenizer, retriever_url):
     """rollout → filter (reward >= 1) → sft → train from the SFT checkpoint."""
     tok = tiny_tokenizer

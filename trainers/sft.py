@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentgym.core.memory import give_back
+from agentgym.core.watchdog import closed_with_end_state
 from agentgym.rollout.chat import ChatTokens
 from agentgym.config import Config
 from agentgym.data.rows import dataset_path, read_rows
@@ -205,7 +206,7 @@ def _sft_steps(cfg: Config, run_dir: Path, backend, tokenizer, trajs, plan, scal
     start = resume(t.resume, run_dir, backend)["step"]
     metrics_log = MetricsLogger(run_dir, curve_keys=("train/loss",), resume_step=start,
                                 png_name="loss_curve.png", ylabel="NLL per assistant token")
-    try:
+    with closed_with_end_state(lambda _state: metrics_log.close()):  # never hides the error
         hooks.phase("sft", len(plan) - start)
         for step in range(start, len(plan)):
             t0 = time.perf_counter()
@@ -237,8 +238,6 @@ def _sft_steps(cfg: Config, run_dir: Path, backend, tokenizer, trajs, plan, scal
             final = evaluate_policy(cfg, backend, tokenizer, path, hooks)
             metrics_log.log(len(plan), final)
             hooks.step_end(len(plan), final)
-    finally:
-        metrics_log.close()
     return run_dir
 
 
