@@ -413,7 +413,8 @@ def signals_deferred(signums: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM))
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        for signum, frame in arrived[:1]:  # the first: it ends the run
+        if arrived:  # the first to arrive: it ends the run
+            signum, frame = arrived[0]
             handler = previous[signum]
             if callable(handler):
                 handler(signum, frame)
