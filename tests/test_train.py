@@ -84,6 +84,32 @@ def test_a_curve_draw_cut_short_is_drawn_again_at_close(tmp_path, monkeypatch):
     assert log.png.stat().st_size > 0
 
 
+def test_a_step_0_eval_that_fails_closes_the_metrics_log(tmp_path, retriever_url, monkeypatch):
+    """A set-up that fails after the session's parts exist (a fault injected into the
+    step-0 eval) raises its own error and closes them: the metrics log's TensorBoard
+    writer leaves no thread behind in the calling process (a notebook or a sweep)."""
+    import threading
+
+    from agentgym.trainers.session import Session
+
+    def eval_fault(self, step):
+        raise RuntimeError("eval_fault: the step-0 eval failed")
+    monkeypatch.setattr(Session, "evaluate", eval_fault)
+    before = set(threading.enumerate())
+    cfg = build_config({"env": "search", "model": "tiny", "trainer.total_steps": 1,
+                        "trainer.prompts_per_step": 2, "rollout.n": 2,
+                        "rollout.max_tokens_per_turn": 8, "trainer.eval_limit": 2,
+                        "trainer.cold_start": "off", "retriever.url": retriever_url,
+                        "run_dir": str(tmp_path / "run")})
+    with pytest.raises(RuntimeError, match="eval_fault"):
+        train(cfg)
+    left = [t.name for t in set(threading.enumerate()) - before
+            if type(t).__name__ == "_AsyncWriterThread"]
+    assert not left, f"TensorBoard writer threads left running: {left}"
+    heartbeat = json.loads((tmp_path / "run" / "heartbeat.json").read_text())
+    assert heartbeat["state"] == "failed"
+
+
 def _weights(path):
     from safetensors.torch import load_file
     return load_file(str(path / "model.safetensors"))

@@ -224,9 +224,17 @@ def open_session(cfg: Config, hooks: Hooks | None = None,
     if t.eval_limit:
         hooks.announce(held_out.describe(t.eval_data, "held-out"))
     eval_rows = held_out.rows
-    with contextlib.ExitStack() as built:  # closed if the set-up fails: no rank outlives it
+    built = contextlib.ExitStack()  # closed if the set-up fails: no rank outlives it
+    try:
         s = _opened(cfg, hooks, make_critic, run_dir, rows, eval_rows, built)
-        built.pop_all()  # the session closes them from here on
+    except BaseException as error:
+        try:  # every part is closed; one that fails to close does not replace the error
+            built.close()
+        except Exception as failed:
+            logger.warning("closing what a failed set-up had started failed too (%s): %r",
+                           type(error).__name__, failed)
+        raise
+    built.pop_all()  # the session closes them from here on
     return s
 
 
@@ -249,11 +257,12 @@ def _opened(cfg: Config, hooks: Hooks, make_critic, run_dir: Path, rows: list[di
     watch = Watchdog(run_dir, cfg.deadlines)
     try:  # what goes wrong from here on (Ctrl-C included) is said by the heartbeat
         hooks = WatchedHooks(hooks, watch)
+        metrics_log = MetricsLogger(run_dir, resume_step=start, sink=t.logger,
+                                    config=to_dict(cfg))
+        built.callback(metrics_log.close)  # its TensorBoard writer's thread, a W&B service
         s = Session(cfg=cfg, hooks=hooks, run_dir=run_dir, rows=rows, eval_rows=eval_rows,
                     watch=watch, tokenizer=tokenizer, backend=backend, workers=workers, ref=ref,
-                    metrics_log=MetricsLogger(run_dir, resume_step=start, sink=t.logger,
-                                              config=to_dict(cfg)),
-                    critic=critic, cluster=cluster, start=start,
+                    metrics_log=metrics_log, critic=critic, cluster=cluster, start=start,
                     cursor=state.get("data_cursor", start * t.prompts_per_step), version=version,
                     temperature=cfg.rollout.temperature or 1.0,
                     taken=state.get("data_taken", []))
