@@ -189,6 +189,37 @@ def test_packed_copies_follow_a_replaced_storage_and_a_written_bias():
             torch.testing.assert_close(got, m(x), atol=1e-5, rtol=0)
 
 
+def test_small_groups_run_over_a_plain_stacked_copy_that_follows_the_weights():
+    """Below ``BLOCKED_MIN`` weight elements (``tiny``: width 64) oneDNN's call costs more
+    than it saves: q/k/v and gate/up run as one ``F.linear`` each over a plain stacked
+    copy, o_proj and the head their own. The logits are torch's linear's, before and after
+    a weight push (the copy is made again, once)."""
+    from transformers import AutoModelForCausalLM
+
+    from agentgym.models.zoo import resolve_model
+    if why_not_packed(torch.float32):
+        pytest.skip(why_not_packed(torch.float32))
+    model = AutoModelForCausalLM.from_pretrained(resolve_model("tiny"), dtype=torch.float32)
+    runner = ModelRunner(model.eval(), pool := pool_for(model))
+    assert runner.packed.blocked == [] and len(runner.packed.linears) == 2 * 5
+    got = decode_run(runner, pool)
+    torch.testing.assert_close(got, decode_run(ModelRunner(model, pool := pool_for(model),
+                                                           packed=False), pool),
+                               atol=1e-5, rtol=0)
+    new = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    model.load_state_dict(new.state_dict())
+    runner.pool.clear()  # the old weights' keys/values
+    after = decode_run(runner, runner.pool)
+    assert not torch.allclose(after, got, atol=1e-3)
+    torch.testing.assert_close(after, decode_run(ModelRunner(new, pool := pool_for(new),
+                                                             packed=False), pool),
+                               atol=1e-5, rtol=0)
+    assert runner.packed.packs == 2 * len(runner.packed.linears)
+
+
 def test_unpacked_when_the_key_says_so_or_the_layer_is_not_a_plain_linear():
     model = shrunk("smollm2-135m")
     plain = ModelRunner(model, pool := pool_for(model), packed=False)

@@ -12,8 +12,8 @@ key/value head's query heads attend as one sequence), so no key or value is repe
 
 On the CPU the projections and the head run over oneDNN-blocked copies of their weights
 (:mod:`~agentgym.rollout.engines.packed`; ``engine.packed_weights``), q/k/v and gate/up
-stacked into one product each; the copies are made again before the first step after a
-weight changes.
+stacked into one product each (a plain stacked copy where the weights are too small for
+oneDNN to pay); the copies are made again before the first step after a weight changes.
 
 On a GPU the decode step is captured as a CUDA graph per (batch bucket, column bucket):
 the step's inputs are copied into static tensors, the graph replays, the logits are read
@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from agentgym.core.device import capture_graph, graph_pool, is_accelerator, is_capturing
 from agentgym.rollout.engines.kv_pool import KVPool
-from agentgym.rollout.engines.packed import PackedWeights, why_not_packed
+from agentgym.rollout.engines.packed import BLOCKED_MIN, PackedWeights, why_not_packed
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class ModelRunner:
     """Prefill and decode of a Llama-family model over a :class:`KVPool`."""
 
     def __init__(self, model, pool: KVPool, graphs: bool = False, packed: bool = True,
-                 standin: bool = False) -> None:
+                 standin: bool = False, blocked_min: int = BLOCKED_MIN) -> None:
         self.model, self.pool = model, pool
         base = model.model
         self.layers = list(base.layers)
@@ -123,7 +123,7 @@ class ModelRunner:
             if why:
                 logger.info("linear weights are not packed: %s", why)
             else:
-                self.packed = PackedWeights(self._linears())
+                self.packed = PackedWeights(self._linears(), blocked_min)
 
     def _linears(self) -> list:
         """The groups of linears packed together (each reads one input)."""

@@ -17,6 +17,11 @@ other storage or written in place (its version counter), so ``load_state_dict`` 
 ``HFEngine.update_weights`` does) and any other in-place write are seen by the next step.
 An in-place write through ``.data`` moves neither; :meth:`PackedWeights.clear` drops
 every copy for that case.
+
+Below :data:`BLOCKED_MIN` weight elements oneDNN's call costs more than the product it
+saves (some 30 us a call on this machine, where ``F.linear`` of a 64 -> 64 layer at 64
+rows takes 10): a group that small is stacked into a plain copy (one ``F.linear`` for
+q/k/v or gate/up), and a single linear that small runs its own forward.
 """
 
 from __future__ import annotations
@@ -26,6 +31,11 @@ import torch.nn.functional as F
 
 #: dtype -> why packing is off on this build ("": it works), once probed
 _WHY_NOT: dict[torch.dtype, str] = {}
+#: the fewest weight elements (a group's stacked rows x its input width) given a blocked
+#: copy: oneDNN's product is slower below it (2-core EPYC, fp32, 16 and 64 rows: 256 -> 768
+#: 0.84x and 0.98x of ``F.linear``'s speed, 384 -> 1152 1.15x and 1.00x, the 64 -> 1024
+#: head 0.89x and 1.09x; docs/DECISIONS.md "Packed weights on the CPU")
+BLOCKED_MIN = 1 << 18
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor:
@@ -66,19 +76,24 @@ class PackedWeights:
     """Blocked copies of the weights of groups of linears that read the same input (a
     layer's q/k/v projections, its MLP's gate and up: one copy of their rows stacked,
     one product, split after, as vLLM's ``QKVParallelLinear`` does), and the linear over
-    them. ``torch.nn.Linear`` only: an adapter-wrapped layer (LoRA's) runs its own
-    forward, and a group with one runs every member's own."""
+    them; a group under ``blocked_min`` weight elements gets a plain stacked copy, a
+    single linear that small none. ``torch.nn.Linear`` only: an adapter-wrapped layer
+    (LoRA's) runs its own forward, and a group with one runs every member's own."""
 
-    def __init__(self, groups) -> None:
+    def __init__(self, groups, blocked_min: int = BLOCKED_MIN) -> None:
+        self.blocked_min = blocked_min
         self.groups: list[tuple[torch.nn.Linear, ...]] = []
         for group in groups:
             group = tuple(group)
-            if all(_packable(m) for m in group) and len({m.in_features for m in group}) == 1:
+            if (all(_packable(m) for m in group) and len({m.in_features for m in group}) == 1
+                    and (len(group) > 1 or _elements(group) >= blocked_min)):
                 self.groups.append(group)
         self.linears = [m for g in self.groups for m in g]
-        #: group -> (its _key when packed, the packed copy, the bias, each member's rows)
+        #: the linears whose copy is blocked (the rest of :attr:`linears`: stacked, plain)
+        self.blocked = [m for g in self.groups if _elements(g) >= blocked_min for m in g]
+        #: group -> (its _key when copied, the copy, the bias, each member's rows, blocked)
         self._packed: dict[tuple, tuple] = {}
-        self.packs = 0  # weights packed so far (the tests read when one was packed again)
+        self.packs = 0  # weights copied so far (the tests read when one was copied again)
 
     def refresh(self) -> int:
         """Pack every group not packed yet or with a weight changed since; returns how
@@ -89,7 +104,7 @@ class PackedWeights:
             entry = self._packed.get(group)
             if entry is None or entry[0] != key:
                 with torch.inference_mode():
-                    self._packed[group] = (key, *_stacked(group))
+                    self._packed[group] = (key, *_stacked(group, self.blocked_min))
                 n += len(group)
         self.packs += n
         return n
@@ -102,7 +117,7 @@ class PackedWeights:
         entry = self._packed.get(group)
         if entry is None:
             return [m(x) for m in group]
-        y = _linear(x, entry[1], entry[2])
+        y = (_linear if entry[4] else F.linear)(x, entry[1], entry[2])
         return [y] if len(group) == 1 else list(y.split(entry[3], dim=-1))
 
 
@@ -119,16 +134,22 @@ def _packable(m) -> bool:
         _version(t) is not None for t in (m.weight, m.bias) if t is not None)
 
 
-def _stacked(group: tuple) -> tuple:
-    """The packed copy of ``group``'s weights stacked by rows, their biases (zeros for a
-    member without one; None when none has), and each member's rows."""
+def _elements(group: tuple) -> int:
+    return sum(m.weight.numel() for m in group)
+
+
+def _stacked(group: tuple, blocked_min: int) -> tuple:
+    """The copy of ``group``'s weights stacked by rows (blocked from ``blocked_min``
+    elements on), their biases (zeros for a member without one; None when none has), each
+    member's rows, and whether the copy is blocked."""
     sizes = [m.out_features for m in group]
     weight = group[0].weight if len(group) == 1 else torch.cat([m.weight for m in group])
     bias = None
     if any(m.bias is not None for m in group):
         bias = torch.cat([m.bias.detach() if m.bias is not None else
                           m.weight.new_zeros(m.out_features) for m in group])
-    return _pack(weight), bias, sizes
+    blocked = weight.numel() >= blocked_min
+    return _pack(weight) if blocked else weight.detach(), bias, sizes, blocked
 
 
 def _version(w: torch.Tensor) -> int | None:
