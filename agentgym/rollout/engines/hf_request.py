@@ -27,6 +27,10 @@ class _Request:
     versions: list[int] = field(default_factory=list)  # per token, the weights that sampled it
     tail: str = ""  # the text of the last tokens, where a stop string would show
     closed: bool = False  # finished (its result on the way): nothing more is pushed
+    longest_stop: int = field(init=False)  # characters of the longest stop string
+
+    def __post_init__(self) -> None:
+        self.longest_stop = max(map(len, self.sampling.stop or ()), default=0)
 
     @property
     def context_ids(self) -> list[int]:
@@ -127,15 +131,15 @@ class StopCheck:
         return None
 
     def _stop_string(self, r: _Request, last: int) -> str | None:
-        piece = self._piece(last)
-        longest = max(len(s) for s in r.sampling.stop)
+        piece = self._pieces.get(last) or self._piece(last)
         if not self.incremental or "\ufffd" in piece:
-            r.tail = self._decode(r.ids[-self.WINDOW:])[-(longest + self.WINDOW):]
+            r.tail = self._decode(r.ids[-self.WINDOW:])[-(r.longest_stop + self.WINDOW):]
             return next((s for s in r.sampling.stop if s in r.tail), None)
         if not piece:  # nothing new to end a match in
             return None
-        r.tail = (r.tail + piece)[-(longest + len(piece)):]
+        n = len(piece)
+        tail = r.tail = (r.tail + piece)[-(r.longest_stop + n):]
         for s in r.sampling.stop:  # a match must end inside the new piece
-            if s in r.tail[-(len(s) + len(piece) - 1):]:
+            if s in tail[-(len(s) + n - 1):]:
                 return s
         return None

@@ -210,6 +210,7 @@ class ModelRunner:
         if self.group > 1 and t > 1:
             mask = mask.repeat(1, 1, self.group, 1)  # query order: (head in group, token)
         h = base.embed_tokens(ids)
+        bias = self._score_bias(mask, n) if self._by_matmuls(t, h.dtype) else None
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             x = self._norm(layer.input_layernorm, h)
@@ -228,7 +229,7 @@ class ModelRunner:
                 keys = pool.k[i][:, :, :columns].index_select(0, read_slots)
                 values = pool.v[i][:, :, :columns].index_select(0, read_slots)
             q = q.reshape(n, self.kv_heads, self.group * t, self.head_dim)
-            o = self._attend(q, keys, values, mask)
+            o = self._attend(q, keys, values, mask, bias)
             # reshape, not view: CUDA's memory-efficient kernel returns a transposed
             # (N, group * T, kv_heads, head_dim) buffer, whose kv-head and group dims merge
             # only by a copy (the CPU kernel's output is contiguous and merges by a view)
@@ -238,21 +239,36 @@ class ModelRunner:
         h = h[:, -1] if last is None else h[torch.arange(n, device=self.device), last]
         return self._run((self.model.lm_head,), self._norm(base.norm, h))[0]
 
-    def _attend(self, q, keys, values, mask):
+    def _by_matmuls(self, t: int, dtype: torch.dtype) -> bool:
+        """Whether :meth:`_attend` takes its matmuls (an fp32 decode step on the CPU)."""
+        return not self.gpu_path and t == 1 and dtype == torch.float32
+
+    def _score_bias(self, mask: torch.Tensor, n: int) -> torch.Tensor:
+        """The decode step's ``(N * kv_heads, 1, C)`` additive mask (0 or -inf), made once
+        for every layer's scores."""
+        bias = torch.zeros(mask.shape, dtype=torch.float32, device=self.device)
+        bias.masked_fill_(~mask, float("-inf"))
+        return bias.expand(n, self.kv_heads, 1, -1).reshape(n * self.kv_heads, 1, -1)
+
+    def _attend(self, q, keys, values, mask, bias=None):
         """Attention of ``q`` ``(N, kv_heads, group * T, head_dim)`` over the slots' leading
-        columns. An fp32 decode step on the CPU takes two matmuls: about 1.45x faster there
-        than SDPA's CPU kernel over the pool's strided columns (smollm2-135m's heads, 64
-        rows x 201 columns: 1.03 vs 1.50 ms a layer). In bf16 the matmuls are no faster
-        on strided columns and round the scores to bf16, so SDPA stays."""
-        if self.gpu_path or q.shape[2] != self.group or q.dtype != torch.float32:
+        columns. An fp32 decode step on the CPU (``bias``, :meth:`_score_bias`) takes two
+        batched products, the first adding the mask and scaling as it multiplies: about
+        1.45x faster there than SDPA's CPU kernel over the pool's strided columns
+        (smollm2-135m's heads, 64 rows x 201 columns: 1.03 vs 1.50 ms a layer). In bf16 the
+        matmuls are no faster on strided columns and round the scores to bf16, so SDPA
+        stays."""
+        if bias is None:
             o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
                                                scale=self.scale)
             if self.standin:  # the memory-efficient kernel's layout: (N, M, H, K) seen as
                 o = o.transpose(1, 2).contiguous().transpose(1, 2)  # (N, H, M, K)
             return o
-        scores = torch.matmul(q, keys.transpose(-1, -2)).mul_(self.scale)
-        scores.masked_fill_(~mask, float("-inf"))
-        return torch.matmul(torch.softmax(scores, -1), values)
+        n, kv, m, d = q.shape
+        scores = torch.baddbmm(bias, q.reshape(n * kv, m, d),
+                               keys.reshape(n * kv, -1, d).transpose(1, 2), alpha=self.scale)
+        return torch.matmul(torch.softmax(scores, -1), values.reshape(n * kv, -1, d)).view(
+            n, kv, m, d)
 
     # -- steps --------------------------------------------------------------------------
     def _announce(self, ids: torch.Tensor) -> None:

@@ -44,15 +44,23 @@ def _fmix32(h: torch.Tensor) -> torch.Tensor:
     return h ^ (h >> 16)
 
 
-def uniforms(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def seed_mix(seeds: torch.Tensor) -> torch.Tensor:
+    """The seeds' part of :func:`uniforms`' hash (both 32-bit halves mixed): a row's for
+    all its draws."""
+    lo, hi = seeds & _MASK32, (seeds >> 32) & _MASK32
+    return _fmix32(lo ^ _fmix32(hi + _GOLDEN))
+
+
+def uniforms(seeds: torch.Tensor, positions: torch.Tensor,
+             mixed: torch.Tensor | None = None) -> torch.Tensor:
     """One uniform in (0, 1) per row from (seed, position): ``(B,)`` float32.
 
     Args:
         seeds: ``(B,)`` int64, any value (both 32-bit halves are mixed in).
         positions: ``(B,)`` int64, the index of the token being drawn in the row's output.
+        mixed: ``seed_mix(seeds)`` when already known (it is the same every step).
     """
-    lo, hi = seeds & _MASK32, (seeds >> 32) & _MASK32
-    h = _fmix32(lo ^ _fmix32(hi + _GOLDEN))
+    h = seed_mix(seeds) if mixed is None else mixed
     h = _fmix32(h ^ ((positions * _GOLDEN) & _MASK32))
     # 24 random bits, centred in their bucket: never exactly 0 or 1
     return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
@@ -79,6 +87,9 @@ class RowParams:
     full_sort: torch.Tensor | None = None
     #: whether some truncating row draws within the PREFILTER likeliest tokens
     prefiltered: bool = False
+    #: ``seed_mix(seeds)``, made once where the rows' seeds stay put between rebuilds (a
+    #: captured sampler's seeds change in place: None, mixed every step)
+    mixed_seeds: torch.Tensor | None = None
 
     @staticmethod
     def mode_of(settings: list, vocab: int) -> tuple:
@@ -123,8 +134,10 @@ class RowParams:
     def build(cls, settings: list, seeds: list[int], positions: list[int], vocab: int,
               device) -> "RowParams":
         """``settings``: each row's :class:`~agentgym.core.types.SamplingParams`."""
-        return cls.over(cls.tensors_of(settings, seeds, positions, vocab, device),
+        rows = cls.over(cls.tensors_of(settings, seeds, positions, vocab, device),
                         cls.mode_of(settings, vocab))
+        rows.mixed_seeds = seed_mix(rows.seeds)
+        return rows
 
 
 #: RowParams' per-row tensors (besides ``truncating`` and ``full_sort``)
@@ -165,7 +178,7 @@ def sample(logits: torch.Tensor, rows: RowParams):
         weights = (scaled - peak).exp_()  # the probabilities times the row's total
         total = weights.sum(-1)
         lse = peak[:, 0] + total.log()
-        u = uniforms(rows.seeds, rows.positions)
+        u = uniforms(rows.seeds, rows.positions, rows.mixed_seeds)
         truncated = None
         if rows.truncating is not None:
             truncated = _truncated_draw(weights / total[:, None], rows, u)
