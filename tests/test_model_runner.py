@@ -15,12 +15,19 @@ from agentgym.rollout.engines.packed import why_not_packed
 SHAPES = ["smollm2-135m", "qwen2.5-0.5b"]  # the Llama and Qwen2 families (biases, GQA)
 
 
+#: a small Qwen3 (its queries and keys RMS-normed per head before the rotary embedding)
+QWEN3 = {"model_type": "qwen3", "hidden_size": 128, "intermediate_size": 256,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+         "vocab_size": 1000, "max_position_embeddings": 512, "tie_word_embeddings": True}
+
+
 def shrunk(shape: str, device: str = "cpu", layers: int = 2):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from agentgym.models.shapes import shape_config
-    config = {k: v for k, v in shape_config(shape).items()
-              if k not in ("_name_or_path", "transformers_version", "torch_dtype")}
+    config = dict(QWEN3) if shape == "qwen3" else {
+        k: v for k, v in shape_config(shape).items()
+        if k not in ("_name_or_path", "transformers_version", "torch_dtype")}
     config.update(num_hidden_layers=layers, dtype="float32")
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config),
@@ -55,7 +62,7 @@ def prefill(runner: ModelRunner, pool: KVPool, prompts: list[list[int]]) -> torc
     return runner.prefill(ids, positions, valid, torch.arange(n, device=dev), last, width, pool)
 
 
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("shape", [*SHAPES, "qwen3"])
 def test_forward_over_the_pool_equals_the_models_own(shape):
     model = shrunk(shape)
     assert why_not_supported(model) is None

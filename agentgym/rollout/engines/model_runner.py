@@ -88,6 +88,25 @@ def column_bucket(n: int) -> int:
     return b
 
 
+class _LayerPlan:
+    """The modules a decoder layer's step reads, looked up once."""
+
+    __slots__ = ("input_norm", "post_norm", "qkv", "o", "qk_norm", "mlp", "gate_up", "down",
+                 "act")
+
+    @classmethod
+    def of(cls, layer) -> "_LayerPlan":
+        p, attn, mlp = cls(), layer.self_attn, layer.mlp
+        p.input_norm, p.post_norm = layer.input_layernorm, layer.post_attention_layernorm
+        p.qkv, p.o = (attn.q_proj, attn.k_proj, attn.v_proj), (attn.o_proj,)
+        p.qk_norm = (attn.q_norm, attn.k_norm) if hasattr(attn, "q_norm") else None
+        p.mlp, gated = mlp, _gated(mlp)
+        p.gate_up = (mlp.gate_proj, mlp.up_proj) if gated else ()
+        p.down = (mlp.down_proj,) if gated else ()
+        p.act = mlp.act_fn if gated else None
+        return p
+
+
 class ModelRunner:
     """Prefill and decode of a Llama-family model over a :class:`KVPool`."""
 
@@ -116,6 +135,13 @@ class ModelRunner:
         self._graph_pool = None
         self.stats = {"graph_replays": 0, "eager_steps": 0, "graphs": 0,
                       "captured_while_serving": 0, "capture_s": 0.0}
+        #: per layer, the modules its step reads (the layers' structure is fixed, as the
+        #: packed groups are, when the runner is made): no attribute lookups per step
+        self._plan = [_LayerPlan.of(layer) for layer in self.layers]
+        #: id of each RMSNorm module -> its epsilon (run as one fused op)
+        self._eps = {id(m): m.variance_epsilon for m in model.modules()
+                     if type(m).__name__.endswith("RMSNorm")
+                     and getattr(m, "variance_epsilon", None) is not None}
         #: on the CPU, the projections and the head over oneDNN-blocked weight copies
         self.packed: PackedWeights | None = None
         if packed and not self.gpu_path:
@@ -128,24 +154,23 @@ class ModelRunner:
     def _linears(self) -> list:
         """The groups of linears packed together (each reads one input)."""
         out = []
-        for layer in self.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            out += [(attn.q_proj, attn.k_proj, attn.v_proj), (attn.o_proj,)]
-            if _gated(mlp):
-                out += [(mlp.gate_proj, mlp.up_proj), (mlp.down_proj,)]
+        for p in self._plan:
+            out += [p.qkv, p.o]
+            if p.gate_up:
+                out += [p.gate_up, p.down]
         return out + [(self.model.lm_head,)]
 
     def _run(self, group: tuple, x: torch.Tensor) -> list[torch.Tensor]:
         """Each of ``group``'s linears of ``x`` (packed where it is)."""
         return [m(x) for m in group] if self.packed is None else self.packed(group, x)
 
-    def _mlp(self, mlp, x: torch.Tensor) -> torch.Tensor:
+    def _mlp(self, p: "_LayerPlan", x: torch.Tensor) -> torch.Tensor:
         """The gated MLP of the Llama family (``down(act(gate(x)) * up(x))``) over the
         packed weights; any other MLP runs its own forward."""
-        if self.packed is None or not _gated(mlp):
-            return mlp(x)
-        gate, up = self.packed((mlp.gate_proj, mlp.up_proj), x)
-        return self.packed((mlp.down_proj,), mlp.act_fn(gate) * up)[0]
+        if self.packed is None or not p.gate_up:
+            return p.mlp(x)
+        gate, up = self.packed(p.gate_up, x)
+        return self.packed(p.down, p.act(gate) * up)[0]
 
     # -- rotary table -------------------------------------------------------------------
     def _rotary(self, positions: torch.Tensor, need: int):
@@ -176,8 +201,8 @@ class ModelRunner:
 
     def _norm(self, module, x: torch.Tensor) -> torch.Tensor:
         """An RMSNorm of the model's as one fused op (the module's own forward is six)."""
-        eps = getattr(module, "variance_epsilon", None)
-        if eps is None or not type(module).__name__.endswith("RMSNorm"):
+        eps = self._eps.get(id(module))
+        if eps is None:
             return module(x)
         return F.rms_norm(x, (x.shape[-1],), module.weight, eps)
 
@@ -211,16 +236,8 @@ class ModelRunner:
             mask = mask.repeat(1, 1, self.group, 1)  # query order: (head in group, token)
         h = base.embed_tokens(ids)
         bias = self._score_bias(mask, n) if self._by_matmuls(t, h.dtype) else None
-        for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            x = self._norm(layer.input_layernorm, h)
-            q, k, v = self._run((attn.q_proj, attn.k_proj, attn.v_proj), x)
-            q = q.reshape(n, t, self.heads, self.head_dim)
-            k = k.reshape(n, t, self.kv_heads, self.head_dim)
-            v = v.reshape(n, t, self.kv_heads, self.head_dim)
-            if hasattr(attn, "q_norm"):  # Qwen3
-                q, k = self._norm(attn.q_norm, q), self._norm(attn.k_norm, k)
-            q, k = self._rope(q, cos, sin).transpose(1, 2), self._rope(k, cos, sin)
+        for i, p in enumerate(self._plan):
+            q, k, v = self._qkv(p, self._norm(p.input_norm, h), cos, sin)
             pool.k[i][write_slots, :, positions] = k
             pool.v[i][write_slots, :, positions] = v
             if read_slots is None:
@@ -234,10 +251,29 @@ class ModelRunner:
             # (N, group * T, kv_heads, head_dim) buffer, whose kv-head and group dims merge
             # only by a copy (the CPU kernel's output is contiguous and merges by a view)
             o = o.reshape(n, self.heads, t, self.head_dim).transpose(1, 2).reshape(n, t, -1)
-            h = h + self._run((attn.o_proj,), o)[0]
-            h = h + self._mlp(layer.mlp, self._norm(layer.post_attention_layernorm, h))
+            h = h + self._run(p.o, o)[0]
+            h = h + self._mlp(p, self._norm(p.post_norm, h))
         h = h[:, -1] if last is None else h[torch.arange(n, device=self.device), last]
         return self._run((self.model.lm_head,), self._norm(base.norm, h))[0]
+
+    def _qkv(self, p: "_LayerPlan", x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """A layer's queries ``(N, heads, T, head_dim)``, keys and values ``(N, T,
+        kv_heads, head_dim)`` of its normed input ``x``, the rotary embedding applied. When
+        q/k/v came from one stacked product (packed) the queries and keys are rotated as
+        one tensor (they are its leading columns)."""
+        n, t = x.shape[:2]
+        heads, kv, d = self.heads, self.kv_heads, self.head_dim
+        y = None if self.packed is None else self.packed.product(p.qkv, x)
+        if y is not None and p.qk_norm is None:
+            qk = self._rope(y[..., :(heads + kv) * d].unflatten(-1, (heads + kv, d)), cos, sin)
+            return (qk[:, :, :heads].transpose(1, 2), qk[:, :, heads:],
+                    y[..., (heads + kv) * d:].unflatten(-1, (kv, d)))
+        q, k, v = (self._run(p.qkv, x) if y is None else
+                   y.split((heads * d, kv * d, kv * d), dim=-1))
+        q, k, v = q.reshape(n, t, heads, d), k.reshape(n, t, kv, d), v.reshape(n, t, kv, d)
+        if p.qk_norm is not None:  # Qwen3
+            q, k = self._norm(p.qk_norm[0], q), self._norm(p.qk_norm[1], k)
+        return self._rope(q, cos, sin).transpose(1, 2), self._rope(k, cos, sin), v
 
     def _by_matmuls(self, t: int, dtype: torch.dtype) -> bool:
         """Whether :meth:`_attend` takes its matmuls (an fp32 decode step on the CPU)."""

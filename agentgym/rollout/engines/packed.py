@@ -114,11 +114,18 @@ class PackedWeights:
 
     def __call__(self, group: tuple, x: torch.Tensor) -> list[torch.Tensor]:
         """Each of ``group``'s linears of ``x``."""
+        y = self.product(group, x)
+        if y is None:
+            return [m(x) for m in group]
+        return [y] if len(group) == 1 else list(y.split(self._packed[group][3], dim=-1))
+
+    def product(self, group: tuple, x: torch.Tensor) -> torch.Tensor | None:
+        """``group``'s linears of ``x`` as one tensor, their outputs side by side in the
+        group's order (None: the group has no copy, its members run their own)."""
         entry = self._packed.get(group)
         if entry is None:
-            return [m(x) for m in group]
-        y = (_linear if entry[4] else F.linear)(x, entry[1], entry[2])
-        return [y] if len(group) == 1 else list(y.split(entry[3], dim=-1))
+            return None
+        return (_linear if entry[4] else F.linear)(x, entry[1], entry[2])
 
 
 def _key(group: tuple) -> tuple:
