@@ -131,7 +131,7 @@ class StopCheck:
         return None
 
     def _stop_string(self, r: _Request, last: int) -> str | None:
-        piece = self._pieces.get(last) or self._piece(last)
+        piece = self._piece(last)
         if not self.incremental or "\ufffd" in piece:
             r.tail = self._decode(r.ids[-self.WINDOW:])[-(r.longest_stop + self.WINDOW):]
             return next((s for s in r.sampling.stop if s in r.tail), None)

@@ -86,11 +86,11 @@ class PackedWeights:
         for group in groups:
             group = tuple(group)
             if (all(_packable(m) for m in group) and len({m.in_features for m in group}) == 1
-                    and (len(group) > 1 or _elements(group) >= blocked_min)):
+                    and (len(group) > 1 or self._blocked(group))):
                 self.groups.append(group)
         self.linears = [m for g in self.groups for m in g]
         #: the linears whose copy is blocked (the rest of :attr:`linears`: stacked, plain)
-        self.blocked = [m for g in self.groups if _elements(g) >= blocked_min for m in g]
+        self.blocked = [m for g in self.groups if self._blocked(g) for m in g]
         #: group -> (its _key when copied, the copy, the bias, each member's rows, blocked)
         self._packed: dict[tuple, tuple] = {}
         self.packs = 0  # weights copied so far (the tests read when one was copied again)
@@ -104,7 +104,7 @@ class PackedWeights:
             entry = self._packed.get(group)
             if entry is None or entry[0] != key:
                 with torch.inference_mode():
-                    self._packed[group] = (key, *_stacked(group, self.blocked_min))
+                    self._packed[group] = (key, *_stacked(group, self._blocked(group)))
                 n += len(group)
         self.packs += n
         return n
@@ -114,18 +114,25 @@ class PackedWeights:
 
     def __call__(self, group: tuple, x: torch.Tensor) -> list[torch.Tensor]:
         """Each of ``group``'s linears of ``x``."""
-        y = self.product(group, x)
-        if y is None:
+        entry = self._packed.get(group)
+        if entry is None:
             return [m(x) for m in group]
-        return [y] if len(group) == 1 else list(y.split(self._packed[group][3], dim=-1))
+        y = _product(entry, x)
+        return [y] if len(group) == 1 else list(y.split(entry[3], dim=-1))
 
     def product(self, group: tuple, x: torch.Tensor) -> torch.Tensor | None:
         """``group``'s linears of ``x`` as one tensor, their outputs side by side in the
         group's order (None: the group has no copy, its members run their own)."""
         entry = self._packed.get(group)
-        if entry is None:
-            return None
-        return (_linear if entry[4] else F.linear)(x, entry[1], entry[2])
+        return None if entry is None else _product(entry, x)
+
+    def _blocked(self, group: tuple) -> bool:
+        """Whether ``group``'s copy is oneDNN-blocked (else plain, stacked)."""
+        return _elements(group) >= self.blocked_min
+
+
+def _product(entry: tuple, x: torch.Tensor) -> torch.Tensor:
+    return (_linear if entry[4] else F.linear)(x, entry[1], entry[2])
 
 
 def _key(group: tuple) -> tuple:
@@ -145,9 +152,9 @@ def _elements(group: tuple) -> int:
     return sum(m.weight.numel() for m in group)
 
 
-def _stacked(group: tuple, blocked_min: int) -> tuple:
-    """The copy of ``group``'s weights stacked by rows (blocked from ``blocked_min``
-    elements on), their biases (zeros for a member without one; None when none has), each
+def _stacked(group: tuple, blocked: bool) -> tuple:
+    """The copy of ``group``'s weights stacked by rows (oneDNN-blocked or plain), their
+    biases (zeros for a member without one; None when none has), each
     member's rows, and whether the copy is blocked."""
     sizes = [m.out_features for m in group]
     weight = group[0].weight if len(group) == 1 else torch.cat([m.weight for m in group])
@@ -155,7 +162,6 @@ def _stacked(group: tuple, blocked_min: int) -> tuple:
     if any(m.bias is not None for m in group):
         bias = torch.cat([m.bias.detach() if m.bias is not None else
                           m.weight.new_zeros(m.out_features) for m in group])
-    blocked = weight.numel() >= blocked_min
     return _pack(weight) if blocked else weight.detach(), bias, sizes, blocked
 
 
