@@ -20,6 +20,7 @@ Every command takes ``key=value`` overrides of :class:`agentgym.config.Config`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -31,7 +32,6 @@ from agentgym.core.overrides import parse_overrides
 from agentgym.core.server_process import exit_cleanly_on_sigterm
 from agentgym.core.supervisor import ServiceFailed
 from agentgym.core.watchdog import StageStalled
-from agentgym.reporting.stats import wilson_ci95  # noqa: F401 - benches import it from here
 
 log = logging.getLogger("agentgym")
 
@@ -517,14 +517,9 @@ def cmd_sandbox(args: list[str]) -> int:
     cfg = build_config(parse_overrides(overrides))
     _setup_logging(cfg.log_level)
     code = sys.stdin.read() if ns.file == "-" else Path(ns.file).read_text()
-
     from agentgym.tools.sandbox import make_sandbox
-
-    sandbox = make_sandbox(cfg.sandbox)
-    try:
+    with contextlib.closing(make_sandbox(cfg.sandbox)) as sandbox:
         result = sandbox.run_sync(code, session=ns.session)
-    finally:
-        sandbox.close()
     print(json.dumps(result.to_dict(), indent=2))
     return 1 if result.error else 0
 

@@ -21,7 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agentgym.cli import main as cli, wilson_ci95  # noqa: E402
+from agentgym.cli import main as cli  # noqa: E402
+from agentgym.reporting.stats import wilson_ci95  # noqa: E402
 from agentgym.config import build_config  # noqa: E402
 from agentgym.core.overrides import parse_overrides  # noqa: E402
 from bench.report import machine, write_section  # noqa: E402

@@ -20,7 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agentgym.cli import main as cli, wilson_ci95  # noqa: E402
+from agentgym.cli import main as cli  # noqa: E402
+from agentgym.reporting.stats import wilson_ci95  # noqa: E402
 from bench.report import write_section  # noqa: E402
 
 

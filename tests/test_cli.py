@@ -93,7 +93,7 @@ def test_a_mixed_run_takes_budgets_per_env_and_checks_their_count(capsys):
 
 
 def test_wilson_interval():
-    from agentgym.cli import wilson_ci95
+    from agentgym.reporting.stats import wilson_ci95
     lo, hi = wilson_ci95(0.0, 200)
     assert lo == 0.0 and 0.018 < hi < 0.020
     lo, hi = wilson_ci95(0.5, 100)
