@@ -375,12 +375,16 @@ def test_a_ray_rank_that_stops_answering_is_named_and_every_rank_ends(
 def test_a_signal_inside_a_deferred_block_reaches_its_handler_when_the_block_ends():
     """``signals_deferred``: a SIGTERM (a handler of the caller's) and a Ctrl-C (Python's
     own) that arrive inside the block reach their handlers after its last line, not in the
-    middle; the handlers in place before are back afterwards."""
+    middle; the handlers in place before are back afterwards. A Ctrl-C the process ignores
+    (a shell starts a background job with SIGINT ignored, and Python then installs no
+    handler of its own) stays ignored. The test sets both dispositions itself: it must not
+    depend on how the shell that started pytest left SIGINT."""
     import signal
 
     from agentgym.core.watchdog import signals_deferred
     seen, handled = [], []
     before = signal.signal(signal.SIGTERM, lambda signum, frame: handled.append(seen[:]))
+    before_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with signals_deferred():
             signal.raise_signal(signal.SIGTERM)
@@ -392,5 +396,12 @@ def test_a_signal_inside_a_deferred_block_reaches_its_handler_when_the_block_end
                 seen.append("the last line")
         assert seen[-1] == "the last line"
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        with signals_deferred():
+            signal.raise_signal(signal.SIGINT)
+            seen.append("ignored")
+        assert seen[-1] == "ignored"
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
     finally:
         signal.signal(signal.SIGTERM, before)
+        signal.signal(signal.SIGINT, before_int)
