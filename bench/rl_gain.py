@@ -35,8 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agentgym.reporting.stats import wilson_ci95  # noqa: E402
-from agentgym.reporting.stats import mcnemar  # noqa: E402
+from agentgym.reporting.stats import mcnemar, wilson_ci95  # noqa: E402
 from bench.report import machine, write_section  # noqa: E402
 from bench.stages import last_checkpoint, stop  # noqa: E402
 
