@@ -426,6 +426,9 @@ class Config:
     # judge (a model grades: judge.*), or package.module:function with verl's custom-reward signature, replacing the env's
     # reward at each episode's end (envs.plugins.RewardOverride); "" = the env's own
     reward: str = ""
+    # run reward= in a process of its own each call: past deadlines.env_step_s it is killed with
+    # its process group (a thread cannot be; agentgym.core.process_call)
+    reward_process: bool = False
     agent: str = ""  # env=agent: the agent program, package.module:run (agentgym.serving.agents)
     limit: int = 0  # rows to use; 0 = all
     out: str = ""  # output file (rollout: trajectories JSONL; eval: results JSON)
@@ -561,6 +564,9 @@ def build_config(overrides: dict[str, Any], command_defaults: dict[str, Any] | N
                              f"gives one per env of a mixed run, in env order")
     if hasattr(cfg, "rollout"):
         cfg.rollout.check_context()
+    if getattr(cfg, "reward_process", False) and not cfg.reward:
+        raise ValueError("reward_process=true runs the reward= function in a process of its "
+                         "own, but no reward= is given; give reward=package.module:function")
     return cfg
 
 

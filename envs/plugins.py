@@ -16,7 +16,12 @@
 - ``reward=my_pkg.rewards:score``: a function with verl's custom-reward signature,
   ``score(data_source, solution_str, ground_truth, extra_info=None) -> float | dict``
   (a dict carries ``"score"`` and any extra numbers, which go to the episode's info), that
-  replaces the env's reward at the end of each episode (:class:`RewardOverride`).
+  replaces the env's reward at the end of each episode (:class:`RewardOverride`); a module
+  in the working directory needs no installing (as ``agent=``'s). With
+  ``reward_process=true`` it runs in a process of its own
+  (:func:`agentgym.core.process_call.call_in_process`): one that hangs past
+  ``deadlines.env_step_s`` is killed with its process group, where a thread would be left
+  behind.
 
 docs/ENVS.md walks through writing one.
 """
@@ -87,7 +92,12 @@ def entry_point_envs() -> list[tuple[str, str, str]]:
 
 @functools.lru_cache(maxsize=None)
 def load_reward(spec: str) -> Callable:
-    """The reward function ``spec`` names, checked to be callable."""
+    """The reward function ``spec`` names, checked to be callable; the working directory
+    is searched too (as ``agent=``'s, :func:`agentgym.serving.agents.load_agent`)."""
+    import os
+    import sys
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
     fn = load_spec(spec, "reward")
     if not callable(fn):
         raise ValueError(f"reward={spec!r} is {type(fn).__name__}, not a function")
@@ -104,20 +114,22 @@ class RewardOverride:
     ``info["reward_error"]`` and the ``reward_failures`` counter, and a logged warning.
     Everything else is the wrapped env's."""
 
-    def __init__(self, env, reward) -> None:
+    def __init__(self, env, reward, process: bool = False) -> None:
         """``reward``: a ``package.module:function`` spec, or the function itself (a
-        picklable callable, e.g. :class:`agentgym.envs.judge.JudgeReward`)."""
+        picklable callable, e.g. :class:`agentgym.envs.judge.JudgeReward`); ``process``:
+        each call in a process of its own (``reward_process=true``)."""
         self.env = env
         self.fn = reward if callable(reward) else load_reward(reward)
         self.spec = getattr(reward, "name", None) or str(reward)
+        self.process = process
         self._row: dict = {}
         self._text: list[str] = []
         self._env_reward = 0.0
 
     @classmethod
-    def wrap(cls, make: Callable[[], Any], reward):
+    def wrap(cls, make: Callable[[], Any], reward, process: bool = False):
         """A factory's env, wrapped (picklable as ``partial(RewardOverride.wrap, ...)``)."""
-        return cls(make(), reward)
+        return cls(make(), reward, process)
 
     def __getattr__(self, name: str):
         return getattr(self.env, name)
@@ -144,9 +156,13 @@ class RewardOverride:
     def _score(self, text: str) -> tuple[float, dict]:
         row = self._row
         ground_truth = (row.get("reward_model") or {}).get("ground_truth")
+        args = (row.get("data_source", ""), text, ground_truth, row.get("extra_info") or {})
         try:
-            out = self.fn(row.get("data_source", ""), text, ground_truth,
-                          row.get("extra_info") or {})
+            if self.process:
+                from agentgym.core.process_call import call_in_process
+                out = call_in_process(self.fn, *args)
+            else:
+                out = self.fn(*args)
             extra = {}
             if isinstance(out, dict):
                 extra = {k: v for k, v in out.items() if k != "score"

@@ -152,14 +152,18 @@ def test_an_env_call_that_never_returns_is_an_infra_failure_not_trained_on(
     rows = letter_rows(2)
     rows[0]["extra_info"][where] = True
     reward = ["reward=toy_envs:reward_that_never_returns_fault"] * (where == "stall_reward")
-    step = _train_on_letters(tmp_path, stalling_env, rows, *reward)
+    # four cuts at one site (below): more than deadlines.same_stall_limit's default
+    step = _train_on_letters(tmp_path, stalling_env, rows, *reward,
+                             "deadlines.same_stall_limit=5")
     # the stalled row's two episodes (each replayed once, stalling again) are left out;
     # the other row's two are trained on
     assert step["rollout/infra_failed"] == 2.0 and step["rollout/infra_dropped"] == 2.0
     call = {"stall": "step", "stall_reset": "reset", "stall_reward": "step"}[where]
     blocked = {"stall_reward": "reward_that_never_returns_fault"}.get(where, "stall_forever")
-    stacks = list((tmp_path / "run" / "stalls").glob(f"stall-env-{call}-*.txt"))
-    assert stacks and all(blocked in p.read_text() for p in stacks)
+    (site,) = (tmp_path / "run" / "stalls").glob("stall-site-*.txt")  # one site, four cuts
+    text = site.read_text()
+    assert f"stall site: stall_forever (" in text and "# episodes cut: 4" in text
+    assert text.count(f"env.{call} past deadlines.env_step_s=2") == 4 and blocked in text
 
 
 def test_an_env_whose_construction_never_returns_is_replayed_on_a_new_one(tmp_path):
@@ -177,9 +181,10 @@ def test_an_env_whose_construction_never_returns_is_replayed_on_a_new_one(tmp_pa
         STALL_RELEASE.set()
     assert STALLING_MAKES[0] == 0
     assert step["rollout/infra_failed"] == 2.0 and step["rollout/infra_dropped"] == 0.0
-    stacks = list((tmp_path / "run" / "stalls").glob("stall-env-make-*.txt"))
-    texts = [p.read_text() for p in stacks]  # the construction, blocked
-    assert len(texts) == 2 and all("in __init__" in t and "stall_forever" in t for t in texts)
+    (site,) = (tmp_path / "run" / "stalls").glob("stall-site-*.txt")
+    text = site.read_text()  # the construction, blocked: one site, two cuts
+    assert "# episodes cut: 2" in text and text.count("env.make past") == 2
+    assert "in __init__" in text and "stall_forever" in text
 
 
 def test_a_generation_that_never_returns_is_an_infra_failure_not_trained_on(
@@ -194,11 +199,14 @@ def test_a_generation_that_never_returns_is_an_infra_failure_not_trained_on(
     assert main(["train", "env=agentgym-test/Letter-v0", "model=tiny", f"data={data}",
                  "engine=stalling-letter-model-fault", "trainer.total_steps=1",
                  "trainer.prompts_per_step=2", "n=2", "rollout.max_tokens_per_turn=8",
-                 "trainer.eval_limit=0", "deadlines.turn_s=2", f"run_dir={run}"]) == 0
+                 "trainer.eval_limit=0", "deadlines.turn_s=2", "deadlines.same_stall_limit=5",
+                 f"run_dir={run}"]) == 0
     (step,) = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert step["rollout/infra_failed"] == 2.0 and step["rollout/infra_dropped"] == 2.0
-    stacks = list((run / "stalls").glob("stall-generate-*.txt"))
-    assert stacks and all("blocked_engine_step" in p.read_text() for p in stacks)
+    (site,) = (run / "stalls").glob("stall-site-*.txt")  # the engine: one site, four cuts
+    text = site.read_text()
+    assert "stall site: generate (the rollout engine)" in text and "# episodes cut: 4" in text
+    assert "blocked_engine_step" in text
 
 
 def test_an_async_producer_whose_groups_stop_finishing_ends_the_run_from_its_own_watch(

@@ -11,14 +11,21 @@ import asyncio
 import codecs
 import concurrent.futures
 import contextlib
+import contextvars
 import dataclasses
 import logging
 import threading
 from dataclasses import dataclass
 
+from agentgym.core.daemon_pool import current_call
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["Limits", "ExecResult", "Sandbox", "cap_bytes", "cap_text"]
+
+#: the pool call (an env step, :mod:`agentgym.core.daemon_pool`) an execution runs for, on
+#: the sandbox's loop: its processes are the call's, killed if the call is given up on
+OWNER: contextvars.ContextVar = contextvars.ContextVar("sandbox_owner", default=None)
 
 
 @dataclass(frozen=True)
@@ -213,16 +220,18 @@ class Sandbox(abc.ABC):
         with self._close_lock:  # scheduled before close() schedules the shutdown, or refused
             if self._closed:
                 raise RuntimeError("sandbox is closed")
-            return asyncio.run_coroutine_threadsafe(self._tracked(code, session), self._loop)
+            return asyncio.run_coroutine_threadsafe(
+                self._tracked(code, session, current_call()), self._loop)
 
     def _call(self, coro, timeout: float | None = None):
         if threading.current_thread() is self._thread:
             raise RuntimeError("blocking on the sandbox from its own loop thread would deadlock")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
-    async def _tracked(self, code: str, session: str | None) -> ExecResult:
+    async def _tracked(self, code: str, session: str | None, owner=None) -> ExecResult:
         task = asyncio.current_task()
         self._tasks.add(task)
+        OWNER.set(owner)  # this task's context: the processes it starts are the call's
         try:
             return await self._execute(code, session)
         except asyncio.CancelledError:

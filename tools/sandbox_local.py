@@ -45,7 +45,7 @@ import weakref
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from agentgym.tools.sandbox_base import ExecResult, Limits, Sandbox, cap_bytes, cap_text
+from agentgym.tools.sandbox_base import OWNER, ExecResult, Limits, Sandbox, cap_bytes, cap_text
 
 logger = logging.getLogger(__name__)
 
@@ -278,6 +278,8 @@ class LocalSandbox(Sandbox):
             *self._argv(uid, mode), stdin=pipe, stdout=pipe, stderr=pipe, env=ENV, cwd="/",
             start_new_session=True)
         self._pgids.add(proc.pid)
+        if mode == "run" and (owner := OWNER.get()) is not None:
+            owner.own(proc.pid)  # an env call given up on kills it (agentgym.core.daemon_pool)
         return proc
 
     async def _reap(self, proc: asyncio.subprocess.Process, *tasks: asyncio.Task) -> None:
@@ -288,6 +290,8 @@ class LocalSandbox(Sandbox):
         """
         if proc.returncode is None:
             _kill_groups({proc.pid})
+        if (owner := OWNER.get()) is not None:
+            owner.disown(proc.pid)
         try:
             await asyncio.wait_for(asyncio.gather(proc.wait(), *tasks, return_exceptions=True),
                                    KILL_GRACE_S)
@@ -354,6 +358,9 @@ class LocalSandbox(Sandbox):
                         f"too many live sessions ({len(self._sessions)}, max_sessions="
                         f"{self.max_sessions}); close_session() the finished ones", self.backend)
                 sess = await self._spawn_session(sid)
+            owner = OWNER.get()  # the env call this cell runs for may kill its worker
+            if owner is not None:
+                owner.own(sess.proc.pid)
             try:
                 reply = await asyncio.wait_for(self._roundtrip(sess, code),
                                                self.limits.wall_s + SESSION_GRACE_S)
@@ -367,6 +374,9 @@ class LocalSandbox(Sandbox):
                 result = ExecResult.failure(f"session worker broke the protocol ({e}); the cell "
                                             "may have written to the worker's private pipe",
                                             self.backend, time.perf_counter() - t0, True)
+            finally:
+                if owner is not None:
+                    owner.disown(sess.proc.pid)
             if result.session_reset:
                 await self._kill_session(sid, sess)
             else:

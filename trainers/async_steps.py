@@ -47,7 +47,7 @@ import time
 
 from agentgym.config import is_mixed
 from agentgym.core.types import Trajectory
-from agentgym.core.watchdog import NO_WATCH
+from agentgym.core.watchdog import NO_WATCH, StageStalled
 from agentgym.rollout.manager import row_uid
 from agentgym.trainers.steps import infra_metrics, regroup, rollout_metrics, without_infra_failures
 
@@ -161,7 +161,8 @@ class AsyncSteps:
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - the trainer re-raises it
-            logger.exception("rollout group %d failed", g)
+            if not isinstance(e, StageStalled):  # a stall's file says where it was
+                logger.exception("rollout group %d failed", g)
             with self._cv:
                 self._error = e
                 self._cv.notify_all()
@@ -236,7 +237,7 @@ class AsyncSteps:
         failed or stopped, or after ``timeout`` seconds."""
         while not self.done:
             if self._error is not None:
-                raise RuntimeError("the rollout producer failed") from self._error
+                self._raise_error()
             if self._stop or self._thread is None or not self._thread.is_alive():
                 raise RuntimeError("the rollout producer is not running (closed?)")
             waited = time.perf_counter() - t0
@@ -246,7 +247,14 @@ class AsyncSteps:
                                    f"in flight; training is at policy version {self.version})")
             self._cv.wait(timeout=1.0 if timeout is None else min(1.0, timeout - waited))
         if self._error is not None:
-            raise RuntimeError("the rollout producer failed") from self._error
+            self._raise_error()
+
+    def _raise_error(self) -> None:
+        """The producer's failure, here: a stall that ends the run as it is (a stage's
+        exit status, agentgym.core.stalls), anything else as the producer's."""
+        if isinstance(self._error, StageStalled):
+            raise self._error
+        raise RuntimeError("the rollout producer failed") from self._error
 
     def _mark_taken(self, g: int) -> None:
         self._taken.add(g)

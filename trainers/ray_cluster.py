@@ -126,15 +126,16 @@ class RolloutWorker:
         import ray
         return ray.get_runtime_context().get_node_id()
 
-    def generate(self, rows: list[dict], n: int, seed: int, greedy: bool) -> list:
+    def generate(self, rows: list[dict], n: int, seed: int, greedy: bool) -> tuple:
+        """The trajectories, with the stalls since the last call (:func:`_stalled`)."""
         from agentgym.trainers.hooks import Hooks
-        return self.local.generate(rows, n, seed, Hooks(), greedy)
+        return _stalled(lambda: self.local.generate(rows, n, seed, Hooks(), greedy))
 
-    def run_group(self, row: dict, uid: str, n: int, seed: int) -> list:
+    def run_group(self, row: dict, uid: str, n: int, seed: int) -> tuple:
         """One prompt group for asynchronous training (runs in one of the actor's threads,
-        next to others and to weight updates)."""
+        next to others and to weight updates), as :meth:`generate` returns it."""
         import asyncio
-        return asyncio.run(self.local.run_group(row, uid, n, seed))
+        return _stalled(lambda: asyncio.run(self.local.run_group(row, uid, n, seed)))
 
     def update_weights(self, state_dict: dict, version: int) -> int:
         self.local.update_weights(state_dict, version)
@@ -142,6 +143,31 @@ class RolloutWorker:
 
     def close(self) -> None:
         self.local.close()
+
+
+def _stalled(play) -> tuple[list, list, Exception | None]:
+    """``(trajectories, cuts, ended)`` of ``play()`` on a rollout worker: the episodes its
+    stalls cut since the last call (:meth:`agentgym.core.stalls.StallLedger.take`, each
+    site's first with its stacks), which the driver writes into its run's ``stalls/``; and
+    the error that ends the run when one site kept hanging there (None: it did not)."""
+    from agentgym.core import stalls
+    try:
+        trajs, ended = play(), None
+    except stalls.StallsEndRun as e:
+        trajs, ended = [], e
+    return trajs, stalls.ledger().take(), ended
+
+
+def _merged(i: int, answer: tuple) -> list:
+    """A rollout worker's answer (:func:`_stalled`): its cuts into the driver's
+    ``stalls/``, the run ended if it says so; its trajectories."""
+    from agentgym.core import stalls
+    trajs, cuts, ended = answer
+    ledger = stalls.ledger()
+    ledger.merge(cuts)
+    if ended is not None:
+        raise ledger.adopt(ended, f"on rollout worker {i}")
+    return trajs
 
 
 class RayCluster:
@@ -328,7 +354,7 @@ class RayWorkers:
             for ref in ready:
                 i = owner[ref]
                 try:
-                    out[i] = ray.get(ref)
+                    out[i] = _merged(i, ray.get(ref))
                 except RayActorError as e:
                     replaced += 1
                     if replaced > self.MAX_REPLACEMENTS:
@@ -346,7 +372,7 @@ class RayWorkers:
         i = min(range(len(self.workers)), key=lambda j: self.in_flight[j])
         self.in_flight[i] += 1
         try:
-            return await self.workers[i].run_group.remote(row, uid, n, seed)
+            return _merged(i, await self.workers[i].run_group.remote(row, uid, n, seed))
         finally:
             self.in_flight[i] -= 1
 

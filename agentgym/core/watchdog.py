@@ -22,11 +22,13 @@ reads it). A stage past its deadline:
   unwind within ``deadlines.grace_s`` (a call that holds the interpreter), the process
   exits with :data:`EXIT_STALLED` after writing the same message.
 
-The episode-level deadlines (an env's reset, or step with its tools and reward; one
-generation) are
-the rollout manager's (:mod:`agentgym.rollout.manager`): a stalled call ends its episode
-as an infrastructure failure, kept out of the gradient, with the stacks written by
-:func:`dump_stacks`.
+The episode-level deadlines (an env's construction, reset, step with its tools and
+reward, or close; an agent's program; one generation) are the rollout manager's
+(:mod:`agentgym.rollout.manager`, :mod:`agentgym.serving.agents`): a stalled call ends its
+episode as an infrastructure failure, kept out of the gradient, its thread replaced, and
+is recorded by where it hangs in the watch's :class:`~agentgym.core.stalls.StallLedger`
+(one stack file per site; the same site hanging ``deadlines.same_stall_limit`` episodes in
+a row ends the run at once).
 """
 
 from __future__ import annotations
@@ -66,11 +68,16 @@ class DeadlinesConfig:
     turn_s: float = 3600.0  # one generation of the policy (the request is then cancelled)
     grace_s: float = 60.0  # a fatal stall's time to unwind before the process exits
     heartbeat_s: float = 5.0  # how often heartbeat.json is rewritten
+    # the run ends when one stall site (agentgym.core.stalls) cuts this many episodes in a
+    # row, none finishing between
+    same_stall_limit: int = 3
+    max_abandoned: int = 32  # calls given up on still stuck in their threads: more end the run
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
             if not value > 0:
-                raise ValueError(f"deadlines.{name} must be > 0 seconds, got {value!r}")
+                unit = "" if name in ("same_stall_limit", "max_abandoned") else " seconds"
+                raise ValueError(f"deadlines.{name} must be > 0{unit}, got {value!r}")
 
 
 class StageStalled(RuntimeError):
@@ -204,13 +211,18 @@ def dump_stacks(reason: str, name: str, directory: Path | None = None) -> Path |
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"stall-{name}-{time.strftime('%Y%m%d-%H%M%S')}-{time.monotonic_ns()}.txt"
     path.write_text(text)
+    run_stall_hooks(path)
+    logger.error("%s; every thread's stack: %s", reason, path)
+    return path
+
+
+def run_stall_hooks(path: Path) -> None:
+    """Append to a stall's file ``path`` what the hooks report (:func:`add_stall_hook`)."""
     for hook in list(_HOOKS):
         try:
             hook(path)
         except Exception as e:  # noqa: BLE001 - the report must not fail the stall's handling
             logger.warning("a stall hook failed: %s", e)
-    logger.error("%s; every thread's stack: %s", reason, path)
-    return path
 
 
 class Watchdog:
@@ -219,6 +231,7 @@ class Watchdog:
     def __init__(self, run_dir: Path, cfg: DeadlinesConfig | None = None,
                  role: str = "trainer", poll_s: float = 1.0) -> None:
         global _STALL_DIR
+        from agentgym.core import stalls
         self.run_dir, self.cfg, self.role = Path(run_dir), cfg or DeadlinesConfig(), role
         self.poll_s = min(poll_s, self.cfg.heartbeat_s)
         self._stages: list[_Stage] = []
@@ -233,6 +246,9 @@ class Watchdog:
             self._previous_handler = signal.signal(signal.SIGUSR2, self._interrupt)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         _STALL_DIR = self.run_dir / STALLS
+        #: the episodes' stalls by site (agentgym.core.stalls), in this run's stalls/
+        self.ledger = stalls.StallLedger(_STALL_DIR, self._stage_now, self._ended)
+        stalls.activate(self.ledger)
         self._beat()
         self._thread = threading.Thread(target=self._watch, daemon=True, name="watchdog")
         self._thread.start()
@@ -273,6 +289,21 @@ class Watchdog:
                 mine = [s for s in self._stages if s.thread == me] or self._stages
             for s in mine:
                 s.progress_at = now
+
+    def _stage_now(self) -> tuple[str, str, int] | None:
+        """``(role, stage, step)`` of the stage episodes are played in now: the latest
+        rollout or eval, else the latest stage (None: between stages)."""
+        with self._lock:
+            stages = list(self._stages)
+        playing = [s for s in stages if s.name in ("rollout", "eval")] or stages
+        return (self.role, playing[-1].name, playing[-1].step) if playing else None
+
+    def _ended(self, error: StageStalled) -> None:
+        """Episodes' stalls end the run (agentgym.core.stalls): the heartbeat says so."""
+        if self._stalled is None:
+            self._stalled = error
+        self._state = "stalled"
+        self._beat()
 
     # -- the watch -------------------------------------------------------------------
     def _watch(self) -> None:
@@ -355,6 +386,8 @@ class Watchdog:
 
     def close(self, state: str = "finished") -> None:
         global _STALL_DIR
+        from agentgym.core import stalls
+        stalls.deactivate(self.ledger)
         self._stop.set()
         self._thread.join(timeout=10)
         if self._state == "running":

@@ -2,7 +2,8 @@
 machine, or a run directory copied from another): the stage and step from
 ``heartbeat.json`` (:mod:`agentgym.core.watchdog`), how long it has been in that stage and
 since its last progress, whether the process still lives, the last metrics line, the last
-complete checkpoint and the last stall's stack file."""
+complete checkpoint, the stalls by site (:mod:`agentgym.core.stalls`: where calls hung,
+how many episodes each cut, its stack file) and the last stalled stage's stack file."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import socket
 import time
 from pathlib import Path
 
+from agentgym.core.stalls import PREFIX, site_summaries
 from agentgym.core.watchdog import HEARTBEAT, STALLS
 
 #: the metrics shown from the last line, when it has them
@@ -84,7 +86,13 @@ def status_lines(run_dir: str | Path, now: float | None = None) -> list[str]:
     ckpts = sorted((p for p in (run / "checkpoints").glob("step_*")
                     if p.is_dir() and p.name[5:].isdigit()), key=lambda p: int(p.name[5:]))
     lines.append(f"checkpoint {ckpts[-1]}" if ckpts else "checkpoint none yet")
-    stalls = sorted((run / STALLS).glob("stall-*.txt"), key=lambda p: p.stat().st_mtime)
-    if stalls:
-        lines.append(f"stacks    {stalls[-1]} ({len(stalls)} stall file(s))")
+    sites = site_summaries(run / STALLS)
+    if sites:
+        cut = sum(n for _, n, _ in sites)
+        lines.append(f"stalls    {len(sites)} site(s) cut {cut} episode(s):")
+        lines.extend(f"          {site}: {n} episode(s), {path}" for site, n, path in sites)
+    staged = sorted((p for p in (run / STALLS).glob("stall-*.txt")
+                     if not p.name.startswith(PREFIX)), key=lambda p: p.stat().st_mtime)
+    if staged:
+        lines.append(f"stacks    {staged[-1]} ({len(staged)} stalled stage(s))")
     return lines

@@ -25,9 +25,11 @@ from agentgym.rollout.context import (CONTINUE, DROPPED, SUMMARY_REQUEST, Blocks
 from agentgym.config import RolloutConfig
 from agentgym.rollout.engines.base import Engine
 from agentgym.rollout.writer import TrajectoryWriter
+from agentgym.core import stalls
 from agentgym.core.daemon_pool import DaemonPool
+from agentgym.core.stalls import Cut, Site, StallsEndRun, thread_site
 from agentgym.core.supervisor import wait_healthy
-from agentgym.core.watchdog import DeadlinesConfig, dump_stacks
+from agentgym.core.watchdog import DeadlinesConfig
 from agentgym.core.types import SamplingParams, Trajectory
 
 logger = logging.getLogger(__name__)
@@ -35,6 +37,8 @@ logger = logging.getLogger(__name__)
 #: how long a replay waits for the local services to be healthy again (a restart takes
 #: seconds; a supervisor that gives up ends the wait at once)
 INFRA_WAIT_S = 120.0
+#: how long the close of an episode the run's end cancelled is waited for
+CLOSE_WHEN_ENDING_S = 5.0
 
 
 class _Unmade:
@@ -69,6 +73,53 @@ async def _wait_for_services() -> None:
             raise_if_failed()
         except ServiceFailed:
             return
+
+
+async def pool_call(pool: DaemonPool, deadlines: DeadlinesConfig, what: str, episode: str,
+                    fn, *args, limit: float | None = None, **kwargs):
+    """``fn`` (an env's construction, reset, step or close; a reward) in ``pool``, under
+    ``deadlines.env_step_s`` from when it starts running (``limit`` instead: a close
+    while the episode is being cancelled, not recorded as a stall). Past it, the call is
+    given up on (its processes killed, or its thread left in it and replaced:
+    :meth:`DaemonPool.give_up <agentgym.core.daemon_pool.DaemonPool.give_up>`), the cut
+    recorded by where the call hangs (:mod:`agentgym.core.stalls`: the site's file has
+    the stacks) and :class:`CallStalled` raised; or the error that ends the run, when
+    the site has cut ``deadlines.same_stall_limit`` episodes in a row or more than
+    ``deadlines.max_abandoned`` calls are stuck."""
+    d = deadlines
+    deadline = d.env_step_s if limit is None else limit
+    call = pool.submit(fn, *args, **kwargs)
+    waiting = asyncio.wrap_future(call)
+    try:
+        while True:  # the deadline counts from the call's start, not its time queued
+            running = pool.running(call)
+            left = deadline - (time.monotonic() - running.started) if running else deadline
+            done, _ = await asyncio.wait({waiting}, timeout=max(left, 0.01))
+            if done:
+                return waiting.result()
+            running = pool.running(call)
+            if running is not None and time.monotonic() - running.started >= deadline:
+                break
+    except asyncio.CancelledError:  # the episode ended (the run is ending): not waited
+        pool.give_up(call)  # for, should the call be stuck
+        raise
+    reason = f"episode {episode}: env.{what} made no progress for {deadline:g}s " \
+             f"(deadlines.env_step_s)"
+    if limit is not None:  # a close of a cancelled episode: given up on quietly
+        pool.give_up(call)
+        raise CallStalled(reason)
+    site = thread_site(running.thread.ident) or Site(getattr(fn, "__name__", what), "?", 0)
+    ledger = stalls.ledger()
+    cut = Cut(site, episode, f"env.{what}", f"deadlines.env_step_s={deadline:g}",
+              "its processes killed" if pool.owns_processes(call)
+              else "left running, its thread replaced")
+    ended = ledger.cut(cut, d.same_stall_limit, reason)  # the stacks, before the kill
+    pool.give_up(call)
+    ended = ended or ledger.too_many_stuck(pool.stuck, d.max_abandoned, cut)
+    if ended is not None:
+        raise ended
+    path = ledger.path(site)
+    raise CallStalled(reason + (f"; stacks: {path}" if path else ""))
 
 
 def trajectory_seed(base: int, uid: str, sample_index: int) -> int:
@@ -111,24 +162,10 @@ class GenerationManager:
         cfg.check_context()
         self._user_strategy = load_strategy(cfg.context)
 
-    async def _env_call(self, what: str, episode: str, fn, *args, **kwargs):
-        """``fn`` (the env's construction, reset, step or close) in the env pool under
-        ``deadlines.env_step_s``: past it, every thread's stack is written (the env's call
-        is among them) and :class:`CallStalled` raised. The call's thread stays blocked
-        (Python cannot stop it); the pool's other threads play on."""
-        limit = self.deadlines.env_step_s
-        call = self._pool.submit(fn, *args, **kwargs)
-        try:
-            return await asyncio.wait_for(asyncio.wrap_future(call), limit)
-        except asyncio.CancelledError:  # the episode ended (the run is ending): not waited
-            self._pool.abandon(call)  # for at close, should the call be stuck
-            raise
-        except TimeoutError:
-            self._pool.abandon(call)
-            reason = f"episode {episode}: env.{what} made no progress for {limit:g}s " \
-                     f"(deadlines.env_step_s)"
-            path = dump_stacks(reason, f"env-{what}")
-            raise CallStalled(reason + (f"; stacks: {path}" if path else "")) from None
+    async def _env_call(self, what: str, episode: str, fn, *args, limit: float | None = None,
+                        **kwargs):
+        return await pool_call(self._pool, self.deadlines, what, episode, fn, *args,
+                               limit=limit, **kwargs)
 
     async def play(self, row: dict, uid: str = "0", sample_index: int = 0,
                    base_seed: int | None = None) -> list[Trajectory]:
@@ -174,6 +211,7 @@ class GenerationManager:
         session = f"{uid}/{sample_index}/{seed}/{next(self._sessions)}"  # one per episode
         m = {"turns": 0, "generate_s": 0.0, "env_s": 0.0, "length_stops": 0}
         env: Any = _UNMADE
+        cut, ending = False, None
         try:
             t0, stalled = time.perf_counter(), None
             try:
@@ -238,11 +276,20 @@ class GenerationManager:
                 ep.rewards += [0.0] * (turn - len(ep.rewards))  # its turns: no reward
                 traj.truncated = True  # an infrastructure failure: not trained on
                 info = {**info, "infra_failures": 1, "infra_error": str(e), "end": "stalled"}
-        finally:
+                cut = True
+        except BaseException as e:
+            ending = e
+            raise
+        finally:  # a cancelled episode's (the run is ending) close is not waited for long
+            quick = isinstance(ending, (asyncio.CancelledError, StallsEndRun))
             try:
-                await self._env_call("close", session, env.close)
+                await self._env_call("close", session, env.close,
+                                     limit=CLOSE_WHEN_ENDING_S if quick else None)
             except CallStalled as e:
                 logger.warning("%s", e)
+                cut = True
+        if not cut:  # a stall site's episodes in a row end here
+            stalls.ledger().finished()
         return ep.finish(info, m, f"{uid}/{sample_index}/{seed}")
 
     async def _generate(self, w: TrajectoryWriter, sampling: SamplingParams, session: str,
@@ -257,7 +304,13 @@ class GenerationManager:
         except TimeoutError:
             reason = f"episode {session}: a generation made no progress for {limit:g}s " \
                      f"(deadlines.turn_s)"
-            path = dump_stacks(reason, "generate")
+            ledger = stalls.ledger()
+            ended = ledger.cut(Cut(stalls.ENGINE_SITE, session, "generate",
+                                   f"deadlines.turn_s={limit:g}", "cancelled"),
+                               self.deadlines.same_stall_limit, reason)
+            if ended is not None:
+                raise ended from None
+            path = ledger.path(stalls.ENGINE_SITE)
             raise CallStalled(reason + (f"; stacks: {path}" if path else "")) from None
         m["generate_s"] += time.perf_counter() - t0
         version = out.policy_version if out.policy_version is not None \
@@ -324,7 +377,7 @@ class GenerationManager:
         # env calls still queued are not started (a run that ends mid-rollout, SIGTERM);
         # the running ones finish, but for those no episode waits for any more (stuck past
         # deadlines.env_step_s, or of an episode the run's end cancelled)
-        if stuck := self._pool.abandoned:
+        if stuck := self._pool.stuck:
             logger.warning("%d env call(s) no episode waits for are left running (stuck past "
                            "deadlines.env_step_s: their stacks are in the run's stalls/ "
                            "folder; or cut short by the run's end)", stuck)

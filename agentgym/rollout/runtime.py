@@ -100,9 +100,10 @@ def env_factory(cfg: Config) -> Callable[[], Any]:
         from agentgym.envs.plugins import RewardOverride, load_reward
         if cfg.reward == "judge":
             from agentgym.envs.judge import from_config
-            return functools.partial(RewardOverride.wrap, make, from_config(cfg))
+            return functools.partial(RewardOverride.wrap, make, from_config(cfg),
+                                     cfg.reward_process)
         load_reward(cfg.reward)  # a bad spec fails here, before any rollout
-        return functools.partial(RewardOverride.wrap, make, cfg.reward)
+        return functools.partial(RewardOverride.wrap, make, cfg.reward, cfg.reward_process)
     return make
 
 

@@ -27,22 +27,35 @@ recomputes; a call's ``max_tokens`` is capped at ``rollout.max_tokens_per_turn``
 episode makes at most ``rollout.max_turns`` calls (the next is a 400 saying so). An
 exception in the agent ends its episode as failed: logged, counted (``agent/failed``), not
 trained on.
+
+An agent that goes ``deadlines.env_step_s`` without a call to its endpoint (its own code or
+a tool hangs), or whose call runs past ``deadlines.turn_s`` (the engine stalls), is cut as
+an env call is (:func:`agentgym.rollout.manager.pool_call`): not trained on, counted
+(``agent/stalled``), recorded by where it hangs (:mod:`agentgym.core.stalls`: one stack
+file per site, and the same site hanging ``deadlines.same_stall_limit`` episodes in a row
+ends the run); a function agent's thread is replaced (or its processes killed), a
+coroutine agent's task cancelled. A reward it leaves to ``reward=`` runs under
+``deadlines.env_step_s`` too.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import inspect
 import logging
 import math
 import threading
 import time
+import traceback
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentgym.core import stalls
+from agentgym.core.daemon_pool import DaemonPool
+from agentgym.core.stalls import Cut, Site, StallsEndRun, frames_site, thread_site
 from agentgym.core.types import SamplingParams, Trajectory
+from agentgym.rollout.manager import CallStalled, pool_call
 from agentgym.rollout.writer import TrajectoryWriter
 from agentgym.serving.openai_api import OpenAIFrontend, openai_routes
 from agentgym.serving.openai_chat import _messages, chat_choice
@@ -94,6 +107,23 @@ class EpisodeFrontend(OpenAIFrontend):
         self.episode = Episode(eid)
         self._last: _Last | None = None
         self._full: list[int] | None = None  # this call's prompt as the template renders it
+        #: the agent's progress (a call begun or answered: time.monotonic()), calls running
+        self.progress_at, self.in_flight = time.monotonic(), 0
+
+    async def chat(self, body: dict):
+        return await self._timed(super().chat(body))
+
+    async def completions(self, body: dict):
+        return await self._timed(super().completions(body))
+
+    async def _timed(self, answer):
+        self.in_flight += 1
+        self.progress_at = time.monotonic()
+        try:
+            return await answer
+        finally:
+            self.in_flight -= 1
+            self.progress_at = time.monotonic()
 
     def model(self, name: str) -> dict:  # any name: the agent's model is the policy
         return {"id": name, "object": "model", "created": self.created, "owned_by": "agentgym"}
@@ -247,12 +277,17 @@ class AgentManager:
         self.fn = program.play if program is not None else load_agent(cfg.agent)
         self.reward_fn = None
         if cfg.reward:
+            import functools
+
+            from agentgym.core.process_call import call_in_process
             from agentgym.envs.plugins import load_reward
             self.reward_fn = load_reward(cfg.reward)
+            if cfg.reward_process:
+                self.reward_fn = functools.partial(call_in_process, self.reward_fn)
         self.chat_tokens = ChatTokens(tokenizer, image_processor=None)
         self.episodes: dict[str, EpisodeFrontend] = {}
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            cfg.rollout.max_concurrency, thread_name_prefix="agent")
+        # daemon threads: a stuck agent is left behind (its place taken), never joined
+        self._pool = DaemonPool(cfg.rollout.max_concurrency, thread_name_prefix="agent")
         self.stats = _zero_stats()
         self._server, self._thread, self.url = _serve(self._route)
 
@@ -277,12 +312,20 @@ class AgentManager:
         t0 = time.perf_counter()
         try:
             reward = await self._play(row, eid)
+        except StallsEndRun:  # the same site keeps hanging: the run ends
+            raise
+        except (AgentStalled, CallStalled) as e:  # cut: written to the run's stalls/
+            logger.warning("agent episode %s cut: %s", eid, e)
+            self.stats["stalled"] += 1
+            return []
         except Exception as e:  # the agent's own failure: logged, counted, not trained on
             logger.warning("agent episode %s failed: %s: %s", eid, type(e).__name__, e)
             self.stats["failed"] += 1
+            stalls.ledger().finished()
             return []
         finally:
             self.episodes.pop(eid, None)
+        stalls.ledger().finished()
         trajs = trajectories(front.episode, uid, k, reward, str(row.get("data_source", "")),
                              self.cfg.env)
         for t in trajs:
@@ -294,26 +337,74 @@ class AgentManager:
         url = f"{self.url}/episodes/{eid}/v1"
         params = list(inspect.signature(self.fn).parameters)
         wants_url = len(params) > 1 and params[1] == "base_url"
+        front = self.episodes[eid]
         if inspect.iscoroutinefunction(self.fn):
             client = url if wants_url else _client(url, eid, asynchronous=True)
-            result = await self.fn(row, client)
+            result = await self._watched(front, asyncio.ensure_future(self.fn(row, client)))
         else:
             client = url if wants_url else _client(url, eid, asynchronous=False)
-            loop = asyncio.get_running_loop()
-            result = await loop.run_in_executor(self._pool, self.fn, row, client)
-        episode = self.episodes[eid].episode
+            result = await self._watched(front, self._pool.submit(self.fn, row, client))
+        episode = front.episode
         if not episode.turns:
             raise RuntimeError("the agent made no call to its endpoint")
         if result is None:
             if self.reward_fn is None:
                 raise ValueError("the agent returned None and no reward= was given")
-            result = self.reward_fn(row.get("data_source", ""), episode.final_text,
-                                    row.get("reward_model", {}).get("ground_truth"),
-                                    row.get("extra_info"))
+            result = await pool_call(self._pool, self.cfg.deadlines, "reward", eid,
+                                     self.reward_fn, row.get("data_source", ""),
+                                     episode.final_text,
+                                     row.get("reward_model", {}).get("ground_truth"),
+                                     row.get("extra_info"))
         reward = float(result)
         if not math.isfinite(reward):
             raise ValueError(f"the agent's reward {result!r} is not a finite number")
         return reward
+
+    async def _watched(self, front: EpisodeFrontend, work) -> Any:
+        """The agent's result, ``work`` (its task, or its call in the pool) awaited while
+        it makes progress: cut (:class:`AgentStalled`) after ``deadlines.env_step_s``
+        without a call to its endpoint, or a call of its past ``deadlines.turn_s``."""
+        d, eid = self.cfg.deadlines, front.episode.eid
+        waiting = work if isinstance(work, asyncio.Future) else asyncio.wrap_future(work)
+        while True:
+            name, limit = ("turn_s", d.turn_s) if front.in_flight else ("env_step_s",
+                                                                         d.env_step_s)
+            left = limit - (time.monotonic() - front.progress_at)
+            if left <= 0:
+                break
+            done, _ = await asyncio.wait({waiting}, timeout=min(left, 1.0))
+            if done:
+                return waiting.result()
+        reason = f"episode {eid}: " + ("a call of the agent made no progress" if
+                                       front.in_flight else "the agent made no call to its "
+                                       "endpoint") + f" for {limit:g}s (deadlines.{name})"
+        task = work if isinstance(work, asyncio.Task) else None
+        if front.in_flight:
+            site, outcome = stalls.ENGINE_SITE, "cancelled"
+        elif task is not None:
+            frames = task.get_stack()
+            site, outcome = frames_site(frames), "cancelled"
+            reason += "\n# the agent's task:\n" + "".join(
+                "# " + line for line in traceback.StackSummary.extract(
+                    (f, f.f_lineno) for f in frames).format())
+        else:
+            running = self._pool.running(work)
+            site = thread_site(running.thread.ident) if running else None
+            outcome = "its processes killed" if self._pool.owns_processes(work) else \
+                "left running, its thread replaced"
+        site = site or Site(getattr(self.fn, "__name__", "agent"), "?", 0)
+        ledger = stalls.ledger()
+        cut = Cut(site, eid, "agent", f"deadlines.{name}={limit:g}", outcome)
+        ended = ledger.cut(cut, d.same_stall_limit, reason)
+        if task is not None:
+            task.cancel()
+        else:
+            self._pool.give_up(work)
+        ended = ended or ledger.too_many_stuck(self._pool.stuck, d.max_abandoned, cut)
+        if ended is not None:
+            raise ended
+        path = ledger.path(site)
+        raise AgentStalled(reason.splitlines()[0] + (f"; stacks: {path}" if path else ""))
 
     def _count(self, episode: Episode, trajs: list[Trajectory]) -> None:
         s = self.stats
@@ -325,11 +416,11 @@ class AgentManager:
         s["drift_tokens"] += sum(measured)
 
     def take_stats(self) -> dict[str, float]:
-        """``agent/*`` metrics since the last call: failed episodes, trajectories per
-        episode, and the share of extending calls whose re-rendered prompt differs."""
+        """``agent/*`` metrics since the last call: failed and stalled (cut) episodes,
+        trajectories per episode, and the share of extending calls whose re-rendered prompt differs."""
         s, self.stats = self.stats, _zero_stats()
         calls = max(s["extended_calls"], 1)
-        return {"agent/failed": float(s["failed"]),
+        return {"agent/failed": float(s["failed"]), "agent/stalled": float(s["stalled"]),
                 "agent/trajectories_per_episode": s["trajectories"] / max(s["episodes"], 1),
                 "agent/drift_calls": s["drifted_calls"] / calls,
                 "agent/drift_tokens": s["drift_tokens"] / calls}
@@ -358,8 +449,12 @@ class AgentManager:
         self._pool.shutdown(wait=True)
 
 
+class AgentStalled(RuntimeError):
+    """An agent's program made no progress past its deadline: its episode is cut."""
+
+
 def _zero_stats() -> dict[str, int]:
-    return {"failed": 0, "episodes": 0, "trajectories": 0, "extended_calls": 0,
+    return {"failed": 0, "stalled": 0, "episodes": 0, "trajectories": 0, "extended_calls": 0,
             "drifted_calls": 0, "drift_tokens": 0}
 
 

@@ -1,0 +1,242 @@
+"""A hung env call does not hang the run (agentgym.core.daemon_pool, agentgym.core.stalls):
+a call given up on frees its worker (its thread retired and replaced, or its processes
+killed), the same stall site cutting ``deadlines.same_stall_limit`` episodes in a row ends
+the run at once naming the function and line, and each site has one stack file with its
+count. The hangs are injected (tests/hang_faults.py: a reward that sleeps, one that spins
+the CPU, one that deadlocks on a lock; agents that never return); deadlines are seconds."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import hang_faults
+from agentgym.core.daemon_pool import DaemonPool, killable_process_group
+from agentgym.core.watchdog import DeadlinesConfig, Watchdog
+from agentgym.data.rows import write_jsonl
+from toy_envs import letter_rows
+
+ROOT = Path(__file__).resolve().parents[1]
+FAULTS = ROOT / "tests" / "hang_faults.py"
+
+
+@pytest.fixture
+def faults():
+    hang_faults.arm()
+    yield hang_faults
+    hang_faults.release()  # no thread of this process stays spinning or blocked
+
+
+def _rows(tmp_path: Path, n: int, hang: set[int], env: str = "") -> Path:
+    rows = letter_rows(n)
+    for i, row in enumerate(rows):
+        row["extra_info"]["hang"] = i in hang
+        row["env"] = env or row["env"]
+    data = tmp_path / "rows.jsonl"
+    write_jsonl(data, rows)
+    return data
+
+
+def _train_args(data: Path, run: Path, *keys: str) -> list[str]:
+    return ["train", "env=agentgym-test/Letter-v0", "model=tiny", f"data={data}",
+            "trainer.total_steps=1", "trainer.prompts_per_step=2", "n=2",
+            "rollout.max_tokens_per_turn=8", "trainer.eval_limit=0",
+            "deadlines.env_step_s=2", f"run_dir={run}", *keys]
+
+
+def _first_cut_time(site_file: Path) -> float:
+    """When the site's first listed cut happened (its line's time stamp)."""
+    line = site_file.read_text().splitlines()[2]
+    return time.mktime(time.strptime(line[4:23], "%Y-%m-%d %H:%M:%S"))
+
+
+def test_a_call_given_up_on_frees_its_worker_and_one_with_processes_is_killed():
+    """The pool keeps its size: after one call is left stuck, both workers still meet at a
+    barrier; a call whose work runs in its own process group is killed, not left behind."""
+    pool = DaemonPool(2, thread_name_prefix="test-pool")
+    gate = threading.Event()
+
+    def in_a_process():
+        proc = subprocess.Popen(["sleep", "1000"], start_new_session=True)
+        with killable_process_group(proc.pid):
+            return proc.wait()
+    try:
+        stuck, killable = pool.submit(gate.wait), pool.submit(in_a_process)
+        deadline = time.monotonic() + 60
+        while not (pool.owns_processes(killable) and pool.running(stuck)):
+            assert time.monotonic() < deadline, "the calls did not start"
+            time.sleep(0.01)
+        assert pool.give_up(stuck) == "abandoned" and pool.give_up(killable) == "killed"
+        assert killable.result(timeout=60) == -9  # SIGKILL: its call returned
+        assert pool.stuck == 1
+        barrier = threading.Barrier(2)
+        met = [pool.submit(barrier.wait, 60) for _ in range(2)]
+        assert sorted(f.result(timeout=90) for f in met) == [0, 1]  # two workers, both free
+    finally:
+        gate.set()
+        pool.shutdown()
+    deadline = time.monotonic() + 60
+    while pool.stuck and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pool.stuck == 0  # the retired thread left once its call returned
+    assert not [t for t in threading.enumerate() if t.name.startswith("test-pool")]
+
+
+@pytest.mark.parametrize("fault", ["reward_that_spins_fault", "reward_that_deadlocks_fault"])
+def test_a_reward_that_keeps_hanging_ends_the_run_at_once_naming_its_line(
+        tmp_path, faults, capsys, fault):
+    """Every episode's reward hangs (the other deadlines at their 3600 s defaults): the
+    third cut at the same site ends the run with the stalled stage's exit status."""
+    from agentgym.cli import main
+    data, run = _rows(tmp_path, 2, {0, 1}), tmp_path / "run"
+    assert main(_train_args(data, run, f"reward=hang_faults:{fault}")) == 3
+    ended = time.time()
+    err = capsys.readouterr().err
+    (site_file,) = (run / "stalls").glob("stall-site-*.txt")
+    text = site_file.read_text()
+    assert f"{fault} ({FAULTS}, line " in err and "hung 3 episodes in a row" in err
+    assert "the rollout of step 1" in err and "trainer.resume=auto" in err
+    assert f"stall site: {fault} ({FAULTS}, line" in text
+    assert ended - _first_cut_time(site_file) < 2 + 30  # env_step_s + 30 s
+    assert json.loads((run / "heartbeat.json").read_text())["state"] == "stalled"
+
+
+def test_a_reward_that_sleeps_ends_the_run_then_resume_continues_after_the_fix(tmp_path):
+    """A user's reward module in the working directory (``time.sleep(10_000)``), in a
+    process of its own as a user runs it: exit 3 naming hang_reward.py and its line,
+    ``agentgym status`` reads the stalls; after the fix, ``trainer.resume=auto`` trains."""
+    from agentgym.reporting.status import status_lines
+    user = tmp_path / "hang_reward.py"
+    user.write_text("import time\n\ndef score(data_source, solution_str, ground_truth, "
+                    "extra_info=None):\n    time.sleep(10_000)\n    return 1.0\n")
+    data, run = _rows(tmp_path, 2, set()), tmp_path / "run"
+
+    def cli(*keys):
+        return subprocess.run([sys.executable, str(ROOT / "tests" / "cli_with_faults.py"),
+                               *_train_args(data, run, "reward=hang_reward:score", *keys)],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    stalled = cli()
+    assert stalled.returncode == 3, stalled.stderr[-3000:]
+    assert f"score ({user}, line 4)" in stalled.stderr
+    report = "\n".join(status_lines(run))
+    assert "state     stalled" in report and "stalls    1 site(s) cut" in report
+    assert f"score ({user}, line 4): " in report
+    user.write_text("def score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                    "    return 1.0\n")  # the user's fix
+    resumed = cli("trainer.resume=auto")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    (step,) = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert step["rollout/reward"] == 1.0
+    assert json.loads((run / "heartbeat.json").read_text())["state"] == "finished"
+
+
+def test_a_stall_not_repeated_leaves_a_full_pool_and_one_file_with_its_count(
+        tmp_path, faults, capsys):
+    """One row of three hangs in its reward (its two episodes and their two replays: four
+    cuts); with deadlines.same_stall_limit=5 the run trains on the rest. One file for the
+    site, counting four; every env worker is free afterwards (all meet at a barrier)."""
+    from agentgym.cli import main
+    from agentgym.config import build_config
+    from agentgym.core.overrides import parse_overrides
+    from agentgym.rollout.runtime import build_manager
+    data, run = _rows(tmp_path, 3, {0}), tmp_path / "run"
+    keys = ["reward=hang_faults:reward_that_deadlocks_fault", "deadlines.same_stall_limit=5",
+            "trainer.prompts_per_step=3"]
+    assert main(_train_args(data, run, *keys)) == 0
+    (site_file,) = (run / "stalls").glob("stall-site-*.txt")
+    text = site_file.read_text()
+    assert "# episodes cut: 4" in text and text.count("env.step past") == 4
+    assert text.count("Thread MainThread") == 1  # the first cut's dump, once
+    (step,) = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert step["rollout/infra_failed"] == 2.0 and step["rollout/infra_dropped"] == 2.0
+    capsys.readouterr()
+    assert main(["status", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "stalls    1 site(s) cut 4 episode(s)" in out
+    assert f"reward_that_deadlocks_fault ({FAULTS}, line " in out
+
+    cfg = build_config(parse_overrides([f"data={data}", "env=agentgym-test/Letter-v0",
+                                        "model=tiny", "rollout.env_workers=2",
+                                        "rollout.max_tokens_per_turn=8", *keys[:2],
+                                        "deadlines.env_step_s=2",
+                                        "rollout.on_infra_error=drop"]))
+    manager, engine, _ = build_manager(cfg)
+    watch = Watchdog(tmp_path / "direct", cfg.deadlines)
+    try:
+        rows = [json.loads(x) for x in data.read_text().splitlines()]
+        trajs = engine.run(manager.run(rows, n=1))
+        assert [t.metrics["infra_failures"] for t in trajs] == [1.0, 0.0, 0.0]
+        barrier = threading.Barrier(2)
+        met = [manager._pool.submit(barrier.wait, 60) for _ in range(2)]
+        assert sorted(f.result(timeout=90) for f in met) == [0, 1]
+    finally:
+        watch.close()
+        manager.close()
+        engine.close()
+
+
+def test_an_async_run_whose_groups_keep_hanging_ends_with_the_site(tmp_path, faults, capsys):
+    from agentgym.cli import main
+    data, run = _rows(tmp_path, 2, {0, 1}), tmp_path / "run"
+    assert main(_train_args(data, run, "reward=hang_faults:reward_that_spins_fault",
+                            "trainer.mode=async", "trainer.total_steps=2")) == 3
+    err = capsys.readouterr().err
+    assert f"reward_that_spins_fault ({FAULTS}, line " in err and "in a row" in err
+
+
+@pytest.mark.parametrize("agent", ["agent_that_hangs_fault", "async_agent_that_hangs_fault"])
+def test_an_agent_that_never_returns_is_cut_by_its_deadline(tmp_path, faults, tiny_model,
+                                                            tiny_tokenizer, agent):
+    """env=agent: one episode's program hangs after its first call, the other returns.
+    The hung one is cut after deadlines.env_step_s, counted, and recorded by its site."""
+    pytest.importorskip("openai")
+    from agentgym.config import build_config
+    from agentgym.rollout.engines.hf import HFEngine
+    from agentgym.serving.agents import AgentManager
+    cfg = build_config({"env": "agent", "agent": f"hang_faults:{agent}", "model": "tiny",
+                        "deadlines.env_step_s": 2, "rollout.max_tokens_per_turn": 4})
+    rows = letter_rows(2)
+    rows[0]["extra_info"]["hang"] = True
+    engine = HFEngine(tiny_model, tiny_tokenizer)
+    watch = Watchdog(tmp_path, cfg.deadlines)
+    manager = AgentManager(engine, tiny_tokenizer, cfg)
+    try:
+        trajs = engine.run(manager.run(rows, n=1))
+        stats = manager.take_stats()
+    finally:
+        watch.close()
+        manager.close()
+        engine.close()
+    assert [t.uid for t in trajs] == ["1"] and stats["agent/stalled"] == 1.0
+    (site_file,) = (tmp_path / "stalls").glob("stall-site-*.txt")
+    text = site_file.read_text()
+    assert f"stall site: {agent} ({FAULTS}, line" in text and "agent past" in text
+
+
+def test_a_ray_rollout_workers_stalls_reach_the_drivers_run(tmp_path, faults, monkeypatch):
+    """A row whose reward hangs on a Ray rollout worker: its site's file, written from the
+    worker's cuts, is in the driver's run_dir/stalls, and the run trains on the rest."""
+    pytest.importorskip("ray")
+    from agentgym.cli import main
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests"),
+                                                      os.environ.get("PYTHONPATH", "")]))
+    data, run = _rows(tmp_path, 3, {0}, env="toy_envs:LetterEnv"), tmp_path / "run"
+    args = _train_args(data, run, "reward=hang_faults:reward_that_sleeps_fault",
+                       "deadlines.same_stall_limit=5", "trainer.prompts_per_step=3",
+                       "ray.address=local", "ray.cpus=0.5")
+    # the env by its module (the workers import it; the test's registration is this
+    # process's)
+    assert main([a if not a.startswith("env=") else "env=toy_envs:LetterEnv"
+                 for a in args]) == 0
+    (site_file,) = (run / "stalls").glob("stall-site-*.txt")
+    text = site_file.read_text()
+    assert "# episodes cut: 4" in text and "reward_that_sleeps_fault" in text
+    assert "Thread " in text.split("the first cut's whole dump")[1]  # the worker's stacks
