@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import hang_faults
+from sandbox_probes import make  # noqa: F401 (a fixture)
 from agentgym.core.daemon_pool import DaemonPool, killable_process_group
 from agentgym.core.watchdog import DeadlinesConfig, Watchdog
 from agentgym.data.rows import write_jsonl
@@ -90,14 +91,34 @@ def test_a_call_given_up_on_frees_its_worker_and_one_with_processes_is_killed():
     assert not [t for t in threading.enumerate() if t.name.startswith("test-pool")]
 
 
+def test_a_close_while_the_run_ends_does_not_wait_for_a_worker():
+    """Every worker is held by a call not yet past its deadline: a close with a limit
+    (an episode ending with the run) gives up after the limit, counted from its
+    submission, instead of waiting for a worker to free."""
+    from agentgym.rollout.manager import CallStalled, pool_call
+    pool, gate = DaemonPool(1, thread_name_prefix="test-busy"), threading.Event()
+    try:
+        busy = pool.submit(gate.wait)
+        with pytest.raises(CallStalled):  # (a TimeoutError here: it waited for a worker)
+            asyncio.run(asyncio.wait_for(pool_call(pool, DeadlinesConfig(), "close", "e",
+                                                   print, limit=0.5), 60))
+        assert not busy.done()  # it still holds the only worker: the close never ran
+    finally:
+        gate.set()
+        pool.shutdown()
+
+
 @pytest.mark.parametrize("fault", ["reward_that_spins_fault", "reward_that_deadlocks_fault"])
 def test_a_reward_that_keeps_hanging_ends_the_run_at_once_naming_its_line(
         tmp_path, faults, capsys, fault):
-    """Every episode's reward hangs (the other deadlines at their 3600 s defaults): the
-    third cut at the same site ends the run with the stalled stage's exit status."""
+    """Every episode's reward hangs (the other deadlines at their 3600 s defaults), six
+    episodes on two env workers: the third cut at the same site ends the run with the
+    stalled stage's exit status, though calls not yet past their deadline hold every
+    worker by then."""
     from agentgym.cli import main
-    data, run = _rows(tmp_path, 2, {0, 1}), tmp_path / "run"
-    assert main(_train_args(data, run, f"reward=hang_faults:{fault}")) == 3
+    data, run = _rows(tmp_path, 3, {0, 1, 2}), tmp_path / "run"
+    assert main(_train_args(data, run, f"reward=hang_faults:{fault}",
+                            "trainer.prompts_per_step=3", "rollout.env_workers=2")) == 3
     ended = time.time()
     err = capsys.readouterr().err
     (site_file,) = (run / "stalls").glob("stall-site-*.txt")
@@ -240,3 +261,46 @@ def test_a_ray_rollout_workers_stalls_reach_the_drivers_run(tmp_path, faults, mo
     text = site_file.read_text()
     assert "# episodes cut: 4" in text and "reward_that_sleeps_fault" in text
     assert "Thread " in text.split("the first cut's whole dump")[1]  # the worker's stacks
+
+
+@pytest.mark.parametrize("session", [None, "cell"])
+def test_an_env_call_waiting_on_a_sandbox_cell_is_killed_not_left_behind(make, session):
+    """A code cell that outlasts the env call's deadline (the sandbox's own wall_s is
+    longer): giving up on the call kills the cell's process group (a session's worker
+    too), so the call returns at once and no thread is left in it."""
+    from sandbox_probes import wait_present
+    sb = make(wall_s=300)
+    pool = DaemonPool(1, thread_name_prefix="test-sandbox")
+    try:
+        call = pool.submit(sb.run_sync, "import os, time\nos.execv('/bin/sleep', "
+                           "['agentgym-hung-cell', '1000'])", session)
+        assert wait_present("agentgym-hung-cell")
+        assert pool.owns_processes(call)
+        assert pool.give_up(call) == "killed"
+        result = call.result(timeout=60)  # the cell, killed: its result comes back
+        assert not result.ok and pool.stuck == 0
+        assert pool.submit(sum, [1, 2]).result(timeout=60) == 3  # the pool works on
+    finally:
+        pool.shutdown()
+
+
+def test_a_reward_in_a_process_of_its_own_is_killed_when_it_hangs(tmp_path, faults):
+    """reward_process=true: the hanging row's reward runs in a child process, which each
+    cut kills (the site file says so, naming the function), leaving no thread behind; the
+    other rows' rewards come back from their processes."""
+    from agentgym.cli import main
+    data, run = _rows(tmp_path, 3, {0}), tmp_path / "run"
+    assert main(_train_args(data, run, "reward=hang_faults:reward_that_sleeps_fault",
+                            "reward_process=true", "deadlines.same_stall_limit=5",
+                            "trainer.prompts_per_step=3")) == 0
+    (site_file,) = (run / "stalls").glob("stall-site-*.txt")
+    text = site_file.read_text()
+    assert f"stall site: reward_that_sleeps_fault ({FAULTS}, line" in text
+    assert "# episodes cut: 4" in text and text.count("its processes killed") == 4
+    (step,) = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    # the other rows' four episodes got 0.5 each, from their processes; the two cut, 0
+    assert step["rollout/reward"] == pytest.approx(0.5 * 4 / 6)
+    deadline = time.monotonic() + 60  # the killed calls' threads return and exit
+    while [t for t in threading.enumerate() if t.name.startswith("env_")]:
+        assert time.monotonic() < deadline, "a thread was left in a killed reward's call"
+        time.sleep(0.05)

@@ -48,6 +48,9 @@ class Call:
         self.killed = 0  # process groups killed when the call was given up on
         self.killed_at = 0.0  # time.monotonic() of the last kill
         self.started = time.monotonic()
+        #: the function the call waits on in a process of its own (call_in_process): its
+        #: thread's stack shows only the wait, so this names where the call is
+        self.delegate = None
 
     def own(self, pgid: int) -> None:
         """The call's work runs in process group ``pgid`` (a process started with

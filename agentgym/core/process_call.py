@@ -25,7 +25,7 @@ import pickle
 import subprocess
 import sys
 
-from agentgym.core.daemon_pool import killable_process_group
+from agentgym.core.daemon_pool import current_call, killable_process_group
 
 
 class ProcessCallError(RuntimeError):
@@ -46,14 +46,21 @@ def call_in_process(fn, *args, **kwargs):
     finally:
         os.close(write)
     name = getattr(fn, "__qualname__", repr(fn))
-    with os.fdopen(read, "rb") as answers, killable_process_group(proc.pid):
-        try:
-            proc.stdin.write(payload)
-            proc.stdin.close()
-        except BrokenPipeError:
-            pass
-        answer = answers.read()
-        status = proc.wait()
+    call = current_call()
+    if call is not None:
+        call.delegate = fn
+    try:
+        with os.fdopen(read, "rb") as answers, killable_process_group(proc.pid):
+            try:
+                proc.stdin.write(payload)
+                proc.stdin.close()
+            except BrokenPipeError:
+                pass
+            answer = answers.read()
+            status = proc.wait()
+    finally:
+        if call is not None:
+            call.delegate = None
     if not answer:
         how = "was killed (SIGKILL)" if status == -9 else f"exited with status {status}"
         raise ProcessCallError(f"{name} in its own process {how} before answering")

@@ -87,6 +87,17 @@ class Site:
         return f"{PREFIX}{stem.strip('_')[:80]}-{self.first_line}.txt"
 
 
+def code_site(fn) -> Site | None:
+    """The site of a function whose call runs out of sight (in a process of its own): where
+    it starts (None: it has no Python code)."""
+    fn = getattr(fn, "func", fn)  # a functools.partial's
+    code = getattr(fn, "__code__", None) or getattr(getattr(fn, "__call__", None), "__code__",
+                                                    None)
+    if code is None:
+        return None
+    return Site(code.co_name, code.co_filename, code.co_firstlineno, code.co_firstlineno)
+
+
 #: a generation past deadlines.turn_s: the engine did not answer
 ENGINE_SITE = Site("generate", "the rollout engine", 0)
 

@@ -27,7 +27,7 @@ from agentgym.rollout.engines.base import Engine
 from agentgym.rollout.writer import TrajectoryWriter
 from agentgym.core import stalls
 from agentgym.core.daemon_pool import DaemonPool
-from agentgym.core.stalls import Cut, Site, StallsEndRun, thread_site
+from agentgym.core.stalls import Cut, Site, StallsEndRun, code_site, thread_site
 from agentgym.core.supervisor import wait_healthy
 from agentgym.core.watchdog import DeadlinesConfig
 from agentgym.core.types import SamplingParams, Trajectory
@@ -88,17 +88,22 @@ async def pool_call(pool: DaemonPool, deadlines: DeadlinesConfig, what: str, epi
     ``deadlines.max_abandoned`` calls are stuck."""
     d = deadlines
     deadline = d.env_step_s if limit is None else limit
-    call = pool.submit(fn, *args, **kwargs)
+    call, submitted = pool.submit(fn, *args, **kwargs), time.monotonic()
     waiting = asyncio.wrap_future(call)
     try:
-        while True:  # the deadline counts from the call's start, not its time queued
+        # env_step_s counts from the call's start, not its time queued behind calls that
+        # are hanging but not yet past theirs; a limit counts from now (a close while the
+        # run ends must not wait for a worker)
+        while True:
             running = pool.running(call)
-            left = deadline - (time.monotonic() - running.started) if running else deadline
-            done, _ = await asyncio.wait({waiting}, timeout=max(left, 0.01))
+            began = running.started if running is not None and limit is None else submitted
+            done, _ = await asyncio.wait({waiting}, timeout=max(
+                deadline - (time.monotonic() - began), 0.01))
             if done:
                 return waiting.result()
             running = pool.running(call)
-            if running is not None and time.monotonic() - running.started >= deadline:
+            if limit is not None or (running is not None and
+                                     time.monotonic() - running.started >= deadline):
                 break
     except asyncio.CancelledError:  # the episode ended (the run is ending): not waited
         pool.give_up(call)  # for, should the call be stuck
@@ -108,7 +113,9 @@ async def pool_call(pool: DaemonPool, deadlines: DeadlinesConfig, what: str, epi
     if limit is not None:  # a close of a cancelled episode: given up on quietly
         pool.give_up(call)
         raise CallStalled(reason)
-    site = thread_site(running.thread.ident) or Site(getattr(fn, "__name__", what), "?", 0)
+    # a call waiting on its process (reward_process=true): the function it runs there
+    site = (running.delegate and code_site(running.delegate)) or \
+        thread_site(running.thread.ident) or Site(getattr(fn, "__name__", what), "?", 0)
     ledger = stalls.ledger()
     cut = Cut(site, episode, f"env.{what}", f"deadlines.env_step_s={deadline:g}",
               "its processes killed" if pool.owns_processes(call)
