@@ -304,3 +304,19 @@ def test_a_reward_in_a_process_of_its_own_is_killed_when_it_hangs(tmp_path, faul
     while [t for t in threading.enumerate() if t.name.startswith("env_")]:
         assert time.monotonic() < deadline, "a thread was left in a killed reward's call"
         time.sleep(0.05)
+
+
+def test_a_call_in_a_process_keeps_its_child_answers_errors_and_prints_aside():
+    from agentgym.core.process_call import ProcessCallError, call_in_process
+    child = call_in_process(os.getpid)
+    assert child != os.getpid() and call_in_process(os.getpid) == child  # one child, kept
+    assert call_in_process(print, "to stderr, not into the answers") is None
+    with pytest.raises(ProcessCallError, match="ValueError: invalid literal"):
+        call_in_process(int, "x")
+    assert call_in_process(sum, [1, 2]) == 3  # the child works on after an error
+    os.kill(child, 9)
+    deadline = time.monotonic() + 60  # dead (a zombie until its parent reaps it)
+    while "\nState:\tZ" not in Path(f"/proc/{child}/status").read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert call_in_process(os.getpid) not in (child, os.getpid())  # a new one took its place

@@ -3,19 +3,19 @@
 
 A thread stuck in a call cannot be stopped, so a user's function that may hang (a reward
 that loops, a checker that waits on something that never comes) runs in a child
-interpreter instead: in a session of its own, given ``sys.path`` and then the function and
-its arguments pickled on stdin (a function pickles by reference: the child imports its
-module), answering its result or its error, pickled, on a pipe of its own (what the
-function prints goes to stderr). Inside a :class:`~agentgym.core.daemon_pool.DaemonPool`
-call (an env call of a rollout), the child's process group belongs to the call
-(:func:`~agentgym.core.daemon_pool.killable_process_group`): past the call's deadline it
-is killed with everything it started, and the call returns at once with
-:class:`ProcessCallError`, instead of leaving its thread behind.
+interpreter instead. Each thread that calls keeps one child (started at its first call, in
+a session of its own), which gets ``sys.path``, the function and its arguments pickled on
+its stdin (a function pickles by reference: the child imports its module, once) and
+answers its result or its error, pickled, on its stdout (what the function prints goes to
+stderr). Inside a :class:`~agentgym.core.daemon_pool.DaemonPool` call (an env call of a
+rollout), the child's process group belongs to the call while it works
+(:func:`~agentgym.core.daemon_pool.killable_process_group`): past the call's deadline it is
+killed with everything it started, the call returns at once with
+:class:`ProcessCallError` instead of leaving its thread behind, and the thread's next call
+starts a new child. A child ends when its thread does, or its parent (its stdin closes).
+What a call costs is in docs/BENCHMARKS.md ("Hung env calls: what the guards cost").
 
-Each call starts a fresh interpreter (what it costs is in docs/BENCHMARKS.md, "Hung env
-calls"), so this is for calls that are few and may hang, not for hot paths.
-
-    python -m agentgym.core.process_call   # the child's side (reads stdin, fd 3 or stdout)
+    python -m agentgym.core.process_call   # the child's side (a loop over stdin)
 """
 
 from __future__ import annotations
@@ -24,8 +24,12 @@ import os
 import pickle
 import subprocess
 import sys
+import threading
+import weakref
 
 from agentgym.core.daemon_pool import current_call, killable_process_group
+
+_local = threading.local()
 
 
 class ProcessCallError(RuntimeError):
@@ -33,67 +37,77 @@ class ProcessCallError(RuntimeError):
     ended without an answer (killed, or it exited)."""
 
 
+class _Child:
+    """A thread's child interpreter; its stdin closes (and it exits) when this is dropped."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "agentgym.core.process_call"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     start_new_session=True)
+        weakref.finalize(self, _close, self.proc)
+
+
+def _close(proc: subprocess.Popen) -> None:
+    for stream in (proc.stdin, proc.stdout):
+        try:
+            stream.close()
+        except OSError:
+            pass
+
+
 def call_in_process(fn, *args, **kwargs):
-    """``fn(*args, **kwargs)`` in a child interpreter (see the module docstring); its
-    return value. Raises :class:`ProcessCallError`."""
-    read, write = os.pipe()
-    payload = pickle.dumps(list(sys.path)) + pickle.dumps((fn, args, kwargs))
-    try:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "agentgym.core.process_call", str(write)],
-            stdin=subprocess.PIPE, stdout=sys.stderr.fileno() if _has_fd(sys.stderr) else None,
-            pass_fds=(write,), start_new_session=True)
-    finally:
-        os.close(write)
+    """``fn(*args, **kwargs)`` in this thread's child interpreter (see the module
+    docstring); its return value. Raises :class:`ProcessCallError`."""
     name = getattr(fn, "__qualname__", repr(fn))
+    blob = pickle.dumps((fn, args, kwargs))
+    child = getattr(_local, "child", None)
+    if child is None or child.proc.poll() is not None:
+        child = _local.child = _Child()
     call = current_call()
     if call is not None:
         call.delegate = fn
     try:
-        with os.fdopen(read, "rb") as answers, killable_process_group(proc.pid):
+        with killable_process_group(child.proc.pid):
             try:
-                proc.stdin.write(payload)
-                proc.stdin.close()
-            except BrokenPipeError:
-                pass
-            answer = answers.read()
-            status = proc.wait()
+                pickle.dump((list(sys.path), blob), child.proc.stdin)
+                child.proc.stdin.flush()
+                ok, value = pickle.load(child.proc.stdout)
+            except (EOFError, OSError, pickle.UnpicklingError):
+                _local.child = None
+                status = child.proc.wait()
+                how = "was killed (SIGKILL)" if status == -9 else f"exited with status {status}"
+                raise ProcessCallError(f"{name} in its own process {how} before answering") \
+                    from None
     finally:
         if call is not None:
             call.delegate = None
-    if not answer:
-        how = "was killed (SIGKILL)" if status == -9 else f"exited with status {status}"
-        raise ProcessCallError(f"{name} in its own process {how} before answering")
-    ok, value = pickle.loads(answer)
     if not ok:
         raise ProcessCallError(f"{name} raised in its own process: {value}")
     return value
 
 
-def _has_fd(stream) -> bool:
-    try:
-        stream.fileno()
-    except (AttributeError, OSError, ValueError):
-        return False
-    return True
-
-
-def _main(fd: int) -> None:
-    paths = pickle.load(sys.stdin.buffer)
-    sys.path[:] = paths + [p for p in sys.path if p not in paths]
-    out = os.fdopen(fd, "wb")
-    try:
-        fn, args, kwargs = pickle.load(sys.stdin.buffer)
-        answer = (True, fn(*args, **kwargs))
-    except BaseException as e:  # noqa: BLE001 - the caller's to see
-        answer = (False, f"{type(e).__name__}: {e}")
-    try:
-        data = pickle.dumps(answer)
-    except Exception as e:  # noqa: BLE001 - a result that does not pickle
-        data = pickle.dumps((False, f"its result does not pickle: {e}"))
-    out.write(data)
-    out.close()
+def _main() -> None:
+    calls = sys.stdin.buffer
+    answers = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # what the functions print goes to stderr, not into the answers
+    while True:
+        try:
+            paths, blob = pickle.load(calls)
+        except EOFError:  # the thread (or the process) that called is gone
+            return
+        sys.path[:] = paths + [p for p in sys.path if p not in paths]
+        try:
+            fn, args, kwargs = pickle.loads(blob)
+            answer = (True, fn(*args, **kwargs))
+        except BaseException as e:  # noqa: BLE001 - the caller's to see
+            answer = (False, f"{type(e).__name__}: {e}")
+        try:
+            data = pickle.dumps(answer)
+        except Exception as e:  # noqa: BLE001 - a result that does not pickle
+            data = pickle.dumps((False, f"its result does not pickle: {e}"))
+        answers.write(data)
+        answers.flush()
 
 
 if __name__ == "__main__":
-    _main(int(sys.argv[1]))
+    _main()

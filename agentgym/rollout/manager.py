@@ -108,11 +108,12 @@ async def pool_call(pool: DaemonPool, deadlines: DeadlinesConfig, what: str, epi
     except asyncio.CancelledError:  # the episode ended (the run is ending): not waited
         pool.give_up(call)  # for, should the call be stuck
         raise
+    if limit is not None:  # a close while the run ends: given up on quietly
+        pool.give_up(call)
+        raise CallStalled(f"episode {episode}: env.{what} had not returned {deadline:g}s "
+                          f"after it was asked for, as the run ends")
     reason = f"episode {episode}: env.{what} made no progress for {deadline:g}s " \
              f"(deadlines.env_step_s)"
-    if limit is not None:  # a close of a cancelled episode: given up on quietly
-        pool.give_up(call)
-        raise CallStalled(reason)
     # a call waiting on its process (reward_process=true): the function it runs there
     site = (running.delegate and code_site(running.delegate)) or \
         thread_site(running.thread.ident) or Site(getattr(fn, "__name__", what), "?", 0)
@@ -287,17 +288,23 @@ class GenerationManager:
         except BaseException as e:
             ending = e
             raise
-        finally:  # a cancelled episode's (the run is ending) close is not waited for long
-            quick = isinstance(ending, (asyncio.CancelledError, StallsEndRun))
-            try:
-                await self._env_call("close", session, env.close,
-                                     limit=CLOSE_WHEN_ENDING_S if quick else None)
-            except CallStalled as e:
-                logger.warning("%s", e)
-                cut = True
+        finally:
+            cut = not await self._close(env, session, ending) or cut
         if not cut:  # a stall site's episodes in a row end here
             stalls.ledger().finished()
         return ep.finish(info, m, f"{uid}/{sample_index}/{seed}")
+
+    async def _close(self, env, session: str, ending: BaseException | None) -> bool:
+        """Close the episode's env; whether it closed in time. The close of an episode the
+        run is ending (cancelled, or its stall ended the run) is not waited for long."""
+        quick = isinstance(ending, (asyncio.CancelledError, StallsEndRun))
+        try:
+            await self._env_call("close", session, env.close,
+                                 limit=CLOSE_WHEN_ENDING_S if quick else None)
+        except CallStalled as e:
+            logger.warning("%s", e)
+            return False
+        return True
 
     async def _generate(self, w: TrajectoryWriter, sampling: SamplingParams, session: str,
                         turn: int, m: dict):
