@@ -204,6 +204,21 @@ def test_a_stall_not_repeated_leaves_a_full_pool_and_one_file_with_its_count(
         engine.close()
 
 
+def test_more_calls_left_in_their_threads_than_max_abandoned_end_the_run(
+        tmp_path, faults, capsys):
+    """One row of three deadlocks in its reward; the same-site limit is out of reach, but
+    the third thread left in a call passes deadlines.max_abandoned=2."""
+    from agentgym.cli import main
+    data, run = _rows(tmp_path, 3, {0}), tmp_path / "run"
+    assert main(_train_args(data, run, "reward=hang_faults:reward_that_deadlocks_fault",
+                            "deadlines.same_stall_limit=10", "deadlines.max_abandoned=2",
+                            "trainer.prompts_per_step=3")) == 3
+    err = capsys.readouterr().err
+    assert "3 env calls given up on are still running in their threads, more than " \
+           "deadlines.max_abandoned=2" in err
+    assert f"reward_that_deadlocks_fault ({FAULTS}, line " in err and "reward_process" in err
+
+
 def test_an_async_run_whose_groups_keep_hanging_ends_with_the_site(tmp_path, faults, capsys):
     from agentgym.cli import main
     data, run = _rows(tmp_path, 2, {0, 1}), tmp_path / "run"

@@ -30,8 +30,10 @@ import queue
 import signal
 import threading
 import time
+import weakref
 
 _local = threading.local()
+_POOLS: weakref.WeakSet = weakref.WeakSet()  # every pool of the process (stuck_calls)
 #: how long a killed call's thread may take to return before it counts as stuck
 KILLED_RETURN_S = 10.0
 
@@ -126,6 +128,7 @@ class DaemonPool(concurrent.futures.Executor):
         self._workers: set[threading.Thread] = set()  # taking calls
         self._retired: dict[threading.Thread, Call] = {}  # given up on, still in their call
         self._queued = self._idle = 0  # calls not taken yet; workers waiting for one
+        _POOLS.add(self)
 
     def _spawn_if_needed(self) -> None:  # with the lock held
         if self._queued > self._idle and len(self._workers) < self.max_workers \
@@ -207,6 +210,11 @@ class DaemonPool(concurrent.futures.Executor):
         call = self.running(fut)
         return call is not None and call.owns()
 
+    def fate(self, fut: concurrent.futures.Future) -> str:
+        """What giving up on ``fut`` will do to it, in words (a stall's file lists it)."""
+        return "its processes killed" if self.owns_processes(fut) else \
+            "left running, its thread replaced"
+
     @property
     def stuck(self) -> int:
         """Calls given up on whose threads are still inside them: those that owned no
@@ -238,3 +246,9 @@ class DaemonPool(concurrent.futures.Executor):
                     with self._lock:
                         if t in self._retired:
                             break
+
+
+def stuck_calls() -> int:
+    """Calls given up on still inside their threads, in every pool of this process (a
+    retired thread keeps its pool alive, so a closed pool's are counted too)."""
+    return sum(pool.stuck for pool in list(_POOLS))

@@ -392,6 +392,23 @@ class StallLedger:
             *self._stage_of())
 
 
+def cut_call(cut: Cut, reason: str, deadlines, give_up: Callable[[], object],
+             stuck: Callable[[], int]) -> Path | None:
+    """A call past its deadline: ``cut`` recorded in this process's ledger (the stacks read
+    before ``give_up()`` kills or leaves the call), then the run ended if its site has cut
+    ``deadlines.same_stall_limit`` episodes in a row or ``stuck()`` calls are left in their
+    threads in this process, more than ``deadlines.max_abandoned`` (:class:`StallsEndRun`
+    raised). Returns
+    the site's file (None: no run directory)."""
+    led = ledger()
+    ended = led.cut(cut, deadlines.same_stall_limit, reason)
+    give_up()
+    ended = ended or led.too_many_stuck(stuck(), deadlines.max_abandoned, cut)
+    if ended is not None:
+        raise ended
+    return led.path(cut.site)
+
+
 def site_summaries(directory: Path) -> list[tuple[str, int, Path]]:
     """``(site, episodes cut, file)`` of each site's file in a run's ``stalls/``, the most
     cuts first (what ``agentgym status`` shows)."""

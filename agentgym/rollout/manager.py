@@ -26,8 +26,9 @@ from agentgym.config import RolloutConfig
 from agentgym.rollout.engines.base import Engine
 from agentgym.rollout.writer import TrajectoryWriter
 from agentgym.core import stalls
-from agentgym.core.daemon_pool import DaemonPool
-from agentgym.core.stalls import Cut, Site, StallsEndRun, code_site, thread_site
+from agentgym.core.daemon_pool import DaemonPool, stuck_calls
+from agentgym.core.stalls import (Cut, Site, StallsEndRun, code_site, cut_call,
+                                  thread_site)
 from agentgym.core.supervisor import wait_healthy
 from agentgym.core.watchdog import DeadlinesConfig
 from agentgym.core.types import SamplingParams, Trajectory
@@ -117,16 +118,9 @@ async def pool_call(pool: DaemonPool, deadlines: DeadlinesConfig, what: str, epi
     # a call waiting on its process (reward_process=true): the function it runs there
     site = (running.delegate and code_site(running.delegate)) or \
         thread_site(running.thread.ident) or Site(getattr(fn, "__name__", what), "?", 0)
-    ledger = stalls.ledger()
     cut = Cut(site, episode, f"env.{what}", f"deadlines.env_step_s={deadline:g}",
-              "its processes killed" if pool.owns_processes(call)
-              else "left running, its thread replaced")
-    ended = ledger.cut(cut, d.same_stall_limit, reason)  # the stacks, before the kill
-    pool.give_up(call)
-    ended = ended or ledger.too_many_stuck(pool.stuck, d.max_abandoned, cut)
-    if ended is not None:
-        raise ended
-    path = ledger.path(site)
+              pool.fate(call))
+    path = cut_call(cut, reason, d, lambda: pool.give_up(call), stuck_calls)
     raise CallStalled(reason + (f"; stacks: {path}" if path else ""))
 
 

@@ -52,8 +52,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentgym.core import stalls
-from agentgym.core.daemon_pool import DaemonPool
-from agentgym.core.stalls import Cut, Site, StallsEndRun, frames_site, thread_site
+from agentgym.core.daemon_pool import DaemonPool, stuck_calls
+from agentgym.core.stalls import (Cut, Site, StallsEndRun, cut_call, frames_site,
+                                  thread_site)
 from agentgym.core.types import SamplingParams, Trajectory
 from agentgym.rollout.manager import CallStalled, pool_call
 from agentgym.rollout.writer import TrajectoryWriter
@@ -390,20 +391,11 @@ class AgentManager:
         else:
             running = self._pool.running(work)
             site = thread_site(running.thread.ident) if running else None
-            outcome = "its processes killed" if self._pool.owns_processes(work) else \
-                "left running, its thread replaced"
+            outcome = self._pool.fate(work)
         site = site or Site(getattr(self.fn, "__name__", "agent"), "?", 0)
-        ledger = stalls.ledger()
         cut = Cut(site, eid, "agent", f"deadlines.{name}={limit:g}", outcome)
-        ended = ledger.cut(cut, d.same_stall_limit, reason)
-        if task is not None:
-            task.cancel()
-        else:
-            self._pool.give_up(work)
-        ended = ended or ledger.too_many_stuck(self._pool.stuck, d.max_abandoned, cut)
-        if ended is not None:
-            raise ended
-        path = ledger.path(site)
+        path = cut_call(cut, reason, d, task.cancel if task is not None else
+                        lambda: self._pool.give_up(work), stuck_calls)
         raise AgentStalled(reason.splitlines()[0] + (f"; stacks: {path}" if path else ""))
 
     def _count(self, episode: Episode, trajs: list[Trajectory]) -> None:
