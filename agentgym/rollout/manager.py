@@ -213,7 +213,7 @@ class GenerationManager:
         session = f"{uid}/{sample_index}/{seed}/{next(self._sessions)}"  # one per episode
         m = {"turns": 0, "generate_s": 0.0, "env_s": 0.0, "length_stops": 0}
         env: Any = _UNMADE
-        cut, ending = False, None
+        ending = None
         try:
             t0, stalled = time.perf_counter(), None
             try:
@@ -278,13 +278,12 @@ class GenerationManager:
                 ep.rewards += [0.0] * (turn - len(ep.rewards))  # its turns: no reward
                 traj.truncated = True  # an infrastructure failure: not trained on
                 info = {**info, "infra_failures": 1, "infra_error": str(e), "end": "stalled"}
-                cut = True
         except BaseException as e:
             ending = e
             raise
         finally:
-            cut = not await self._close(env, session, ending) or cut
-        if not cut:  # a stall site's episodes in a row end here
+            closed = await self._close(env, session, ending)
+        if closed and info.get("end") != "stalled":  # a stall site's cuts in a row end here
             stalls.ledger().finished()
         return ep.finish(info, m, f"{uid}/{sample_index}/{seed}")
 
