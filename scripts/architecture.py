@@ -74,7 +74,9 @@ WHERE = {_CORE: "agentgym/core/", _TOOLS: "tools/", _RETRIEVER: "retriever_serve
 HOLDS = {
     _CORE: "the ground floor: `types` (Trajectory, Segment, SamplingParams), `registry` (with "
            "`check_choices`), `paths`, `server_process` (child servers that end with their "
-           "parent), `device`, `memory`; with `agentgym/__init__.py` and `_layout.py` (the "
+           "parent), `device`, `memory`, `watchdog` (stage deadlines, heartbeat), `stalls` (hung "
+           "calls by site), `daemon_pool` (workers that replace a stuck one), `process_call`; "
+           "with `agentgym/__init__.py` and `_layout.py` (the "
            "top-level folders as agentgym's subpackages in a checkout)",
     _TOOLS: "what envs call: retriever client (`retriever.py`), local retriever launcher, the "
             "code sandbox (`sandbox.py` entry and `SandboxConfig`, `sandbox_base.py` contract, "

@@ -145,8 +145,11 @@ def test_a_reward_that_sleeps_ends_the_run_then_resume_continues_after_the_fix(t
                                *_train_args(data, run, "reward=hang_reward:score", *keys)],
                               cwd=tmp_path, capture_output=True, text=True, timeout=600)
     stalled = cli()
+    ended = time.time()  # the process has exited, its sleeping threads with it
     assert stalled.returncode == 3, stalled.stderr[-3000:]
     assert f"score ({user}, line 4)" in stalled.stderr
+    (site_file,) = (run / "stalls").glob("stall-site-*.txt")
+    assert ended - _first_cut_time(site_file) < 2 + 30  # env_step_s + 30 s
     report = "\n".join(status_lines(run))
     assert "state     stalled" in report and "stalls    1 site(s) cut" in report
     assert f"score ({user}, line 4): " in report

@@ -43,7 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from agentgym.core.watchdog import StageStalled, format_stacks, run_stall_hooks
+from agentgym.core.watchdog import (STALLS, StageStalled, active_watch, format_stacks,
+                                    run_stall_hooks)
 
 logger = logging.getLogger(__name__)
 
@@ -426,19 +427,17 @@ def site_summaries(directory: Path) -> list[tuple[str, int, Path]]:
 
 
 _NO_DIR = StallLedger()
-_ACTIVE: list[StallLedger] = []
+_MADE = threading.Lock()
 
 
 def ledger() -> StallLedger:
-    """The ledger of the run this process is in (its watch's), else the process's own,
-    with no folder."""
-    return _ACTIVE[-1] if _ACTIVE else _NO_DIR
-
-
-def activate(led: StallLedger) -> None:
-    _ACTIVE.append(led)
-
-
-def deactivate(led: StallLedger) -> None:
-    if led in _ACTIVE:
-        _ACTIVE.remove(led)
+    """The ledger of the run this process is in (its watch's, in its ``stalls/``), else the
+    process's own, with no folder."""
+    watch = active_watch()
+    if watch is None:
+        return _NO_DIR
+    with _MADE:
+        if watch.stall_ledger is None:
+            watch.stall_ledger = StallLedger(watch.run_dir / STALLS, watch.stage_now,
+                                             watch.end_by)
+        return watch.stall_ledger

@@ -138,6 +138,15 @@ _STALL_DIR: Path | None = None
 _HOOKS: list = []
 
 
+#: the watches of this process, the latest last (active_watch)
+_WATCHES: list = []
+
+
+def active_watch() -> "Watchdog | None":
+    """The watch of the run this process is in (None: none)."""
+    return _WATCHES[-1] if _WATCHES else None
+
+
 def add_stall_hook(hook) -> None:
     """``hook(path)`` runs after a stall's stacks are written to ``path`` (and appends to
     it); :func:`remove_stall_hook` when what it reports is gone."""
@@ -231,7 +240,6 @@ class Watchdog:
     def __init__(self, run_dir: Path, cfg: DeadlinesConfig | None = None,
                  role: str = "trainer", poll_s: float = 1.0) -> None:
         global _STALL_DIR
-        from agentgym.core import stalls
         self.run_dir, self.cfg, self.role = Path(run_dir), cfg or DeadlinesConfig(), role
         self.poll_s = min(poll_s, self.cfg.heartbeat_s)
         self._stages: list[_Stage] = []
@@ -246,9 +254,9 @@ class Watchdog:
             self._previous_handler = signal.signal(signal.SIGUSR2, self._interrupt)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         _STALL_DIR = self.run_dir / STALLS
-        #: the episodes' stalls by site (agentgym.core.stalls), in this run's stalls/
-        self.ledger = stalls.StallLedger(_STALL_DIR, self._stage_now, self._ended)
-        stalls.activate(self.ledger)
+        #: the episodes' stalls by site, in this run's stalls/ (agentgym.core.stalls.ledger)
+        self.stall_ledger = None
+        _WATCHES.append(self)
         self._beat()
         self._thread = threading.Thread(target=self._watch, daemon=True, name="watchdog")
         self._thread.start()
@@ -290,7 +298,7 @@ class Watchdog:
             for s in mine:
                 s.progress_at = now
 
-    def _stage_now(self) -> tuple[str, str, int] | None:
+    def stage_now(self) -> tuple[str, str, int] | None:
         """``(role, stage, step)`` of the stage episodes are played in now: the latest
         rollout or eval, else the latest stage (None: between stages)."""
         with self._lock:
@@ -298,7 +306,7 @@ class Watchdog:
         playing = [s for s in stages if s.name in ("rollout", "eval")] or stages
         return (self.role, playing[-1].name, playing[-1].step) if playing else None
 
-    def _ended(self, error: StageStalled) -> None:
+    def end_by(self, error: StageStalled) -> None:
         """Episodes' stalls end the run (agentgym.core.stalls): the heartbeat says so."""
         if self._stalled is None:
             self._stalled = error
@@ -386,8 +394,8 @@ class Watchdog:
 
     def close(self, state: str = "finished") -> None:
         global _STALL_DIR
-        from agentgym.core import stalls
-        stalls.deactivate(self.ledger)
+        if self in _WATCHES:
+            _WATCHES.remove(self)
         self._stop.set()
         self._thread.join(timeout=10)
         if self._state == "running":
