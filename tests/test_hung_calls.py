@@ -53,6 +53,14 @@ def _train_args(data: Path, run: Path, *keys: str) -> list[str]:
             "deadlines.env_step_s=2", f"run_dir={run}", *keys]
 
 
+def _ended(pid: int) -> bool:
+    """Whether process ``pid`` has exited (gone, or a zombie its parent has not reaped)."""
+    try:
+        return "\nState:\tZ" in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+
+
 def _first_cut_time(site_file: Path) -> float:
     """When the site's first listed cut happened (its line's time stamp)."""
     line = site_file.read_text().splitlines()[2]
@@ -325,16 +333,31 @@ def test_a_reward_in_a_process_of_its_own_is_killed_when_it_hangs(tmp_path, faul
 
 
 def test_a_call_in_a_process_keeps_its_child_answers_errors_and_prints_aside():
+    """In a thread of its own, whose child ends with it."""
     from agentgym.core.process_call import ProcessCallError, call_in_process
-    child = call_in_process(os.getpid)
-    assert child != os.getpid() and call_in_process(os.getpid) == child  # one child, kept
-    assert call_in_process(print, "to stderr, not into the answers") is None
-    with pytest.raises(ProcessCallError, match="ValueError: invalid literal"):
-        call_in_process(int, "x")
-    assert call_in_process(sum, [1, 2]) == 3  # the child works on after an error
-    os.kill(child, 9)
-    deadline = time.monotonic() + 60  # dead (a zombie until its parent reaps it)
-    while "\nState:\tZ" not in Path(f"/proc/{child}/status").read_text():
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    assert call_in_process(os.getpid) not in (child, os.getpid())  # a new one took its place
+    seen: dict = {}
+
+    def calls():
+        child = seen["first"] = call_in_process(os.getpid)
+        assert child != os.getpid() and call_in_process(os.getpid) == child  # one, kept
+        assert call_in_process(print, "to stderr, not into the answers") is None
+        with pytest.raises(ProcessCallError, match="ValueError: invalid literal"):
+            call_in_process(int, "x")
+        assert call_in_process(sum, [1, 2]) == 3  # the child works on after an error
+        os.kill(child, 9)
+        deadline = time.monotonic() + 60  # dead (a zombie until its parent reaps it)
+        while not _ended(child):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        seen["second"] = call_in_process(os.getpid)  # a new one took its place
+        seen["ok"] = True
+    caller = threading.Thread(target=calls)
+    caller.start()
+    caller.join(timeout=120)
+    assert seen.get("ok") and seen["second"] not in (seen["first"], os.getpid())
+    import gc
+    deadline = time.monotonic() + 60  # the thread is gone: its child's stdin closed
+    while not _ended(seen["second"]):
+        assert time.monotonic() < deadline, "the thread's child outlived it"
+        gc.collect()
+        time.sleep(0.05)
