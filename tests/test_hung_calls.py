@@ -225,7 +225,7 @@ def test_more_calls_left_in_their_threads_than_max_abandoned_end_the_run(
                             "deadlines.same_stall_limit=10", "deadlines.max_abandoned=2",
                             "trainer.prompts_per_step=3")) == 3
     err = capsys.readouterr().err
-    assert "3 env calls given up on are still running in their threads, more than " \
+    assert "3 calls given up on are still running in their threads, more than " \
            "deadlines.max_abandoned=2" in err
     assert f"reward_that_deadlocks_fault ({FAULTS}, line " in err and "reward_process" in err
 

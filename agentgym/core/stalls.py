@@ -269,9 +269,8 @@ class StallLedger:
             return None
         with self._lock:
             path = self._state(cut.site).path
-        what = "agent program" if cut.call == "agent" else "env call"
         error = StallsEndRun(
-            f"{self._where()}{stuck} {what}s given up on are still running in their threads, "
+            f"{self._where()}{stuck} calls given up on are still running in their threads, "
             f"more than deadlines.max_abandoned={limit} (the latest: {cut.site}, "
             f"{cut.call}{'; its stacks: ' + str(path) if path else ''}). A thread cannot be "
             f"killed: fix what hangs, or run it in a process of its own (reward_process=true "
