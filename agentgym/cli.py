@@ -543,9 +543,30 @@ def _retriever():
     return retriever
 
 
+def _env_command(name: str):
+    """The command ``name`` an env's manifest brings (``agentgym swe ...``), else None."""
+    import importlib
+
+    from agentgym import envs
+    target = envs.env_commands().get(name)
+    if target is None:
+        return None
+    module, _, function = target.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     names = sorted({**COMMANDS, **FLAG_COMMANDS})
+    if argv and argv[0] not in names and not argv[0].startswith("-") and \
+            (env_command := _env_command(argv[0])) is not None:
+        exit_cleanly_on_sigterm()
+        try:
+            return env_command(argv[1:])
+        except (KeyError, ValueError, FileNotFoundError) as e:
+            msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+            print(f"agentgym {argv[0]}: error: {msg}", file=sys.stderr)
+            return 2
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in names:
         parser = argparse.ArgumentParser(prog="agentgym", description=__doc__,
                                          formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -9,7 +9,7 @@ from agentgym.envs.base import AgentEnv, MessagesSpace, TextSpace
 from agentgym.envs.checker import EnvContractError, check_env
 from agentgym.envs.manifest import EnvManifest
 from agentgym.envs.registration import (config_sections, default_env, discover_envs,
-                                        env_aliases, env_class, env_ids, env_manifest,
+                                        env_aliases, env_commands, env_class, env_ids, env_manifest,
                                         make_env, register_entry_points, register_env,
                                         resolve_env_id, short_name, short_names)
 
@@ -17,6 +17,6 @@ discover_envs()  # every module of this folder: each env class registers itself
 register_entry_points()  # installed packages' envs (group agentgym.envs, envs.plugins)
 
 __all__ = ["AgentEnv", "MessagesSpace", "TextSpace", "EnvContractError", "EnvManifest",
-           "check_env", "config_sections", "default_env", "discover_envs", "env_aliases",
+           "check_env", "config_sections", "default_env", "discover_envs", "env_aliases", "env_commands",
            "env_class", "env_ids", "env_manifest", "make_env", "register_entry_points",
            "register_env", "resolve_env_id", "short_name", "short_names"]

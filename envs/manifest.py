@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping
 #: the manifest's functions and how many leading arguments each takes from its caller
 #: (``filter_rows(rows, limit, ...)``); the rest come from the config by name
 _FUNCTIONS = {"kwargs": 0, "row_filter": 0, "filter_rows": 2, "demo_options": 0, "sources": 0,
-              "check": 0}
+              "check": 0, "adapt_row": 2}
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,13 @@ class EnvManifest:
             their metrics (a key missing from an episode counts 0; an env may report more
             for one episode, :attr:`agentgym.envs.base.AgentEnv.episode_metrics`).
         tool_calls_label: what the env's tool calls are called in reports ("searches").
+        adapt_row: ``(row, where) -> row``: a row in the format the env's tasks are
+            published in (SWE-bench's), with verl's fields added, so a user's rows load
+            with ``data=`` as they are; a row already in verl's format comes back as it
+            is. Raises ValueError naming the row (``where``) and what is wrong.
+        commands: ``{name: "module:function"}``: commands of ``agentgym NAME ...`` the env
+            brings (``agentgym swe validate``); the function takes the command's
+            arguments and returns its exit status. The CLI finds them here, by name.
     """
 
     sections: Mapping[str, type] = field(default_factory=dict)
@@ -97,6 +104,8 @@ class EnvManifest:
     sources: Callable[..., Any] | None = None
     episode_metrics: tuple[str, ...] = ()
     tool_calls_label: str = "tool calls"
+    adapt_row: Callable[..., dict] | None = None
+    commands: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name, section in self.sections.items():

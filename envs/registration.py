@@ -96,6 +96,17 @@ def config_sections() -> dict[str, type]:
     return out
 
 
+def env_commands() -> dict[str, str]:
+    """``agentgym NAME`` commands the discovered envs bring (their manifests' ``commands``):
+    name -> ``module:function``."""
+    out: dict[str, str] = {}
+    for cls in discovered():
+        for name, target in manifest_of(cls).commands.items():
+            if out.setdefault(name, target) != target:
+                raise ValueError(f"command {name!r} of {cls.__name__} is already {out[name]}")
+    return out
+
+
 def default_env() -> str:
     """The short name of the discovered env whose manifest sets ``default`` (``agentgym
     train`` without ``env=``)."""

@@ -155,7 +155,10 @@ def load_rows(env: str, name: str, limit: int = 0, cfg=None) -> list[dict]:
         rows = rows[:limit]
     from agentgym import envs
     names = envs.env_aliases(env)  # its id and short names (a plugin: its class spec too)
-    any_rows = envs.env_manifest(env).plays_any_rows  # env=agent plays any env's rows
+    manifest = envs.env_manifest(env)
+    any_rows = manifest.plays_any_rows  # env=agent plays any env's rows
+    if manifest.adapt_row is not None:  # rows in the format the env's tasks come in
+        rows = [manifest.adapt_row(row, f"{path}:{i + 1}") for i, row in enumerate(rows)]
     for i, row in enumerate(rows):
         validate_row(row, f"{path}:{i + 1}")
         if row.get("env") is None:  # verl's rows: the command's env decides

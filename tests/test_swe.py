@@ -1,0 +1,282 @@
+"""env=swe: SWE-bench rows over a user's repository, the workspace's isolation and cleanup,
+both tool protocols, and SWE-bench's grading (each test one property, on real processes
+under real isolation)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from agentgym.cli import main as cli
+from agentgym.data.rows import load_rows, write_jsonl
+from agentgym.envs import make_env
+from agentgym.envs.swe import SUBMIT, repo_cache, workspace_root
+from agentgym.envs.swe_rows import adapt_row, without_test_edits
+from agentgym.tools.sandbox_local import UID_BASE, UID_SPAN
+from agentgym.tools.workspace import CommandLimits, Workspace, clean_stale
+
+# -- a repository the project does not ship: a local git folder with its tests ---------------
+SRC = '"""Text helpers."""\n\n\ndef shout(text):\n    return text.upper() + "!"\n\n\n' \
+      'def count_words(text):\n    return len(text.split(" "))\n'
+FIXED = SRC.replace('len(text.split(" "))', "len(text.split())")
+TESTS = 'from wordy import shout\n\n\ndef test_shout():\n    assert shout("hi") == "HI!"\n'
+HIDDEN = TESTS.replace("import shout", "import count_words, shout") + \
+    '\n\ndef test_count_spaces():\n    assert count_words("a  b ") == 2\n'
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo,
+                          check=True, capture_output=True, text=True).stdout
+
+
+def _commit(repo: Path, files: dict[str, str], message: str) -> str:
+    for name, text in files.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", message)
+    return _git(repo, "rev-parse", "HEAD").strip()
+
+
+@pytest.fixture(scope="module")
+def user_repo(tmp_path_factory):
+    """A git folder with history after its base commit (the fix, then the fix's test), and
+    the row of SWE-bench's schema that points at it."""
+    repo = tmp_path_factory.mktemp("user") / "wordy"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    base = _commit(repo, {"wordy/__init__.py": "from wordy.text import count_words, shout\n",
+                          "wordy/text.py": SRC, "tests/test_text.py": TESTS}, "base")
+    fix = _commit(repo, {"wordy/text.py": FIXED}, "the fix")
+    patch = _git(repo, "diff", base, fix)
+    test = _commit(repo, {"tests/test_text.py": HIDDEN}, "the fix's test")
+    test_patch = _git(repo, "diff", fix, test)
+    row = {"instance_id": "me__wordy-1", "repo": "me/wordy", "base_commit": base,
+           "problem_statement": 'count_words("a  b ") returns 4; it should count 2 words.',
+           "patch": patch, "test_patch": test_patch, "version": "1.0",
+           # as SWE-bench's Hugging Face copies carry them: JSON strings
+           "FAIL_TO_PASS": json.dumps(["tests/test_text.py::test_count_spaces"]),
+           "PASS_TO_PASS": json.dumps(["tests/test_text.py::test_shout"]),
+           "environment_setup_commit": base}
+    return repo, row
+
+
+def _tree_digest(root: Path) -> str:
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        h.update(rel.encode() + b"\0" + oct(path.lstat().st_mode).encode())
+        if path.is_file() and not path.is_symlink():
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _sandbox_processes() -> list[str]:
+    out = subprocess.run(["ps", "-eo", "uid=,pid=,args="], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines()
+            if UID_BASE <= int(line.split()[0]) < UID_BASE + UID_SPAN]
+
+
+def _overlay_mounts() -> list[str]:
+    return [m for m in Path("/proc/mounts").read_text().splitlines()
+            if str(workspace_root()) in m]
+
+
+def test_a_users_swe_bench_rows_load_unchanged_and_validate(user_repo, tmp_path, capsys):
+    repo, row = user_repo
+    data = tmp_path / "rows.jsonl"
+    write_jsonl(data, [{**row, "repo_path": str(repo)}])
+    rows = load_rows("swe", str(data))
+    assert rows[0]["FAIL_TO_PASS"] == ["tests/test_text.py::test_count_spaces"]
+    assert rows[0]["reward_model"]["ground_truth"]["PASS_TO_PASS"] == ["tests/test_text.py::test_shout"]
+    assert cli(["swe", "validate", f"data={data}"]) == 0
+    out = capsys.readouterr().out
+    assert "ok   me__wordy-1: gold resolved (F2P 1.00, P2P 1.00); empty diff not resolved " \
+           "(F2P 0.00, P2P 1.00)" in out, out
+    assert "1 of 1 rows valid" in out
+
+
+def test_validate_finds_the_repository_in_swe_repos_and_fails_a_wrong_gold_patch(
+        user_repo, tmp_path, capsys):
+    repo, row = user_repo
+    repos = tmp_path / "repos"
+    repos.mkdir()
+    subprocess.run(["git", "bundle", "create", str(repos / "me__wordy.bundle"), "--all"],
+                   cwd=repo, check=True, capture_output=True)
+    data = tmp_path / "rows.jsonl"
+    write_jsonl(data, [row, {**row, "instance_id": "me__wordy-wrong", "patch": ""}])
+    assert cli(["swe", "validate", f"data={data}", f"swe.repos={repos}"]) == 1
+    out = capsys.readouterr().out
+    assert "ok   me__wordy-1:" in out
+    assert "FAIL me__wordy-wrong: gold not resolved (F2P 0.00, P2P 1.00)" in out
+    assert "1 of 2 rows valid" in out
+
+
+def test_rows_that_cannot_run_here_are_refused_by_name(user_repo, tmp_path):
+    _, row = user_repo
+    with pytest.raises(ValueError, match=r"me__wordy-1.*Docker image 'swebench/x:latest'.*repo_path"):
+        adapt_row({**row, "image_name": "swebench/x:latest"}, "rows.jsonl:1")
+    with pytest.raises(ValueError, match=r"lacks \['test_patch'\]"):
+        adapt_row({k: v for k, v in row.items() if k != "test_patch"}, "rows.jsonl:1")
+    env = make_env("swe")
+    with pytest.raises(FileNotFoundError, match=r"no local copy of 'me/wordy'.*swe.repos"):
+        env.reset(options={"row": row})
+    env.close()
+
+
+def test_the_agents_copy_has_no_history_and_the_base_survives_edits(user_repo):
+    repo, row = user_repo
+    base = repo_cache().base("me/wordy", repo, row["base_commit"])
+    before = _tree_digest(base)
+    with Workspace(base, workspace_root()) as ws:
+        log = ws.run("git log --all --format=%s").output
+        assert log.strip() == f"base {row['base_commit'][:12]}", log  # not "the fix"
+        r = ws.run("echo '# edited' >> wordy/text.py && echo new > new.txt && "
+                   "rm tests/test_text.py && mkdir -p d/e && echo x > d/e/f && git status --short")
+        assert r.exit_code == 0 and " M wordy/text.py" in r.output and " D tests/test_text.py" in r.output
+        again = ws.run("cat new.txt; ls tests | wc -l").output.split()
+        assert again == ["new", "0"]  # kept from command to command
+        diff = ws.diff()
+        assert "+# edited" in diff and "new.txt" in diff and "deleted file" in diff
+        assert _overlay_mounts() == []  # the overlay lives in the command's namespace only
+        folder = ws.dir
+    assert not folder.exists()
+    assert _tree_digest(base) == before
+
+
+def test_commands_have_no_network_no_host_and_leave_no_process(user_repo):
+    repo, row = user_repo
+    base = repo_cache().base("me/wordy", repo, row["base_commit"])
+    with Workspace(base, workspace_root(), CommandLimits(wall_s=5)) as ws:
+        net = ws.run("python -c \"import socket; socket.create_connection(('1.1.1.1', 80), 3)\"")
+        assert net.exit_code == 1 and "Network is unreachable" in net.output
+        assert "Read-only file system" in ws.run("touch /usr/x").output
+        project = Path(__file__).resolve().parents[1] / "agentgym" / "cli.py"
+        seen = ws.run(f"ls /etc/passwd {project} {Path.home()}/.bash_history 2>&1; true").output
+        assert seen.count("No such file or directory") == 3, seen
+        assert ws.run("(sleep 300 &) ; setsid sleep 300 & echo started").output.strip() == "started"
+        slow = ws.run("sleep 300", wall_s=1)
+        assert slow.timed_out and slow.exit_code is None
+        bomb = ("import os, time\nn = 0\ntry:\n    while n < 1000:\n        if os.fork() == 0:\n"
+                "            os.close(1); time.sleep(60); os._exit(0)\n        n += 1\n"
+                "except OSError as e:\n    print('refused after', n, e.strerror)\n")
+        forks = ws.run(f"python -c {shlex.quote(bomb)}")
+        assert "Resource temporarily unavailable" in forks.output, forks  # RLIMIT_NPROC
+        assert int(forks.output.split()[2]) < CommandLimits().max_procs
+    assert _sandbox_processes() == []
+
+
+def test_a_command_past_the_disk_quota_is_stopped(user_repo):
+    repo, row = user_repo
+    base = repo_cache().base("me/wordy", repo, row["base_commit"])
+    with Workspace(base, workspace_root(), CommandLimits(disk_mb=4, file_size_mb=2)) as ws:
+        one = ws.run("head -c 8000000 /dev/zero > big.bin; ls -l big.bin")
+        assert "File size limit exceeded" in one.output and " 2097152 " in one.output  # RLIMIT_FSIZE
+        assert not one.quota_exceeded
+        many = ws.run("for i in $(seq 100); do head -c 1000000 /dev/urandom > f$i; done; echo end")
+        assert many.quota_exceeded
+
+
+def test_long_output_keeps_head_and_tail_and_counts_the_cut(user_repo):
+    repo, row = user_repo
+    base = repo_cache().base("me/wordy", repo, row["base_commit"])
+    with Workspace(base, workspace_root(), CommandLimits(keep_output_bytes=1000)) as ws:
+        r = ws.run("echo START; seq 1 100000; echo END")
+    assert r.output.startswith("START\n1\n") and r.output.rstrip().endswith("100000\nEND")
+    assert f"[... {r.cut_bytes} bytes cut ...]" in r.output and r.cut_bytes > 500_000
+
+
+def test_stale_workspaces_of_a_dead_process_are_removed(tmp_path):
+    dead = subprocess.run(["sh", "-c", "echo $$"], capture_output=True, text=True).stdout.strip()
+    (tmp_path / f"{dead}-0" / "upper").mkdir(parents=True)
+    (tmp_path / f"{os.getpid()}-0").mkdir()
+    assert clean_stale(tmp_path) == 1
+    assert [p.name for p in tmp_path.iterdir()] == [f"{os.getpid()}-0"]
+
+
+def test_bash_protocol_solves_submits_and_is_graded(user_repo):
+    repo, row = user_repo
+    env = make_env("swe", max_turns=5)
+    obs, _ = env.reset(options={"row": {**row, "repo_path": str(repo)}})
+    assert "count_words" in obs[-1]["content"] and "mswea_bash_command" in obs[0]["content"]
+    obs, *_ = env.step("THOUGHT: two blocks\n```bash\nls\n```\n```bash\nls\n```")
+    assert "contained 2" in obs[0]["content"]
+    obs, *_ = env.step("```mswea_bash_command\ncat wordy/text.py\n```")
+    assert obs[0]["content"].startswith("<returncode>0</returncode>") and "def shout" in obs[0]["content"]
+    env.step("```bash\nsed -i 's/split(\" \")/split()/' wordy/text.py\n```")
+    obs, reward, terminated, truncated, info = env.step(f"```bash\necho {SUBMIT}\n```")
+    assert (reward, terminated, truncated) == (1.0, True, False)
+    assert info["resolved"] == info["f2p"] == info["p2p"] == info["applied"] == info["submitted"] == 1.0
+    assert info["malformed_actions"] == 1 and info["diff_lines"] == 2 and "infra_error" not in info
+    env.close()
+
+
+def test_edits_to_the_tests_are_dropped_before_grading(user_repo):
+    repo, row = user_repo
+    env = make_env("swe", max_turns=1)
+    env.reset(options={"row": {**row, "repo_path": str(repo)}})
+    cheat = ("mkdir -p tests && printf 'def test_count_spaces():\\n    pass\\n' > tests/test_text.py"
+             " && printf 'collect_ignore = []\\n' > conftest.py")
+    obs, reward, terminated, truncated, info = env.step(f"```bash\n{cheat}\n```")
+    assert (reward, terminated, truncated) == (0.0, False, True)  # graded at the turn limit
+    assert info["f2p"] == 0.0 and sorted(info["test_edits_dropped"]) == ["conftest.py",
+                                                                         "tests/test_text.py"]
+    env.close()
+
+
+def test_tools_protocol_edits_with_str_replace_editor(user_repo):
+    repo, row = user_repo
+    env = make_env("swe", max_turns=9, protocol="tools")
+    env.reset(options={"row": {**row, "repo_path": str(repo)}})
+    names = [t["function"]["name"] for t in env.tools]
+    assert names == ["bash", "str_replace_editor", "submit"]
+
+    def call(name, **arguments):
+        obs, reward, terminated, truncated, info = env.step(
+            f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>')
+        return (obs[0]["content"] if obs else ""), reward, info
+
+    text, *_ = call("str_replace_editor", command="view", path="/testbed/wordy/text.py")
+    assert "     9\t    return len(text.split(\" \"))" in text
+    text, *_ = call("str_replace_editor", command="str_replace", path="/testbed/wordy/text.py",
+                    old_str="return", new_str="return")
+    assert "Multiple occurrences" in text
+    text, *_ = call("str_replace_editor", command="str_replace", path="/testbed/wordy/text.py",
+                    old_str='split(" ")', new_str="split(None)")
+    assert "has been edited" in text and "split(None)" in text
+    text, *_ = call("str_replace_editor", command="undo_edit", path="/testbed/wordy/text.py")
+    assert 'split(" ")' in text
+    text, *_ = call("str_replace_editor", command="insert", path="/testbed/wordy/text.py",
+                    insert_line=0, new_str="# fixed")
+    assert "     1\t# fixed" in text
+    text, *_ = call("str_replace_editor", command="create", path="wordy/x.py", file_text="")
+    assert "not an absolute path" in text and "/testbed/wordy/x.py" in text
+    text, *_ = call("bash", command="sed -i 's/split(\" \")/split()/' wordy/text.py && echo ok")
+    assert "ok" in text
+    bad = env.step('<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls"}}\n</tool_call>')
+    assert "missing required argument" in bad[0][0]["content"]
+    _, reward, info = call("submit")
+    assert reward == 1.0 and info["resolved"] == 1.0 and info["malformed_actions"] == 1
+    env.close()
+
+
+def test_without_test_edits_keeps_the_source_and_names_what_it_drops():
+    patch = ("diff --git a/pkg/a.py b/pkg/a.py\n--- a/pkg/a.py\n+++ b/pkg/a.py\n@@ -1 +1 @@\n-x\n+y\n"
+             "diff --git a/tests/test_a.py b/tests/test_a.py\n--- a/tests/test_a.py\n+++ b/tests/"
+             "test_a.py\n@@ -1 +1 @@\n-x\n+y\n"
+             "diff --git a/pkg/check.py b/pkg/check.py\n--- a/pkg/check.py\n+++ b/pkg/check.py\n")
+    test_patch = "diff --git a/pkg/check.py b/pkg/check.py\n--- a/pkg/check.py\n+++ b/pkg/check.py\n"
+    kept, dropped = without_test_edits(patch, test_patch)
+    assert kept.startswith("diff --git a/pkg/a.py") and "tests/" not in kept and "check" not in kept
+    assert dropped == ["tests/test_a.py", "pkg/check.py"]
+
+
+def test_check_env_reports_ok_for_swe(capsys):
+    assert cli(["check-env", "swe"]) == 0
+    assert capsys.readouterr().out.strip() == "ok    agentgym/SWE-v0"
