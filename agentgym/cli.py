@@ -543,30 +543,46 @@ def _retriever():
     return retriever
 
 
-def _env_command(name: str):
-    """The command ``name`` an env's manifest brings (``agentgym swe ...``), else None."""
-    import importlib
-
+def cmd_env(env: str, name: str, args: list[str]) -> int:
+    """``agentgym NAME SUBCOMMAND key=value ...``: a command env ``env``'s manifest brings
+    (:attr:`agentgym.envs.manifest.EnvManifest.commands`); it yields lines to print."""
     from agentgym import envs
-    target = envs.env_commands().get(name)
-    if target is None:
-        return None
-    module, _, function = target.partition(":")
-    return getattr(importlib.import_module(module), function)
+    from agentgym.data.rows import load_rows
+    from agentgym.envs.manifest import takes_rows
+    manifest = envs.env_manifest(env)
+    subs = manifest.commands[name]
+    if not args or args[0] not in subs:
+        print(f"usage: agentgym {name} {{{','.join(subs)}}} key=value ...", file=sys.stderr)
+        return 2
+    fn = subs[args[0]]
+    _setup_logging("WARNING")
+    cfg = _config([*args[1:], f"env={env}"])
+    lead = []
+    if takes_rows(fn):
+        if not _gave_data(args[1:]):
+            raise ValueError(f"agentgym {name} {args[0]} needs data=FILE (or a dataset name)")
+        lead = [load_rows(env, cfg.data.name, cfg.limit, cfg)]
+    report = manifest.call(fn, cfg, *lead)
+    while True:
+        try:
+            print(next(report), flush=True)
+        except StopIteration as done:
+            return int(done.value or 0)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     names = sorted({**COMMANDS, **FLAG_COMMANDS})
-    if argv and argv[0] not in names and not argv[0].startswith("-") and \
-            (env_command := _env_command(argv[0])) is not None:
-        exit_cleanly_on_sigterm()
-        try:
-            return env_command(argv[1:])
-        except (KeyError, ValueError, FileNotFoundError) as e:
-            msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-            print(f"agentgym {argv[0]}: error: {msg}", file=sys.stderr)
-            return 2
+    if argv and argv[0] not in names and not argv[0].startswith("-"):
+        from agentgym import envs
+        if (env := envs.env_commands().get(argv[0])) is not None:  # agentgym swe validate
+            exit_cleanly_on_sigterm()
+            try:
+                return cmd_env(env, argv[0], argv[1:])
+            except (KeyError, ValueError, FileNotFoundError) as e:
+                msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+                print(f"agentgym {argv[0]}: error: {msg}", file=sys.stderr)
+                return 2
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in names:
         parser = argparse.ArgumentParser(prog="agentgym", description=__doc__,
                                          formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -81,9 +81,13 @@ class EnvManifest:
             published in (SWE-bench's), with verl's fields added, so a user's rows load
             with ``data=`` as they are; a row already in verl's format comes back as it
             is. Raises ValueError naming the row (``where``) and what is wrong.
-        commands: ``{name: "module:function"}``: commands of ``agentgym NAME ...`` the env
-            brings (``agentgym swe validate``); the function takes the command's
-            arguments and returns its exit status. The CLI finds them here, by name.
+        commands: ``{name: {subcommand: function}}``: ``agentgym NAME SUBCOMMAND
+            key=value ...`` commands the env brings (``agentgym swe validate``; the CLI
+            names no env, it finds them here). The CLI builds the run's config from the
+            arguments; a function whose first parameter is ``rows`` gets the rows of
+            ``data=`` (loaded as :attr:`adapt_row` adapts them), the rest by name as the
+            other functions'. It yields its report's lines as they come (the CLI prints
+            them) and returns its exit status.
     """
 
     sections: Mapping[str, type] = field(default_factory=dict)
@@ -105,7 +109,7 @@ class EnvManifest:
     episode_metrics: tuple[str, ...] = ()
     tool_calls_label: str = "tool calls"
     adapt_row: Callable[..., dict] | None = None
-    commands: Mapping[str, str] = field(default_factory=dict)
+    commands: Mapping[str, Mapping[str, Callable[..., Any]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name, section in self.sections.items():
@@ -119,6 +123,8 @@ class EnvManifest:
         hooks = [(hook, getattr(self, hook), leading) for hook, leading in _FUNCTIONS.items()]
         hooks += [(f"datasets[{name!r}]", made, 0) for name, made in self.datasets.items()
                   if callable(made)]
+        hooks += [(f"commands[{name!r}][{sub!r}]", fn, int(takes_rows(fn)))
+                  for name, subs in self.commands.items() for sub, fn in subs.items()]
         for hook, fn, leading in hooks:
             if fn is None:
                 continue
@@ -173,6 +179,11 @@ class EnvManifest:
     def sources_for(self, cfg: Any) -> Any:
         """What the observations come from under ``cfg`` (JSON-able)."""
         return self.call(self.sources, cfg) if self.sources else {}
+
+
+def takes_rows(fn: Callable) -> bool:
+    """Whether command ``fn`` (:attr:`EnvManifest.commands`) takes the rows of ``data=``."""
+    return next(iter(inspect.signature(fn).parameters), None) == "rows"
 
 
 #: the manifest of an env whose module declares none: nothing beyond the env class

@@ -97,13 +97,15 @@ def config_sections() -> dict[str, type]:
 
 
 def env_commands() -> dict[str, str]:
-    """``agentgym NAME`` commands the discovered envs bring (their manifests' ``commands``):
-    name -> ``module:function``."""
+    """``agentgym NAME`` commands the discovered envs bring (their manifests'
+    ``commands``): NAME -> the short name of the env that brings it."""
     out: dict[str, str] = {}
     for cls in discovered():
-        for name, target in manifest_of(cls).commands.items():
-            if out.setdefault(name, target) != target:
-                raise ValueError(f"command {name!r} of {cls.__name__} is already {out[name]}")
+        env = cls.env_short or cls.env_id
+        for name in manifest_of(cls).commands:
+            if out.setdefault(name, env) != env:
+                raise ValueError(f"command {name!r} of env {env!r} is env {out[name]!r}'s "
+                                 f"already")
     return out
 
 

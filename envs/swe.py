@@ -23,13 +23,14 @@ A reply without a command, or with two, and a malformed call are observations co
 Reward: after submit, or after the last turn's command, the workspace's diff is graded by
 SWE-bench's rule (:mod:`agentgym.envs.swe_grade`): 1.0 when every FAIL_TO_PASS and
 PASS_TO_PASS test passes, else 0.0. A harness that cannot grade is an infrastructure
-failure. Per-episode metrics: ``resolved``, ``f2p``, ``p2p``, ``applied``, ``submitted``,
-``test_s``, ``diff_lines``, with the base's counters (turns, tool failures, malformed).
+failure. Per-episode metrics: ``resolved`` (also ``em``, the trainer's correctness),
+``f2p``, ``p2p``, ``applied``, ``submitted``, ``test_s``, ``diff_lines``, with the base's
+counters (turns, tool failures, malformed), and ``format_valid``: the protocol followed (a
+command run, then a submit with a non-empty diff that applies).
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import re
@@ -37,15 +38,14 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentgym.core.paths import cache_dir
 from agentgym.core.registry import check_choices
 from agentgym.envs.base import AgentEnv
 from agentgym.envs.function_calling import CallError, function_tool, parse_tool_calls, tool_message
 from agentgym.envs.manifest import EnvManifest
 from agentgym.envs.swe_builtin import builtin_rows
-from agentgym.envs.swe_grade import grade
+from agentgym.envs.swe_grade import grade, repo_cache, swe_root, validate, workspace_root
 from agentgym.envs.swe_rows import adapt_row, find_repo, is_swe_row
-from agentgym.tools.workspace import REPO, CommandLimits, RepoCache, Workspace, clean_stale
+from agentgym.tools.workspace import CommandLimits, Workspace
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,6 @@ SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 _BLOCK = re.compile(r"```(?:mswea_bash_command|bash|sh)[ \t]*\n(.*?)\n?```", re.DOTALL)
 EDITOR = Path(__file__).resolve().parent.parent / "tools" / "_swe_editor.py"
 _TOOLS_DIR = "/agentgym"
-_CLEANED: set[str] = set()  # workspace roots cleaned of dead processes' folders, this process
 
 SYSTEM_BASH = (
     "You are a software engineer working in a repository at /testbed. You act by running "
@@ -108,37 +107,17 @@ class SWEConfig:
     memory_mb: int = 2048  # address space per process, MiB
     max_procs: int = 64  # processes and threads of an episode at once
     disk_mb: int = 256  # what an episode may write to its workspace, MiB
+    validate_workers: int = 2  # rows graded at once by agentgym swe validate
 
     def __post_init__(self) -> None:
         check_choices("swe", self, {"protocol": ("bash", "tools")})
-        for key in ("obs_bytes", "command_s", "test_s", "memory_mb", "max_procs", "disk_mb"):
+        for key in ("obs_bytes", "command_s", "test_s", "memory_mb", "max_procs", "disk_mb",
+                    "validate_workers"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"swe.{key} must be > 0, got {getattr(self, key)}")
         if self.obs_bytes < 256:
             raise ValueError(f"swe.obs_bytes must be >= 256 (room for a head and a tail), "
                              f"got {self.obs_bytes}")
-
-
-def swe_root() -> Path:
-    """Where the bases, the workspaces and the built-in repository live."""
-    return cache_dir() / "swe"
-
-
-@functools.lru_cache(maxsize=None)
-def repo_cache() -> RepoCache:
-    return RepoCache(swe_root() / "bases")
-
-
-def workspace_root() -> Path:
-    """The workspace root; the first call in a process removes dead processes' folders."""
-    root = swe_root() / "workspaces"
-    root.mkdir(parents=True, exist_ok=True)
-    if str(root) not in _CLEANED:
-        _CLEANED.add(str(root))
-        if removed := clean_stale(root):
-            logger.info("removed %d workspaces of processes that are gone from %s", removed,
-                        root)
-    return root
 
 
 def parse_bash(text: str) -> list[str]:
@@ -280,8 +259,8 @@ class SWEEnv(AgentEnv, env_id="agentgym/SWE-v0", short="swe"):
 
     def _finish(self, submitted: bool) -> tuple[float, bool, dict]:
         """Grade the workspace's diff; ``(reward, terminated, info)``."""
-        info = {"submitted": float(submitted), "resolved": 0.0, "f2p": 0.0, "p2p": 0.0,
-                "applied": 0.0, "test_s": 0.0}
+        info = {"submitted": float(submitted), "resolved": 0.0, "em": 0.0, "f2p": 0.0,
+                "p2p": 0.0, "applied": 0.0, "test_s": 0.0, "format_valid": 0.0}
         try:
             diff = self._ws.diff()
         except RuntimeError as e:
@@ -298,8 +277,10 @@ class SWEEnv(AgentEnv, env_id="agentgym/SWE-v0", short="swe"):
                   self.python)
         if g.infra:
             self.infra_failure(f"harness: {g.infra}")
-        info.update(resolved=float(g.resolved), f2p=float(g.f2p), p2p=float(g.p2p),
-                    applied=float(g.applied), test_s=round(g.test_s, 3))
+        ran = self._counters.get("tool_calls", 0) > 0
+        info.update(resolved=float(g.resolved), em=float(g.resolved), f2p=float(g.f2p),
+                    p2p=float(g.p2p), applied=float(g.applied), test_s=round(g.test_s, 3),
+                    format_valid=float(submitted and ran and bool(diff) and g.applied))
         if g.dropped:
             info["test_edits_dropped"] = g.dropped
         return float(g.resolved), submitted, info
@@ -330,7 +311,7 @@ MANIFEST = EnvManifest(
     datasets={"builtin": lambda: builtin_rows(swe_root() / "builtin")},
     kwargs=swe_kwargs,
     adapt_row=adapt_row,
-    commands={"swe": "agentgym.envs.swe_cli:main"},
+    commands={"swe": {"validate": validate}},
     episode_metrics=("resolved", "f2p", "p2p", "applied", "submitted", "test_s",
                      "diff_lines"),
     tool_calls_label="commands",

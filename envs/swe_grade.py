@@ -17,10 +17,17 @@ A harness that cannot do its part (the sandbox does not start, ``test_patch`` do
 apply, the tests pass their wall limit, the runner reports no test at all) is an
 infrastructure failure (:attr:`Grade.infra`), which the env reports as the other envs
 report theirs: the episode is kept out of the gradient (``rollout.on_infra_error``).
+
+``agentgym swe validate data=FILE [swe.repos=FOLDER] [limit=N] [swe.validate_workers=2]``
+(:func:`validate`) runs every row's gold ``patch`` and an empty diff through the harness and
+reports, per row and in total, which resolve; its exit status is 1 when a gold patch does
+not resolve or an empty diff does (a row whose tests cannot tell a fix from no change).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import logging
 import shlex
 import tempfile
@@ -28,8 +35,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agentgym.envs.swe_rows import test_command, without_test_edits
-from agentgym.tools.workspace import CommandLimits, Workspace
+from agentgym.core.paths import cache_dir
+from agentgym.envs.swe_rows import find_repo, test_command, without_test_edits
+from agentgym.tools.workspace import CommandLimits, RepoCache, Workspace, clean_stale
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +45,7 @@ APPLY_FAILED = ">>>>> Patch Apply Failed"
 TEST_PATCH_FAILED = ">>>>> Test Patch Apply Failed"
 START, END = ">>>>> Start Test Output", ">>>>> End Test Output"  # swebench's markers
 _INSIDE = "/agentgym-grade"
+_CLEANED: set[str] = set()  # workspace roots cleaned of dead processes' folders, this process
 
 
 @dataclass
@@ -122,3 +131,58 @@ def grade(row: dict, base: Path, diff: str, root: Path, limits: CommandLimits,
     return Grade(get_resolution_status(report) == "RESOLVED_FULL", True,
                  compute_fail_to_pass(report), compute_pass_to_pass(report), took, "",
                  dropped, statuses, out)
+
+
+def swe_root() -> Path:
+    """Where the bases, the workspaces and the built-in repository live."""
+    return cache_dir() / "swe"
+
+
+@functools.lru_cache(maxsize=None)
+def repo_cache() -> RepoCache:
+    return RepoCache(swe_root() / "bases")
+
+
+def workspace_root() -> Path:
+    """The workspace root; the first call in a process removes dead processes' folders."""
+    root = swe_root() / "workspaces"
+    root.mkdir(parents=True, exist_ok=True)
+    if str(root) not in _CLEANED:
+        _CLEANED.add(str(root))
+        if removed := clean_stale(root):
+            logger.info("removed %d workspaces of processes that are gone from %s", removed,
+                        root)
+    return root
+
+
+# -- agentgym swe validate data=FILE (the manifest's commands) -----------------------------
+def _validate_row(swe, row: dict) -> tuple[dict, object, object]:
+    base = repo_cache().base(row["repo"], find_repo(row, swe.repos), row["base_commit"])
+    limits = CommandLimits(wall_s=swe.test_s, cpu_s=swe.test_s, memory_mb=swe.memory_mb,
+                           max_procs=swe.max_procs, disk_mb=swe.disk_mb)
+    run = lambda diff: grade(row, base, diff, workspace_root(), limits,  # noqa: E731
+                             swe.test_s, swe.python or None)
+    return row, run(str(row.get("patch") or "")), run("")
+
+
+def _verdict(g) -> str:
+    if g.infra:
+        return f"harness failed ({g.infra[:120]})"
+    return (f"{'resolved' if g.resolved else 'not resolved'} (F2P {g.f2p:.2f}, P2P {g.p2p:.2f}"
+            f"{'' if g.applied else ', did not apply'})")
+
+
+def validate(rows: list[dict], swe):
+    """Yield a line per row (its gold patch's and an empty diff's verdicts) and a total;
+    return 1 when a row is not as it should be, else 0."""
+    bad, t0 = 0, time.perf_counter()
+    yield f"validating {len(rows)} rows: the gold patch and an empty diff each"
+    with concurrent.futures.ThreadPoolExecutor(swe.validate_workers) as pool:
+        for row, gold, empty in pool.map(lambda r: _validate_row(swe, r), rows):
+            ok = gold.resolved and not empty.resolved and not empty.infra
+            bad += not ok
+            yield (f"{'ok  ' if ok else 'FAIL'} {row['instance_id']}: gold {_verdict(gold)}; "
+                   f"empty diff {_verdict(empty)}; tests {gold.test_s:.1f} s")
+    yield (f"{len(rows) - bad} of {len(rows)} rows valid (the gold patch resolves, an empty "
+           f"diff does not) in {time.perf_counter() - t0:.1f} s")
+    return 1 if bad else 0

@@ -9,6 +9,7 @@ import json
 import os
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,8 @@ import pytest
 from agentgym.cli import main as cli
 from agentgym.data.rows import load_rows, write_jsonl
 from agentgym.envs import make_env
-from agentgym.envs.swe import SUBMIT, repo_cache, workspace_root
+from agentgym.envs.swe import SUBMIT
+from agentgym.envs.swe_grade import repo_cache, workspace_root
 from agentgym.envs.swe_rows import adapt_row, without_test_edits
 from agentgym.tools.sandbox_local import UID_BASE, UID_SPAN
 from agentgym.tools.workspace import CommandLimits, Workspace, clean_stale
@@ -280,3 +282,70 @@ def test_without_test_edits_keeps_the_source_and_names_what_it_drops():
 def test_check_env_reports_ok_for_swe(capsys):
     assert cli(["check-env", "swe"]) == 0
     assert capsys.readouterr().out.strip() == "ok    agentgym/SWE-v0"
+
+
+IN_FLIGHT = 32
+_CHILD = r'''
+import sys, threading
+from pathlib import Path
+from agentgym.envs import make_env
+from agentgym.envs.swe_grade import workspace_root
+row = __import__("json").loads(sys.argv[1])
+envs = [make_env("swe", max_turns=4) for _ in range(int(sys.argv[2]))]
+for env in envs:
+    env.reset(options={"row": row})
+# each episode mid-command: a daemon of its own, and a command that does not end
+step = lambda env: env.step("```bash\n(setsid sleep 600 &); touch started; sleep 600\n```")
+for env in envs:
+    threading.Thread(target=step, args=(env,), daemon=True).start()
+while sum((env._ws.upper / "started").exists() for env in envs) < len(envs):
+    threading.Event().wait(0.05)
+print("ready", flush=True)
+threading.Event().wait()
+'''
+
+
+def test_episodes_in_flight_leave_nothing_behind_even_when_the_trainer_is_killed(
+        user_repo, tmp_path):
+    """32 episodes mid-command, then SIGKILL to their process: no process of the sandbox's
+    uids is left, nothing is mounted, and the next process to start empties the root."""
+    from conftest import wait_until
+    repo, row = user_repo
+    root = workspace_root()
+    child = subprocess.Popen([sys.executable, "-c", _CHILD,
+                              json.dumps({**row, "repo_path": str(repo)}), str(IN_FLIGHT)],
+                             stdout=subprocess.PIPE, text=True, env=os.environ)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        live = _sandbox_processes()
+        assert len(live) >= 2 * IN_FLIGHT, live  # each episode's command and its daemon
+        mine = [p for p in root.iterdir() if p.name.startswith(f"{child.pid}-")]
+        assert len(mine) == IN_FLIGHT
+    finally:
+        child.kill()
+        child.wait()
+    wait_until(lambda: _sandbox_processes() == [], 60, "the sandboxes' processes ending")
+    assert _overlay_mounts() == []
+    assert all(p.exists() for p in mine)  # until the next start
+    subprocess.run([sys.executable, "-c", "from agentgym.envs.swe_grade import workspace_root; "
+                    "workspace_root()"], check=True, env=os.environ)
+    assert not any(p.exists() for p in mine)
+
+
+def test_episodes_in_flight_that_end_normally_leave_nothing_behind(user_repo):
+    import concurrent.futures
+    repo, row = user_repo
+    root = workspace_root()
+    before = set(root.iterdir())
+
+    def episode(i):
+        env = make_env("swe", max_turns=3)
+        env.reset(seed=i, options={"row": {**row, "repo_path": str(repo)}})
+        env.step("```bash\n(setsid sleep 600 &); echo $i > mine.txt; cat wordy/text.py | wc -l\n```")
+        env.close()
+        env.close()  # idempotent
+
+    with concurrent.futures.ThreadPoolExecutor(IN_FLIGHT) as pool:
+        list(pool.map(episode, range(IN_FLIGHT)))
+    assert set(root.iterdir()) == before
+    assert _sandbox_processes() == []

@@ -91,7 +91,10 @@ def _episode(t) -> dict[str, Any]:
     return {"uid": t.uid, "sample_index": t.sample_index, "em": float(t.info.get("em", 0.0)),
             "f1": float(t.info.get("f1", 0.0)), "reward": t.reward,
             "answer": str(t.info.get("answer", "")),
-            "format_valid": bool(t.terminated and t.metrics["malformed_actions"] == 0),
+            # an env that defines its own (env=swe: a command, then a diff that applies)
+            # reports it; else: ended on its own with no malformed action
+            "format_valid": bool(t.info["format_valid"]) if "format_valid" in t.info else
+            bool(t.terminated and t.metrics["malformed_actions"] == 0),
             "tool_calls": int(t.metrics.get("tool_calls", 0)),
             **{k: t.info[k] for k in t.info.get("episode_metrics", ()) if k in t.info}}
 
