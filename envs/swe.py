@@ -108,11 +108,12 @@ class SWEConfig:
     max_procs: int = 64  # processes and threads of an episode at once
     disk_mb: int = 256  # what an episode may write to its workspace, MiB
     validate_workers: int = 2  # rows graded at once by agentgym swe validate
+    episode_s: float = 1800.0  # env=mini-swe-agent: wall seconds of an episode (its wall_time_limit_seconds)
 
     def __post_init__(self) -> None:
         check_choices("swe", self, {"protocol": ("bash", "tools")})
         for key in ("obs_bytes", "command_s", "test_s", "memory_mb", "max_procs", "disk_mb",
-                    "validate_workers"):
+                    "validate_workers", "episode_s"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"swe.{key} must be > 0, got {getattr(self, key)}")
         if self.obs_bytes < 256:

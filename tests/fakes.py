@@ -131,6 +131,34 @@ class ScriptedCalcModel(ScriptedAgentModel):
         return await ScriptedServed.generate(self, prompt_ids, sampling, images, session_id)
 
 
+class ScriptedSWEModel(ScriptedAgentModel):
+    """The rollout engine of an ``env=mini-swe-agent`` run on the built-in SWE tasks
+    (``engine=scripted-swe-model``, registered by tests/test_swe.py), replying in
+    mini-swe-agent's text format: a first reply that edits minicalc/ops.py (the right fix
+    for the task's first sample, a harmless ``ls`` for its second, so each group's rewards
+    differ), then, once a command's output is in the prompt, the submit command. A fake of
+    the model's output only."""
+
+    FIXES = {"clamp()": "sed -i 's/if x < hi/if x > hi/' minicalc/ops.py",
+             "mean()": "sed -i 's/(len(values) + 1)/len(values)/' minicalc/ops.py"}
+
+    def __init__(self, model, tokenizer):
+        super().__init__(model, tokenizer)
+        self.firsts: dict[str, int] = {}
+
+    async def generate(self, prompt_ids, sampling, images=None, session_id=None):
+        seen = self.tok.decode(prompt_ids)
+        task = next(k for k in self.FIXES if k in seen)
+        if "<returncode>" not in seen:
+            with self._lock:
+                k = self.firsts[task] = self.firsts.get(task, -1) + 1
+            command = self.FIXES[task] if k % 2 == 0 else "ls"
+        else:
+            command = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+        self.script.append(f"THOUGHT: next.\n\n```mswea_bash_command\n{command}\n``` + eos")
+        return await ScriptedServed.generate(self, prompt_ids, sampling, images, session_id)
+
+
 class StallingLetterModelFault(ScriptedServed):
     """Fault injection (``engine=stalling-letter-model-fault``, registered by
     tests/test_stalls.py): a prompt holding ``#0`` sends the request to an engine step that

@@ -349,3 +349,25 @@ def test_episodes_in_flight_that_end_normally_leave_nothing_behind(user_repo):
         list(pool.map(episode, range(IN_FLIGHT)))
     assert set(root.iterdir()) == before
     assert _sandbox_processes() == []
+
+
+def test_mini_swe_agent_unmodified_trains_two_steps(tmp_path):
+    """mini-swe-agent's own loop plays the built-in tasks against the run's endpoint, its
+    commands run in the episodes' workspaces, the harness rewards them, and the trainer
+    updates on the recorded tokens (a scripted model's replies, one fix a group)."""
+    from agentgym.rollout.engines.base import ENGINES
+    if "scripted-swe-model" not in ENGINES.names():
+        ENGINES.register("scripted-swe-model", "fakes:ScriptedSWEModel")
+    run = tmp_path / "run"
+    assert cli(["train", "env=mini-swe-agent", "model=tiny", "trainer.total_steps=2",
+                "trainer.prompts_per_step=2", "rollout.n=2", "rollout.max_turns=4",
+                "rollout.max_tokens_per_turn=256", "engine=scripted-swe-model",
+                f"run_dir={run}"]) == 0
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [s for s in steps if "rollout/reward" in s]
+    assert len(steps) == 2
+    for step in steps:
+        assert step["agent/failed"] == 0.0
+        assert step["rollout/reward"] == 0.5  # one sample of each task fixed it
+        assert step["rollout/adv_abs"] > 0 and step["train/grad_norm"] > 0  # it updated
+    assert _sandbox_processes() == []

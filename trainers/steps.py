@@ -66,6 +66,10 @@ def collect(cfg: Config, workers, rows: list[dict], cursor: int,
         n_kept = len({tr.uid for tr in kept})
         if n_kept >= t.prompts_per_step:
             break
+    if not seen:  # an agent program's episodes fail rather than yield (serving.agents)
+        raise ValueError(f"step {step}: none of its {t.prompts_per_step * cfg.rollout.n} "
+                         f"episodes produced a trajectory (each failed: the warnings above "
+                         f"say why)")
     m = {**rollout_metrics(seen, per_env=is_mixed(cfg)), **infra_metrics(seen, infra_dropped),
          **(cm if curriculum else {}), **getattr(workers, "extra_metrics", dict)()}
     if a.dynamic_sampling:
