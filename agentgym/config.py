@@ -37,6 +37,7 @@ from agentgym.envs.mcp_env import MCPConfig
 from agentgym.envs.openenv_env import OpenEnvConfig
 from agentgym.envs.reasoning_gym_env import ReasoningGymConfig
 from agentgym.envs.search import RetrieverConfig, SearchConfig
+from agentgym.envs.swe import SWEConfig
 from agentgym.envs.verifiers_env import VerifiersConfig
 from agentgym.core.overrides import coerce
 from agentgym.presets import (ALGO_PRESETS, ALIASES, FLOAT_PER_ENV_KEYS,  # noqa: F401
@@ -440,7 +441,7 @@ class Config:
     recipe: str = ""  # recipes/NAME.yaml (or a .yaml path) layered under the user's keys
     deadlines: DeadlinesConfig = field(default_factory=DeadlinesConfig)  # stall detection
     # the shipped envs' sections (envs/code.py, geometry.py, mcp_env.py, openenv_env.py,
-    # reasoning_gym_env.py, search.py, verifiers_env.py)
+    # reasoning_gym_env.py, search.py, swe.py, verifiers_env.py)
     code: CodeConfig = field(default_factory=CodeConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     geometry: GeometryConfig = field(default_factory=GeometryConfig)
@@ -450,6 +451,7 @@ class Config:
     search: SearchConfig = field(default_factory=SearchConfig)
     retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
     verifiers: VerifiersConfig = field(default_factory=VerifiersConfig)
+    swe: SWEConfig = field(default_factory=SWEConfig)
     # other envs' sections (one added under envs/, a plugin's once chosen), used as fields
     sections: dict[str, Any] = field(default_factory=_env_sections)
 

@@ -334,6 +334,9 @@ class Checker:
             return self.flags(cmd, sub, [a for i, a in enumerate(args) if a != "…" or
                                          (i and args[i - 1].startswith("--"))])
         args = [a for a in args if a != "…"]
+        from agentgym import envs
+        if sub in envs.env_commands():  # a command an env's manifest brings: agentgym swe ...
+            return self.env_command(cmd, sub, args)
         if sub not in cli.COMMANDS:
             names = sorted({**cli.COMMANDS, **cli.FLAG_PARSERS})
             return self.problem(cmd, f"no subcommand {sub!r}; valid: {', '.join(names)}")
@@ -358,6 +361,21 @@ class Checker:
             self.resolve(cmd, sub, pairs)
         if self.run and self.cheap(cmd, sub):
             self.execute(cmd, sub)
+
+    def env_command(self, cmd: Command, name: str, args: list[str]) -> None:
+        """``agentgym NAME SUBCOMMAND key=value ...`` of an env's manifest: the subcommand
+        exists, its keys resolve with ``env=`` that env, its paths exist."""
+        from agentgym import envs
+        env = envs.env_commands()[name]
+        subs = envs.env_manifest(env).commands[name]
+        if not args or args[0] not in subs:
+            got = args[0] if args else "(none)"
+            return self.problem(cmd, f"agentgym {name}: no subcommand {got!r}; valid: "
+                                     f"{', '.join(subs)}")
+        if positional := [a for a in args[1:] if "=" not in a]:
+            return self.problem(cmd, f"{name} {args[0]} takes key=value overrides, not "
+                                     f"{positional}")
+        self.resolve(cmd, name, [*args[1:], f"env={env}"])
 
     def resolve(self, cmd: Command, sub: str, pairs: list[str]) -> None:
         from agentgym import cli
