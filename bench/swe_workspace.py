@@ -32,7 +32,8 @@ sys.path.insert(0, str(ROOT))
 from bench.report import machine, write_section  # noqa: E402
 from agentgym.envs import make_env  # noqa: E402
 from agentgym.envs.swe_builtin import builtin_rows  # noqa: E402
-from agentgym.envs.swe_grade import grade, repo_cache, swe_root, workspace_root  # noqa: E402
+from agentgym.envs.swe_grade import (grade, repo_cache, repo_python, swe_root,  # noqa: E402
+                                    workspace_root)
 from agentgym.envs.swe_rows import find_repo  # noqa: E402
 from agentgym.tools.workspace import CommandLimits, Workspace, tree_bytes  # noqa: E402
 
@@ -116,7 +117,8 @@ def main() -> None:
     limits = CommandLimits(wall_s=300, cpu_s=300)
     tests = []
     for _ in range(5):
-        g = grade(rows[0], small, rows[0]["patch"], workspace_root(), limits, 300)
+        g = grade(rows[0], small, rows[0]["patch"], workspace_root(), limits, 300,
+                  repo_python(rows[0], "", ["pytest"]))
         assert g.resolved, g
         tests.append(g.test_s)
     rates = {k: per_minute(rows, k, args.episodes) for k in (8, 32)}
@@ -133,8 +135,9 @@ def main() -> None:
             + "\n\nThe overlay's cost does not grow with the repository (it copies a file "
               "only when the agent writes it), where a copy's grows with every file. A "
               "command's round trip is the launcher's: unshare, the overlay's mount, bwrap, "
-              "prlimit, setpriv. The test run is dominated by pytest starting in the "
-              "project's own environment, whose plugins it loads.")
+              "prlimit, setpriv. The test run is pytest in the repository's own environment "
+              "(`swe.packages`: pytest and what it needs, copied once), most of an "
+              "episode's time.")
     print(body)
     if args.write:
         write_section(TITLE, body)

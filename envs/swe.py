@@ -35,7 +35,7 @@ import json
 import logging
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentgym.core.registry import check_choices
@@ -43,7 +43,8 @@ from agentgym.envs.base import AgentEnv
 from agentgym.envs.function_calling import CallError, function_tool, parse_tool_calls, tool_message
 from agentgym.envs.manifest import EnvManifest
 from agentgym.envs.swe_builtin import builtin_rows
-from agentgym.envs.swe_grade import grade, repo_cache, swe_root, validate, workspace_root
+from agentgym.envs.swe_grade import (grade, repo_cache, repo_python, swe_root, validate,
+                                    workspace_root)
 from agentgym.envs.swe_rows import adapt_row, find_repo, is_swe_row
 from agentgym.tools.workspace import CommandLimits, Workspace
 
@@ -100,7 +101,8 @@ TOOLS = [
 class SWEConfig:
     protocol: str = "bash"  # bash (mini-swe-agent: one bash block a turn, echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT submits) | tools (bash, str_replace_editor, submit calls)
     repos: str = ""  # folder of the rows' repositories, <owner>__<name> (git folder or .bundle); a row's repo_path comes first
-    python: str = ""  # the interpreter the agent's commands and the tests get as `python` ('': this one)
+    python: str = ""  # the interpreter the agent's commands and the tests get as `python` ('': the repository's own environment, of swe.packages)
+    packages: list[str] = field(default_factory=lambda: ["pytest"])  # the repository's environment: these installed distributions (and theirs) copied from this interpreter, once per repository
     obs_bytes: int = 10000  # of a command's output shown to the model (head and tail), bytes
     command_s: float = 60.0  # wall seconds per command (and CPU seconds per process)
     test_s: float = 300.0  # wall seconds of the harness's test run
@@ -151,21 +153,22 @@ class SWEEnv(AgentEnv, env_id="agentgym/SWE-v0", short="swe"):
     """Coding-agent environment over SWE-bench rows (see the module docstring).
 
     Args:
-        protocol, repos, python, obs_bytes, command_s, test_s, memory_mb, max_procs,
-            disk_mb: as :class:`SWEConfig`'s.
+        protocol, repos, python, packages, obs_bytes, command_s, test_s, memory_mb,
+            max_procs, disk_mb: as :class:`SWEConfig`'s.
         max_turns: actions per episode.
     """
 
     observation_format = "chat"
 
     def __init__(self, max_turns: int = 8, protocol: str = "bash", repos: str = "",
-                 python: str = "", obs_bytes: int = 10000, command_s: float = 60.0,
-                 test_s: float = 300.0, memory_mb: int = 2048, max_procs: int = 64,
-                 disk_mb: int = 256) -> None:
+                 python: str = "", packages: tuple[str, ...] = ("pytest",),
+                 obs_bytes: int = 10000, command_s: float = 60.0, test_s: float = 300.0,
+                 memory_mb: int = 2048, max_procs: int = 64, disk_mb: int = 256) -> None:
         super().__init__(max_turns=max_turns)
-        SWEConfig(protocol, repos, python, obs_bytes, command_s, test_s, memory_mb,
-                  max_procs, disk_mb)  # checks the values
-        self.protocol, self.repos, self.python = protocol, repos, python or None
+        SWEConfig(protocol, repos, python, list(packages), obs_bytes, command_s, test_s,
+                  memory_mb, max_procs, disk_mb)  # checks the values
+        self.protocol, self.repos, self.python = protocol, repos, python
+        self.packages = list(packages)
         self.obs_bytes, self.test_s = obs_bytes, test_s
         self.limits = CommandLimits(wall_s=command_s, cpu_s=command_s, memory_mb=memory_mb,
                                     max_procs=max_procs, keep_output_bytes=obs_bytes,
@@ -185,7 +188,8 @@ class SWEEnv(AgentEnv, env_id="agentgym/SWE-v0", short="swe"):
         self._row = row
         self._base = repo_cache().base(row["repo"], find_repo(row, self.repos),
                                        row["base_commit"])
-        self._ws = Workspace(self._base, workspace_root(), self.limits, self.python,
+        self._python = repo_python(row, self.python, self.packages)
+        self._ws = Workspace(self._base, workspace_root(), self.limits, self._python,
                              binds={str(EDITOR.parent): _TOOLS_DIR})
         for key in ("command_exits", "diff_lines"):
             self.count(key, 0)
@@ -275,7 +279,7 @@ class SWEEnv(AgentEnv, env_id="agentgym/SWE-v0", short="swe"):
                                memory_mb=self.limits.memory_mb, max_procs=self.limits.max_procs,
                                disk_mb=self.limits.disk_mb)
         g = grade(self._row, self._base, diff, workspace_root(), limits, self.test_s,
-                  self.python)
+                  self._python)
         if g.infra:
             self.infra_failure(f"harness: {g.infra}")
         ran = self._counters.get("tool_calls", 0) > 0
@@ -300,6 +304,7 @@ class SWEEnv(AgentEnv, env_id="agentgym/SWE-v0", short="swe"):
 def swe_kwargs(swe: SWEConfig) -> dict:
     """``swe.*`` as the env's constructor arguments."""
     return {"protocol": swe.protocol, "repos": swe.repos, "python": swe.python,
+            "packages": tuple(swe.packages),
             "obs_bytes": swe.obs_bytes, "command_s": swe.command_s, "test_s": swe.test_s,
             "memory_mb": swe.memory_mb, "max_procs": swe.max_procs, "disk_mb": swe.disk_mb}
 

@@ -37,7 +37,8 @@ from pathlib import Path
 
 from agentgym.core.paths import cache_dir
 from agentgym.envs.swe_rows import find_repo, test_command, without_test_edits
-from agentgym.tools.workspace import CommandLimits, RepoCache, Workspace, clean_stale
+from agentgym.tools.workspace import (CommandLimits, RepoCache, Workspace, clean_stale,
+                                     python_env)
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +144,17 @@ def repo_cache() -> RepoCache:
     return RepoCache(swe_root() / "bases")
 
 
+def repo_python(row: dict, python: str, packages: list[str]) -> str:
+    """The interpreter ``row``'s commands and tests get as ``python``: ``python`` when the
+    user names one (``swe.python``), else the repository's own environment, made once
+    (:func:`agentgym.tools.workspace.python_env`): ``packages`` (``swe.packages``) and the
+    row's ``requirements``, copied from this interpreter."""
+    if python:
+        return python
+    wanted = [*packages, *[str(r) for r in row.get("requirements") or []]]
+    return python_env(swe_root() / "envs", str(row["repo"]), wanted)
+
+
 def workspace_root() -> Path:
     """The workspace root; the first call in a process removes dead processes' folders."""
     root = swe_root() / "workspaces"
@@ -160,8 +172,9 @@ def _validate_row(swe, row: dict) -> tuple[dict, object, object]:
     base = repo_cache().base(row["repo"], find_repo(row, swe.repos), row["base_commit"])
     limits = CommandLimits(wall_s=swe.test_s, cpu_s=swe.test_s, memory_mb=swe.memory_mb,
                            max_procs=swe.max_procs, disk_mb=swe.disk_mb)
+    python = repo_python(row, swe.python, swe.packages)
     run = lambda diff: grade(row, base, diff, workspace_root(), limits,  # noqa: E731
-                             swe.test_s, swe.python or None)
+                             swe.test_s, python)
     return row, run(str(row.get("patch") or "")), run("")
 
 

@@ -29,7 +29,7 @@ import shlex
 from agentgym.envs.agent_program import AgentProgram
 from agentgym.envs.manifest import EnvManifest
 from agentgym.envs.swe_builtin import builtin_rows
-from agentgym.envs.swe_grade import grade, repo_cache, swe_root, workspace_root
+from agentgym.envs.swe_grade import grade, repo_cache, repo_python, swe_root, workspace_root
 from agentgym.envs.swe_rows import adapt_row, find_repo
 from agentgym.tools.workspace import CommandLimits, Workspace
 
@@ -125,7 +125,8 @@ class MiniSWEAgentProgram:
         limits = CommandLimits(wall_s=swe.command_s, cpu_s=swe.command_s,
                                memory_mb=swe.memory_mb, max_procs=swe.max_procs,
                                disk_mb=swe.disk_mb, keep_output_bytes=swe.obs_bytes)
-        with Workspace(base, workspace_root(), limits, swe.python or None) as ws:
+        python = repo_python(row, swe.python, swe.packages)
+        with Workspace(base, workspace_root(), limits, python) as ws:
             model = LitellmTextbasedModel(
                 **{**self.config.get("model", {}), "model_name": "openai/agentgym",
                    "cost_tracking": "ignore_errors",
@@ -140,8 +141,7 @@ class MiniSWEAgentProgram:
         test_limits = CommandLimits(wall_s=swe.test_s, cpu_s=swe.test_s,
                                     memory_mb=swe.memory_mb, max_procs=swe.max_procs,
                                     disk_mb=swe.disk_mb)
-        g = grade(row, base, diff, workspace_root(), test_limits, swe.test_s,
-                  swe.python or None)
+        g = grade(row, base, diff, workspace_root(), test_limits, swe.test_s, python)
         if g.infra:
             raise RuntimeError(f"the SWE harness could not grade {row['instance_id']}: {g.infra}")
         logger.debug("%s: mini-swe-agent %s ended %s; resolved %s", row["instance_id"],

@@ -371,3 +371,21 @@ def test_mini_swe_agent_unmodified_trains_two_steps(tmp_path):
         assert step["rollout/reward"] == 0.5  # one sample of each task fixed it
         assert step["rollout/adv_abs"] > 0 and step["train/grad_norm"] > 0  # it updated
     assert _sandbox_processes() == []
+
+
+def test_the_repository_gets_an_environment_of_its_own(user_repo):
+    """By default a repository's commands get a venv made once with pytest's distributions
+    alone (no plugin or package of the project's environment); swe.python names another."""
+    from agentgym.envs.swe_grade import repo_python
+    repo, row = user_repo
+    base = repo_cache().base("me/wordy", repo, row["base_commit"])
+    own = repo_python(row, "", ["pytest"])
+    assert own == repo_python(row, "", ["pytest"]) and own != sys.executable  # made once
+    probe = "python -c 'import pytest, pluggy; import numpy' 2>&1 | tail -1; python -m pytest --co -q tests | tail -1"
+    with Workspace(base, workspace_root(), python=own) as ws:
+        out = ws.run(probe).output
+    assert "No module named 'numpy'" in out and "1 test collected" in out, out
+    with Workspace(base, workspace_root(), python=repo_python(row, sys.executable, [])) as ws:
+        assert ws.run("python -c 'import numpy; print(numpy.__name__)'").output.strip() == "numpy"
+    with pytest.raises(ValueError, match="needs 'no-such-dist'.*swe.python"):
+        repo_python(row, "", ["pytest", "no-such-dist"])

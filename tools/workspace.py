@@ -49,6 +49,7 @@ import select
 import shutil
 import signal
 import subprocess
+import sys
 import tarfile
 import tempfile
 import threading
@@ -245,6 +246,70 @@ class RepoCache:
                 logger.info("made the base of %s@%s in %.1f s", name, commit[:12],
                             time.perf_counter() - t0)
         return dest
+
+
+def _closure(names: list[str]) -> list:
+    """The installed distributions ``names`` need, dependencies included (markers
+    evaluated here, extras not taken), each once."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    from packaging.requirements import Requirement
+    seen, todo, out = set(), list(names), []
+    while todo:
+        req = Requirement(todo.pop())
+        key = req.name.lower().replace("_", "-")
+        if key in seen or (req.marker is not None and not req.marker.evaluate({"extra": ""})):
+            continue
+        seen.add(key)
+        try:
+            dist = distribution(req.name)
+        except PackageNotFoundError:
+            raise ValueError(f"the repository's environment needs {req.name!r}, which this "
+                             f"interpreter ({sys.executable}) does not have; install it, or "
+                             f"name an interpreter that has the repository's dependencies "
+                             f"(swe.python=/path/to/bin/python)") from None
+        out.append(dist)
+        todo += dist.requires or []
+    return out
+
+
+def python_env(root: Path, name: str, packages: list[str]) -> str:
+    """The interpreter of repository ``name``'s environment: a venv made once under
+    ``root`` (no pip, no site-packages of this interpreter's) holding a copy of the installed
+    distributions ``packages`` need, and nothing else: so the tests' runner loads only its
+    own plugins, not every one this environment has. Read-only in the sandbox, as every
+    interpreter is. Raises ValueError naming a package this interpreter lacks."""
+    dists = _closure(packages)
+    stamp = ",".join(sorted(f"{d.metadata['Name']}=={d.version}" for d in dists))
+    import hashlib
+    key = hashlib.sha256(f"{sys.version}|{stamp}".encode()).hexdigest()[:12]
+    dest = Path(root) / f"{name.replace('/', '__')}-{key}"
+    exe = dest / "bin" / "python"
+    if exe.exists():
+        return str(exe)
+    Path(root).mkdir(parents=True, exist_ok=True)
+    with open(Path(root) / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if exe.exists():
+            return str(exe)
+        with tempfile.TemporaryDirectory(prefix="env-", dir=root) as tmp:
+            made = Path(tmp) / "env"
+            subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv",
+                            "--without-pip", str(made)], check=True, capture_output=True)
+            site = next(made.glob("lib/python*/site-packages"))
+            for dist in dists:
+                for f in dist.files or []:
+                    if f.parts[0] == ".." or "__pycache__" in f.parts:
+                        continue  # its scripts (bin/) and caches
+                    target = site / f
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(dist.locate_file(f), target)
+            subprocess.run([str(made / "bin" / "python"), "-m", "compileall", "-q", str(site)],
+                           check=True, capture_output=True)  # the sandbox cannot write them
+            (made / "agentgym-packages.txt").write_text(stamp + "\n")
+            os.rename(made, dest)
+    logger.info("made the Python environment of %s (%s) at %s", name, stamp, dest)
+    return str(exe)
 
 
 def clean_stale(root: Path) -> int:
