@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import wait_until
 from agentgym.cli import main as cli
 from agentgym.data.rows import load_rows, write_jsonl
 from agentgym.envs import make_env
@@ -171,7 +172,8 @@ def test_commands_have_no_network_no_host_and_leave_no_process(user_repo):
         forks = ws.run(f"python -c {shlex.quote(bomb)}")
         assert "Resource temporarily unavailable" in forks.output, forks  # RLIMIT_NPROC
         assert int(forks.output.split()[2]) < CommandLimits().max_procs
-    assert _sandbox_processes() == []
+    # a namespace's processes are SIGKILLed as it ends, and reaped after the command returns
+    wait_until(lambda: _sandbox_processes() == [], 60, "the sandboxes' processes ending")
 
 
 def test_a_command_past_the_disk_quota_is_stopped(user_repo):
@@ -309,7 +311,6 @@ def test_episodes_in_flight_leave_nothing_behind_even_when_the_trainer_is_killed
         user_repo, tmp_path):
     """32 episodes mid-command, then SIGKILL to their process: no process of the sandbox's
     uids is left, nothing is mounted, and the next process to start empties the root."""
-    from conftest import wait_until
     repo, row = user_repo
     root = workspace_root()
     child = subprocess.Popen([sys.executable, "-c", _CHILD,
@@ -348,7 +349,8 @@ def test_episodes_in_flight_that_end_normally_leave_nothing_behind(user_repo):
     with concurrent.futures.ThreadPoolExecutor(IN_FLIGHT) as pool:
         list(pool.map(episode, range(IN_FLIGHT)))
     assert set(root.iterdir()) == before
-    assert _sandbox_processes() == []
+    # a namespace's processes are SIGKILLed as it ends, and reaped after the command returns
+    wait_until(lambda: _sandbox_processes() == [], 60, "the sandboxes' processes ending")
 
 
 def test_mini_swe_agent_unmodified_trains_two_steps(tmp_path):
@@ -370,7 +372,7 @@ def test_mini_swe_agent_unmodified_trains_two_steps(tmp_path):
         assert step["agent/failed"] == 0.0
         assert step["rollout/reward"] == 0.5  # one sample of each task fixed it
         assert step["rollout/adv_abs"] > 0 and step["train/grad_norm"] > 0  # it updated
-    assert _sandbox_processes() == []
+    wait_until(lambda: _sandbox_processes() == [], 60, "the episodes' daemons ending")
 
 
 def test_the_repository_gets_an_environment_of_its_own(user_repo):
@@ -389,3 +391,76 @@ def test_the_repository_gets_an_environment_of_its_own(user_repo):
         assert ws.run("python -c 'import numpy; print(numpy.__name__)'").output.strip() == "numpy"
     with pytest.raises(ValueError, match="needs 'no-such-dist'.*swe.python"):
         repo_python(row, "", ["pytest", "no-such-dist"])
+
+
+HOSTILE = '''import os, socket, subprocess, time
+
+
+def test_the_network_is_refused():
+    try:
+        socket.create_connection(("1.1.1.1", 80), 3)
+    except OSError:
+        return
+    raise AssertionError("connected")
+
+
+def test_writes_outside_the_workspace_are_refused():
+    for path in ("/etc/agentgym-escape", "/usr/agentgym-escape", "HOST_FILE"):
+        try:
+            open(path, "w").write("x")
+        except OSError:
+            continue
+        raise AssertionError(f"wrote {path}")
+
+
+def test_forking_without_limit_is_refused():
+    kids = []
+    try:
+        for _ in range(1000):
+            pid = os.fork()
+            if pid == 0:
+                os.close(1)
+                time.sleep(60)
+                os._exit(0)
+            kids.append(pid)
+    except OSError:
+        refused = True
+    else:
+        refused = False
+    for pid in kids:  # the limit is the uid's: the next test needs its processes back
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    assert refused, f"forked {len(kids)}"
+
+
+def test_a_daemon_is_left_behind():
+    subprocess.Popen(["sleep", "600"], start_new_session=True, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL)
+'''
+
+
+def test_a_repositorys_hostile_tests_are_refused_or_cleaned_up(user_repo, tmp_path):
+    """The harness runs a row's tests under the sandbox: tests that try the network, write
+    outside the workspace (the host's /etc, /usr, a path beside the test), fork without
+    limit and leave a daemon behind are each refused or cleaned up, and grade as usual."""
+    from agentgym.envs.swe_grade import grade, repo_python
+    repo, row = user_repo
+    host_file = tmp_path / "escaped"
+    hostile = HOSTILE.replace("HOST_FILE", str(host_file))
+    lines = hostile.splitlines()
+    test_patch = ("diff --git a/tests/test_hostile.py b/tests/test_hostile.py\nnew file mode "
+                  "100644\n--- /dev/null\n+++ b/tests/test_hostile.py\n"
+                  f"@@ -0,0 +1,{len(lines)} @@\n" + "".join(f"+{line}\n" for line in lines))
+    hidden = _git(repo, "diff", row["base_commit"], "HEAD", "--", "tests/test_text.py")
+    names = ["test_the_network_is_refused", "test_writes_outside_the_workspace_are_refused",
+             "test_forking_without_limit_is_refused", "test_a_daemon_is_left_behind"]
+    hostile_row = {**adapt_row(row, "test"), "test_patch": hidden + test_patch,
+                   "PASS_TO_PASS": [*json.loads(row["PASS_TO_PASS"]),
+                                    *(f"tests/test_hostile.py::{n}" for n in names)]}
+    base = repo_cache().base("me/wordy", repo, row["base_commit"])
+    g = grade(hostile_row, base, row["patch"], workspace_root(), CommandLimits(wall_s=120),
+              120, repo_python(row, "", ["pytest"]))
+    assert g.infra == "" and g.resolved, (g.statuses, g.log[-2000:])
+    assert all(g.statuses[f"tests/test_hostile.py::{n}"] == "PASSED" for n in names)
+    assert not host_file.exists() and not Path("/etc/agentgym-escape").exists()
+    wait_until(lambda: _sandbox_processes() == [], 60, "the tests' daemon ending")
