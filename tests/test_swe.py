@@ -464,3 +464,26 @@ def test_a_repositorys_hostile_tests_are_refused_or_cleaned_up(user_repo, tmp_pa
     assert all(g.statuses[f"tests/test_hostile.py::{n}"] == "PASSED" for n in names)
     assert not host_file.exists() and not Path("/etc/agentgym-escape").exists()
     wait_until(lambda: _sandbox_processes() == [], 60, "the tests' daemon ending")
+
+
+def test_mutations_are_one_span_each_and_leave_valid_python():
+    from agentgym.envs.swe_mutate import mutations
+    src = ('def f(xs, n):\n    """Doc: 1 < 2."""\n    total = 0\n    for x in xs:\n'
+           '        if x < n and x != 3:\n            total += max(x, 1)\n    return total\n\n'
+           'LIMIT = 5\n')
+    found = mutations(src)
+    kinds = {m.kind for m in found}
+    assert kinds == {"flip_comparison", "off_by_one", "swap_arguments", "drop_statement",
+                     "change_operator"}
+    for m in found:
+        out = m.apply(src)
+        changed = [(a, b) for a, b in zip(src.splitlines(), out.splitlines()) if a != b]
+        assert out != src and '"""Doc: 1 < 2."""' in out and "LIMIT = 5" in out
+        assert m.function == "f"
+        if m.kind != "drop_statement":
+            assert len(changed) == 1, (m, changed)
+    swap = next(m for m in found if m.kind == "swap_arguments")
+    assert "max(1, x)" in swap.apply(src)
+    drop = next(m for m in found if m.kind == "drop_statement" and "total = 0" not in
+                m.apply(src))
+    assert drop.apply(src).count("\n") == src.count("\n") - 1
