@@ -43,6 +43,7 @@ from agentgym.envs.base import AgentEnv
 from agentgym.envs.function_calling import CallError, function_tool, parse_tool_calls, tool_message
 from agentgym.envs.manifest import EnvManifest
 from agentgym.envs.swe_builtin import builtin_rows
+from agentgym.envs.swe_make import make_tasks
 from agentgym.envs.swe_grade import (grade, repo_cache, repo_python, swe_root, validate,
                                     workspace_root)
 from agentgym.envs.swe_rows import adapt_row, find_repo, is_swe_row
@@ -317,7 +318,8 @@ MANIFEST = EnvManifest(
     datasets={"builtin": lambda: builtin_rows(swe_root() / "builtin")},
     kwargs=swe_kwargs,
     adapt_row=adapt_row,
-    commands={"swe": {"validate": validate}},
+    commands={"swe": {"validate": validate, "make-tasks": make_tasks}},
+    reads={"out": "out", "limit": "limit", "seed": "trainer.seed"},  # make-tasks's
     episode_metrics=("resolved", "f2p", "p2p", "applied", "submitted", "test_s",
                      "diff_lines"),
     tool_calls_label="commands",

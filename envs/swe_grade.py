@@ -84,8 +84,8 @@ def _script(command: str) -> str:
         f"patch --batch --fuzz=5 -p1 -i {patch} >/dev/null 2>&1 || "
         f"{{ echo {shlex.quote(APPLY_FAILED)}; exit 0; }}",
         "fi",
-        f"git apply {_INSIDE}/test.patch 2>&1 || {{ echo {shlex.quote(TEST_PATCH_FAILED)}; "
-        "exit 0; }",
+        f"if [ -s {_INSIDE}/test.patch ]; then git apply {_INSIDE}/test.patch 2>&1 || "
+        f"{{ echo {shlex.quote(TEST_PATCH_FAILED)}; exit 0; }}; fi",
         f"echo {shlex.quote(START)}",
         command,
         "rc=$?",

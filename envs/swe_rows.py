@@ -9,7 +9,7 @@ command (``test_cmd``) where given. ``data=`` loads such rows unchanged:
 
 The repository is the user's, on disk: the row's ``repo_path`` (a git folder or bundle),
 else ``swe.repos/<owner>__<name>`` (or ``<name>``; a folder, or the same with
-``.bundle``). A row that names a Docker image (``image_name``: SWE-smith's, SWE-Gym's) is
+``.bundle``), else the shipped tasks' (``data/swe/repos``). A row that names a Docker image (``image_name``: SWE-smith's, SWE-Gym's) is
 refused by name: no container runs here.
 """
 
@@ -88,14 +88,14 @@ def find_repo(row: dict, repos: str) -> Path:
         return path
     owner_name = str(row["repo"])
     tried = []
-    if repos:
-        root = Path(repos).expanduser()
+    from agentgym.core.paths import data_dir
+    for root in [Path(repos).expanduser()] * bool(repos) + [data_dir() / "swe" / "repos"]:
         for stem in (owner_name.replace("/", "__"), owner_name.rsplit("/", 1)[-1], owner_name):
             for candidate in (root / stem, root / f"{stem}.bundle"):
                 tried.append(str(candidate))
                 if candidate.exists():
                     return candidate
-    where = f"tried {', '.join(tried)}" if tried else "swe.repos is not set"
+    where = f"tried {', '.join(tried)}"
     raise FileNotFoundError(f"row {row['instance_id']!r}: no local copy of {owner_name!r} "
                             f"({where}); set swe.repos=FOLDER holding "
                             f"{owner_name.replace('/', '__')} (a git folder or .bundle), or "

@@ -487,3 +487,103 @@ def test_mutations_are_one_span_each_and_leave_valid_python():
     drop = next(m for m in found if m.kind == "drop_statement" and "total = 0" not in
                 m.apply(src))
     assert drop.apply(src).count("\n") == src.count("\n") - 1
+
+
+CALC = '''"""Small helpers."""
+
+
+def clamp(x, lo, hi):
+    if x < lo:
+        return lo
+    if x > hi:
+        return hi
+    return x
+
+
+def total(values, start=0):
+    result = start
+    for v in values:
+        result += v
+    return result
+
+
+def first_word(text):
+    words = text.split()
+    return words[0] if words else ""
+'''
+CALC_TESTS = '''from calc import clamp, first_word, total
+
+
+def test_clamp_inside():
+    assert clamp(5, 0, 10) == 5
+
+
+def test_clamp_low():
+    assert clamp(-3, 0, 10) == 0
+
+
+def test_clamp_high():
+    assert clamp(12, 0, 10) == 10
+
+
+def test_total():
+    assert total([1, 2, 3]) == 6
+
+
+def test_total_start():
+    assert total([1], start=4) == 5
+
+
+class TestWords:
+    def test_first(self):
+        assert first_word("hello big world") == "hello"
+
+    def test_empty(self):
+        assert first_word("   ") == ""
+'''
+
+
+def test_the_task_maker_keeps_bugs_that_tests_catch_and_hides_those_tests(tmp_path):
+    """From a package's sdist (here a local one), make-tasks's steps: each kept bug fails at
+    least one test, its failing tests are out of the base and back with test_patch, the
+    gold patch resolves and an empty diff does not, and the statement says what fails
+    without naming the bug's file, function or line unless the traceback does."""
+    import tarfile
+
+    from agentgym.envs import swe_make
+    from agentgym.envs.swe_grade import grade, repo_python
+    pkg = tmp_path / "calc-1.0"
+    pkg.mkdir()
+    (pkg / "calc.py").write_text(CALC)
+    (pkg / "test_calc.py").write_text(CALC_TESTS)
+    sdist = tmp_path / "calc-1.0.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tar:
+        tar.add(pkg, arcname="calc-1.0")
+    source = swe_make.Source("calc", "1.0", "test_calc.py", sdist=str(sdist))
+    report = swe_make.make_repo_tasks(source, tmp_path / "work", 4, 0)
+    lines = []
+    while True:
+        try:
+            lines.append(next(report))
+        except StopIteration as done:
+            rows, repo = done.value
+            break
+    assert lines[0] == "calc 1.0: 7 tests pass at baseline"
+    assert len(rows) == 3  # one bug a function: clamp, total, first_word
+    python = repo_python(rows[0], "", ["pytest"])
+    for row in rows:
+        base = repo_cache().base(row["repo"], repo, row["base_commit"])
+        hidden = {t.split("::")[-1] for t in row["FAIL_TO_PASS"]}
+        assert not any(f"def {name}(" in (base / "test_calc.py").read_text() for name in hidden)
+        assert all(f"+    def {n}(" in row["test_patch"] or f"+def {n}(" in row["test_patch"]
+                   for n in hidden)
+        assert (base / "calc.py").read_text() != CALC  # the bug is in the base
+        limits = CommandLimits(wall_s=120, cpu_s=120)
+        assert grade(row, base, row["patch"], workspace_root(), limits, 120, python).resolved
+        assert not grade(row, base, "", workspace_root(), limits, 120, python).resolved
+        said, shown = row["problem_statement"], row["failing_traceback"]
+        m = row["mutation"]
+        assert "calc.py" not in said.replace("test_calc.py", "")
+        for name in (m["function"], f"line {m['line']}"):
+            assert name not in said or name in shown, (name, said)
+        assert "It should pass." in said and "```python" in said
