@@ -68,8 +68,20 @@ class Source:
                 f"{paths or self.tests}")
 
 
-#: the pinned sources (sdists with their tests, pure Python, no runtime dependencies)
-SOURCES: list[Source] = []
+#: the pinned sources: sdists carrying their tests, pure Python, no runtime dependencies;
+#: the held-out split is whole repositories
+SOURCES: list[Source] = [
+    Source("inflection", "0.5.1", "test_inflection.py"),
+    Source("more-itertools", "11.2.1", "tests"),
+    Source("six", "1.17.0", "test_six.py"),
+    Source("parse", "1.22.4", "tests"),
+    Source("cachetools", "8.0.2", "tests", root="src"),
+    Source("sqlparse", "0.6.1", "tests"),
+    Source("tabulate", "0.10.0", "test", split="test"),
+    Source("jmespath", "1.1.0", "tests", split="test"),
+    Source("isodate", "0.7.2", "tests", root="src", split="test"),
+    Source("texttable", "1.7.2", "tests.py", split="test"),
+]
 
 
 def fetch(source: Source, dest: Path) -> Path:
@@ -208,8 +220,9 @@ def make_repo_tasks(source: Source, work: Path, limit: int, seed: int, wall_s: f
 
 def _is_test(rel: Path) -> bool:
     from agentgym.envs.swe_rows import is_test_path
-    return is_test_path(rel.as_posix()) or rel.name in ("setup.py", "conftest.py") or \
-        rel.parts[0] in ("docs", "doc", "examples", "benchmarks")
+    return is_test_path(rel.as_posix()) or rel.name in ("setup.py", "conftest.py", "tests.py") \
+        or rel.parts[0] in ("docs", "doc", "documentation", "examples", "benchmark",
+                            "benchmarks", "bin", "tools", "scripts")
 
 
 def _task(source, repo, original, base0, rel, m, passing, python, wall_s):
