@@ -293,7 +293,11 @@ def make_tasks(swe, out: str, limit: int, seed: int):
     splits: dict[str, list[dict]] = {"train": [], "test": []}
     with tempfile.TemporaryDirectory(prefix="swe-make-") as tmp:
         for source in SOURCES:
-            rows, repo = yield from make_repo_tasks(source, Path(tmp), limit or 50, seed)
+            try:
+                rows, repo = yield from make_repo_tasks(source, Path(tmp), limit or 50, seed)
+            except (RuntimeError, subprocess.CalledProcessError) as e:
+                yield f"{source.name}: skipped ({str(e)[:300]})"
+                continue
             bundle = folder / "repos" / f"{repo.name}.bundle"
             git(["bundle", "create", "--quiet", str(bundle), "--all"], cwd=repo)
             for row in rows:

@@ -50,7 +50,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
 import time
@@ -192,15 +191,13 @@ def make_base(source: Path, commit: str, dest: Path) -> None:
         clone = Path(tmp) / "clone"
         git(["clone", "--quiet", "--no-checkout", "--no-hardlinks", str(source), str(clone)],
             cwd=tmp)
-        try:
-            tree = git(["archive", "--format=tar", commit], cwd=clone).stdout
-        except RuntimeError as e:
-            raise ValueError(f"commit {commit!r} is not in {source}: {e}") from None
         made = Path(tmp) / "base"
         made.mkdir()
-        import io
-        with tarfile.open(fileobj=io.BytesIO(tree)) as tar:
-            tar.extractall(made, filter="tar")
+        try:  # a checkout, not `git archive`: that leaves out export-ignore'd files (tests)
+            git(["--work-tree", str(made), "checkout", "--quiet", commit, "--", "."],
+                cwd=clone)
+        except RuntimeError as e:
+            raise ValueError(f"commit {commit!r} is not in {source}: {e}") from None
         git(["init", "--quiet", "--initial-branch=main"], cwd=made)
         git(["config", "core.fileMode", "false"], cwd=made)
         git(["add", "--all", "--force"], cwd=made)
