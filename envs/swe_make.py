@@ -88,6 +88,7 @@ def fetch(source: Source, dest: Path) -> Path:
     """The sdist of ``source``, downloaded into ``dest`` (or its local ``sdist``)."""
     if source.sdist:
         return Path(source.sdist)
+    dest = dest / source.name  # its own folder: the file is the one found there
     dest.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
                     "--no-binary", ":all:", "--dest", str(dest),
