@@ -587,3 +587,17 @@ def test_the_task_maker_keeps_bugs_that_tests_catch_and_hides_those_tests(tmp_pa
         for name in (m["function"], f"line {m['line']}"):
             assert name not in said or name in shown, (name, said)
         assert "It should pass." in said and "```python" in said
+
+
+def test_where_no_overlay_mounts_a_workspace_is_a_copy_and_works_the_same(user_repo):
+    from agentgym.tools.workspace import overlay_works
+    repo, row = user_repo
+    assert overlay_works(workspace_root())  # this machine's disk takes an overlay
+    base = repo_cache().base("me/wordy", repo, row["base_commit"])
+    before = _tree_digest(base)
+    with Workspace(base, workspace_root(), CommandLimits(disk_mb=1), overlay=False) as ws:
+        assert ws.run("echo '# edited' >> wordy/text.py && rm tests/test_text.py").exit_code == 0
+        assert "+# edited" in ws.diff() and "deleted file" in ws.diff()
+        assert ws.disk_bytes() < 1 << 20 and not ws.run("true").quota_exceeded
+        assert ws.run("head -c 3000000 /dev/urandom > big.bin").quota_exceeded
+    assert _tree_digest(base) == before

@@ -17,6 +17,8 @@ What a command runs under, as root on the host (no cgroups on these machines)::
   command's private mount namespace: nothing is mounted on the host, so a killed trainer
   leaves no entry in ``/proc/mounts``. A hard-linked tree was not an option (a write
   through a link changes the base); ext4 has no reflinks (docs/DECISIONS.md, issue 76).
+  Where no overlay mounts (a root that is itself on an overlay, as in some containers:
+  :func:`overlay_works`), each workspace is a plain copy of the base instead, with a warning.
 * **One identity per episode.** ``U`` is drawn from the code sandbox's uid range and held
   by the workspace until :meth:`Workspace.close`, so RLIMIT_NPROC counts the episode's
   processes and the agent's own files stay its own from turn to turn.
@@ -70,7 +72,9 @@ _GIT_IDENTITY = {"GIT_AUTHOR_NAME": "agentgym", "GIT_AUTHOR_EMAIL": "swe@agentgy
                  "GIT_COMMITTER_DATE": "2000-01-01T00:00:00Z"}
 _MOUNT = ('mount -t overlay overlay -o "lowerdir=$1,upperdir=$2,workdir=$3" "$4" || exit 125; '
           'shift 4; exec "$@"')
+_NO_MOUNT = 'shift 4; exec "$@"'  # a copied workspace: the same chain, nothing to mount
 MOUNT_FAILED = 125
+_OVERLAY: dict[str, bool] = {}  # workspace root -> whether an overlay mounts there
 POLL_S = 0.25
 _counter = itertools.count()
 
@@ -309,6 +313,27 @@ def python_env(root: Path, name: str, packages: list[str]) -> str:
     return str(exe)
 
 
+def overlay_works(root: Path) -> bool:
+    """Whether an overlay with its upper folder under ``root`` mounts (in a namespace of its
+    own, as a command's does); not where ``root`` is itself on an overlay, as in some
+    containers. Probed once per root."""
+    key = str(root)
+    if key not in _OVERLAY:
+        with tempfile.TemporaryDirectory(prefix="probe-", dir=root) as tmp:
+            for sub in ("lower", "upper", "work", "merged"):
+                Path(tmp, sub).mkdir()
+            r = subprocess.run(["unshare", "--mount", "--propagation", "private", "--",
+                                "/bin/sh", "-c", _MOUNT, "sh", *(f"{tmp}/{d}" for d in (
+                                    "lower", "upper", "work", "merged")), "true"],
+                               capture_output=True, text=True)
+            _OVERLAY[key] = r.returncode == 0
+        if not _OVERLAY[key]:
+            logger.warning("an overlay does not mount under %s (%s): each workspace is a copy "
+                           "of its base instead (slower for large repositories)", root,
+                           r.stderr.strip()[-200:])
+    return _OVERLAY[key]
+
+
 def clean_stale(root: Path) -> int:
     """Remove the workspaces under ``root`` whose process is gone; how many."""
     removed = 0
@@ -333,7 +358,8 @@ class Workspace:
     """
 
     def __init__(self, base: Path, root: Path, limits: CommandLimits = CommandLimits(),
-                 python: str | None = None, binds: dict[str, str] | None = None) -> None:
+                 python: str | None = None, binds: dict[str, str] | None = None,
+                 overlay: bool | None = None) -> None:
         if shutil.which("bwrap") is None:
             raise ValueError("the workspace needs bubblewrap (apt-get install bubblewrap)")
         if os.geteuid() != 0:
@@ -342,9 +368,14 @@ class Workspace:
         self.base, self.limits = Path(base), limits
         self.dir = Path(root) / f"{os.getpid()}-{next(_counter)}"
         self.upper = self.dir / "upper"
-        for sub in ("upper", "work", "merged"):
+        self.overlay = overlay_works(Path(root)) if overlay is None else overlay
+        for sub in ("upper", "work", "merged") if self.overlay else ():
             (self.dir / sub).mkdir(parents=True)
+        if not self.overlay:  # where no overlay mounts: a copy, whose growth is the quota's
+            shutil.copytree(self.base, self.dir / "merged", symlinks=True)
+            self.upper = self.dir / "merged"
         os.chmod(self.upper, 0o777)  # the merged root takes the upper's mode
+        self._start = 0 if self.overlay else tree_bytes(self.upper)
         self.uid = _take_uid()
         exe, prefixes = _python_paths(python)
         args = _bwrap_args(shutil.which("bwrap"), prefixes, limits.memory_mb)
@@ -364,7 +395,8 @@ class Workspace:
     def _argv(self, command: str) -> list[str]:
         lim = self.limits
         mount = ["setpriv", "--pdeathsig=KILL", "--", "unshare", "--mount", "--propagation",
-                 "private", "--fork", "--kill-child", "--", "/bin/sh", "-c", _MOUNT, "sh",
+                 "private", "--fork", "--kill-child", "--", "/bin/sh", "-c",
+                 _MOUNT if self.overlay else _NO_MOUNT, "sh",
                  str(self.base), str(self.upper), str(self.dir / "work"),
                  str(self.dir / "merged")]
         limits = ["prlimit", f"--cpu={int(lim.cpu_s)}", f"--as={lim.memory_mb << 20}",
@@ -410,7 +442,7 @@ class Workspace:
                         break
                     if now >= next_look:
                         next_look = now + POLL_S
-                        if tree_bytes(self.upper, quota) > quota:
+                        if tree_bytes(self.upper, quota + self._start) - self._start > quota:
                             stop = "disk"
                             break
             finally:
@@ -418,7 +450,7 @@ class Workspace:
                     _kill(proc)
                 proc.wait()
                 proc.stdout.close()
-        over = stop == "disk" or tree_bytes(self.upper, quota) > quota
+        over = stop == "disk" or tree_bytes(self.upper, quota + self._start) - self._start > quota
         output, cut = kept.text()
         code = None if stop else _status(proc.returncode)
         error = ""
@@ -431,7 +463,7 @@ class Workspace:
 
     def disk_bytes(self) -> int:
         """Bytes the episode has written to its workspace."""
-        return tree_bytes(self.upper)
+        return tree_bytes(self.upper) - self._start
 
     def diff(self) -> str:
         """The episode's changes as a patch against the base (new files included, binary
