@@ -74,7 +74,6 @@ class Source:
 #: sdists: DECISIONS.md); the held-out split is whole repositories
 SOURCES: list[Source] = [
     Source("boltons", "26.2.0", "tests"),
-    Source("click", "8.5.1", "tests", root="src", args="--ignore=tests/test_deprecations.py"),
     Source("sqlparse", "0.6.1", "tests"),
     Source("cachetools", "8.0.2", "tests", root="src"),
     Source("toolz", "1.2.0", "toolz"),
