@@ -544,25 +544,10 @@ def _retriever():
 
 
 def cmd_env(env: str, name: str, args: list[str]) -> int:
-    """``agentgym NAME SUBCOMMAND key=value ...``: a command env ``env``'s manifest brings
-    (:attr:`agentgym.envs.manifest.EnvManifest.commands`); it yields lines to print."""
-    from agentgym import envs
-    from agentgym.data.rows import load_rows
-    from agentgym.envs.manifest import takes_rows
-    manifest = envs.env_manifest(env)
-    subs = manifest.commands[name]
-    if not args or args[0] not in subs:
-        print(f"usage: agentgym {name} {{{','.join(subs)}}} key=value ...", file=sys.stderr)
-        return 2
-    fn = subs[args[0]]
+    """A command an env's manifest brings (``agentgym swe validate``): its lines printed."""
+    from agentgym.data.commands import env_command
     _setup_logging("WARNING")
-    cfg = _config([*args[1:], f"env={env}"])
-    lead = []
-    if takes_rows(fn):
-        if not _gave_data(args[1:]):
-            raise ValueError(f"agentgym {name} {args[0]} needs data=FILE (or a dataset name)")
-        lead = [load_rows(env, cfg.data.name, cfg.limit, cfg)]
-    report = manifest.call(fn, cfg, *lead)
+    report = env_command(env, name, args)
     while True:
         try:
             print(next(report), flush=True)
@@ -572,17 +557,12 @@ def cmd_env(env: str, name: str, args: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    names = sorted({**COMMANDS, **FLAG_COMMANDS})
-    if argv and argv[0] not in names and not argv[0].startswith("-"):
+    run = {**COMMANDS, **FLAG_COMMANDS}
+    if argv and argv[0] not in run and not argv[0].startswith("-"):
         from agentgym import envs
-        if (env := envs.env_commands().get(argv[0])) is not None:  # agentgym swe validate
-            exit_cleanly_on_sigterm()
-            try:
-                return cmd_env(env, argv[0], argv[1:])
-            except (KeyError, ValueError, FileNotFoundError) as e:
-                msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-                print(f"agentgym {argv[0]}: error: {msg}", file=sys.stderr)
-                return 2
+        if (env := envs.env_commands().get(argv[0])) is not None:  # an env's: agentgym swe
+            run[argv[0]] = lambda rest: cmd_env(env, argv[0], rest)
+    names = sorted(run)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in names:
         parser = argparse.ArgumentParser(prog="agentgym", description=__doc__,
                                          formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -602,9 +582,7 @@ def main(argv: list[str] | None = None) -> int:
     from agentgym.core.memory import return_freed_memory
     return_freed_memory()  # a long run's RSS must not only grow (agentgym.core.memory)
     try:
-        if command in FLAG_COMMANDS:
-            return FLAG_COMMANDS[command](rest)
-        return COMMANDS[command](rest)
+        return run[command](rest)
     except (KeyError, ValueError, FileNotFoundError) as e:
         log.debug("command failed", exc_info=True)
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e

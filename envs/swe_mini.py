@@ -28,6 +28,7 @@ import shlex
 
 from agentgym.envs.agent_program import AgentProgram
 from agentgym.envs.manifest import EnvManifest
+from agentgym.envs.swe import SUBMIT
 from agentgym.envs.swe_builtin import builtin_rows
 from agentgym.envs.swe_grade import grade, repo_cache, repo_python, swe_root, workspace_root
 from agentgym.envs.swe_rows import adapt_row, find_repo
@@ -87,8 +88,7 @@ class WorkspaceEnvironment:
         output = {"output": r.output, "returncode": -1 if r.exit_code is None else r.exit_code,
                   "exception_info": "; ".join(notes)}
         lines = r.output.lstrip().splitlines(keepends=True)
-        if lines and lines[0].strip() == "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT" and \
-                r.exit_code == 0:
+        if lines and lines[0].strip() == SUBMIT and r.exit_code == 0:
             submission = "".join(lines[1:])
             raise Submitted({"role": "exit", "content": submission,
                              "extra": {"exit_status": "Submitted", "submission": submission}})

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import hashlib
 import itertools
 import logging
 import os
@@ -282,7 +283,6 @@ def python_env(root: Path, name: str, packages: list[str]) -> str:
     interpreter is. Raises ValueError naming a package this interpreter lacks."""
     dists = _closure(packages)
     stamp = ",".join(sorted(f"{d.metadata['Name']}=={d.version}" for d in dists))
-    import hashlib
     key = hashlib.sha256(f"{sys.version}|{stamp}".encode()).hexdigest()[:12]
     dest = Path(root) / f"{name.replace('/', '__')}-{key}"
     exe = dest / "bin" / "python"
