@@ -43,6 +43,7 @@ from agentgym.envs.base import AgentEnv
 from agentgym.envs.function_calling import CallError, function_tool, parse_tool_calls, tool_message
 from agentgym.envs.manifest import EnvManifest
 from agentgym.envs.swe_builtin import builtin_rows
+from agentgym.envs.swe_demos import swe_demo
 from agentgym.envs.swe_make import make_tasks
 from agentgym.envs.swe_grade import (grade, repo_cache, repo_python, swe_root, validate,
                                     workspace_root)
@@ -112,6 +113,7 @@ class SWEConfig:
     disk_mb: int = 256  # what an episode may write to its workspace, MiB
     validate_workers: int = 2  # rows graded at once by agentgym swe validate
     episode_s: float = 1800.0  # env=mini-swe-agent: wall seconds of an episode (its wall_time_limit_seconds)
+    sources: list[str] = field(default_factory=list)  # agentgym swe make-tasks: the pinned sources to make tasks of, by name ([]: all)
 
     def __post_init__(self) -> None:
         check_choices("swe", self, {"protocol": ("bash", "tools")})
@@ -318,6 +320,7 @@ MANIFEST = EnvManifest(
     datasets={"builtin": lambda: builtin_rows(swe_root() / "builtin")},
     kwargs=swe_kwargs,
     adapt_row=adapt_row,
+    demonstrate=swe_demo,  # the cold start's demonstrations
     commands={"swe": {"validate": validate, "make-tasks": make_tasks}},
     reads={"out": "out", "limit": "limit", "seed": "trainer.seed"},  # make-tasks's
     episode_metrics=("resolved", "f2p", "p2p", "applied", "submitted", "test_s",

@@ -245,6 +245,8 @@ def _task(source, repo, original, base0, rel, m, passing, python, wall_s):
     failing = sorted(t for t in passing if r.statuses.get(t) != "PASSED")
     if not 1 <= len(failing) <= MAX_F2P or len(failing) == len(passing):
         return None
+    if any(not _ids(t)[0].endswith(".py") for t in failing):
+        return None  # a doctest in a text file: no function to take out of it
     try:
         problem, traceback = statement(source, r.log, failing)
     except ValueError:
@@ -291,16 +293,20 @@ def _diff(rel: str, before: str, after: str) -> str:
 
 
 def make_tasks(swe, out: str, limit: int, seed: int):
-    """``agentgym swe make-tasks out=FOLDER [limit=N]``: every :data:`SOURCES` repository's
-    tasks (up to ``limit`` each, 50 without), written as ``FOLDER/{train,test}.jsonl`` and
+    """``agentgym swe make-tasks out=FOLDER [limit=N] [swe.sources=[a,b]]``: every
+    :data:`SOURCES` repository's (or those named) tasks (up to ``limit`` each, 50 without), written as ``FOLDER/{train,test}.jsonl`` and
     ``FOLDER/repos/*.bundle``; yields progress lines."""
     if not out:
         raise ValueError("make-tasks needs out=FOLDER (the rows and repositories go there)")
+    names = {s.name for s in SOURCES}
+    if unknown := [n for n in swe.sources if n not in names]:
+        raise ValueError(f"swe.sources names {unknown}; the pinned sources are {sorted(names)}")
+    chosen = [s for s in SOURCES if not swe.sources or s.name in swe.sources]
     folder = Path(out).expanduser()
     (folder / "repos").mkdir(parents=True, exist_ok=True)
     splits: dict[str, list[dict]] = {"train": [], "test": []}
     with tempfile.TemporaryDirectory(prefix="swe-make-") as tmp:
-        for source in SOURCES:
+        for source in chosen:
             try:
                 rows, repo = yield from make_repo_tasks(source, Path(tmp), limit or 50, seed)
             except (RuntimeError, subprocess.CalledProcessError) as e:

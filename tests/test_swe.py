@@ -601,3 +601,58 @@ def test_where_no_overlay_mounts_a_workspace_is_a_copy_and_works_the_same(user_r
         assert ws.disk_bytes() < 1 << 20 and not ws.run("true").quota_exceeded
         assert ws.run("head -c 3000000 /dev/urandom > big.bin").quota_exceeded
     assert _tree_digest(base) == before
+
+
+# -- the cold start's demonstrations -------------------------------------------------------
+def test_demonstrations_solve_tasks_with_either_protocol_and_replay(user_repo):
+    """A demonstration finds the code, opens it, edits it, runs the tests and submits (five
+    turns), with the bash protocol on a user's row and with the tool calls on the built-in
+    tasks; each is graded resolved, and replaying its actions is graded resolved again."""
+    from agentgym.data.demo_builders import build_demos
+    from agentgym.data.demos import replay_demo
+    from agentgym.envs.swe import SWEEnv
+    from agentgym.envs.swe_builtin import builtin_rows
+    from agentgym.envs.swe_grade import swe_root
+    (demo,) = build_demos("swe", [dict(user_repo[1], repo_path=str(user_repo[0]))], SWEEnv)
+    assert len(demo["actions"]) == 5 and demo["reward"] == 1.0
+    assert 'grep -rn "def count_words' in demo["actions"][0]
+    assert "<returncode>0</returncode>" in demo["observations"][2][0]["content"]
+    assert "passed" in demo["observations"][3][0]["content"]
+    assert demo["actions"][-1].endswith(f"echo {SUBMIT}\n```")
+    rows = builtin_rows(swe_root() / "builtin")
+    demos = build_demos("swe", rows, lambda: SWEEnv(protocol="tools"))
+    assert len(demos) == len(rows) == 2
+    for d in [demo, *demos]:
+        env = SWEEnv(protocol="tools" if d is not demo else "bash")
+        try:
+            again = replay_demo(d, env)
+        finally:
+            env.close()
+        assert again["reward"] == 1.0 and again["info"]["resolved"] == 1.0
+        assert again["info"]["format_valid"] == 1.0
+    calls = [json.loads(a.split("<tool_call>\n", 1)[1].split("\n</tool_call>")[0])
+             for a in demos[0]["actions"]]
+    assert [c["name"] for c in calls] == ["bash", "str_replace_editor", "str_replace_editor",
+                                          "bash", "submit"]
+    assert [c["arguments"].get("command") for c in calls[1:3]] == ["view", "str_replace"]
+
+
+def test_a_patch_that_does_not_resolve_gives_no_demonstration(user_repo):
+    """The builder keeps only what the env grades resolved: a 'gold' patch that edits the
+    wrong function (the tests it runs fail) gives no demonstration, and nor does a statement
+    that names nothing the patched file defines."""
+    import difflib
+    from agentgym.envs.swe import SWEEnv
+    from agentgym.envs.swe_demos import swe_demo
+    repo, row = user_repo
+    wrong = SRC.replace('"!"', '"?"')
+    patch = "diff --git a/wordy/text.py b/wordy/text.py\n" + "".join(difflib.unified_diff(
+        SRC.splitlines(True), wrong.splitlines(True), "a/wordy/text.py", "b/wordy/text.py"))
+    env = SWEEnv()
+    try:
+        assert swe_demo(dict(row, repo_path=str(repo)), env) is not None  # the real one
+        assert swe_demo(dict(row, repo_path=str(repo), patch=patch), env) is None
+        assert swe_demo(dict(row, repo_path=str(repo),
+                             problem_statement="The program is wrong."), env) is None
+    finally:
+        env.close()

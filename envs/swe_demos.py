@@ -1,0 +1,179 @@
+"""``env=swe``'s demonstrations for the cold start (:attr:`EnvManifest.demonstrate`): a
+training task solved with the env's tools, the way the instructions ask, from its gold
+patch and nothing the agent could not have read:
+
+1. find the code the failing check calls (a name from the problem statement's code that
+   the patched file defines): ``grep -rn "def NAME\\b\\|class NAME\\b" --include=*.py .``;
+2. open the file around the line to change (``nl -ba FILE | sed -n A,Bp``; the editor's
+   ``view`` with a ``view_range`` under ``swe.protocol=tools``);
+3. make the edit: the gold patch's lines, replaced where they occur exactly once (a short
+   Python script under ``bash``; ``str_replace`` under ``tools``);
+4. run the tests of the files that hold the failing checks (those left in the workspace);
+5. submit.
+
+A demonstration is kept only when the env grades it resolved. A task whose statement names
+nothing the patched file defines, or whose patch touches more than one file, gives none.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+
+from agentgym.envs.swe_rows import find_repo, split_patch, test_command
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{2,}")
+_DEFINED = re.compile(r"^[ \t]*(?:async[ \t]+)?(?:def|class)[ \t]+([A-Za-z_]\w*)", re.M)
+_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@", re.M)
+_CODE = re.compile(r"```python\n(.*?)```", re.S)
+_CONTEXT = 10  # lines shown each side of the edit
+
+
+def hunks(part: str) -> list[tuple[int, list[str]]]:
+    """The hunks of one file's diff: ``(first old line, the hunk's lines with their +/-/space
+    marks)``."""
+    out = []
+    starts = list(_HUNK.finditer(part))
+    for i, m in enumerate(starts):
+        end = starts[i + 1].start() if i + 1 < len(starts) else len(part)
+        body = part[m.end():end].split("\n")[1:]
+        lines = [ln for ln in body if ln[:1] in ("+", "-", " ")]
+        out.append((int(m.group(1)), lines))
+    return out
+
+
+def replacement(text: str, start: int, lines: list[str]) -> tuple[str, str, int] | None:
+    """``(old, new, the old text's first line)`` for one hunk: the changed lines (a line of
+    context around a pure insertion), widened by context until ``old`` occurs exactly once in
+    ``text``; None when no width makes it unique."""
+    changed = [i for i, ln in enumerate(lines) if ln[:1] in "+-"]
+    lo, hi = changed[0], changed[-1] + 1
+    if not any(lines[i][:1] == "-" for i in changed):  # an insertion: anchor it on a line
+        lo, hi = (lo - 1, hi) if lo > 0 else (lo, hi + 1)
+    while True:
+        span = lines[lo:hi]
+        old = "".join(ln[1:] + "\n" for ln in span if ln[:1] in "- ")
+        new = "".join(ln[1:] + "\n" for ln in span if ln[:1] in "+ ")
+        if old and text.count(old) == 1:
+            first = start + sum(1 for ln in lines[:lo] if ln[:1] in "- ")
+            return old, new, first
+        if lo == 0 and hi == len(lines):
+            return None
+        lo, hi = max(0, lo - 1), min(len(lines), hi + 1)
+
+
+def _edit_script(path: str, old: str, new: str) -> str:
+    return ("python - <<'EOF'\nfrom pathlib import Path\n"
+            f"p = Path({path!r})\ns = p.read_text()\nold = {old!r}\nnew = {new!r}\n"
+            "assert s.count(old) == 1, 'the text to replace is not in the file exactly once'\n"
+            "p.write_text(s.replace(old, new))\nprint('edited', p)\nEOF")
+
+
+def _bash(thought: str, command: str) -> str:
+    return f"THOUGHT: {thought}\n\n```mswea_bash_command\n{command}\n```"
+
+
+def _call(thought: str, name: str, arguments: dict) -> str:
+    return (f"{thought}\n<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n"
+            "</tool_call>")
+
+
+def _name(statement: str, text: str, line: int) -> str | None:
+    """The name in the statement's code that the file defines, nearest above ``line``."""
+    code = "\n".join(_CODE.findall(statement)) or statement
+    wanted = set(_NAME.findall(code))
+    found = [(text.count("\n", 0, m.start()) + 1, m.group(1)) for m in _DEFINED.finditer(text)
+             if m.group(1) in wanted]
+    if not found:
+        return None
+    above = [f for f in found if f[0] <= line]
+    return (above[-1] if above else found[0])[1]
+
+
+def _test_run(row: dict, base) -> str | None:
+    """The command running the test files that held the failing checks (those in the base)."""
+    cmd = test_command(row)
+    head = cmd.split("python -m pytest", 1)[0] if "python -m pytest" in cmd else ""
+    files = sorted({t.split("::", 1)[0] for t in row["FAIL_TO_PASS"]})
+    files = [f for f in files if (base / f).is_file()]
+    if not files:
+        return None
+    return (f"{head}python -m pytest -q -p no:cacheprovider "
+            f"{' '.join(shlex.quote(f) for f in files)} 2>&1 | tail -n 3")
+
+
+def swe_demo(row: dict, env) -> dict | None:
+    """One demonstration of training task ``row``, played through the live SWE env ``env``."""
+    from agentgym.envs.swe import SUBMIT
+    from agentgym.envs.swe_grade import repo_cache
+    from agentgym.envs.swe_rows import adapt_row, is_swe_row
+    if is_swe_row(row):
+        row = adapt_row(row, "demonstration")
+    parts = split_patch(str(row["patch"]))
+    if len(parts) != 1:
+        return None
+    path, part = parts[0]
+    base = repo_cache().base(row["repo"], find_repo(row, env.repos), row["base_commit"])
+    if not (base / path).is_file():
+        return None
+    text = (base / path).read_text()
+    edits = [replacement(text, start, lines) for start, lines in hunks(part)]
+    if not edits or None in edits:
+        return None
+    first = edits[0][2]
+    name = _name(str(row["problem_statement"]), text, first)
+    tests = _test_run(row, base)
+    if name is None or tests is None:
+        return None
+    lo, hi = max(1, first - _CONTEXT), min(text.count("\n") + 1, first + _CONTEXT)
+    find = f'grep -rn "def {name}\\b\\|class {name}\\b" --include=*.py . | head -n 20'
+    tools = env.protocol == "tools"
+    if tools:
+        actions = [
+            _call(f"The failing check calls {name}; I look for where it is defined.", "bash",
+                  {"command": find}),
+            _call(f"{path} defines it; I open it around line {first}.", "str_replace_editor",
+                  {"command": "view", "path": f"/testbed/{path}", "view_range": [lo, hi]}),
+            *(_call("This is the bug: I fix it.", "str_replace_editor",
+                    {"command": "str_replace", "path": f"/testbed/{path}", "old_str": old,
+                     "new_str": new}) for old, new, _ in edits),
+            _call("I run the tests of that behaviour.", "bash", {"command": tests}),
+            _call("The tests pass: I submit.", "submit", {}),
+        ]
+    else:
+        actions = [
+            _bash(f"The failing check calls {name}; I look for where it is defined.", find),
+            _bash(f"{path} defines it; I open it around line {first}.",
+                  f"nl -ba {shlex.quote(path)} | sed -n '{lo},{hi}p'"),
+            *(_bash("This is the bug: I fix it with a small script that replaces the wrong "
+                    "lines.", _edit_script(path, old, new)) for old, new, _ in edits),
+            _bash("I run the tests of that behaviour.", tests),
+            _bash("The tests pass: I submit.", f"echo {SUBMIT}"),
+        ]
+    prompt, _ = env.reset(seed=0, options={"row": row})
+    observations = []
+    for k, action in enumerate(actions):
+        obs, reward, terminated, truncated, _ = env.step(action)
+        if k < len(actions) - 1:
+            if terminated or truncated or _failed(obs, k, len(edits)):
+                return None
+            observations.append(obs)
+    if not terminated or reward < 1.0:
+        return None
+    return {"type": "demonstration", "env": "swe", "builder": "gold-patch-tools",
+            "prompt": prompt, "actions": actions, "observations": observations,
+            "reward": reward, "row": row}
+
+
+def _failed(obs: list[dict], k: int, n_edits: int) -> bool:
+    """Whether turn ``k``'s observation shows its command failing (the search finds nothing,
+    an edit does not apply, the tests do not pass)."""
+    text = "".join(str(m.get("content", "")) for m in obs)
+    if k == 0:
+        return "def " not in text and "class " not in text
+    if 2 <= k < 2 + n_edits:
+        return "edited" not in text or "ERROR" in text or "Traceback" in text
+    if k == 2 + n_edits:
+        return "failed" in text or "error" in text.lower() or "passed" not in text
+    return False
