@@ -26,7 +26,9 @@ PASS_TO_PASS test passes, else 0.0. A harness that cannot grade is an infrastruc
 failure. Per-episode metrics: ``resolved`` (also ``em``, the trainer's correctness),
 ``f2p``, ``p2p``, ``applied``, ``submitted``, ``test_s``, ``diff_lines``, with the base's
 counters (turns, tool failures, malformed), and ``format_valid``: the protocol followed (a
-command run, then a submit with a non-empty diff that applies).
+command run, then a submit with a non-empty diff that applies). The funnel of a task:
+``opened_test`` (a command named a file of the failing checks), ``opened_file`` (the file
+the gold patch fixes), ``edited_file`` (the diff edits it), ``ran_tests``.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from agentgym.envs.swe_demos import swe_demo
 from agentgym.envs.swe_make import make_tasks
 from agentgym.envs.swe_grade import (grade, repo_cache, repo_python, swe_root, validate,
                                     workspace_root)
-from agentgym.envs.swe_rows import adapt_row, find_repo, is_swe_row
+from agentgym.envs.swe_rows import adapt_row, find_repo, is_swe_row, patch_files
 from agentgym.tools.workspace import CommandLimits, Workspace
 
 logger = logging.getLogger(__name__)
@@ -180,6 +182,7 @@ class SWEEnv(AgentEnv, env_id="agentgym/SWE-v0", short="swe"):
             self.tools = TOOLS
         self._ws: Workspace | None = None
         self._row: dict = {}
+        self._seen: list[str] = []  # the episode's commands and the paths it edited
         self._base: Path | None = None
 
     def _reset(self, row):
@@ -188,7 +191,7 @@ class SWEEnv(AgentEnv, env_id="agentgym/SWE-v0", short="swe"):
             row = self.pick_row(builtin_rows(swe_root() / "builtin"))
         if is_swe_row(row):
             row = adapt_row(row, "reset")
-        self._row = row
+        self._row, self._seen = row, []
         self._base = repo_cache().base(row["repo"], find_repo(row, self.repos),
                                        row["base_commit"])
         self._python = repo_python(row, self.python, self.packages)
@@ -242,6 +245,7 @@ class SWEEnv(AgentEnv, env_id="agentgym/SWE-v0", short="swe"):
 
     def _command(self, command: str):
         self.count("tool_calls")
+        self._seen.append(command)
         result = self._ws.run(command)
         if result.error:
             self.count("tool_failures")
@@ -254,6 +258,7 @@ class SWEEnv(AgentEnv, env_id="agentgym/SWE-v0", short="swe"):
 
     def _edit(self, arguments: dict) -> str:
         self.count("tool_calls")
+        self._seen.append(str(arguments.get("path", "")))
         r = self._ws.run(f"python -I -S {shlex.quote(_TOOLS_DIR + '/' + EDITOR.name)}",
                          stdin=json.dumps(arguments).encode())
         if r.error or r.exit_code not in (0, 1):
@@ -289,9 +294,22 @@ class SWEEnv(AgentEnv, env_id="agentgym/SWE-v0", short="swe"):
         info.update(resolved=float(g.resolved), em=float(g.resolved), f2p=float(g.f2p),
                     p2p=float(g.p2p), applied=float(g.applied), test_s=round(g.test_s, 3),
                     format_valid=float(submitted and ran and bool(diff) and g.applied))
+        info.update(self._funnel(diff))
         if g.dropped:
             info["test_edits_dropped"] = g.dropped
         return float(g.resolved), submitted, info
+
+    def _funnel(self, diff: str) -> dict[str, float]:
+        """How far the episode got, step by step: a command (or the editor) named a file of
+        the failing checks, named the file the gold patch fixes, the diff edits that file,
+        a command ran the tests."""
+        said = "\n".join(self._seen)
+        tests = {t.split("::", 1)[0] for t in self._row["FAIL_TO_PASS"]}
+        gold = set(patch_files(str(self._row["patch"])))
+        return {"opened_test": float(any(f in said for f in tests)),
+                "opened_file": float(any(f in said for f in gold)),
+                "edited_file": float(bool(gold & set(patch_files(diff)))),
+                "ran_tests": float(any(w in said for w in ("pytest", "unittest", "tox")))}
 
     def _close_workspace(self) -> None:
         ws, self._ws = self._ws, None
@@ -324,7 +342,7 @@ MANIFEST = EnvManifest(
     commands={"swe": {"validate": validate, "make-tasks": make_tasks}},
     reads={"out": "out", "limit": "limit", "seed": "trainer.seed"},  # make-tasks's
     episode_metrics=("resolved", "f2p", "p2p", "applied", "submitted", "test_s",
-                     "diff_lines"),
+                     "diff_lines", "opened_test", "opened_file", "edited_file", "ran_tests"),
     tool_calls_label="commands",
     sources=lambda swe: {"protocol": swe.protocol, "obs_bytes": swe.obs_bytes},
 )

@@ -630,6 +630,8 @@ def test_demonstrations_solve_tasks_with_either_protocol_and_replay(user_repo):
             env.close()
         assert again["reward"] == 1.0 and again["info"]["resolved"] == 1.0
         assert again["info"]["format_valid"] == 1.0
+        assert [again["info"][k] for k in ("opened_test", "opened_file", "edited_file",
+                                           "ran_tests")] == [1.0] * 4
     calls = [json.loads(a.split("<tool_call>\n", 1)[1].split("\n</tool_call>")[0])
              for a in demos[0]["actions"]]
     assert [c["name"] for c in calls] == ["bash", "str_replace_editor", "str_replace_editor",
