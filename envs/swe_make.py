@@ -21,13 +21,12 @@ tests), the maker:
    it with the gold patch and not with an empty diff.
 
 The repositories are written as git bundles (``out/repos/pypi__NAME.bundle``) and the rows
-as ``out/<split>.jsonl``, split by repository (:attr:`Source.split`).
+as ``out/<split>.jsonl.gz``, split by repository (:attr:`Source.split`).
 """
 
 from __future__ import annotations
 
 import ast
-import json
 import random
 import re
 import shutil
@@ -38,6 +37,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentgym.data.rows import write_jsonl
 from agentgym.envs.swe_grade import grade, repo_cache, repo_python, workspace_root
 from agentgym.envs.swe_mutate import Mutation, mutations
 from agentgym.tools.workspace import CommandLimits, git
@@ -294,7 +294,8 @@ def _diff(rel: str, before: str, after: str) -> str:
 
 def make_tasks(swe, out: str, limit: int, seed: int):
     """``agentgym swe make-tasks out=FOLDER [limit=N] [swe.sources=[a,b]]``: every
-    :data:`SOURCES` repository's (or those named) tasks (up to ``limit`` each, 50 without), written as ``FOLDER/{train,test}.jsonl`` and
+    :data:`SOURCES` repository's (or those named) tasks (up to ``limit`` each, 50 without),
+    written as ``FOLDER/{train,test}.jsonl.gz`` and
     ``FOLDER/repos/*.bundle``; yields progress lines."""
     if not out:
         raise ValueError("make-tasks needs out=FOLDER (the rows and repositories go there)")
@@ -319,7 +320,6 @@ def make_tasks(swe, out: str, limit: int, seed: int):
             splits[source.split] += rows
             yield f"{source.name}: {len(rows)} tasks, {bundle} ({bundle.stat().st_size >> 10} KiB)"
     for split, rows in splits.items():
-        with open(folder / f"{split}.jsonl", "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+        write_jsonl(folder / f"{split}.jsonl.gz", rows)
     yield f"{len(splits['train'])} train and {len(splits['test'])} held-out tasks in {folder}"
     return 0

@@ -106,11 +106,17 @@ def _read_folder(path: Path) -> list[dict]:
 
 
 def write_jsonl(path: str | Path, rows) -> None:
+    """``rows`` as JSON lines at ``path``; gzipped when it ends ``.gz``, with no name and
+    mtime 0 in the header (the same rows give the same bytes)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode("utf-8")
+    if path.suffix == ".gz":
+        with open(path, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb",
+                                                    compresslevel=9, mtime=0) as gz:
+            gz.write(text)
+    else:
+        path.write_bytes(text)
 
 
 def validate_row(row: dict, where: str) -> None:
