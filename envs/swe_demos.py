@@ -6,8 +6,9 @@ patch and nothing the agent could not have read:
    the patched file defines): ``grep -rn "def NAME\\b\\|class NAME\\b" --include=*.py .``;
 2. open the file around the line to change (``nl -ba FILE | sed -n A,Bp``; the editor's
    ``view`` with a ``view_range`` under ``swe.protocol=tools``);
-3. make the edit: the gold patch's lines, replaced where they occur exactly once (a short
-   Python script under ``bash``; ``str_replace`` under ``tools``);
+3. make the edit: the gold patch's lines in place of the file's (a short Python script that
+   replaces numbered lines under ``bash``; ``str_replace`` of text that occurs once under
+   ``tools``);
 4. run the tests of the files that hold the failing checks (those left in the workspace);
 5. submit.
 
@@ -43,31 +44,45 @@ def hunks(part: str) -> list[tuple[int, list[str]]]:
     return out
 
 
-def replacement(text: str, start: int, lines: list[str]) -> tuple[str, str, int] | None:
-    """``(old, new, the old text's first line)`` for one hunk: the changed lines (a line of
-    context around a pure insertion), widened by context until ``old`` occurs exactly once in
-    ``text``; None when no width makes it unique."""
+def span(start: int, lines: list[str]) -> tuple[int, int]:
+    """The hunk's changed lines, ``[lo, hi)`` in ``lines``; a pure insertion takes a line
+    of context with it (the edit replaces that line by itself and the inserted ones)."""
     changed = [i for i, ln in enumerate(lines) if ln[:1] in "+-"]
     lo, hi = changed[0], changed[-1] + 1
-    if not any(lines[i][:1] == "-" for i in changed):  # an insertion: anchor it on a line
+    if not any(lines[i][:1] == "-" for i in changed):
         lo, hi = (lo - 1, hi) if lo > 0 else (lo, hi + 1)
+    return lo, hi
+
+
+def _sides(start: int, lines: list[str], lo: int, hi: int) -> tuple[str, str, int]:
+    part = lines[lo:hi]
+    old = "".join(ln[1:] + "\n" for ln in part if ln[:1] in "- ")
+    new = "".join(ln[1:] + "\n" for ln in part if ln[:1] in "+ ")
+    return old, new, start + sum(1 for ln in lines[:lo] if ln[:1] in "- ")
+
+
+def replacement(text: str, start: int, lines: list[str]) -> tuple[str, str, int] | None:
+    """``(old, new, the old text's first line)`` for one hunk: its :func:`span`, widened by
+    context until ``old`` occurs exactly once in ``text`` (as ``str_replace`` needs); None
+    when no width makes it unique."""
+    lo, hi = span(start, lines)
     while True:
-        span = lines[lo:hi]
-        old = "".join(ln[1:] + "\n" for ln in span if ln[:1] in "- ")
-        new = "".join(ln[1:] + "\n" for ln in span if ln[:1] in "+ ")
+        old, new, first = _sides(start, lines, lo, hi)
         if old and text.count(old) == 1:
-            first = start + sum(1 for ln in lines[:lo] if ln[:1] in "- ")
             return old, new, first
         if lo == 0 and hi == len(lines):
             return None
         lo, hi = max(0, lo - 1), min(len(lines), hi + 1)
 
 
-def _edit_script(path: str, old: str, new: str) -> str:
+def _edit_script(path: str, first: int, old: str, new: str) -> str:
+    """A script that replaces lines ``first`` .. of ``path`` (as many as ``old`` has, numbered
+    from 1 as ``nl`` shows them) by ``new``'s lines."""
+    last = first + old.count("\n") - 1
     return ("python - <<'EOF'\nfrom pathlib import Path\n"
-            f"p = Path({path!r})\ns = p.read_text()\nold = {old!r}\nnew = {new!r}\n"
-            "assert s.count(old) == 1, 'the text to replace is not in the file exactly once'\n"
-            "p.write_text(s.replace(old, new))\nprint('edited', p)\nEOF")
+            f"p = Path({path!r})\nlines = p.read_text().splitlines(keepends=True)\n"
+            f"lines[{first} - 1:{last}] = {new.splitlines(keepends=True)!r}\n"
+            "p.write_text(''.join(lines))\nprint('edited', p)\nEOF")
 
 
 def _bash(thought: str, command: str) -> str:
@@ -118,7 +133,10 @@ def swe_demo(row: dict, env) -> dict | None:
     if not (base / path).is_file():
         return None
     text = (base / path).read_text()
-    edits = [replacement(text, start, lines) for start, lines in hunks(part)]
+    found = hunks(part)
+    tools = env.protocol == "tools"
+    edits = [replacement(text, start, lines) if tools else
+             _sides(start, lines, *span(start, lines)) for start, lines in found]
     if not edits or None in edits:
         return None
     first = edits[0][2]
@@ -128,7 +146,6 @@ def swe_demo(row: dict, env) -> dict | None:
         return None
     lo, hi = max(1, first - _CONTEXT), min(text.count("\n") + 1, first + _CONTEXT)
     find = f'grep -rn "def {name}\\b\\|class {name}\\b" --include=*.py . | head -n 20'
-    tools = env.protocol == "tools"
     if tools:
         actions = [
             _call(f"The failing check calls {name}; I look for where it is defined.", "bash",
@@ -146,8 +163,9 @@ def swe_demo(row: dict, env) -> dict | None:
             _bash(f"The failing check calls {name}; I look for where it is defined.", find),
             _bash(f"{path} defines it; I open it around line {first}.",
                   f"nl -ba {shlex.quote(path)} | sed -n '{lo},{hi}p'"),
-            *(_bash("This is the bug: I fix it with a small script that replaces the wrong "
-                    "lines.", _edit_script(path, old, new)) for old, new, _ in edits),
+            *(_bash(f"This is the bug: I replace line {at}" + (
+                f"-{at + old.count(chr(10)) - 1}" if old.count("\n") > 1 else "") + ".",
+                _edit_script(path, at, old, new)) for old, new, at in reversed(edits)),
             _bash("I run the tests of that behaviour.", tests),
             _bash("The tests pass: I submit.", f"echo {SUBMIT}"),
         ]

@@ -658,3 +658,63 @@ def test_a_patch_that_does_not_resolve_gives_no_demonstration(user_repo):
                              problem_statement="The program is wrong."), env) is None
     finally:
         env.close()
+
+
+# -- the shipped tasks (data/swe: made by agentgym swe make-tasks) -------------------------
+SHIPPED = Path(__file__).resolve().parents[1] / "data" / "swe"
+SHIPPED_CAP = 4 << 20  # bytes: the tracked tree travels to a lent GPU in 64 MiB calls
+
+
+def _shipped() -> dict[str, list[dict]]:
+    from agentgym.data.rows import read_rows
+    return {split: read_rows(SHIPPED / f"{split}.jsonl.gz") for split in ("train", "test")}
+
+
+def test_the_shipped_tasks_are_enough_split_by_repository_and_small():
+    """At least 300 tasks from at least 6 repositories, the held-out split (at least 100)
+    whole repositories the training split never sees, each repository a bundle here, ids
+    unique, and the folder under its size cap."""
+    rows = _shipped()
+    every = rows["train"] + rows["test"]
+    repos = {split: {r["repo"] for r in found} for split, found in rows.items()}
+    assert len(every) >= 300 and len(rows["test"]) >= 100
+    assert len(repos["train"] | repos["test"]) >= 6 and not repos["train"] & repos["test"]
+    assert len({r["instance_id"] for r in every}) == len(every)
+    bundles = {p.name for p in (SHIPPED / "repos").iterdir()}
+    assert bundles == {f"{r.replace('/', '__')}.bundle" for r in repos["train"] | repos["test"]}
+    size = sum(p.stat().st_size for p in SHIPPED.rglob("*") if p.is_file())
+    assert size <= SHIPPED_CAP, f"data/swe holds {size} bytes, over its cap of {SHIPPED_CAP}"
+    for r in every:  # each loads as the env takes it; none is a Docker task
+        assert adapt_row(r, r["instance_id"])["FAIL_TO_PASS"]
+
+
+def test_no_statement_names_the_bug_unless_its_traceback_does():
+    """A shipped problem statement says what fails, never where the bug is: the mutated
+    file, its function and the mutated line's text appear in it only where the failing
+    test's own traceback shows them; and no statement quotes the gold patch's lines."""
+    for r in _shipped()["train"] + _shipped()["test"]:
+        text, shown, m = r["problem_statement"], r["failing_traceback"], r["mutation"]
+        fixed = [ln[1:].strip() for ln in r["patch"].splitlines()
+                 if ln.startswith("+") and not ln.startswith("+++") and len(ln.strip()) > 8]
+        for clue in (Path(m["file"]).name, m["function"].rsplit(".", 1)[-1], *fixed):
+            assert clue not in text or clue in shown, (r["instance_id"], clue)
+
+
+def test_one_shipped_task_of_each_repository_resolves_with_its_patch_and_not_without(
+        tmp_path, capsys):
+    """`agentgym swe validate` over the first shipped task of each repository (the shipped
+    bundles, found by the row's repo): the gold patch resolves, an empty diff does not."""
+    rows = _shipped()
+    first = {}
+    for r in rows["train"] + rows["test"]:
+        first.setdefault(r["repo"], r)
+    write_jsonl(tmp_path / "sample.jsonl", first.values())
+    assert cli(["swe", "validate", f"data={tmp_path / 'sample.jsonl'}"]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(first)} of {len(first)} rows valid" in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_every_shipped_task_resolves_with_its_patch_and_not_without(split, capsys):
+    assert cli(["swe", "validate", f"data={split}"]) == 0, capsys.readouterr().out[-3000:]
