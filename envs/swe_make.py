@@ -71,7 +71,8 @@ class Source:
 
 #: the pinned sources: sdists carrying their tests, pure Python, no runtime dependencies,
 #: every baseline test passing and the suite under 5 s on a 2-core CPU (surveyed over 46
-#: sdists: DECISIONS.md); the held-out split is whole repositories
+#: sdists: DECISIONS.md), each test a function the maker can take out of its file (isodate's
+#: are made in loops: it gave no task); the held-out split is whole repositories
 SOURCES: list[Source] = [
     Source("boltons", "26.2.0", "tests"),
     Source("sqlparse", "0.6.1", "tests"),
@@ -81,7 +82,6 @@ SOURCES: list[Source] = [
     Source("inflection", "0.5.1", "test_inflection.py"),
     Source("voluptuous", "0.16.0", "voluptuous/tests", split="test"),
     Source("tabulate", "0.10.0", "test", split="test"),
-    Source("isodate", "0.7.2", "tests", root="src", split="test"),
     Source("semver", "3.1.2", "tests", root="src", args="-o addopts=", split="test"),
     Source("schema", "0.7.8", "test_schema.py", split="test"),
     Source("texttable", "1.7.2", "tests.py", split="test"),

@@ -75,7 +75,8 @@ def adapt_row(row: dict, where: str) -> dict:
             "prompt": [{"role": "user", "content": str(row["problem_statement"])}],
             "reward_model": {"style": "swebench",
                              "ground_truth": {"FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p}},
-            "extra_info": {**(row.get("extra_info") or {}), "instance_id": name}}
+            # the instance id is the episode's uid (rollout.manager.row_uid): evaluations pair by it
+            "extra_info": {"id": name, **(row.get("extra_info") or {}), "instance_id": name}}
 
 
 def find_repo(row: dict, repos: str) -> Path:
