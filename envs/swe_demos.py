@@ -4,16 +4,20 @@ patch and nothing the agent could not have read:
 
 1. find the code the failing check calls (a name from the problem statement's code that
    the patched file defines): ``grep -rn "def NAME\\b\\|class NAME\\b" --include=*.py .``;
+   where it names none, the source files using a word of the statement that few others
+   use (``grep -rlw WORD --include=*.py . | grep -v test``);
 2. open the file around the line to change (``nl -ba FILE | sed -n A,Bp``; the editor's
    ``view`` with a ``view_range`` under ``swe.protocol=tools``);
 3. make the edit: the gold patch's lines in place of the file's (a short Python script that
    replaces numbered lines under ``bash``; ``str_replace`` of text that occurs once under
    ``tools``);
-4. run the tests of the files that hold the failing checks (those left in the workspace);
+4. run the tests of the files that held the failing checks (their other tests; all the
+   row's tests when none is left there);
 5. submit.
 
-A demonstration is kept only when the env grades it resolved. A task whose statement names
-nothing the patched file defines, or whose patch touches more than one file, gives none.
+A demonstration is kept only when the env grades it resolved. A task whose statement shows
+nothing that leads to the patched file, or whose patch touches more than one file, gives
+none.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ _DEFINED = re.compile(r"^[ \t]*(?:async[ \t]+)?(?:def|class)[ \t]+([A-Za-z_]\w*)
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@", re.M)
 _CODE = re.compile(r"```python\n(.*?)```", re.S)
 _CONTEXT = 10  # lines shown each side of the edit
+_FAILING = re.compile(r"\b\d+ (?:failed|errors?)\b")  # pytest's summary ("2 xfailed" passes)
 
 
 def hunks(part: str) -> list[tuple[int, list[str]]]:
@@ -95,23 +100,46 @@ def _call(thought: str, name: str, arguments: dict) -> str:
 
 
 def _name(statement: str, text: str, line: int) -> str | None:
-    """The name in the statement's code that the file defines, nearest above ``line``."""
-    code = "\n".join(_CODE.findall(statement)) or statement
-    wanted = set(_NAME.findall(code))
-    found = [(text.count("\n", 0, m.start()) + 1, m.group(1)) for m in _DEFINED.finditer(text)
-             if m.group(1) in wanted]
+    """The name the statement shows that the file defines, nearest above ``line``: from the
+    statement's code first, else from anywhere in it (its error lines)."""
+    found = []
+    for source in ("\n".join(_CODE.findall(statement)), statement):
+        wanted = set(_NAME.findall(source))
+        found = [(text.count("\n", 0, m.start()) + 1, m.group(1))
+                 for m in _DEFINED.finditer(text) if m.group(1) in wanted]
+        if found:
+            break
     if not found:
         return None
     above = [f for f in found if f[0] <= line]
     return (above[-1] if above else found[0])[1]
 
 
+def _word(statement: str, base, path: str) -> str | None:
+    """A word of the statement that ``path`` uses and the fewest other source files do (at
+    most five files in all), for a search when no name of the statement is defined there."""
+    from agentgym.envs.swe_rows import is_test_path
+    sources = {p.relative_to(base).as_posix(): p.read_text(errors="replace")
+               for p in base.rglob("*.py") if not is_test_path(p.relative_to(base).as_posix())}
+    best = None
+    for word in sorted(set(_NAME.findall(statement))):
+        if len(word) < 4 or not re.search(rf"\b{word}\b", sources.get(path, "")):
+            continue
+        n = sum(1 for t in sources.values() if re.search(rf"\b{word}\b", t))
+        if n <= 5 and (best is None or n < best[0]):
+            best = (n, word)
+    return best and best[1]
+
+
 def _test_run(row: dict, base) -> str | None:
-    """The command running the test files that held the failing checks (those in the base)."""
+    """The command running the test files that held the failing checks and still hold
+    tests (the others passing), else every file of the row's tests."""
     cmd = test_command(row)
     head = cmd.split("python -m pytest", 1)[0] if "python -m pytest" in cmd else ""
-    files = sorted({t.split("::", 1)[0] for t in row["FAIL_TO_PASS"]})
-    files = [f for f in files if (base / f).is_file()]
+    kept = {t.split("::", 1)[0] for t in row["PASS_TO_PASS"]}
+    files = sorted({t.split("::", 1)[0] for t in row["FAIL_TO_PASS"]} & kept)
+    files = [f for f in files if (base / f).is_file()] or \
+        sorted(f for f in kept if (base / f).is_file())
     if not files:
         return None
     return (f"{head}python -m pytest -q -p no:cacheprovider "
@@ -140,17 +168,24 @@ def swe_demo(row: dict, env) -> dict | None:
     if not edits or None in edits:
         return None
     first = edits[0][2]
-    name = _name(str(row["problem_statement"]), text, first)
+    statement = str(row["problem_statement"])
+    name = _name(statement, text, first)
     tests = _test_run(row, base)
-    if name is None or tests is None:
+    if name is not None:
+        find = f'grep -rn "def {name}\\b\\|class {name}\\b" --include=*.py . | head -n 20'
+        look = f"The failing check calls {name}; I look for where it is defined."
+    elif word := _word(statement, base, path):
+        find = f'grep -rlw "{word}" --include=*.py . | grep -v test'
+        look = f"The failure mentions {word}; I look for the source files that use it."
+    else:
+        return None
+    if tests is None:
         return None
     lo, hi = max(1, first - _CONTEXT), min(text.count("\n") + 1, first + _CONTEXT)
-    find = f'grep -rn "def {name}\\b\\|class {name}\\b" --include=*.py . | head -n 20'
     if tools:
         actions = [
-            _call(f"The failing check calls {name}; I look for where it is defined.", "bash",
-                  {"command": find}),
-            _call(f"{path} defines it; I open it around line {first}.", "str_replace_editor",
+            _call(look, "bash", {"command": find}),
+            _call(f"The code is in {path}; I open it around line {first}.", "str_replace_editor",
                   {"command": "view", "path": f"/testbed/{path}", "view_range": [lo, hi]}),
             *(_call("This is the bug: I fix it.", "str_replace_editor",
                     {"command": "str_replace", "path": f"/testbed/{path}", "old_str": old,
@@ -160,8 +195,8 @@ def swe_demo(row: dict, env) -> dict | None:
         ]
     else:
         actions = [
-            _bash(f"The failing check calls {name}; I look for where it is defined.", find),
-            _bash(f"{path} defines it; I open it around line {first}.",
+            _bash(look, find),
+            _bash(f"The code is in {path}; I open it around line {first}.",
                   f"nl -ba {shlex.quote(path)} | sed -n '{lo},{hi}p'"),
             *(_bash(f"This is the bug: I replace line {at}" + (
                 f"-{at + old.count(chr(10)) - 1}" if old.count("\n") > 1 else "") + ".",
@@ -174,7 +209,7 @@ def swe_demo(row: dict, env) -> dict | None:
     for k, action in enumerate(actions):
         obs, reward, terminated, truncated, _ = env.step(action)
         if k < len(actions) - 1:
-            if terminated or truncated or _failed(obs, k, len(edits)):
+            if terminated or truncated or _failed(obs, k, len(edits), path):
                 return None
             observations.append(obs)
     if not terminated or reward < 1.0:
@@ -184,14 +219,14 @@ def swe_demo(row: dict, env) -> dict | None:
             "reward": reward, "row": row}
 
 
-def _failed(obs: list[dict], k: int, n_edits: int) -> bool:
+def _failed(obs: list[dict], k: int, n_edits: int, path: str) -> bool:
     """Whether turn ``k``'s observation shows its command failing (the search finds nothing,
     an edit does not apply, the tests do not pass)."""
     text = "".join(str(m.get("content", "")) for m in obs)
-    if k == 0:
-        return "def " not in text and "class " not in text
+    if k == 0:  # the search must find the file
+        return path not in text
     if 2 <= k < 2 + n_edits:
         return "edited" not in text or "ERROR" in text or "Traceback" in text
     if k == 2 + n_edits:
-        return "failed" in text or "error" in text.lower() or "passed" not in text
+        return bool(_FAILING.search(text)) or "passed" not in text
     return False
