@@ -107,7 +107,9 @@ def main() -> None:
     work = Path(a.work)
     model = next((o.split("=", 1)[1] for o in a.overrides if o.startswith("model=")),
                  "smollm2-135m")
-    extra = [o for o in a.overrides if o.startswith(("engine.", "rollout.", "swe."))]
+    # the evals take the run's engine, budgets and env settings, one greedy episode a task
+    extra = [o for o in a.overrides if o.startswith(("engine.", "rollout.", "swe."))
+             and not o.startswith("rollout.n=")]
     base = _evaluate("swe", model, "test", a.eval_limit, work / "eval_base.json", extra)
     run = work / "run"
     t0 = time.perf_counter()
