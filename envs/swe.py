@@ -49,12 +49,11 @@ from agentgym.envs.swe_demos import swe_demo
 from agentgym.envs.swe_make import make_tasks
 from agentgym.envs.swe_grade import (grade, repo_cache, repo_python, swe_root, validate,
                                     workspace_root)
-from agentgym.envs.swe_rows import adapt_row, find_repo, is_swe_row, patch_files
+from agentgym.envs.swe_rows import SUBMIT, adapt_row, find_repo, is_swe_row, patch_files
 from agentgym.tools.workspace import CommandLimits, Workspace
 
 logger = logging.getLogger(__name__)
 
-SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 _BLOCK = re.compile(r"```(?:mswea_bash_command|bash|sh)[ \t]*\n(.*?)\n?```", re.DOTALL)
 EDITOR = Path(__file__).resolve().parent.parent / "tools" / "_swe_editor.py"
 _TOOLS_DIR = "/agentgym"

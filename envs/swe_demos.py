@@ -26,7 +26,7 @@ import json
 import re
 import shlex
 
-from agentgym.envs.swe_rows import find_repo, split_patch, test_command
+from agentgym.envs.swe_rows import SUBMIT, find_repo, split_patch, test_command
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{2,}")
 _DEFINED = re.compile(r"^[ \t]*(?:async[ \t]+)?(?:def|class)[ \t]+([A-Za-z_]\w*)", re.M)
@@ -148,7 +148,6 @@ def _test_run(row: dict, base) -> str | None:
 
 def swe_demo(row: dict, env) -> dict | None:
     """One demonstration of training task ``row``, played through the live SWE env ``env``."""
-    from agentgym.envs.swe import SUBMIT
     from agentgym.envs.swe_grade import repo_cache
     from agentgym.envs.swe_rows import adapt_row, is_swe_row
     if is_swe_row(row):

@@ -37,7 +37,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentgym.data.rows import write_jsonl
+from agentgym.core.paths import write_jsonl
 from agentgym.envs.swe_grade import grade, repo_cache, repo_python, workspace_root
 from agentgym.envs.swe_mutate import Mutation, mutations
 from agentgym.tools.workspace import CommandLimits, git

@@ -29,6 +29,10 @@ TEST_CONFIG = {"conftest.py", "pytest.ini", "tox.ini", "noxfile.py", ".coverager
 _DIFF = re.compile(r"^diff --git a/(.+?) b/(.+?)$", re.M)
 
 
+#: what a command prints first to submit (mini-swe-agent's sentinel; env=swe's bash protocol)
+SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+
+
 def is_swe_row(row: dict) -> bool:
     """Whether ``row`` is in SWE-bench's schema (has its fields)."""
     return all(k in row for k in SWE_FIELDS)

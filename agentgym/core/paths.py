@@ -6,10 +6,13 @@
 * ``complete_checkpoints(run_dir)`` / ``latest_checkpoint(run_dir)``: a run folder's
   ``checkpoints/step_N`` folders, which ``model=`` and ``trainer.cold_start=`` also take
   a run folder for (:func:`model_folder`).
+* ``write_jsonl(path, rows)``: rows as JSON lines, gzipped reproducibly for ``.gz``.
 """
 
 from __future__ import annotations
 
+import gzip
+import json
 import logging
 import os
 import re
@@ -124,3 +127,17 @@ def model_folder(folder: Path, key: str = "model") -> Path:
                      f"checkpoints/step_N/state.json); valid: a model folder (config.json, "
                      f"weights, tokenizer files), a checkpoint (RUN_DIR/checkpoints/step_N) "
                      f"or a run folder (RUN_DIR: its newest checkpoint)")
+
+
+def write_jsonl(path: str | Path, rows) -> None:
+    """``rows`` as JSON lines at ``path``; gzipped when it ends ``.gz``, with no name and
+    mtime 0 in the header (the same rows give the same bytes)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode("utf-8")
+    if path.suffix == ".gz":
+        with open(path, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb",
+                                                    compresslevel=9, mtime=0) as gz:
+            gz.write(text)
+    else:
+        path.write_bytes(text)

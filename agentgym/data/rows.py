@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentgym.core.paths import data_dir
+from agentgym.core.paths import data_dir, write_jsonl  # noqa: F401 - rows' writer, re-exported
 from agentgym.core.registry import did_you_mean
 
 REQUIRED = ("data_source", "prompt", "reward_model")
@@ -103,20 +103,6 @@ def _read_folder(path: Path) -> list[dict]:
         raise ValueError(f"data={path}: the directory holds no .parquet or .jsonl(.gz) shards "
                          f"and no save_to_disk state.json; accepted: {ACCEPTED}")
     return [row for f in files for row in read_rows(f)]
-
-
-def write_jsonl(path: str | Path, rows) -> None:
-    """``rows`` as JSON lines at ``path``; gzipped when it ends ``.gz``, with no name and
-    mtime 0 in the header (the same rows give the same bytes)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode("utf-8")
-    if path.suffix == ".gz":
-        with open(path, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb",
-                                                    compresslevel=9, mtime=0) as gz:
-            gz.write(text)
-    else:
-        path.write_bytes(text)
 
 
 def validate_row(row: dict, where: str) -> None:
