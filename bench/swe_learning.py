@@ -5,14 +5,15 @@ the tools) and after GRPO from it, each played greedily on the same held-out tas
     python bench/swe_learning.py --steps 20 --eval-limit 120 model=smollm2-135m \\
         trainer.cold_start_demos=160 trainer.prompts_per_step=8 rollout.n=4
 
-1. ``agentgym eval`` of the starting model on the first EVAL_LIMIT tasks of ``data=test``
-   (six repositories no training task comes from);
-2. ``agentgym train env=swe`` with the cold start (``trainer.cold_start=auto`` at threshold 1.0): demonstrations built from
+1. ``agentgym train env=swe`` with the cold start (``trainer.cold_start=auto`` at
+   threshold 1.0): demonstrations built from
    ``data=train`` (find the code, open it, edit it, run the tests, submit; each graded
    resolved before it is kept), SFT, then STEPS of GRPO (bench/rl_gain.py's runner: a
    killed run resumes when the command is run again; ``--minutes`` stops it early);
-3. ``agentgym eval`` of the SFT model and of the last GRPO checkpoint on the same tasks;
-4. per stage: format validity (a command, then a submit with a non-empty diff that applies)
+2. ``agentgym eval`` of the starting model, the SFT model and the last GRPO checkpoint on
+   the first EVAL_LIMIT tasks of ``data=test`` (five repositories no training task comes
+   from); an evaluation already written is kept, so a second invocation only resumes;
+3. per stage: format validity (a command, then a submit with a non-empty diff that applies)
    and the resolved rate with 95% Wilson intervals, the exact McNemar test of each stage
    against the one before on the same tasks, and the funnel of each task (a command named a
    file of its failing checks, named the file to fix, the diff edits it, the tests were
@@ -110,7 +111,6 @@ def main() -> None:
     # the evals take the run's engine, budgets and env settings, one greedy episode a task
     extra = [o for o in a.overrides if o.startswith(("engine.", "rollout.", "swe."))
              and not o.startswith("rollout.n=")]
-    base = _evaluate("swe", model, "test", a.eval_limit, work / "eval_base.json", extra)
     run = work / "run"
     t0 = time.perf_counter()
     stopped = _train(["env=swe", f"model={model}", f"trainer.total_steps={a.steps}",
@@ -120,6 +120,7 @@ def main() -> None:
     record = json.loads((run / "cold_start" / "cold_start.json").read_text())
     sft_model = record["model"]
     rl_steps, rl_model = last_checkpoint(run)
+    base = _evaluate("swe", model, "test", a.eval_limit, work / "eval_base.json", extra)
     sft = _evaluate("swe", sft_model, "test", a.eval_limit, work / "eval_sft.json", extra)
     rl = _evaluate("swe", str(rl_model), "test", a.eval_limit, work / "eval_rl.json", extra)
     stages = [(f"before ({Path(model).name})", base), ("after the cold start", sft),
