@@ -228,6 +228,11 @@ def test_many_trajectories_progress_independently(tiny_tokenizer, retriever_url)
     assert len({t.uid for t in trajs}) == 2
     s = summarize(trajs)
     assert s["reward"] == 1.0 and s["format_valid"] == 1.0 and s["count"] == 6
+    # an env's own verdict (env=swe: a diff that applies) is the summary's, as in eval's
+    # episodes: two of six ended on their own but were not format-valid by the env's rule
+    for t in trajs[:2]:
+        t.info["format_valid"] = 0.0
+    assert summarize(trajs)["format_valid"] == 4 / 6
 
 
 class SlowToolEnv(ChatToy):

@@ -417,8 +417,11 @@ def summarize(trajs: list[Trajectory]) -> dict[str, float]:
     for key in episode_metric_keys(trajs):  # what the envs declare (AgentEnv.episode_metrics)
         out[key] = mean(lambda t: float(t.info.get(key, 0)))
     out["answered"] = mean(lambda t: float(t.terminated))
-    out["format_valid"] = mean(lambda t: float(t.terminated
-                                               and t.metrics["malformed_actions"] == 0))
+    # an env that defines its own (env=swe: a command, then a diff that applies) reports it
+    # in info, as the evaluation's episodes read it; else: ended with no malformed action
+    out["format_valid"] = mean(lambda t: float(t.info["format_valid"]) if "format_valid" in
+                               t.info else float(t.terminated
+                                                 and t.metrics["malformed_actions"] == 0))
     out["truncated"] = mean(lambda t: float(t.truncated))
     for key in trajs[0].metrics:
         out[key] = mean(lambda t: t.metrics[key])
