@@ -49,7 +49,7 @@ def hunks(part: str) -> list[tuple[int, list[str]]]:
     return out
 
 
-def span(start: int, lines: list[str]) -> tuple[int, int]:
+def span(lines: list[str]) -> tuple[int, int]:
     """The hunk's changed lines, ``[lo, hi)`` in ``lines``; a pure insertion takes a line
     of context with it (the edit replaces that line by itself and the inserted ones)."""
     changed = [i for i, ln in enumerate(lines) if ln[:1] in "+-"]
@@ -70,7 +70,7 @@ def replacement(text: str, start: int, lines: list[str]) -> tuple[str, str, int]
     """``(old, new, the old text's first line)`` for one hunk: its :func:`span`, widened by
     context until ``old`` occurs exactly once in ``text`` (as ``str_replace`` needs); None
     when no width makes it unique."""
-    lo, hi = span(start, lines)
+    lo, hi = span(lines)
     while True:
         old, new, first = _sides(start, lines, lo, hi)
         if old and text.count(old) == 1:
@@ -163,7 +163,7 @@ def swe_demo(row: dict, env) -> dict | None:
     found = hunks(part)
     tools = env.protocol == "tools"
     edits = [replacement(text, start, lines) if tools else
-             _sides(start, lines, *span(start, lines)) for start, lines in found]
+             _sides(start, lines, *span(lines)) for start, lines in found]
     if not edits or None in edits:
         return None
     first = edits[0][2]
