@@ -41,7 +41,7 @@ from agentgym.envs.swe import SWEConfig
 from agentgym.envs.verifiers_env import VerifiersConfig
 from agentgym.core.overrides import coerce
 from agentgym.presets import (ALGO_PRESETS, ALIASES, FLOAT_PER_ENV_KEYS,  # noqa: F401
-                              PER_ENV_KEYS, env_presets, load_recipe)
+                              PER_ENV_KEYS, STR_PER_ENV_KEYS, env_presets, load_recipe)
 
 
 @dataclass
@@ -173,7 +173,7 @@ class AlgoConfig:
     The estimator decides whether a critic trains beside the policy (:attr:`needs_critic`)."""
 
     name: str = "grpo"  # preset: grpo | dr_grpo | rloo | reinforce_plus_plus | … | ppo
-    advantage: str = "grpo"  # trainers.algos.ADVANTAGES: grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | gae | turn-level: mt_grpo | gigpo | gae_turn
+    advantage: str = "grpo"  # trainers.algos.ADVANTAGES: grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | gae | none (algo=opd) | turn-level: mt_grpo | gigpo | gae_turn
     norm_adv_by_std: bool = True  # grpo: divide by the group std (False = Dr. GRPO); gae: whiten over the batch
     gamma: float = 1.0  # discount per time step: a sampled token (gae, reinforce_plus_plus) or a turn (mt_grpo, gigpo, gae_turn)
     lam: float = 1.0  # GAE lambda (gae, gae_turn)
@@ -201,6 +201,11 @@ class AlgoConfig:
     is_cap: float = 2.0  # *_tis: weight cap; decoupled: cap too when > 0 (0 = uncapped)
     is_low: float = 0.5  # *_mis: the lowest ratio kept
     is_high: float = 2.0  # *_mis: the highest ratio kept
+    # on-policy distillation (trainers/distill.py): each sampled token's advantage gains
+    # distill_coef * (log p_teacher - log p_student) (trainer.teacher; 0 = none; algo=opd: alone)
+    distill_coef: float = 0.0
+    distill_discount: float = 0.0  # gamma over the following tokens' terms (0: the token's own, as the Tinker cookbook's kl_discount_factor)
+    teacher_offload: bool = False  # the teacher in host memory instead of the policy's device (or the ranks)
 
     def __post_init__(self) -> None:
         check_choices("algo", self, {
@@ -224,6 +229,9 @@ class AlgoConfig:
                              f"is_high, got {self.is_low}, {self.is_high}")
         if self.dual_clip <= 1:
             raise ValueError(f"algo.dual_clip must be > 1, got {self.dual_clip}")
+        if self.distill_coef < 0 or not 0 <= self.distill_discount <= 1:
+            raise ValueError(f"algo.distill_coef must be >= 0 and algo.distill_discount in "
+                             f"[0, 1], got {self.distill_coef}, {self.distill_discount}")
         if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
             raise ValueError(f"algo.clip_low must be in [0, 1) and algo.clip_high >= 0, got "
                              f"{self.clip_low}, {self.clip_high}")
@@ -289,6 +297,11 @@ class TrainerConfig:
     offload: bool = False  # fsdp: CPUOffloadPolicy (GPU runs); deepspeed: optimizer state on CPU
     mode: str = "sync"  # sync (roll out, then train) | async (rollouts keep going while training)
     max_staleness: int = 1  # async: policy versions a trained sample may lag behind (0 = on-policy)
+    # on-policy distillation's teacher (trainers/distill.py, with algo.distill_coef > 0 or
+    # algo=opd): a model folder, a run folder (its newest checkpoint), a zoo name, or an
+    # endpoint answering SGLang's /generate with prompt logprobs (http://host:port); a list
+    # in a mixed run, one per env in env order ("": that env not distilled)
+    teacher: str = ""
     # Cold start (trainers/cold_start.py): auto (probe the model's format validity on training
     # questions; below the threshold, build demonstrations and SFT first) | off | PATH (an SFT
     # checkpoint to start RL from). Results are cached by content under $AGENTGYM_CACHE.
@@ -436,8 +449,8 @@ class Config:
     run_dir: str = ""  # train: default runs/<env>-<model>-<time>
     log_level: str = "WARNING"
     # a mixed run's values per env, in env order, for presets.PER_ENV_KEYS (set as lists:
-    # rollout.max_turns=[4,2]); the key itself holds the largest
-    per_env: dict[str, list[int | float]] = field(default_factory=dict)
+    # rollout.max_turns=[4,2]); the key itself holds the largest (a string key: the first given)
+    per_env: dict[str, list[int | float | str]] = field(default_factory=dict)
     recipe: str = ""  # recipes/NAME.yaml (or a .yaml path) layered under the user's keys
     deadlines: DeadlinesConfig = field(default_factory=DeadlinesConfig)  # stall detection
     # the shipped envs' sections (envs/code.py, geometry.py, mcp_env.py, openenv_env.py,
@@ -506,9 +519,13 @@ def set_key(cfg: Any, key: str, value: Any) -> None:
     if key in PER_ENV_KEYS and hasattr(cfg, "per_env"):
         cfg.per_env.pop(key, None)
         if isinstance(value, list):
-            kind = float if key in FLOAT_PER_ENV_KEYS else int
-            cfg.per_env[key] = [coerce(key, v, kind) for v in value]
-            value = max(cfg.per_env[key], default=0)
+            if key in STR_PER_ENV_KEYS:  # the key holds the first given (set: any is)
+                cfg.per_env[key] = ["" if v is None else str(v) for v in value]
+                value = next((v for v in cfg.per_env[key] if v), "")
+            else:
+                kind = float if key in FLOAT_PER_ENV_KEYS else int
+                cfg.per_env[key] = [coerce(key, v, kind) for v in value]
+                value = max(cfg.per_env[key], default=0)
     node, parts = cfg, key.split(".")
     for i, part in enumerate(parts):
         children = _children(node)

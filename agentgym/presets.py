@@ -32,6 +32,9 @@ ALGO_PRESETS: dict[str, dict[str, Any]] = {
              "algo.loss_agg_mode": "seq-mean-token-mean"},
     # PPO with a critic and GAE; one sample per prompt (no groups needed)
     "ppo": {"algo.advantage": "gae", "rollout.n": 1},
+    # on-policy distillation alone: the teacher's per-token reverse KL is the whole
+    # advantage (no env reward; trainer.teacher names the teacher)
+    "opd": {"algo.advantage": "none", "algo.distill_coef": 1.0},
 }
 ALIASES = {"n": "rollout.n", "seed": "trainer.seed", "backend": "trainer.backend",
            "placement": "ray.placement", "logger": "trainer.logger"}
@@ -41,9 +44,11 @@ ALIASES = {"n": "rollout.n", "seed": "trainer.seed", "backend": "trainer.backend
 #: follow its own value (:func:`agentgym.rollout.runtime.sub_config`); anything shared
 #: (the trainer's sequence budget) takes the largest.
 PER_ENV_KEYS = ("rollout.max_turns", "rollout.max_tokens_per_turn",
-                "trainer.cold_start_demos", "trainer.eval_limit", "trainer.cold_start_lr")
-#: those of them whose values are floats (the others count things)
+                "trainer.cold_start_demos", "trainer.eval_limit", "trainer.cold_start_lr",
+                "trainer.teacher")
+#: those of them whose values are floats, and strings (the others count things)
 FLOAT_PER_ENV_KEYS = ("trainer.cold_start_lr",)
+STR_PER_ENV_KEYS = ("trainer.teacher",)
 
 
 def env_presets(env: str) -> dict[str, Any]:

@@ -19,7 +19,8 @@ per-token KL penalty on every sampled token when ``algo.kl_mode=reward``.
 Registries (names are the config values; an unknown name fails with the valid ones):
 
 * ``ADVANTAGES``: ``grpo`` (``norm_by_std=False`` is Dr. GRPO), ``rloo``,
-  ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``, ``gae``; and the turn-level
+  ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``, ``gae``, ``none`` (zeros:
+  on-policy distillation alone); and the turn-level
   ones of :mod:`agentgym.trainers.turn_credit`: ``mt_grpo``, ``gigpo``, ``gae_turn``. Each is
   ``fn(rewards (B, T), mask (B, T), *, <inputs it declares>) -> (advantages, returns)``,
   both ``(B, T)`` and 0 where ``mask`` is 0. Call them through
@@ -153,6 +154,15 @@ def grpo_advantages(rewards: torch.Tensor, mask: torch.Tensor, *, group_ids: Seq
         adv = adv / (std + eps)
     adv = torch.where((count > 1) & ~flat, adv, 0.0)
     return broadcast_to_tokens(adv, mask), broadcast_to_tokens(scores, mask)
+
+
+@ADVANTAGES.register("none")
+def no_advantages(rewards: torch.Tensor, mask: torch.Tensor):
+    """No advantage from the env (``algo=opd``: on-policy distillation's per-token term,
+    :mod:`agentgym.trainers.distill`, is then the whole of it). Returns zeros and the
+    episode return ``R`` on each sampled token (what the other estimators return)."""
+    scores = outcome_scores(rewards, mask)
+    return torch.zeros_like(mask, dtype=torch.float32), broadcast_to_tokens(scores, mask)
 
 
 @ADVANTAGES.register("rloo", needs_groups=True)

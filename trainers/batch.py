@@ -30,6 +30,8 @@ class Batch:
     * ``old_logp`` ``(B, T)``: the trainer's logprobs before the update (omitted when the
       update's own forward pass gives them, ``phases.reuses_update_logprobs``);
     * ``ref_logp`` ``(B, T)``: the frozen reference's (``algo.kl_coef`` > 0);
+    * ``teacher_logp`` ``(B, T)``: on-policy distillation's teacher's, with ``teacher_mask``
+      the sampled tokens of the rows a teacher scored (``trainer.teacher``);
     * ``values`` ``(B, T)``: the critic's value of each token's state; ``last_values``
       ``(B,)``: of the state each sequence ends in (PPO);
     * ``adv`` ``(B, T)``: each sampled token's advantage; ``returns`` ``(B, T)``: the
@@ -55,6 +57,8 @@ class Batch:
     turn_ids: torch.Tensor | None = None
     old_logp: torch.Tensor | None = None
     ref_logp: torch.Tensor | None = None
+    teacher_logp: torch.Tensor | None = None
+    teacher_mask: torch.Tensor | None = None
     values: torch.Tensor | None = None
     last_values: torch.Tensor | None = None
     adv: torch.Tensor | None = None

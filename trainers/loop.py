@@ -101,7 +101,8 @@ def _train(cfg: Config, s: Session, trajs, step: int, m: dict, t1: float) -> boo
     policy_updated = False
     if trajs:  # none when dynamic sampling left nothing to train on
         # 2. old / reference logprobs, token rewards; the critic's values
-        batch, rewards, mm = score(cfg, s.backend, s.ref, trajs, s.tokenizer, s.temperature)
+        batch, rewards, mm = score(cfg, s.backend, s.ref, trajs, s.tokenizer, s.temperature,
+                                   s.teachers)
         if s.critic is not None:
             batch.values, batch.last_values = s.critic.values(batch)
         # 3. advantages

@@ -35,6 +35,18 @@ def check_algo(cfg: Config) -> None:
                          f"{reads_values}, but AlgoConfig.needs_critic says {a.needs_critic}: "
                          f"the trainer would {'not ' if reads_values else ''}build a critic; "
                          f"list the estimators that read values in AlgoConfig.needs_critic")
+    has_teacher = any(getattr(cfg, "per_env", {}).get("trainer.teacher", [cfg.trainer.teacher]))
+    if a.distill_coef > 0 and not has_teacher:
+        raise ValueError(f"algo.distill_coef={a.distill_coef} distils from a teacher, but "
+                         f"trainer.teacher is empty; give a model folder, a run folder or an "
+                         f"endpoint (trainer.teacher=runs/teacher), or set algo.distill_coef=0")
+    if has_teacher and a.distill_coef == 0:
+        raise ValueError(f"trainer.teacher={cfg.trainer.teacher!r} is given but "
+                         f"algo.distill_coef=0 would leave it unused; set algo.distill_coef > 0 "
+                         f"(beside the env's reward) or algo=opd (distillation alone)")
+    if a.advantage == "none" and a.distill_coef == 0:
+        raise ValueError("algo.advantage=none gives every token advantage 0; it is for "
+                         "on-policy distillation alone (algo=opd with trainer.teacher=…)")
     if cfg.trainer.mode == "async":
         bad = [(a.dynamic_sampling, "algo.dynamic_sampling"),
                (cfg.engine.name != "hf", f"engine={cfg.engine.name}")]
@@ -81,10 +93,12 @@ def drift_metrics(logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Te
 
 
 def score(cfg: Config, backend: Backend, ref, trajs: list[Trajectory], tokenizer,
-          temperature: float) -> tuple[Batch, torch.Tensor, dict]:
+          temperature: float, teachers: dict | None = None) -> tuple[Batch, torch.Tensor, dict]:
     """Collate ``trajs``; add old logprobs (unless the update provides them, see
-    :func:`reuses_update_logprobs`) and reference logprobs to the batch; build the
-    ``(B, T)`` token rewards the estimators read. Returns ``(batch, rewards, metrics)``."""
+    :func:`reuses_update_logprobs`), reference logprobs and the teachers' (on-policy
+    distillation, :mod:`agentgym.trainers.distill`; ``teachers`` by env) to the batch;
+    build the ``(B, T)`` token rewards the estimators read. Returns ``(batch, rewards,
+    metrics)``."""
     a = cfg.algo
     batch = collate(trajs, tokenizer.pad_token_id)
     mask = batch.loss_mask
@@ -109,6 +123,12 @@ def score(cfg: Config, backend: Backend, ref, trajs: list[Trajectory], tokenizer
             kl_tok = kl_estimate(batch.old_logp, ref_logp, mask, a.kl_estimator)
             rewards = rewards - a.kl_coef * kl_tok
             m["rollout/kl_penalty"] = float(a.kl_coef * kl_tok.sum() / mask.sum().clamp(min=1))
+    if teachers:
+        from agentgym.trainers.distill import distill_metrics, teacher_logprobs
+        envs = [str(t.info.get("env", "")) or cfg.env for t in trajs]
+        batch.teacher_logp, batch.teacher_mask = teacher_logprobs(teachers, batch, envs,
+                                                                  temperature)
+        m.update(distill_metrics(batch.teacher_logp, batch.rollout_logp, batch.teacher_mask))
     return batch, rewards, m
 
 
@@ -121,8 +141,15 @@ def advantages(cfg: Config, batch: Batch, rewards: torch.Tensor) -> tuple[torch.
         values=batch.values, last_values=batch.last_values,
         truncated=batch.truncated, gamma=a.gamma, lam=a.lam, norm_by_std=a.norm_adv_by_std,
         turn_ids=batch.turn_ids, input_ids=batch.input_ids, step_weight=a.step_weight)
+    m = {}
+    if batch.teacher_logp is not None:  # on-policy distillation: not group-normalised
+        from agentgym.trainers.distill import distill_term
+        term = distill_term(batch.teacher_logp, batch.rollout_logp, batch.teacher_mask,
+                            a.distill_coef, a.distill_discount)
+        adv = adv + term
+        m["rollout/distill_adv_abs"] = float(masked_mean(term.abs(), batch.loss_mask))
     batch.adv, batch.returns = adv, returns
-    return adv, {"rollout/adv_abs": float(masked_mean(adv.abs(), batch.loss_mask))}
+    return adv, {"rollout/adv_abs": float(masked_mean(adv.abs(), batch.loss_mask)), **m}
 
 
 # --- 4. update -------------------------------------------------------------------------

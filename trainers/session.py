@@ -99,6 +99,7 @@ class Session:
     backend: Backend  # SingleBackend, or DistributedBackend (FSDP2 / DeepSpeed ranks)
     workers: Any  # where episodes are played: LocalWorkers, or ray_cluster.RayWorkers
     ref: Any  # the frozen KL reference (Reference), or None
+    teachers: Any  # on-policy distillation's teachers by env (trainers.distill.Teacher), or None
     metrics_log: MetricsLogger
     critic: Any  # trainers.critic.Critic, or None
     cluster: Any  # trainers.ray_cluster.RayCluster, or None
@@ -242,6 +243,8 @@ def _opened(cfg: Config, hooks: Hooks, make_critic, run_dir: Path, rows: list[di
             eval_rows: list[dict], built: contextlib.ExitStack) -> Session:
     t = cfg.trainer
     path, tokenizer, backend, workers, ref, cluster = setup(cfg, built)
+    from agentgym.trainers.distill import teachers
+    teach = teachers(cfg, tokenizer, backend)  # refused here, before any step, on a mismatch
     critic = make_critic(path, cluster) if make_critic else None
     if critic is not None:
         built.callback(critic.close)
@@ -262,7 +265,7 @@ def _opened(cfg: Config, hooks: Hooks, make_critic, run_dir: Path, rows: list[di
         built.callback(metrics_log.close)  # its TensorBoard writer's thread, a W&B service
         s = Session(cfg=cfg, hooks=hooks, run_dir=run_dir, rows=rows, eval_rows=eval_rows,
                     watch=watch, tokenizer=tokenizer, backend=backend, workers=workers, ref=ref,
-                    metrics_log=metrics_log, critic=critic, cluster=cluster, start=start,
+                    teachers=teach, metrics_log=metrics_log, critic=critic, cluster=cluster, start=start,
                     cursor=state.get("data_cursor", start * t.prompts_per_step), version=version,
                     temperature=cfg.rollout.temperature or 1.0,
                     taken=state.get("data_taken", []))

@@ -86,6 +86,11 @@ class Setting:
     lora_rank: int = 0
     reference: bool = False  # a KL term against a frozen copy
     ref_offload: bool = False
+    #: on-policy distillation's teachers held on this device (trainer.teacher; an
+    #: endpoint's is not): their parameters, at teacher_bytes each
+    teacher_params: int = 0
+    teacher_bytes: int = 4
+    teacher_offload: bool = False  # algo.teacher_offload: in host memory
     critic: bool = False  # a value model of the same shape (cfg.algo.needs_critic: gae, gae_turn)
     engine: bool = True  # the in-process rollout engine's copy on this device
     engine_dtype: str = "bfloat16"  # its weights and KV cache (float32 | bfloat16)
@@ -180,6 +185,11 @@ def breakdown(shape: Shape, s: Setting) -> list[tuple[str, float]]:
     if s.reference and not s.lora_rank:  # LoRA: the base model is the reference
         rows.append(("reference model (bf16)" + (" [on the host]" if s.ref_offload else ""),
                      0.0 if s.ref_offload else 2 * p / split["params"]))
+    if s.teacher_params:  # placed as the reference is: FSDP shards it, ZeRO keeps it whole
+        split_t = shard if s.backend == "fsdp" else 1
+        rows.append((f"teacher model ({'fp32' if s.teacher_bytes == 4 else 'bf16'}, trainer."
+                     f"teacher)" + (" [on the host]" if s.teacher_offload else ""),
+                     0.0 if s.teacher_offload else s.teacher_bytes * s.teacher_params / split_t))
     if s.critic:  # sharded and offloaded as the policy is
         on_host = host["params"]
         rows.append(("critic: weights, gradients, AdamW" + (" [on the host]" if on_host else ""),
@@ -286,6 +296,16 @@ def shape_of(model: str) -> tuple[str, dict[str, Any]]:
     return str(folder), json.loads((folder / "config.json").read_text(encoding="utf-8"))
 
 
+def teacher_params(cfg: Any) -> int:
+    """Parameters of the run's distinct teachers (``trainer.teacher``, per env in a mixed
+    run), each counted by its own shape; an endpoint's hold nothing here."""
+    if getattr(cfg.algo, "distill_coef", 0) <= 0:
+        return 0
+    given = getattr(cfg, "per_env", {}).get("trainer.teacher") or [cfg.trainer.teacher]
+    names = {str(n) for n in given if n and not str(n).startswith(("http://", "https://"))}
+    return sum(shape_numbers(shape_of(n)[1]).params for n in sorted(names))
+
+
 def setting_of(cfg: Any, gpus: int, device: str) -> Setting:
     from agentgym.core.device import ACCELERATOR, HOST, engine_dtype
     t, r = cfg.trainer, cfg.rollout
@@ -295,6 +315,8 @@ def setting_of(cfg: Any, gpus: int, device: str) -> Setting:
         micro_batch_tokens=t.micro_batch_tokens, logprob_chunk=t.logprob_chunk,
         packing=t.packing, lora_rank=cfg.model.lora.rank, reference=cfg.algo.kl_coef > 0,
         ref_offload=cfg.algo.ref_offload, critic=cfg.algo.needs_critic,
+        teacher_params=teacher_params(cfg), teacher_bytes=4 if cfg.model.dtype == "float32" else 2,
+        teacher_offload=getattr(cfg.algo, "teacher_offload", False),
         engine=cfg.engine.name == "hf",
         engine_dtype=engine_dtype(cfg.engine.dtype, cfg.model.dtype,
                                   HOST if device == "host" else ACCELERATOR),

@@ -339,7 +339,7 @@ class DistributedBackend:
                     out[k] = out.get(k, 0.0) + v
         return out
 
-    def apply(self, fn, batch: Batch, model: str = "policy") -> list[torch.Tensor]:
+    def apply(self, fn, batch: Batch, model="policy") -> list[torch.Tensor]:
         """``fn(model, micro_batch, device)`` over the batch on all ranks, no grad; the
         outputs (``(b, t)`` padded to the batch width, or ``(b,)``) in row order.
         ``model="reference"``: on the frozen KL reference the ranks hold, sharded as the
@@ -376,6 +376,12 @@ class DistributedBackend:
         without ``algo.ref_offload``)."""
         return self.apply(LogprobFn(temperature, False, self.logprob_chunk, self.packing), batch,
                           model="reference")[0]
+
+    def teacher_logprobs(self, batch: Batch, temperature: float, spec) -> torch.Tensor:
+        """On-policy distillation's teacher's logprobs (``spec``: its ModelSpec), computed
+        in the ranks, where it is sharded as the policy is (loaded on first use)."""
+        return self.apply(LogprobFn(temperature, False, self.logprob_chunk, self.packing), batch,
+                          model=spec)[0]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The full weights (gathered on rank 0), for weight sync and HF export."""

@@ -77,6 +77,7 @@ class RankBackend:
     world: int
     spec: ModelSpec
     _reference: torch.nn.Module | None = None
+    _teachers: dict | None = None  # on-policy distillation's teachers, by folder
 
     def autocast(self):
         return torch.autocast(self.device.type, enabled=False)
@@ -90,14 +91,28 @@ class RankBackend:
             self._reference = self.wrap_reference(ref).eval()
         return self._reference
 
+    def teacher(self, spec: ModelSpec) -> torch.nn.Module:
+        """On-policy distillation's teacher ``spec`` (a model of its own shape), loaded on
+        first use and placed as the reference is (:meth:`wrap_reference`)."""
+        self._teachers = self._teachers or {}
+        if spec.path not in self._teachers:
+            model = replace(spec, lora=None, gradient_checkpointing=False).load(self.device)
+            model.requires_grad_(False)
+            self._teachers[spec.path] = self.wrap_reference(model).eval()
+        return self._teachers[spec.path]
+
     @torch.no_grad()
     def apply(self, fn, micro: list[Batch | None], dummy: Batch,
-              model: str = "policy") -> list[tuple | None]:
+              model: "str | ModelSpec" = "policy") -> list[tuple | None]:
         """``fn(model, mb, device)`` on each micro-batch (``None``: run on ``dummy`` to join
-        the collectives, return None); ``model``: ``policy`` or ``reference``."""
-        if model not in ("policy", "reference"):
-            raise ValueError(f"model={model!r}; valid: policy, reference")
-        module = self.module if model == "policy" else self.reference()
+        the collectives, return None); ``model``: ``policy``, ``reference``, or a teacher's
+        :class:`ModelSpec`."""
+        if isinstance(model, ModelSpec):
+            module = self.teacher(model)
+        elif model in ("policy", "reference"):
+            module = self.module if model == "policy" else self.reference()
+        else:
+            raise ValueError(f"model={model!r}; valid: policy, reference, or a teacher's ModelSpec")
         module.eval()
         out = []
         try:
