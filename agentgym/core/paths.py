@@ -107,6 +107,15 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return found[0] if found else None
 
 
+def is_model_folder(folder: Path) -> bool:
+    """Whether ``folder`` holds a Hugging Face model: a ``config.json`` naming its
+    ``model_type`` (a run folder's ``config.json`` is the run's config, which names none)."""
+    try:
+        return "model_type" in json.loads((Path(folder) / "config.json").read_text("utf-8"))
+    except (OSError, ValueError, TypeError):
+        return False
+
+
 def model_folder(folder: Path, key: str = "model") -> Path:
     """A Hugging Face model folder, given one or a run folder (``runs/sft``: its newest
     complete checkpoint, logged), so a command need not name ``step_N``.
@@ -116,10 +125,10 @@ def model_folder(folder: Path, key: str = "model") -> Path:
             and what it takes.
     """
     folder = Path(folder).expanduser()
-    if (folder / "config.json").is_file():
+    if is_model_folder(folder):
         return folder
     newest = latest_checkpoint(folder)
-    if newest is not None and (newest / "config.json").is_file():
+    if newest is not None and is_model_folder(newest):
         logger.info("%s=%s: a run folder; its newest checkpoint, %s", key, folder, newest)
         return newest
     raise ValueError(f"{key}={str(folder)!r} is neither a Hugging Face model folder (no "
