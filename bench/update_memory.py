@@ -1,7 +1,8 @@
 """Peak memory and tokens/s of one policy update: the plain log-probs against chunked
 log-probs (``trainer.logprob_chunk``) and chunked log-probs with activation checkpointing
 (``model.gradient_checkpointing``), on padded rows (``trainer.packing=false``), and the
-packed update (``trainer.packing``, with and without checkpointing), at 1k, 4k and
+packed update (``trainer.packing``, with and without checkpointing, and with on-policy
+distillation's teacher, smollm2-360m, loaded and scoring the batch), at 1k, 4k and
 8k-token sequences.
 
     python bench/update_memory.py                      # all lengths x settings
@@ -31,7 +32,11 @@ sys.path.insert(0, str(ROOT))
 #: padded paths as they were before packing, and the packed one (the default since issue 56)
 SETTINGS = {"plain": (0, False, False), "chunked log-probs": (1024, False, False),
             "chunked + checkpointing": (1024, True, False), "packed": (1024, False, True),
-            "packed + checkpointing": (1024, True, True)}
+            "packed + checkpointing": (1024, True, True),
+            "packed + teacher": (1024, False, True)}
+#: the settings that also hold on-policy distillation's teacher in the process (loaded as
+#: trainers/distill.py loads it, fp32) and score the batch with it before the steps
+TEACHER_SETTINGS = {"packed + teacher": "smollm2-360m"}
 ROWS = 1  # one sequence: 8k tokens of the plain path already take ~12 GiB here
 
 
@@ -79,6 +84,14 @@ def one(length: int, setting: str) -> dict:
     batch.old_logp = -torch.rand(mask.shape, generator=g) * mask
     batch.adv = torch.randn(ROWS, generator=g)[:, None] * mask
     cfg = build_config({"trainer.logprob_chunk": chunk, "trainer.packing": packing})
+    if setting in TEACHER_SETTINGS:  # the teacher stays loaded through the steps, as in a run
+        from agentgym.models.zoo import load_model
+        from agentgym.trainers.distill import Teacher
+        teacher = Teacher(TEACHER_SETTINGS[setting], micro_batch_tokens=ROWS * length,
+                          chunk=chunk, packing=packing,
+                          model=load_model(resolve_model(TEACHER_SETTINGS[setting])).eval())
+        teacher.model.requires_grad_(False)
+        batch.teacher_logp = teacher.logprobs(batch, 1.0)
     loss = make_loss_fn(cfg, 1.0, float(mask.sum()), ROWS, length)
     backend.train_step(backend.split(batch), loss)  # first step: optimizer state, allocator
     t0 = time.perf_counter()
