@@ -2,18 +2,23 @@
 training task solved with the env's tools, the way the instructions ask, from its gold
 patch and nothing the agent could not have read:
 
-1. find the code the failing check calls (a name from the problem statement's code that
-   the patched file defines): ``grep -rn "def NAME\\b\\|class NAME\\b" --include=*.py .``;
-   where it names none, the source files using a word of the statement that few others
-   use (``grep -rlw WORD --include=*.py . | grep -v test``);
+1. list the files that use a name of the problem statement (one the patched file defines,
+   from the statement's code first; else a word of it that few source files use):
+   ``grep -rlw NAME --include=*.py . | head -n 20``, whose output is paths that exist,
+   source files and tests;
 2. open the file around the line to change (``nl -ba FILE | sed -n A,Bp``; the editor's
    ``view`` with a ``view_range`` under ``swe.protocol=tools``);
 3. make the edit: the gold patch's lines in place of the file's (a short Python script that
    replaces numbered lines under ``bash``; ``str_replace`` of text that occurs once under
    ``tools``);
-4. run the tests of the files that held the failing checks (their other tests; all the
-   row's tests when none is left there);
+4. run the tests: those files of the failing checks (their other tests; else of the row's
+   passing ones) that the listing showed, else the visible suite with no file named, so
+   the demonstration types no name it has not read;
 5. submit.
+
+Why so (DECISIONS, "the second reading"): a model trained on demonstrations that searched
+for ``def NAME`` and ran test files named from the row looped on paths it made up when, on
+a held-out repository, the search came back empty or the file was not there.
 
 A demonstration is kept only when the env grades it resolved. A task whose statement shows
 nothing that leads to the patched file, or whose patch touches more than one file, gives
@@ -131,19 +136,24 @@ def _word(statement: str, base, path: str) -> str | None:
     return best and best[1]
 
 
-def _test_run(row: dict, base) -> str | None:
-    """The command running the test files that held the failing checks and still hold
-    tests (the others passing), else every file of the row's tests."""
-    cmd = test_command(row)
-    head = cmd.split("python -m pytest", 1)[0] if "python -m pytest" in cmd else ""
+def _test_files(row: dict, base) -> list[str]:
+    """The test files that held the failing checks and still hold tests (the others
+    passing), else every file of the row's passing tests."""
     kept = {t.split("::", 1)[0] for t in row["PASS_TO_PASS"]}
     files = sorted({t.split("::", 1)[0] for t in row["FAIL_TO_PASS"]} & kept)
-    files = [f for f in files if (base / f).is_file()] or \
+    return [f for f in files if (base / f).is_file()] or \
         sorted(f for f in kept if (base / f).is_file())
-    if not files:
-        return None
+
+
+def _test_run(row: dict, seen: str, files: list[str]) -> str:
+    """The command running those of ``files`` an observation so far named (``seen``), so
+    that every name the demonstration types is one it read; with none named, the visible
+    test suite (pytest finds it: nothing to name)."""
+    cmd = test_command(row)
+    head = cmd.split("python -m pytest", 1)[0] if "python -m pytest" in cmd else ""
+    named = [f for f in files if f in seen]
     return (f"{head}python -m pytest -q -p no:cacheprovider "
-            f"{' '.join(shlex.quote(f) for f in files)} 2>&1 | tail -n 3")
+            f"{' '.join(shlex.quote(f) for f in named)}".rstrip() + " 2>&1 | tail -n 3")
 
 
 def swe_demo(row: dict, env) -> dict | None:
@@ -168,54 +178,63 @@ def swe_demo(row: dict, env) -> dict | None:
         return None
     first = edits[0][2]
     statement = str(row["problem_statement"])
-    name = _name(statement, text, first)
-    tests = _test_run(row, base)
-    if name is not None:
-        find = f'grep -rn "def {name}\\b\\|class {name}\\b" --include=*.py . | head -n 20'
-        look = f"The failing check calls {name}; I look for where it is defined."
-    elif word := _word(statement, base, path):
-        find = f'grep -rlw "{word}" --include=*.py . | grep -v test'
-        look = f"The failure mentions {word}; I look for the source files that use it."
-    else:
+    files = _test_files(row, base)
+    # the search lists the files that use a name of the statement (one the patched file
+    # defines, else a word few files use): its output is paths that exist, source and tests
+    token = _name(statement, text, first) or _word(statement, base, path)
+    if token is None or not files:
         return None
-    if tests is None:
-        return None
+    find = f'grep -rlw "{token}" --include=*.py . | head -n 20'
+    look = f"The failure mentions {token}; I list the files that use it."
     lo, hi = max(1, first - _CONTEXT), min(text.count("\n") + 1, first + _CONTEXT)
+    prompt, _ = env.reset(seed=0, options={"row": row})
+    actions, observations = [], []
+
+    def play(action: str, k: int, last: bool) -> bool:
+        """Play turn ``k``; False when it fails (the demonstration is dropped)."""
+        actions.append(action)
+        obs, reward, terminated, truncated, _ = env.step(action)
+        if last:
+            return terminated and reward >= 1.0
+        if terminated or truncated or _failed(obs, k, len(edits), path):
+            return False
+        observations.append(obs)
+        return True
+
+    run_tests = "I run the tests of that behaviour."
+    done = "I made the change and ran the tests: I submit."
     if tools:
-        actions = [
-            _call(look, "bash", {"command": find}),
+        if not play(_call(look, "bash", {"command": find}), 0, False):
+            return None
+        steps = [
             _call(f"The code is in {path}; I open it around line {first}.", "str_replace_editor",
                   {"command": "view", "path": f"/testbed/{path}", "view_range": [lo, hi]}),
             *(_call("This is the bug: I fix it.", "str_replace_editor",
                     {"command": "str_replace", "path": f"/testbed/{path}", "old_str": old,
-                     "new_str": new}) for old, new, _ in edits),
-            _call("I run the tests of that behaviour.", "bash", {"command": tests}),
-            _call("The tests pass: I submit.", "submit", {}),
-        ]
+                     "new_str": new}) for old, new, _ in edits)]
     else:
-        actions = [
-            _bash(look, find),
+        if not play(_bash(look, find), 0, False):
+            return None
+        steps = [
             _bash(f"The code is in {path}; I open it around line {first}.",
                   f"nl -ba {shlex.quote(path)} | sed -n '{lo},{hi}p'"),
             *(_bash(f"This is the bug: I replace line {at}" + (
                 f"-{at + old.count(chr(10)) - 1}" if old.count("\n") > 1 else "") + ".",
-                _edit_script(path, at, old, new)) for old, new, at in reversed(edits)),
-            _bash("I run the tests of that behaviour.", tests),
-            _bash("The tests pass: I submit.", f"echo {SUBMIT}"),
-        ]
-    prompt, _ = env.reset(seed=0, options={"row": row})
-    observations = []
-    for k, action in enumerate(actions):
-        obs, reward, terminated, truncated, _ = env.step(action)
-        if k < len(actions) - 1:
-            if terminated or truncated or _failed(obs, k, len(edits), path):
-                return None
-            observations.append(obs)
-    if not terminated or reward < 1.0:
+                _edit_script(path, at, old, new)) for old, new, at in reversed(edits))]
+    for k, action in enumerate(steps, start=1):
+        if not play(action, k, False):
+            return None
+    seen = "".join(str(m.get("content", "")) for o in observations for m in o)
+    tests = _test_run(row, seen, files)
+    test_action = _call(run_tests, "bash", {"command": tests}) if tools else _bash(run_tests, tests)
+    if not play(test_action, len(steps) + 1, False):
+        return None
+    if not play(_call(done, "submit", {}) if tools else _bash(done, f"echo {SUBMIT}"),
+                len(steps) + 2, True):
         return None
     return {"type": "demonstration", "env": "swe", "builder": "gold-patch-tools",
             "prompt": prompt, "actions": actions, "observations": observations,
-            "reward": reward, "row": row}
+            "reward": 1.0, "row": row}
 
 
 def _failed(obs: list[dict], k: int, n_edits: int, path: str) -> bool:

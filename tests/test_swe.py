@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -615,7 +616,7 @@ def test_demonstrations_solve_tasks_with_either_protocol_and_replay(user_repo):
     from agentgym.envs.swe_grade import swe_root
     (demo,) = build_demos("swe", [dict(user_repo[1], repo_path=str(user_repo[0]))], SWEEnv)
     assert len(demo["actions"]) == 5 and demo["reward"] == 1.0
-    assert 'grep -rn "def count_words' in demo["actions"][0]
+    assert 'grep -rlw "count_words" --include=*.py .' in demo["actions"][0]
     assert "<returncode>0</returncode>" in demo["observations"][2][0]["content"]
     assert "passed" in demo["observations"][3][0]["content"]
     assert demo["actions"][-1].endswith(f"echo {SUBMIT}\n```")
@@ -630,8 +631,17 @@ def test_demonstrations_solve_tasks_with_either_protocol_and_replay(user_repo):
             env.close()
         assert again["reward"] == 1.0 and again["info"]["resolved"] == 1.0
         assert again["info"]["format_valid"] == 1.0
-        assert [again["info"][k] for k in ("opened_test", "opened_file", "edited_file",
-                                           "ran_tests")] == [1.0] * 4
+        assert [again["info"][k] for k in ("opened_file", "edited_file", "ran_tests")] == \
+            [1.0] * 3
+        # the test run names only files an earlier observation showed (none: the suite)
+        run = d["actions"][-2]
+        shown = "".join(str(m["content"]) for o in d["observations"][:-1] for m in o)
+        named = [w for w in re.findall(r"[\w/.-]+\.py", run.split("pytest", 1)[1])]
+        assert all(f in shown for f in named), (named, run)
+        f2p = {t.split("::", 1)[0] for t in d["row"]["FAIL_TO_PASS"]}
+        assert again["info"]["opened_test"] == float(bool(f2p & set(named)))
+    # the visible tests do not use count_words, so the listing showed none: the suite runs
+    assert "pytest -q -p no:cacheprovider 2>&1 | tail -n 3" in demo["actions"][-2]
     calls = [json.loads(a.split("<tool_call>\n", 1)[1].split("\n</tool_call>")[0])
              for a in demos[0]["actions"]]
     assert [c["name"] for c in calls] == ["bash", "str_replace_editor", "str_replace_editor",
