@@ -109,8 +109,11 @@ def test_one_step_of_each_recipe_on_its_shrunk_architecture(tmp_path, name, retr
     shape = recipe["model"]
     group = 1 if recipe.get("algo") == "ppo" else 2
     run = tmp_path / "run"
+    # a teacher (on-policy distillation) at tiny size of its own shape, as the student is
+    teacher = [f"trainer.teacher=tiny:{recipe['trainer.teacher']}"] \
+        if recipe.get("trainer.teacher") else []
     assert main(["train", f"recipe={name}", f"model=tiny:{shape}", f"rollout.n={group}",
-                 f"run_dir={run}", f"retriever.url={retriever_url}",
+                 f"run_dir={run}", f"retriever.url={retriever_url}", *teacher,
                  "reward=fakes:scripted_length_reward", *SHRINK]) == 0
     config = json.loads((run / "config.json").read_text())
     assert config["recipe"] == name and config["algo"]["name"] == recipe.get("algo", "grpo")

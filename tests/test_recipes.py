@@ -52,7 +52,8 @@ def _moved(a, b):
 
 @pytest.mark.parametrize("algo", sorted(ALGO_PRESETS))
 def test_every_algorithm_trains_and_moves_the_weights(tmp_path, tiny_path, algo):
-    run = train(_toy_cfg(tmp_path, algo=algo))
+    extra = {"trainer.teacher": str(tiny_path)} if algo == "opd" else {}  # its teacher
+    run = train(_toy_cfg(tmp_path, algo=algo, **extra))
     rows = _metrics(run)
     assert [r["step"] for r in rows] == [1, 2]
     assert rows[1]["rollout/policy_version"] == 1.0  # step 2 sampled the synced weights

@@ -189,8 +189,11 @@ def _teacher(cfg, name: str, tokenizer, backend) -> Teacher:
     t = cfg.trainer
     student = cfg.model.path or cfg.model.name
     if name.startswith(("http://", "https://")):
+        from agentgym.models.zoo import load_tokenizer
         from agentgym.trainers.distill_endpoint import check_endpoint
-        check_endpoint(name, tokenizer, student)
+        folder = check_endpoint(name, tokenizer)
+        if folder is not None:
+            check_tokenizers(tokenizer, load_tokenizer(folder), student, name)
         return Teacher(name=name, url=name.rstrip("/"))
     from agentgym.models.zoo import load_tokenizer, resolve_model
     path = resolve_model(name)

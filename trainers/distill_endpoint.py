@@ -39,11 +39,11 @@ def _post(url: str, body: dict, timeout_s: float):
                            f"agentgym serve)") from e
 
 
-def check_endpoint(url: str, tokenizer, student: str, timeout_s: float = 30.0) -> None:
-    """Before the first step: the endpoint answers, and its tokenizer, where its folder
-    can be read from here (``/get_model_info``'s ``tokenizer_path``), is the student's
-    (:func:`agentgym.trainers.distill.check_tokenizers`); one this machine cannot read is
-    checked by the vocabulary size its log-prob answer allows, and said in the log."""
+def check_endpoint(url: str, tokenizer, timeout_s: float = 30.0) -> str | None:
+    """Before the first step: the endpoint answers ``/get_model_info`` and the prompt-
+    logprob request for the student's largest token id (a smaller vocabulary answers 400).
+    Returns its tokenizer's folder where this machine can read it (``tokenizer_path``), for
+    the caller to compare with the student's; None (logged) where it cannot."""
     base = url.rstrip("/")
     try:
         with urllib.request.urlopen(base + "/get_model_info", timeout=timeout_s) as resp:
@@ -52,19 +52,17 @@ def check_endpoint(url: str, tokenizer, student: str, timeout_s: float = 30.0) -
         raise ValueError(f"trainer.teacher={url!r}: GET /get_model_info failed ({e}); the "
                          f"teacher endpoint must be an SGLang server or agentgym serve") from e
     folder = info.get("tokenizer_path") or info.get("model_path") or ""
-    if folder and (Path(folder) / "config.json").is_file():
-        from agentgym.models.zoo import load_tokenizer
-        from agentgym.trainers.distill import check_tokenizers
-        check_tokenizers(tokenizer, load_tokenizer(folder), student, url)
-    else:
-        logger.warning("trainer.teacher=%s: its tokenizer (%r) is not readable here, so only "
-                       "its answer to the student's token ids is checked", url, folder)
     probe = tokenizer("a probe of the teacher's tokenizer")["input_ids"][:8]
     top = max(len(tokenizer) - 1, 0)
     got = _post(base + "/generate", {"input_ids": [probe + [top]],
                                      "sampling_params": {"max_new_tokens": 0},
                                      "return_logprob": True, "logprob_start_len": 0}, timeout_s)
     _logprobs(got[0], len(probe) + 1, url)
+    if folder and (Path(folder) / "config.json").is_file():
+        return folder
+    logger.warning("trainer.teacher=%s: its tokenizer (%r) is not readable here, so only "
+                   "its answer to the student's token ids is checked", url, folder)
+    return None
 
 
 def _logprobs(answer: dict, n: int, url: str) -> list[float]:
