@@ -172,10 +172,12 @@ def test_each_env_is_scored_by_its_own_teacher(tiny_path, tiny_tokenizer, teache
     assert float((whole_one[1] - whole_two[1]).abs().max()) > 0.01  # two different teachers
 
 
+@pytest.mark.parametrize("kind", ["fsdp", "deepspeed"])
 def test_the_teacher_in_fsdp_ranks_gives_the_single_process_loss_and_gradients(
-        tiny_path, tiny_tokenizer, teacher_path):
-    """Two gloo ranks under FSDP2 hold the teacher sharded as the policy is: its logprobs,
-    the step's loss and the weights after it match the single process's."""
+        tiny_path, tiny_tokenizer, teacher_path, kind):
+    """Two gloo ranks (FSDP2, DeepSpeed ZeRO-2) hold the teacher as they hold the reference
+    (FSDP shards it, ZeRO keeps a whole copy): its logprobs, the step's loss and the
+    weights after it match the single process's."""
     from agentgym.trainers.backends.base import ModelSpec
     from agentgym.trainers.backends.distributed import DistributedBackend
     from agentgym.trainers.backends.ranks import OptimSpec
@@ -193,7 +195,7 @@ def test_the_teacher_in_fsdp_ranks_gives_the_single_process_loss_and_gradients(
 
     single = SingleBackend(ModelSpec(str(tiny_path)).load(), lr=1e-2, micro_batch_tokens=64)
     s_lp, s_res, s_w = step(single, Teacher("t", model=spec.load(), micro_batch_tokens=64))
-    backend = DistributedBackend("fsdp", ModelSpec(str(tiny_path)), OptimSpec(lr=1e-2), 2, 64)
+    backend = DistributedBackend(kind, ModelSpec(str(tiny_path)), OptimSpec(lr=1e-2), 2, 64)
     try:
         d_lp, d_res, d_w = step(backend, Teacher("t", backend=backend, spec=spec))
     finally:
