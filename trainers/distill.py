@@ -187,15 +187,14 @@ def teachers(cfg, tokenizer, backend) -> dict[str, Teacher] | None:
 
 def _teacher(cfg, name: str, tokenizer, backend) -> Teacher:
     t = cfg.trainer
+    from agentgym.models.zoo import load_tokenizer, resolve_model
     student = cfg.model.path or cfg.model.name
     if name.startswith(("http://", "https://")):
-        from agentgym.models.zoo import load_tokenizer
         from agentgym.trainers.distill_endpoint import check_endpoint
         folder = check_endpoint(name, tokenizer)
         if folder is not None:
             check_tokenizers(tokenizer, load_tokenizer(folder), student, name)
         return Teacher(name=name, url=name.rstrip("/"))
-    from agentgym.models.zoo import load_tokenizer, resolve_model
     path = resolve_model(name)
     check_tokenizers(tokenizer, load_tokenizer(path), student, name)
     from agentgym.trainers.backends.base import ModelSpec
@@ -203,15 +202,9 @@ def _teacher(cfg, name: str, tokenizer, backend) -> Teacher:
     if t.backend != "single" and not cfg.algo.teacher_offload:
         logger.info("teacher %s: in the ranks, sharded as the policy is", path)
         return Teacher(name=name, backend=backend, spec=spec)
-    from agentgym.core.device import HOST
-    from agentgym.models.plan import AUTO_HOST_TOKENS, micro_batch_tokens
-    from agentgym.models.zoo import load_model
-    device = HOST if cfg.algo.teacher_offload else t.device
-    model = load_model(path, dtype=cfg.model.dtype, device=device).eval()
-    model.requires_grad_(False)
-    tokens = (t.micro_batch_tokens or AUTO_HOST_TOKENS) if cfg.algo.teacher_offload \
-        else micro_batch_tokens(cfg)
-    logger.info("teacher %s: on %s", path, device)
+    from agentgym.trainers.run import frozen_model
+    model, tokens = frozen_model(cfg, path, cfg.algo.teacher_offload)
+    logger.info("teacher %s: on %s", path, "the host" if cfg.algo.teacher_offload else t.device)
     return Teacher(name=name, model=model, micro_batch_tokens=tokens, chunk=t.logprob_chunk,
                    packing=t.packing)
 

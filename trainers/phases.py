@@ -35,7 +35,8 @@ def check_algo(cfg: Config) -> None:
                          f"{reads_values}, but AlgoConfig.needs_critic says {a.needs_critic}: "
                          f"the trainer would {'not ' if reads_values else ''}build a critic; "
                          f"list the estimators that read values in AlgoConfig.needs_critic")
-    has_teacher = any(getattr(cfg, "per_env", {}).get("trainer.teacher", [cfg.trainer.teacher]))
+    from agentgym.trainers.distill import teacher_names
+    has_teacher = any(teacher_names(cfg))
     if a.distill_coef > 0 and not has_teacher:
         raise ValueError(f"algo.distill_coef={a.distill_coef} distils from a teacher, but "
                          f"trainer.teacher is empty; give a model folder, a run folder or an "

@@ -347,16 +347,23 @@ def reference(cfg: Config, path, backend) -> Reference:
     """Where the reference lives: with a sharded backend (fsdp, deepspeed), in its ranks
     beside the policy; with the single backend, on the policy's device; in host memory
     with ``algo.ref_offload`` (either backend)."""
-    from agentgym.core.device import HOST
-    from agentgym.models.zoo import load_model
     t = cfg.trainer
     if t.backend != "single" and not cfg.algo.ref_offload:
         return Reference(backend=backend)
-    model = load_model(path, dtype=cfg.model.dtype,
-                       device=HOST if cfg.algo.ref_offload else t.device).eval()
-    model.requires_grad_(False)
-    from agentgym.models.plan import AUTO_HOST_TOKENS, micro_batch_tokens
-    tokens = (t.micro_batch_tokens or AUTO_HOST_TOKENS) if cfg.algo.ref_offload \
-        else micro_batch_tokens(cfg)
+    model, tokens = frozen_model(cfg, path, cfg.algo.ref_offload)
     return Reference(model=model, micro_batch_tokens=tokens,
                      chunk=t.logprob_chunk, packing=t.packing)
+
+
+def frozen_model(cfg: Config, path, offload: bool):
+    """``(model, micro-batch tokens)``: a frozen model that only scores (the KL reference,
+    a distillation teacher) at ``model.dtype``, on the policy's device or, with ``offload``,
+    in host memory, and the token budget of its passes there."""
+    from agentgym.core.device import HOST
+    from agentgym.models.plan import AUTO_HOST_TOKENS, micro_batch_tokens
+    from agentgym.models.zoo import load_model
+    t = cfg.trainer
+    model = load_model(path, dtype=cfg.model.dtype, device=HOST if offload else t.device).eval()
+    model.requires_grad_(False)
+    tokens = (t.micro_batch_tokens or AUTO_HOST_TOKENS) if offload else micro_batch_tokens(cfg)
+    return model, tokens

@@ -12,9 +12,7 @@ http_server.py``; request and response types in ``sglang/srt/managers/io_struct.
   (``max_new_tokens``, ``temperature``, ``top_p``, ``top_k`` (-1 = off), ``stop``,
   ``sampling_seed``, ``n``, ``no_stop_trim``, ``ignore_eos`` (false only),
   ``skip_special_tokens``), ``return_logprob`` (with ``top_logprobs_num``), ``rid``;
-  ``max_new_tokens: 0`` with ``return_logprob`` and ``logprob_start_len`` >= 0 scores the
-  prompt (``meta_info.input_token_logprobs``, as SGLang: a teacher's log-probs for on-policy
-  distillation, :mod:`agentgym.trainers.distill_endpoint`). Answers what SGLang
+  SGLang's prompt scoring (:mod:`agentgym.serving.scoring`). Answers what SGLang
   answers: ``{"output_ids": [...], "meta_info": {"id", "finish_reason", "prompt_tokens",
   "completion_tokens", "cached_tokens", "weight_version", "output_token_logprobs":
   [[logprob, token_id, null], ...]}}``, plus ``"text"`` unless run with
@@ -75,6 +73,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from agentgym.rollout.engines.sglang_weights import tied_copies
 from agentgym.rollout.engines.weight_group import broadcast, destroy_weight_group, init_weight_group
 from agentgym.core.types import GenerateOutput, SamplingParams
+from agentgym.serving import scoring
 from agentgym.serving.openai_api import OpenAIFrontend, openai_routes
 from agentgym.serving.openai_common import OpenAIError, error_body
 
@@ -94,30 +93,6 @@ class BadRequest(ValueError):
 
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse(status_code=status, content=error_body(message))
-
-
-def logprob_scoring(body: dict) -> bool:
-    """Whether a ``/generate`` body asks only for its prompt's logprobs: ``return_logprob``,
-    ``logprob_start_len`` >= 0 and ``max_new_tokens`` 0 in every ``sampling_params``."""
-    params = body.get("sampling_params")
-    params = params if isinstance(params, list) else [params]
-    start = body.get("logprob_start_len")
-    return (bool(body.get("return_logprob")) and isinstance(start, int) and start >= 0
-            and all(isinstance(p, dict) and p.get("max_new_tokens") == 0 for p in params))
-
-
-@torch.no_grad()
-def prompt_logprobs(model, prompts: list[list[int]], temps: list[float]) -> list[list[float]]:
-    """Per prompt, the log-prob of each token given those before it (position 0: 0.0),
-    from ``model``'s logits divided by the prompt's temperature."""
-    device = next(model.parameters()).device
-    out = []
-    for ids, t in zip(prompts, temps):
-        x = torch.tensor([ids], device=device)
-        logits = model(input_ids=x).logits[0, :-1].float() / t
-        lp = torch.log_softmax(logits, -1).gather(-1, x[0, 1:, None])[:, 0]
-        out.append([0.0] + lp.cpu().tolist())
-    return out
 
 
 def parse_sampling(params: Any, *,
@@ -256,19 +231,13 @@ class ServeState:
         if body.get("image_data") is not None:
             raise BadRequest("image_data: this server's model is text-only")
         ids = body.get("input_ids")
-        logprob = bool(body.get("return_logprob", False))
         batch = isinstance(ids, list) and bool(ids) and isinstance(ids[0], list)
         prompts = ids if batch else [ids]
         prompts = [_check_ids(p, self.vocab, f"input_ids[{i}]" if batch else "input_ids")
                    for i, p in enumerate(prompts)]
         params = body.get("sampling_params")
-        start = body.get("logprob_start_len", -1)
-        if start is None:
-            start = -1
-        if not isinstance(start, int) or start < -1:
-            raise BadRequest(f"logprob_start_len={start!r}: must be -1 (output tokens only) or "
-                             f"a position in the prompt")
-        if logprob_scoring(body):  # the prompt's logprobs only (a teacher's, for instance)
+        start = scoring.start_of(body, BadRequest)
+        if scoring.is_scoring(body, start):  # the prompt's logprobs only (a teacher's)
             return await self.score(prompts, params, start, batch)
         if isinstance(params, list):
             if not batch or len(params) != len(prompts):
@@ -278,6 +247,7 @@ class ServeState:
             params = [params] * len(prompts)
         parsed = [parse_sampling(p, allow_stop=not self.skip_tokenizer_init) for p in params]
         rid = body.get("rid") or uuid.uuid4().hex
+        logprob = bool(body.get("return_logprob", False))
         top = body.get("top_logprobs_num") or 0
         if not isinstance(top, int) or not 0 <= top <= 20:
             raise BadRequest(f"top_logprobs_num={top!r}: must be an integer in [0, 20]")
@@ -296,40 +266,19 @@ class ServeState:
 
     async def score(self, prompts: list[list[int]], params: Any, start: int,
                     batch: bool) -> Any:
-        """SGLang's answer to ``max_new_tokens: 0`` with ``return_logprob`` and
-        ``logprob_start_len`` >= 0: nothing generated, ``meta_info.input_token_logprobs``
-        ``[[logprob, id, null], ...]`` from ``start`` on (the first token's logprob null),
-        at the request's temperature (1 when 0 or absent). Generation is paused meanwhile,
-        as for a weight update: one forward of the served model over each prompt."""
-        temps = []
-        for p in (params if isinstance(params, list) else [params] * len(prompts)):
-            t = float((p or {}).get("temperature", 1.0) or 1.0)
-            if t < 0:
-                raise BadRequest(f"sampling_params.temperature={t}: must be >= 0")
-            temps.append(t)
-        if len(temps) != len(prompts):
-            raise BadRequest(f"sampling_params is a list of {len(temps)} for "
-                             f"{len(prompts)} prompts")
-        for i, ids in enumerate(prompts):
-            if start >= len(ids):
-                raise BadRequest(f"logprob_start_len={start} is past prompt {i}'s "
-                                 f"{len(ids)} tokens")
+        """The prompt-scoring request (:mod:`agentgym.serving.scoring`), generation paused
+        meanwhile as for a weight update: one forward of the served model a prompt."""
+        temps = scoring.temperatures(prompts, params, start, BadRequest)
         async with self.lock:
             await self.engine.pause()
             try:
-                rows = await asyncio.to_thread(prompt_logprobs, self.engine.model, prompts, temps)
+                rows = await asyncio.to_thread(scoring.prompt_logprobs, self.engine.model,
+                                               prompts, temps)
             finally:
                 if not self.paused:
                     self.engine.resume()
-        outs = []
-        for ids, lps in zip(prompts, rows):
-            meta = {"id": uuid.uuid4().hex, "finish_reason": {"type": "length", "length": 0},
-                    "prompt_tokens": len(ids), "completion_tokens": 0, "cached_tokens": 0,
-                    "weight_version": self.weight_version, "output_token_logprobs": [],
-                    "input_token_logprobs": [[None if j == 0 else lps[j], t, None]
-                                             for j, t in enumerate(ids) if j >= start]}
-            outs.append({"output_ids": [], "meta_info": meta,
-                         **({} if self.skip_tokenizer_init else {"text": ""})})
+        outs = scoring.answers(prompts, rows, start, self.weight_version,
+                               not self.skip_tokenizer_init)
         return outs if batch else outs[0]
 
     # -- weights ------------------------------------------------------------------------
