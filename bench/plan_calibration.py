@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agentgym.models.plan import DEVICES, GiB, Setting, shape_numbers, total  # noqa: E402
+from agentgym.models.plan import DEVICES, GiB, Setting, breakdown, shape_numbers, total  # noqa: E402
 from agentgym.models.shapes import shape_config  # noqa: E402
 from agentgym.presets import recipe_names  # noqa: E402
 from bench.report import machine, write_section  # noqa: E402
@@ -63,6 +63,36 @@ def calibration() -> list[str]:
     return lines
 
 
+#: docs/BENCHMARKS.md, "Update memory with on-policy distillation's teacher …" (measured
+#: 2026-12-02, AMD EPYC, 2 CPUs, avx512_bf16): tokens -> peak RSS in GiB of the packed update
+#: without and with the teacher (smollm2-360m's shape, fp32) loaded and scoring the batch
+TEACHER = "smollm2-360m"
+TEACHER_MEASURED = {1024: (4.00, 5.32), 4096: (8.85, 10.18)}
+
+
+def teacher_calibration() -> list[str]:
+    """The teacher's row of the plan (its parameters at 4 bytes) against what loading it
+    and scoring the batch adds to the packed update's measured peak, on the same machine;
+    and the whole peak with the teacher, planned against measured."""
+    shape = shape_numbers(shape_config("smollm2-135m"))
+    params = shape_numbers(shape_config(TEACHER)).params
+    lines = ["| tokens | packed, measured (GiB) | + teacher, measured | teacher adds, measured "
+             "| teacher's row, planned | error | whole peak, planned | error |",
+             "|---|---|---|---|---|---|---|---|"]
+    for tokens, (without, with_teacher) in TEACHER_MEASURED.items():
+        s = Setting(device="host", micro_batch_tokens=tokens, logprob_chunk=1024,
+                    checkpointing=False, packing=True, engine=False,
+                    teacher_params=params, teacher_bytes=4)
+        row = dict(breakdown(shape, s))
+        teacher_row = next(v for k, v in row.items() if k.startswith("teacher model")) / GiB
+        added = with_teacher - without
+        whole = total(shape, s) / GiB
+        lines.append(f"| {tokens} | {without:.2f} | {with_teacher:.2f} | {added:.2f} | "
+                     f"{teacher_row:.2f} | {100 * (teacher_row - added) / added:+.1f}% | "
+                     f"{whole:.2f} | {100 * (whole - with_teacher) / with_teacher:+.1f}% |")
+    return lines
+
+
 def plans() -> list[str]:
     out = []
     for name in recipe_names():
@@ -77,8 +107,19 @@ def plans() -> list[str]:
 
 def main() -> None:
     body = [f"Machine: {machine()}. Command: `python bench/plan_calibration.py`.", "",
-            "**Calibration** against measured peaks (one process, one update):", "",
-            *calibration(), "", "**Plans** of the shipped recipes:", "", *plans()]
+            "**Calibration** against measured peaks (one process, one update; the cells of "
+            "\"Update memory: chunked log-probs and activation checkpointing\", measured "
+            "2026-11-25 on an Intel Xeon, 2 CPUs, amx_bf16):", "",
+            *calibration(), "",
+            f"**On-policy distillation's teacher** ({TEACHER}'s shape, fp32, `trainer.teacher`) "
+            "against the packed update measured without and with it on one machine (docs/"
+            "BENCHMARKS.md, \"Update memory with on-policy distillation's teacher\"):", "",
+            *teacher_calibration(), "",
+            "The teacher's row is what it adds, within a few percent at both lengths. The whole "
+            "peak with it is off by as much as the packed update alone is on this machine, "
+            "whose packed cells measure 13-26% above the Xeon's the CPU constants were fitted "
+            "to (avx512_bf16 without AMX).", "",
+            "**Plans** of the shipped recipes:", "", *plans()]
     text = "\n".join(body)
     print(text)
     write_section("Memory planner", text)

@@ -2,8 +2,8 @@
 log-probs (``trainer.logprob_chunk``) and chunked log-probs with activation checkpointing
 (``model.gradient_checkpointing``), on padded rows (``trainer.packing=false``), and the
 packed update (``trainer.packing``, with and without checkpointing, and with on-policy
-distillation's teacher, smollm2-360m, loaded and scoring the batch), at 1k, 4k and
-8k-token sequences.
+distillation's teacher, smollm2-360m's shape randomly initialised, loaded and scoring the
+batch), at 1k, 4k and 8k-token sequences.
 
     python bench/update_memory.py                      # all lengths x settings
     python bench/update_memory.py --lengths 1024 4096
@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import resource
+import shlex
 import subprocess
 import sys
 import time
@@ -37,6 +38,7 @@ SETTINGS = {"plain": (0, False, False), "chunked log-probs": (1024, False, False
 #: the settings that also hold on-policy distillation's teacher in the process (loaded as
 #: trainers/distill.py loads it, fp32) and score the batch with it before the steps
 TEACHER_SETTINGS = {"packed + teacher": "smollm2-360m"}
+SECTION = "Update memory: chunked log-probs and activation checkpointing (smollm2-135m, CPU)"
 ROWS = 1  # one sequence: 8k tokens of the plain path already take ~12 GiB here
 
 
@@ -85,11 +87,13 @@ def one(length: int, setting: str) -> dict:
     batch.adv = torch.randn(ROWS, generator=g)[:, None] * mask
     cfg = build_config({"trainer.logprob_chunk": chunk, "trainer.packing": packing})
     if setting in TEACHER_SETTINGS:  # the teacher stays loaded through the steps, as in a run
-        from agentgym.models.zoo import load_model
         from agentgym.trainers.distill import Teacher
+        from bench.engine_speed import random_model
+        # the shape at its full size, randomly initialised (memory depends on the shape only;
+        # no weights of it ship), fp32 as trainers/distill.py loads a teacher
         teacher = Teacher(TEACHER_SETTINGS[setting], micro_batch_tokens=ROWS * length,
                           chunk=chunk, packing=packing,
-                          model=load_model(resolve_model(TEACHER_SETTINGS[setting])).eval())
+                          model=random_model(TEACHER_SETTINGS[setting], torch.float32, "cpu"))
         teacher.model.requires_grad_(False)
         batch.teacher_logp = teacher.logprobs(batch, 1.0)
     loss = make_loss_fn(cfg, 1.0, float(mask.sum()), ROWS, length)
@@ -111,6 +115,8 @@ def main() -> None:
     ap.add_argument("--results", default=str(ROOT / "runs" / "update_memory.json"),
                     help="cells measured so far: a run replaces the cells it measures and "
                          "keeps the others, so one cell can be measured again")
+    ap.add_argument("--section", default=SECTION,
+                    help="the docs/BENCHMARKS.md section the cells of --results are written to")
     a = ap.parse_args()
     if a.one:
         print(json.dumps(one(int(a.one[0]), a.one[1])))
@@ -137,7 +143,10 @@ def main() -> None:
     results.sort(key=lambda r: (r["length"], list(SETTINGS).index(r["setting"])))
     store.parent.mkdir(parents=True, exist_ok=True)
     store.write_text(json.dumps(results, indent=2) + "\n")
-    base = {r["length"]: r for r in results if r["setting"] == "plain" and "failed" not in r}
+    # each length's cells against the plain path, or where it was not measured (a section
+    # of its own cells) against the first setting measured
+    first = "plain" if any(r["setting"] == "plain" for r in results) else results[0]["setting"]
+    base = {r["length"]: r for r in results if r["setting"] == first and "failed" not in r}
     precision = next((r["precision"] for r in results if "precision" in r), "?")
     argv, shown = sys.argv[1:], []
     while argv:  # the command without its --note text, which follows it
@@ -147,11 +156,12 @@ def main() -> None:
             continue
         shown.append(arg)
     body = [f"Machine: {machine()}. Command: `python bench/update_memory.py "
-            f"{' '.join(shown)}`. smollm2-135m, one GRPO `train_step` over {ROWS} "
+            f"{shlex.join(shown)}`. smollm2-135m, one GRPO `train_step` over {ROWS} "
             f"sequence(s) of the given length in one micro-batch, {precision}; the second of "
             f"two steps timed; peak RSS of the process (model, AdamW state and the step). "
             f"{a.note}\n",
-            "| tokens per sequence | setting | peak RSS (GiB) | vs plain | tokens/s | vs plain |",
+            f"| tokens per sequence | setting | peak RSS (GiB) | vs {first} | tokens/s | "
+            f"vs {first} |",
             "|---|---|---|---|---|---|"]
     for r in results:
         if "failed" in r:
@@ -164,8 +174,7 @@ def main() -> None:
                     f"{r['tokens_per_s']:.0f} | {speed} |")
     text = "\n".join(body)
     print(text)
-    write_section("Update memory: chunked log-probs and activation checkpointing "
-                  "(smollm2-135m, CPU)", text)
+    write_section(a.section, text)
 
 
 if __name__ == "__main__":

@@ -172,12 +172,13 @@ def test_each_env_is_scored_by_its_own_teacher(tiny_path, tiny_tokenizer, teache
     assert float((whole_one[1] - whole_two[1]).abs().max()) > 0.01  # two different teachers
 
 
-@pytest.mark.parametrize("kind", ["fsdp", "deepspeed"])
+@pytest.mark.parametrize("kind", ["fsdp", "deepspeed", "ray"])
 def test_the_teacher_in_fsdp_ranks_gives_the_single_process_loss_and_gradients(
         tiny_path, tiny_tokenizer, teacher_path, kind):
-    """Two gloo ranks (FSDP2, DeepSpeed ZeRO-2) hold the teacher as they hold the reference
-    (FSDP shards it, ZeRO keeps a whole copy): its logprobs, the step's loss and the
-    weights after it match the single process's."""
+    """Two gloo ranks (FSDP2, DeepSpeed ZeRO-2, and FSDP2 ranks as actors of a real local
+    Ray) hold the teacher as they hold the reference (FSDP shards it, ZeRO keeps a whole
+    copy): its logprobs, the step's loss and the weights after it match the single
+    process's."""
     from agentgym.trainers.backends.base import ModelSpec
     from agentgym.trainers.backends.distributed import DistributedBackend
     from agentgym.trainers.backends.ranks import OptimSpec
@@ -195,11 +196,23 @@ def test_the_teacher_in_fsdp_ranks_gives_the_single_process_loss_and_gradients(
 
     single = SingleBackend(ModelSpec(str(tiny_path)).load(), lr=1e-2, micro_batch_tokens=64)
     s_lp, s_res, s_w = step(single, Teacher("t", model=spec.load(), micro_batch_tokens=64))
-    backend = DistributedBackend(kind, ModelSpec(str(tiny_path)), OptimSpec(lr=1e-2), 2, 64)
+    cluster = ranks = None
+    if kind == "ray":
+        pytest.importorskip("ray")
+        from agentgym.trainers.ray_cluster import RayCluster, RayRanks
+        # two bundles of half a CPU each: both ranks fit on this 2-core machine
+        cluster = RayCluster(build_config({"ray.address": "local", "ray.cpus": 0.5,
+                                           "backend": "fsdp", "trainer.nprocs": 2}))
+        ranks = RayRanks(cluster, 2, "fsdp", ModelSpec(str(tiny_path)), OptimSpec(lr=1e-2),
+                         "policy")
+    backend = DistributedBackend("fsdp" if kind == "ray" else kind, ModelSpec(str(tiny_path)),
+                                 OptimSpec(lr=1e-2), 2, 64, ranks)
     try:
         d_lp, d_res, d_w = step(backend, Teacher("t", backend=backend, spec=spec))
     finally:
         backend.close()
+        if cluster is not None:
+            cluster.close()
     torch.testing.assert_close(d_lp, s_lp, atol=1e-4, rtol=0)
     assert d_res["loss"] == pytest.approx(s_res["loss"], rel=1e-6)
     assert d_res["grad_norm"] == pytest.approx(s_res["grad_norm"], rel=1e-5)
