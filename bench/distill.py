@@ -2,13 +2,15 @@
 prompts and samples per step, distillation alone, GRPO alone, and both mixed, K steps each,
 on ``data=arith`` (the code env's generated arithmetic, bench/arith_rl.py's recipe).
 
-    python bench/distill.py --steps 9 --teacher-steps 9 --eval-limit 200
+    python bench/distill.py --steps 9 --teacher-steps 9 --teacher-demos 256 --eval-limit 200
 
 1. The student: bench/arith_rl.py's cold-start model (demonstrations + SFT), built once
    per work folder.
 2. The teacher: GRPO from the student with another seed (``trainer.seed=1``: other
-   samples, another order of the training rows) for ``--teacher-steps``; its last
-   checkpoint, whatever it scores (it is not chosen by its held-out score). It must
+   samples, another order of the training rows) for ``--teacher-steps``; or, with
+   ``--teacher-demos N``, a cold start of its own from the same base on N demonstrations
+   (``--teacher-epochs``) before those steps. Its last checkpoint, whatever it scores (it
+   is not chosen by its held-out score). It must
    stand >= 0.2 EM above the student on the held-out questions with p < 0.01 (exact
    McNemar); the run says so and stops when it does not.
 3. Three arms from the student, ``trainer.seed=0`` each (the same prompts per step):
@@ -70,6 +72,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=9, help="K: training steps of each arm")
     ap.add_argument("--teacher-steps", type=int, default=9)
+    ap.add_argument("--teacher-demos", type=int, default=0,
+                    help="the teacher's own cold start on this many demonstrations "
+                         "(--teacher-epochs) before its GRPO; 0: GRPO from the student")
+    ap.add_argument("--teacher-epochs", type=int, default=2)
     ap.add_argument("--eval-limit", type=int, default=200)
     ap.add_argument("--work", default="runs/distill")
     ap.add_argument("overrides", nargs="*", help="key=value overrides of every run")
@@ -78,12 +84,20 @@ def main() -> None:
     n = a.eval_limit
     student = cold_start(work)
     base = evaluate(student, "arith_test", n, work / f"eval_student_{n}.json")
-    teacher_run = work / "teacher"
-    t_ckpts = _run(teacher_run, student, a.teacher_steps, ["trainer.seed=1", *a.overrides])
+    if a.teacher_demos:  # a cold start of its own, on more demonstrations, then GRPO
+        teacher_run = work / f"teacher_demos{a.teacher_demos}x{a.teacher_epochs}"
+        t_ckpts = _run(teacher_run, "auto", a.teacher_steps, [
+            f"trainer.cold_start_demos={a.teacher_demos}", f"sft.epochs={a.teacher_epochs}",
+            "trainer.seed=1", *a.overrides])
+    else:
+        teacher_run = work / "teacher"
+        t_ckpts = _run(teacher_run, student, a.teacher_steps, ["trainer.seed=1", *a.overrides])
     teacher = str(t_ckpts[-1][1])
     t_eval = evaluate(teacher, "arith_test", n, teacher_run / f"eval_{n}.json")
     gap = mcnemar(outcomes(base), outcomes(t_eval))
     result = {"student": student, "teacher": teacher, "n": n, "student_em": em(base),
+              "teacher_recipe": {"demos": a.teacher_demos, "epochs": a.teacher_epochs,
+                                 "grpo_steps": a.teacher_steps},
               "teacher_em": em(t_eval), "teacher_vs_student": vars(gap), "arms": {}}
     target = 0.9 * em(t_eval)
     if em(t_eval) - em(base) < 0.2 or gap.p_value >= 0.01:
@@ -124,14 +138,22 @@ def _cell(v: float, n: int) -> str:
     return f"{v:.3f} [{lo:.2f}, {hi:.2f}]"
 
 
+def _teacher(r: dict) -> str:
+    t = r.get("teacher_recipe") or {}
+    if t.get("demos"):
+        return (f"a cold start of its own from the same base on {t['demos']} demonstrations "
+                f"({t['epochs']} epochs), then {t['grpo_steps']} GRPO steps, "
+                f"`trainer.seed=1`")
+    return f"{t.get('grpo_steps', '')} GRPO steps from the student with `trainer.seed=1`"
+
+
 def section(r: dict, argv: list[str]) -> str:
     n, arms = r["n"], r["arms"]
     g = r["teacher_vs_student"]
     lines = [
         f"Machine: {machine()}. Command: `python bench/distill.py {' '.join(argv)}`. Student: "
-        f"the cold-start model of bench/arith_rl.py; teacher: GRPO from it with "
-        f"`trainer.seed=1`, its last checkpoint ({Path(r['teacher']).name}), not chosen by "
-        f"its held-out score. Greedy EM on the same first {n} `arith_test` questions: student "
+        f"the cold-start model of bench/arith_rl.py; teacher: {_teacher(r)}, its last "
+        f"checkpoint ({Path(r['teacher']).name}), not chosen by its held-out score. Greedy EM on the same first {n} `arith_test` questions: student "
         f"{r['student_em']:.3f}, teacher {r['teacher_em']:.3f} (+{g['gained']}/-{g['lost']}, "
         f"p = {g['p_value']:.2g}); 90% of the teacher is {0.9 * r['teacher_em']:.3f}. Each arm "
         f"from the student with `trainer.seed=0` (the same prompts, 4 x 8 samples a step); "

@@ -2,42 +2,50 @@
 training task solved with the env's tools, the way the instructions ask, from its gold
 patch and nothing the agent could not have read:
 
-1. list the files that use a name of the problem statement (one the patched file defines,
-   from the statement's code first; else a word of it that few source files use):
-   ``grep -rlw NAME --include=*.py . | head -n 20``, whose output is paths that exist,
-   source files and tests;
-2. open the file around the line to change (``nl -ba FILE | sed -n A,Bp``; the editor's
-   ``view`` with a ``view_range`` under ``swe.protocol=tools``);
+1. find where a name of the problem statement lives (one the patched file defines, from the
+   statement's code first: ``grep -rnE "(def|class) NAME\b" --include=*.py . | head -n 20``;
+   else a word of it that few source files use: ``grep -rnw WORD ...``), whose output is
+   ``./PATH:LINE:TEXT`` lines of files that exist;
+2. open the file from the nearest line the search showed above the edit to past it
+   (``nl -ba FILE | sed -n A,Bp``; the editor's ``view`` with a ``view_range`` under
+   ``swe.protocol=tools``);
 3. make the edit: the gold patch's lines in place of the file's (a short Python script that
-   replaces numbered lines under ``bash``; ``str_replace`` of text that occurs once under
-   ``tools``);
+   replaces the numbered lines the view showed under ``bash``; ``str_replace`` of text that
+   occurs once under ``tools``);
 4. run the tests: those files of the failing checks (their other tests; else of the row's
-   passing ones) that the listing showed, else the visible suite with no file named, so
-   the demonstration types no name it has not read;
+   passing ones) that the statement or an observation showed, else the visible suite with
+   no file named, so the demonstration types no name it has not read;
 5. submit.
 
-Why so (DECISIONS, "the second reading"): a model trained on demonstrations that searched
-for ``def NAME`` and ran test files named from the row looped on paths it made up when, on
-a held-out repository, the search came back empty or the file was not there.
+Half of the tasks (:func:`recovers`, fixed by the instance id) start with a search that
+finds nothing (a name of the statement that no file defines) and go on with another name.
+
+Why so (DECISIONS, "the second reading" and "the fourth reading"): a model trained on
+demonstrations that searched for ``def NAME`` and ran test files named from the row looped
+on paths it made up when, on a held-out repository, the search came back empty or the file
+was not there; one trained to open a file at a line the patch gave (no observation showed
+it) opened the wrong lines.
 
 A demonstration is kept only when the env grades it resolved. A task whose statement shows
 nothing that leads to the patched file, or whose patch touches more than one file, gives
-none.
+none (logged with the reason).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shlex
 
 from agentgym.envs.swe_rows import SUBMIT, find_repo, split_patch, test_command
 
+logger = logging.getLogger(__name__)
+
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{2,}")
 _DEFINED = re.compile(r"^[ \t]*(?:async[ \t]+)?(?:def|class)[ \t]+([A-Za-z_]\w*)", re.M)
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@", re.M)
 _CODE = re.compile(r"```python\n(.*?)```", re.S)
-_CONTEXT = 10  # lines shown each side of the edit
 _FAILING = re.compile(r"\b\d+ (?:failed|errors?)\b")  # pytest's summary ("2 xfailed" passes)
 
 
@@ -104,35 +112,34 @@ def _call(thought: str, name: str, arguments: dict) -> str:
             "</tool_call>")
 
 
-def _name(statement: str, text: str, line: int) -> str | None:
-    """The name the statement shows that the file defines, nearest above ``line``: from the
-    statement's code first, else from anywhere in it (its error lines)."""
-    found = []
-    for source in ("\n".join(_CODE.findall(statement)), statement):
-        wanted = set(_NAME.findall(source))
-        found = [(text.count("\n", 0, m.start()) + 1, m.group(1))
-                 for m in _DEFINED.finditer(text) if m.group(1) in wanted]
-        if found:
-            break
-    if not found:
-        return None
-    above = [f for f in found if f[0] <= line]
-    return (above[-1] if above else found[0])[1]
-
-
-def _word(statement: str, base, path: str) -> str | None:
-    """A word of the statement that ``path`` uses and the fewest other source files do (at
-    most five files in all), for a search when no name of the statement is defined there."""
+def _locate(statement: str, base, path: str, text: str, line: int) -> tuple[str, bool, int] | None:
+    """What to search for to land near ``line`` of ``path``: ``(token, defined, at)``, a
+    name of the statement (its code first) that the file defines (``defined``: the search
+    lists its ``def``/``class`` lines) or uses while at most five source files do (the
+    search lists every use), whose listed line ``at`` is the nearest above ``line``, and
+    whose listing is whole (at most 20 lines: the search's ``head``); None when no name of
+    the statement leads above it."""
+    import keyword
     from agentgym.envs.swe_rows import is_test_path
-    sources = {p.relative_to(base).as_posix(): p.read_text(errors="replace")
-               for p in base.rglob("*.py") if not is_test_path(p.relative_to(base).as_posix())}
+    files = {p.relative_to(base).as_posix(): p.read_text(errors="replace").split("\n")
+             for p in base.rglob("*.py")}
+    names = dict.fromkeys([*_NAME.findall("\n".join(_CODE.findall(statement))),
+                           *_NAME.findall(statement)])
     best = None
-    for word in sorted(set(_NAME.findall(statement))):
-        if len(word) < 4 or not re.search(rf"\b{word}\b", sources.get(path, "")):
+    for order, name in enumerate(names):
+        if len(name) < 3 or keyword.iskeyword(name) or name.startswith("__"):
             continue
-        n = sum(1 for t in sources.values() if re.search(rf"\b{word}\b", t))
-        if n <= 5 and (best is None or n < best[0]):
-            best = (n, word)
+        word = re.compile(rf"\b{re.escape(name)}\b")
+        define = re.compile(rf"(def|class) {re.escape(name)}\b")
+        uses = sum(1 for f, lines in files.items() if not is_test_path(f)
+                   and any(word.search(ln) for ln in lines))
+        ways = [(True, define)] + ([(False, word)] if len(name) >= 4 and uses <= 5 else [])
+        for defined, pattern in ways:
+            listed = sum(1 for lines in files.values() for ln in lines if pattern.search(ln))
+            above = [i + 1 for i, ln in enumerate(text.split("\n")[:line]) if pattern.search(ln)]
+            if above and listed <= 20 and \
+                    (best is None or (line - above[-1], not defined, order) < best[0]):
+                best = ((line - above[-1], not defined, order), (name, defined, above[-1]))
     return best and best[1]
 
 
@@ -156,6 +163,41 @@ def _test_run(row: dict, seen: str, files: list[str]) -> str:
             f"{' '.join(shlex.quote(f) for f in named)}".rstrip() + " 2>&1 | tail -n 3")
 
 
+def _hits(text: str, path: str) -> list[int]:
+    """The line numbers a ``grep -rn`` listing shows for ``path`` (``./PATH:N:...``)."""
+    return [int(m.group(1)) for m in
+            re.finditer(rf"^(?:\./)?{re.escape(path)}:(\d+):", text, re.M)]
+
+
+def _search(token: str, defined: bool) -> str:
+    """The search for ``token``: where it is defined (``def``/``class``) when the patched
+    file defines it, else every line that uses it; each hit as ``./PATH:LINE:TEXT``."""
+    pattern = f'-rnE "(def|class) {token}\\b"' if defined else f'-rnw "{token}"'
+    return f"grep {pattern} --include=*.py . | head -n 20"
+
+
+def _missing(statement: str, base) -> str | None:
+    """A name of the statement's code (else of the statement) that no Python file of the
+    repository defines: the search a model may well try first, and come back empty from."""
+    import keyword
+    defined = set()
+    for f in base.rglob("*.py"):
+        defined.update(_DEFINED.findall(f.read_text(errors="replace")))
+    code = "\n".join(_CODE.findall(statement))
+    # from the code, any name; from the prose, a call or a snake_case name
+    names = [*_NAME.findall(code), *(m.group(0) for m in _NAME.finditer(statement)
+                                     if "_" in m.group(0) or statement[m.end():m.end() + 1] == "(")]
+    return next((n for n in dict.fromkeys(names) if len(n) >= 4 and n not in defined
+                 and not keyword.iskeyword(n)), None)
+
+
+def recovers(row: dict) -> bool:
+    """Whether ``row``'s demonstration starts with a search that finds nothing (half of
+    the tasks, fixed by the instance id): after an empty listing, another name."""
+    import hashlib
+    return hashlib.sha256(str(row["instance_id"]).encode()).digest()[0] % 2 == 1
+
+
 def swe_demo(row: dict, env) -> dict | None:
     """One demonstration of training task ``row``, played through the live SWE env ``env``."""
     from agentgym.envs.swe_grade import repo_cache
@@ -164,87 +206,106 @@ def swe_demo(row: dict, env) -> dict | None:
         row = adapt_row(row, "demonstration")
     parts = split_patch(str(row["patch"]))
     if len(parts) != 1:
-        return None
+        return _drop(row, "the patch touches more than one file")
     path, part = parts[0]
     base = repo_cache().base(row["repo"], find_repo(row, env.repos), row["base_commit"])
     if not (base / path).is_file():
-        return None
+        return _drop(row, f"{path} is not in the base")
     text = (base / path).read_text()
     found = hunks(part)
     tools = env.protocol == "tools"
     edits = [replacement(text, start, lines) if tools else
              _sides(start, lines, *span(lines)) for start, lines in found]
     if not edits or None in edits:
-        return None
+        return _drop(row, "no hunk gives an edit")
     first = edits[0][2]
+    last = max(n + old.count("\n") - 1 for old, _, n in edits)
     statement = str(row["problem_statement"])
     files = _test_files(row, base)
-    # the search lists the files that use a name of the statement (one the patched file
-    # defines, else a word few files use): its output is paths that exist, source and tests
-    token = _name(statement, text, first) or _word(statement, base, path)
-    if token is None or not files:
-        return None
-    find = f'grep -rlw "{token}" --include=*.py . | head -n 20'
-    look = f"The failure mentions {token}; I list the files that use it."
-    lo, hi = max(1, first - _CONTEXT), min(text.count("\n") + 1, first + _CONTEXT)
+    located = _locate(statement, base, path, text, first)
+    if located is None or not files:
+        return _drop(row, "no test file" if located else
+                     "the statement names nothing that leads to the edit")
+    token, defined, at = located
+    if last + 3 - at > 100:
+        return _drop(row, f"the edit is {first - at} lines below what the search shows")
+    missing = _missing(statement, base) if recovers(row) else None
     prompt, _ = env.reset(seed=0, options={"row": row})
     actions, observations = [], []
 
-    def play(action: str, k: int, last: bool) -> bool:
-        """Play turn ``k``; False when it fails (the demonstration is dropped)."""
-        actions.append(action)
-        obs, reward, terminated, truncated, _ = env.step(action)
-        if last:
-            return terminated and reward >= 1.0
-        if terminated or truncated or _failed(obs, k, len(edits), path):
-            return False
-        observations.append(obs)
-        return True
+    def act(thought: str, command: str) -> str:
+        return _call(thought, "bash", {"command": command}) if tools else _bash(thought, command)
 
-    run_tests = "I run the tests of that behaviour."
-    done = "I made the change and ran the tests: I submit."
-    if tools:
-        if not play(_call(look, "bash", {"command": find}), 0, False):
+    def play(action: str, ok) -> str | None:
+        """Play one turn; its observation's text, or None when ``ok`` of it is false (the
+        demonstration is dropped) or the episode ended."""
+        actions.append(action)
+        obs, _, terminated, truncated, _ = env.step(action)
+        seen = "".join(str(m.get("content", "")) for m in obs)
+        if terminated or truncated or not ok(seen):
             return None
+        observations.append(obs)
+        return seen
+
+    if missing is not None:  # an empty search first, then another name
+        if play(act(f"The failure mentions {missing}; I look for where it is defined.",
+                    _search(missing, True)), lambda seen: not _hits(seen, path)
+                and ".py:" not in seen) is None:
+            return _drop(row, f"the search for {missing} is not empty")
+        look = f"Nothing defines {missing}; I look for {token}, which the failure names too."
+    else:
+        look = f"The failure mentions {token}; I look for where it is " + (
+            "defined." if defined else "used.")
+    listing = play(act(look, _search(token, defined)), lambda seen: bool(_hits(seen, path)))
+    if listing is None:
+        return _drop(row, f"the search for {token} does not show {path}")
+    # the view starts at the line of the listing nearest above the edit and ends past it:
+    # every number the demonstration types next is one it has read
+    if at not in _hits(listing, path):
+        return _drop(row, f"the listing does not show line {at} of {path}")
+    lo, hi = at, min(text.count("\n") + 1, max(last + 3, at + 12))
+    where = f"{token} is at line {at} of {path}; I open it from there."
+    if tools:
         steps = [
-            _call(f"The code is in {path}; I open it around line {first}.", "str_replace_editor",
+            _call(where, "str_replace_editor",
                   {"command": "view", "path": f"/testbed/{path}", "view_range": [lo, hi]}),
             *(_call("This is the bug: I fix it.", "str_replace_editor",
                     {"command": "str_replace", "path": f"/testbed/{path}", "old_str": old,
                      "new_str": new}) for old, new, _ in edits)]
     else:
-        if not play(_bash(look, find), 0, False):
-            return None
         steps = [
-            _bash(f"The code is in {path}; I open it around line {first}.",
-                  f"nl -ba {shlex.quote(path)} | sed -n '{lo},{hi}p'"),
-            *(_bash(f"This is the bug: I replace line {at}" + (
-                f"-{at + old.count(chr(10)) - 1}" if old.count("\n") > 1 else "") + ".",
-                _edit_script(path, at, old, new)) for old, new, at in reversed(edits))]
-    for k, action in enumerate(steps, start=1):
-        if not play(action, k, False):
-            return None
-    seen = "".join(str(m.get("content", "")) for o in observations for m in o)
+            _bash(where, f"nl -ba {shlex.quote(path)} | sed -n '{lo},{hi}p'"),
+            *(_bash(f"This is the bug: I replace line {n}" + (
+                f"-{n + old.count(chr(10)) - 1}" if old.count("\n") > 1 else "") + ".",
+                _edit_script(path, n, old, new)) for old, new, n in reversed(edits))]
+    if play(steps[0], lambda seen: f"{lo}" in seen) is None:
+        return _drop(row, "the view fails")
+    for action in steps[1:]:
+        if play(action, _edited) is None:
+            return _drop(row, "an edit fails")
+    seen = statement + "".join(str(m.get("content", "")) for o in observations for m in o)
     tests = _test_run(row, seen, files)
-    test_action = _call(run_tests, "bash", {"command": tests}) if tools else _bash(run_tests, tests)
-    if not play(test_action, len(steps) + 1, False):
-        return None
-    if not play(_call(done, "submit", {}) if tools else _bash(done, f"echo {SUBMIT}"),
-                len(steps) + 2, True):
-        return None
+    if play(act("I run the tests of that behaviour.", tests), _passed) is None:
+        return _drop(row, "the tests do not pass")
+    done = "I made the change and ran the tests: I submit."
+    actions.append(_call(done, "submit", {}) if tools else _bash(done, f"echo {SUBMIT}"))
+    _, reward, terminated, _, _ = env.step(actions[-1])
+    if not (terminated and reward >= 1.0):
+        return _drop(row, "not graded resolved")
     return {"type": "demonstration", "env": "swe", "builder": "gold-patch-tools",
             "prompt": prompt, "actions": actions, "observations": observations,
             "reward": 1.0, "row": row}
 
 
-def _failed(obs: list[dict], k: int, n_edits: int, path: str) -> bool:
-    """Whether turn ``k``'s observation shows its command failing (the search finds nothing,
-    an edit does not apply, the tests do not pass)."""
-    text = "".join(str(m.get("content", "")) for m in obs)
-    if k == 0:  # the search must find the file
-        return path not in text
-    if 2 <= k < 2 + n_edits:
-        return "edited" not in text or "ERROR" in text or "Traceback" in text
-    if k == 2 + n_edits:
-        return bool(_FAILING.search(text)) or "passed" not in text
-    return False
+def _edited(text: str) -> bool:
+    """Whether an edit's observation shows it applied."""
+    return "edited" in text and "ERROR" not in text and "Traceback" not in text
+
+
+def _passed(text: str) -> bool:
+    """Whether a test run's observation shows pytest passing (``2 xfailed`` passes)."""
+    return not _FAILING.search(text) and "passed" in text
+
+
+def _drop(row: dict, why: str) -> None:
+    logger.info("%s: no demonstration (%s)", row.get("instance_id"), why)

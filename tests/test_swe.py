@@ -616,7 +616,11 @@ def test_demonstrations_solve_tasks_with_either_protocol_and_replay(user_repo):
     from agentgym.envs.swe_grade import swe_root
     (demo,) = build_demos("swe", [dict(user_repo[1], repo_path=str(user_repo[0]))], SWEEnv)
     assert len(demo["actions"]) == 5 and demo["reward"] == 1.0
-    assert 'grep -rlw "count_words" --include=*.py .' in demo["actions"][0]
+    assert 'grep -rnE "(def|class) count_words\\b" --include=*.py .' in demo["actions"][0]
+    # the view starts at the line the listing showed: count_words's def
+    assert "./wordy/text.py:8:def count_words(text):" in demo["observations"][0][0]["content"]
+    assert "nl -ba wordy/text.py | sed -n '8,10p'" in demo["actions"][1]
+    assert "I replace line 9." in demo["actions"][2]
     assert "<returncode>0</returncode>" in demo["observations"][2][0]["content"]
     assert "passed" in demo["observations"][3][0]["content"]
     assert demo["actions"][-1].endswith(f"echo {SUBMIT}\n```")
@@ -635,18 +639,49 @@ def test_demonstrations_solve_tasks_with_either_protocol_and_replay(user_repo):
             [1.0] * 3
         # the test run names only files an earlier observation showed (none: the suite)
         run = d["actions"][-2]
-        shown = "".join(str(m["content"]) for o in d["observations"][:-1] for m in o)
+        shown = d["row"]["problem_statement"] + "".join(
+            str(m["content"]) for o in d["observations"][:-1] for m in o)
         named = [w for w in re.findall(r"[\w/.-]+\.py", run.split("pytest", 1)[1])]
         assert all(f in shown for f in named), (named, run)
         f2p = {t.split("::", 1)[0] for t in d["row"]["FAIL_TO_PASS"]}
         assert again["info"]["opened_test"] == float(bool(f2p & set(named)))
-    # the visible tests do not use count_words, so the listing showed none: the suite runs
+    # the listing showed no test file: the suite runs
     assert "pytest -q -p no:cacheprovider 2>&1 | tail -n 3" in demo["actions"][-2]
     calls = [json.loads(a.split("<tool_call>\n", 1)[1].split("\n</tool_call>")[0])
              for a in demos[0]["actions"]]
-    assert [c["name"] for c in calls] == ["bash", "str_replace_editor", "str_replace_editor",
-                                          "bash", "submit"]
-    assert [c["arguments"].get("command") for c in calls[1:3]] == ["view", "str_replace"]
+    assert [c["name"] for c in calls][-4:] == ["str_replace_editor", "str_replace_editor",
+                                               "bash", "submit"]
+    assert [c["arguments"].get("command") for c in calls[-4:-2]] == ["view", "str_replace"]
+
+
+def test_half_the_demonstrations_recover_from_a_search_that_finds_nothing(user_repo):
+    """A task that :func:`recovers` starts with a search for a name of the statement's code
+    that nothing defines; its listing is empty, and the next search, for a name the patched
+    file defines, leads on as in the others (six turns, graded resolved on replay). Which
+    tasks recover is fixed by the instance id: about half."""
+    from agentgym.data.demos import replay_demo
+    from agentgym.envs.swe import SWEEnv
+    from agentgym.envs.swe_demos import recovers, swe_demo
+    repo, row = user_repo
+    ids = [f"me__wordy-{i}" for i in range(200)]
+    assert 70 < sum(recovers({"instance_id": i}) for i in ids) < 130
+    statement = ("Counting words is wrong:\n```python\nresult = count_words(\"a  b \")\n"
+                 "```\nreturns 4; it should count 2 words.")
+    task = dict(row, repo_path=str(repo), problem_statement=statement,
+                instance_id=next(i for i in ids if recovers({"instance_id": i})))
+    plain = dict(task, instance_id=next(i for i in ids if not recovers({"instance_id": i})))
+    env = SWEEnv()
+    try:
+        demo, other = swe_demo(task, env), swe_demo(plain, env)
+        again = replay_demo(demo, env)
+    finally:
+        env.close()
+    assert len(demo["actions"]) == 6 and len(other["actions"]) == 5
+    assert 'grep -rnE "(def|class) result\\b"' in demo["actions"][0]
+    assert "<output>\n</output>" in demo["observations"][0][0]["content"]
+    assert "Nothing defines result" in demo["actions"][1] and "count_words" in demo["actions"][1]
+    assert demo["actions"][2:] == other["actions"][1:]  # the view on, as the plain one
+    assert again["reward"] == 1.0 and again["info"]["format_valid"] == 1.0
 
 
 def test_a_patch_that_does_not_resolve_gives_no_demonstration(user_repo):
