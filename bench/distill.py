@@ -21,7 +21,7 @@ on ``data=arith`` (the code env's generated arithmetic, bench/arith_rl.py's reci
    ``arith_test``: EM per step with 95% Wilson intervals, the exact McNemar test of each
    arm against the student and against each other at equal steps, and the steps and
    wall-clock (the arm's own step times) to reach 90% of the teacher's EM (censored: not
-   reached by K).
+   reached by K). An arm's checkpoints but its last are removed once evaluated.
 5. ``WORK/result.json``, the curves (docs/distill_curves.png) and the docs/BENCHMARKS.md
    section "On-policy distillation".
 """
@@ -52,6 +52,15 @@ def _run(run: Path, start: str, steps: int, extra: list[str]) -> list[tuple[int,
         _train([*RECIPE, *_bf16(), f"run_dir={run}", f"trainer.cold_start={start}",
                 f"trainer.total_steps={steps}", *extra], None)
     return checkpoints(run)
+
+
+def prune(ckpts: list[tuple[int, Path]]) -> None:
+    """Remove an arm's checkpoints but its last, once each has its eval file (a step's
+    checkpoint holds the optimizer's state too: 1.5 GB at 135M, 14 GB an arm); the last one
+    marks the arm done, and the eval files keep its curve."""
+    import shutil
+    for _, path in ckpts[:-1]:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def step_seconds(run: Path) -> dict[int, float]:
@@ -112,7 +121,10 @@ def main() -> None:
         ckpts = _run(run, student, a.steps, ["trainer.seed=0", "trainer.save_every=1",
                                              *keys, *teach, *a.overrides])
         evals[arm] = {0: base} | {s: evaluate(str(p), "arith_test", n, run / f"eval_{s}_{n}.json")
-                                  for s, p in ckpts}
+                                  for s, p in ckpts} | {
+            s: json.loads(f.read_text()) for s in range(1, a.steps + 1)
+            if (f := run / f"eval_{s}_{n}.json").exists()}
+        prune(ckpts)
         secs = step_seconds(run)
         curve = [(s, em(r)) for s, r in sorted(evals[arm].items())]
         hit = reach(curve, target)
