@@ -120,10 +120,10 @@ def main() -> None:
         teach = [f"trainer.teacher={teacher}"] if arm != "grpo" else []
         ckpts = _run(run, student, a.steps, ["trainer.seed=0", "trainer.save_every=1",
                                              *keys, *teach, *a.overrides])
-        evals[arm] = {0: base} | {s: evaluate(str(p), "arith_test", n, run / f"eval_{s}_{n}.json")
-                                  for s, p in ckpts} | {
-            s: json.loads(f.read_text()) for s in range(1, a.steps + 1)
-            if (f := run / f"eval_{s}_{n}.json").exists()}
+        for s, path in ckpts:
+            evaluate(str(path), "arith_test", n, run / f"eval_{s}_{n}.json")
+        evals[arm] = {0: base} | {s: json.loads(f.read_text()) for s in range(1, a.steps + 1)
+                                  if (f := run / f"eval_{s}_{n}.json").exists()}
         prune(ckpts)
         secs = step_seconds(run)
         curve = [(s, em(r)) for s, r in sorted(evals[arm].items())]

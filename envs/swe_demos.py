@@ -198,26 +198,35 @@ def recovers(row: dict) -> bool:
     return hashlib.sha256(str(row["instance_id"]).encode()).digest()[0] % 2 == 1
 
 
-def swe_demo(row: dict, env) -> dict | None:
-    """One demonstration of training task ``row``, played through the live SWE env ``env``."""
+def _gold(row: dict, env, tools: bool):
+    """``(base, path, text, edits)`` of the row's one-file gold patch (each edit
+    ``(old, new, first line)``, as the protocol applies it), or why there is none."""
     from agentgym.envs.swe_grade import repo_cache
-    from agentgym.envs.swe_rows import adapt_row, is_swe_row
-    if is_swe_row(row):
-        row = adapt_row(row, "demonstration")
     parts = split_patch(str(row["patch"]))
     if len(parts) != 1:
-        return _drop(row, "the patch touches more than one file")
+        return "the patch touches more than one file"
     path, part = parts[0]
     base = repo_cache().base(row["repo"], find_repo(row, env.repos), row["base_commit"])
     if not (base / path).is_file():
-        return _drop(row, f"{path} is not in the base")
+        return f"{path} is not in the base"
     text = (base / path).read_text()
-    found = hunks(part)
-    tools = env.protocol == "tools"
     edits = [replacement(text, start, lines) if tools else
-             _sides(start, lines, *span(lines)) for start, lines in found]
+             _sides(start, lines, *span(lines)) for start, lines in hunks(part)]
     if not edits or None in edits:
-        return _drop(row, "no hunk gives an edit")
+        return "no hunk gives an edit"
+    return base, path, text, edits
+
+
+def swe_demo(row: dict, env) -> dict | None:
+    """One demonstration of training task ``row``, played through the live SWE env ``env``."""
+    from agentgym.envs.swe_rows import adapt_row, is_swe_row
+    if is_swe_row(row):
+        row = adapt_row(row, "demonstration")
+    tools = env.protocol == "tools"
+    gold = _gold(row, env, tools)
+    if isinstance(gold, str):
+        return _drop(row, gold)
+    base, path, text, edits = gold
     first = edits[0][2]
     last = max(n + old.count("\n") - 1 for old, _, n in edits)
     statement = str(row["problem_statement"])
@@ -264,20 +273,8 @@ def swe_demo(row: dict, env) -> dict | None:
     if at not in _hits(listing, path):
         return _drop(row, f"the listing does not show line {at} of {path}")
     lo, hi = at, min(text.count("\n") + 1, max(last + 3, at + 12))
-    where = f"{token} is at line {at} of {path}; I open it from there."
-    if tools:
-        steps = [
-            _call(where, "str_replace_editor",
-                  {"command": "view", "path": f"/testbed/{path}", "view_range": [lo, hi]}),
-            *(_call("This is the bug: I fix it.", "str_replace_editor",
-                    {"command": "str_replace", "path": f"/testbed/{path}", "old_str": old,
-                     "new_str": new}) for old, new, _ in edits)]
-    else:
-        steps = [
-            _bash(where, f"nl -ba {shlex.quote(path)} | sed -n '{lo},{hi}p'"),
-            *(_bash(f"This is the bug: I replace line {n}" + (
-                f"-{n + old.count(chr(10)) - 1}" if old.count("\n") > 1 else "") + ".",
-                _edit_script(path, n, old, new)) for old, new, n in reversed(edits))]
+    steps = _open_and_edit(tools, path, lo, hi, edits,
+                           f"{token} is at line {at} of {path}; I open it from there.")
     if play(steps[0], lambda seen: f"{lo}" in seen) is None:
         return _drop(row, "the view fails")
     for action in steps[1:]:
@@ -295,6 +292,21 @@ def swe_demo(row: dict, env) -> dict | None:
     return {"type": "demonstration", "env": "swe", "builder": "gold-patch-tools",
             "prompt": prompt, "actions": actions, "observations": observations,
             "reward": 1.0, "row": row}
+
+
+def _open_and_edit(tools: bool, path: str, lo: int, hi: int, edits: list, where: str) -> list[str]:
+    """The view of ``path``'s lines ``lo``..``hi`` and then each edit, as the protocol types
+    them (the editor's ``view`` and ``str_replace``, or ``nl`` and a numbered-line script)."""
+    if tools:
+        return [_call(where, "str_replace_editor",
+                      {"command": "view", "path": f"/testbed/{path}", "view_range": [lo, hi]}),
+                *(_call("This is the bug: I fix it.", "str_replace_editor",
+                        {"command": "str_replace", "path": f"/testbed/{path}", "old_str": old,
+                         "new_str": new}) for old, new, _ in edits)]
+    return [_bash(where, f"nl -ba {shlex.quote(path)} | sed -n '{lo},{hi}p'"),
+            *(_bash(f"This is the bug: I replace line {n}" + (
+                f"-{n + old.count(chr(10)) - 1}" if old.count("\n") > 1 else "") + ".",
+                _edit_script(path, n, old, new)) for old, new, n in reversed(edits))]
 
 
 def _edited(text: str) -> bool:
