@@ -280,6 +280,7 @@ class TrainerConfig:
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     save_every: int = 10  # steps between checkpoints (the last step is always saved)
+    keep_checkpoints: int = 0  # the newest complete checkpoints kept in run_dir/checkpoints, older ones removed after each save (0: all; each holds the optimizer's state, 1.5 GB at 135M)
     eval_every: int = 0  # steps between evals on data.eval (0 = only before and after)
     eval_limit: int = 50
     eval_data: str = "nq"
@@ -321,7 +322,8 @@ class TrainerConfig:
         if self.micro_batch_tokens < 0:
             raise ValueError(f"trainer.micro_batch_tokens must be >= 1, or 0 for auto; got "
                              f"{self.micro_batch_tokens}")
-        for name in ("warmup_steps", "eval_every", "eval_limit", "log_samples"):
+        for name in ("warmup_steps", "eval_every", "eval_limit", "log_samples",
+                     "keep_checkpoints"):
             if getattr(self, name) < 0:
                 raise ValueError(f"trainer.{name} must be >= 0, got {getattr(self, name)}")
         if self.lr <= 0:

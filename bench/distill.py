@@ -23,13 +23,16 @@ on ``data=arith`` (the code env's generated arithmetic, bench/arith_rl.py's reci
    wall-clock (the arm's own step times) to reach 90% of the teacher's EM (censored: not
    reached by K). An arm's checkpoints but its last are removed once evaluated.
 5. ``WORK/result.json``, the curves (docs/distill_curves.png) and the docs/BENCHMARKS.md
-   section "On-policy distillation".
+   section "On-policy distillation". ``--arm-override KEY=VALUE`` changes the three arms
+   only (e.g. their learning rate), with its own section and curves; point a new
+   ``--work`` at the same student and teacher by linking the teacher's folder into it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -87,6 +90,9 @@ def main() -> None:
     ap.add_argument("--teacher-epochs", type=int, default=2)
     ap.add_argument("--eval-limit", type=int, default=200)
     ap.add_argument("--work", default="runs/distill")
+    ap.add_argument("--arm-override", action="append", default=[], metavar="KEY=VALUE",
+                    help="an override of the three arms only, not of the student or the "
+                         "teacher (e.g. trainer.lr=1e-5); repeatable")
     ap.add_argument("overrides", nargs="*", help="key=value overrides of every run")
     a = ap.parse_args()
     work = Path(a.work)
@@ -119,7 +125,8 @@ def main() -> None:
         run = work / arm
         teach = [f"trainer.teacher={teacher}"] if arm != "grpo" else []
         ckpts = _run(run, student, a.steps, ["trainer.seed=0", "trainer.save_every=1",
-                                             *keys, *teach, *a.overrides])
+                                             *keys, *teach, *a.overrides,
+                                             *a.arm_override])
         for s, path in ckpts:
             evaluate(str(path), "arith_test", n, run / f"eval_{s}_{n}.json")
         evals[arm] = {0: base} | {s: json.loads(f.read_text()) for s in range(1, a.steps + 1)
@@ -138,11 +145,14 @@ def main() -> None:
     result["pairs"] = {f"{x} vs {y}": {s: vars(mcnemar(outcomes(evals[y][s]), outcomes(evals[x][s])))
                                         for s in steps}
                        for x, y in (("opd", "grpo"), ("mixed", "grpo"), ("opd", "mixed"))}
+    result["arm_overrides"] = a.arm_override
     (work / "result.json").write_text(json.dumps(result, indent=2) + "\n")
-    _plot(result, ROOT / "docs" / "distill_curves.png")
+    tag = "_".join(re.sub(r"[^A-Za-z0-9.-]+", "-", o) for o in a.arm_override)
+    _plot(result, ROOT / "docs" / f"distill_curves{'_' + tag if tag else ''}.png")
     text = section(result, sys.argv[1:])
     print(text)
-    write_section("On-policy distillation", text)
+    write_section("On-policy distillation" + (f" ({', '.join(a.arm_override)} in every arm)"
+                                              if a.arm_override else ""), text)
 
 
 def _cell(v: float, n: int) -> str:

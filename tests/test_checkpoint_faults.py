@@ -253,3 +253,27 @@ def test_no_checkpoint_loads_is_an_error(two_checkpoints, tiny_path, keep_rng, c
             if r.levelno == logging.WARNING] == [
         f"checkpoint file {ckpts / 'step_2' / 'model.safetensors'}",
         f"checkpoint file {ckpts / 'step_1' / 'rng.pt'}"]
+
+
+def test_keep_checkpoints_removes_the_oldest_by_step_and_resume_takes_the_newest(
+        tmp_path, tiny_path, tiny_tokenizer, keep_rng):
+    """``trainer.keep_checkpoints=2``: after each save only the two newest by step remain
+    (step_10 is newer than step_9, which a sort of the names would get wrong), and a folder
+    that is not a complete checkpoint is not touched."""
+    run = tmp_path / "run"
+    backend = _backend(tiny_path)
+    stray = run / "checkpoints" / "step_1.tmp"
+    stray.mkdir(parents=True)
+    kept = []
+    for step in (8, 9, 10, 11):
+        save_checkpoint(run, step, backend, tiny_tokenizer, keep=2)
+        kept.append(sorted(p.name for p in (run / "checkpoints").iterdir()))
+    assert kept == [["step_1.tmp", "step_8"], ["step_1.tmp", "step_8", "step_9"],
+                    ["step_1.tmp", "step_10", "step_9"], ["step_1.tmp", "step_10", "step_11"]]
+    assert resume("auto", run, _backend(tiny_path))["step"] == 11
+
+
+def test_keep_checkpoints_is_refused_below_zero():
+    from agentgym.config import build_config
+    with pytest.raises(ValueError, match="trainer.keep_checkpoints must be >= 0, got -1"):
+        build_config({"trainer.keep_checkpoints": -1})

@@ -170,7 +170,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(run_dir: Path, step: int, backend, tokenizer,
-                    state: dict[str, Any] | None = None, critic=None) -> Path:
+                    state: dict[str, Any] | None = None, critic=None, keep: int = 0) -> Path:
     """``run_dir/checkpoints/step_N``: HF weights + tokenizer + the backend's optimizer
     and scheduler state (sharded for fsdp/deepspeed) + the driver's RNG states
     (``rng.pt``) + ``state.json`` (step, data position, policy version, and each file's
@@ -178,6 +178,8 @@ def save_checkpoint(run_dir: Path, step: int, backend, tokenizer,
 
     Written to ``step_N.tmp`` and renamed into place, so a kill mid-save leaves nothing
     that ``trainer.resume=auto`` would pick up (it only reads ``step_<digits>`` folders).
+    With ``keep`` (``trainer.keep_checkpoints``), the complete checkpoints but the newest
+    ``keep`` (by step) are removed once this one is in place.
 
     Raises:
         CheckpointError: the disk or quota filled; ``step_N.tmp`` is removed and the
@@ -204,6 +206,10 @@ def save_checkpoint(run_dir: Path, step: int, backend, tokenizer,
     else:
         tmp.rename(final)
     logger.info("saved checkpoint %s", final)
+    if keep:
+        for old in complete_checkpoints(run_dir)[keep:]:
+            shutil.rmtree(old, ignore_errors=True)
+            logger.info("removed checkpoint %s (trainer.keep_checkpoints=%d)", old, keep)
     return final
 
 

@@ -156,7 +156,8 @@ class Session:
                                     "policy_version": self.version,
                                     **({"curriculum": self.curriculum.state()}
                                        if self.curriculum else {})},
-                                   critic=self.critic.backend if self.critic else None)
+                                   critic=self.critic.backend if self.critic else None,
+                                   keep=self.cfg.trainer.keep_checkpoints)
 
     def write_samples(self, step: int, trajs: list[Trajectory], batch: Batch) -> None:
         """``trainer.log_samples`` of the step's trajectories, for ``agentgym inspect``."""

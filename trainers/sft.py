@@ -230,7 +230,7 @@ def _sft_steps(cfg: Config, run_dir: Path, backend, tokenizer, trajs, plan, scal
             done = step + 1
             metrics_log.log(done, m)
             if done % t.save_every == 0 or done == len(plan):
-                save_checkpoint(run_dir, done, backend, tokenizer)
+                save_checkpoint(run_dir, done, backend, tokenizer, keep=t.keep_checkpoints)
             hooks.advance()
             hooks.step_end(done, m)
             give_back()  # the step's freed memory, back to the system (agentgym.core.memory)
