@@ -34,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from agentgym.core.device import cpu_bf16_flags  # noqa: E402
 from agentgym.reporting.stats import mcnemar, wilson_ci95  # noqa: E402
 from bench.report import machine, write_section  # noqa: E402
 from bench.rl_gain import _agentgym, _train  # noqa: E402
@@ -50,9 +51,8 @@ LEVEL = re.compile(r"-L(\d+)-")
 
 
 def _bf16() -> list[str]:
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     return (["engine.dtype=bfloat16", "trainer.mixed_precision=bf16"]
-            if re.search(r"amx_bf16|avx512_bf16", flags) else [])
+            if cpu_bf16_flags() else [])
 
 
 def cold_start(work: Path) -> str:

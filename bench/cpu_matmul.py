@@ -49,7 +49,7 @@ def main() -> None:
             dt = (torch.float32, torch.bfloat16)[i % 2]
             times[dt].append(one(*ops[dt], 4))
         fp32, bf16 = (2 * m * k * n / sorted(t)[len(t) // 2] / 1e9 for t in times.values())
-        rows.append(f"| {m} x {k} x {n} | {fp32:.0f} | {bf16:.0f} | {bf16 / fp32:.1f}x |")
+        rows.append(f"| {m} x {k} x {n} | {fp32:.3g} | {bf16:.3g} | {bf16 / fp32:.2g}x |")
         print(rows[-1], flush=True)
     body = "\n".join([
         f"Machine: {machine()}, torch threads {torch.get_num_threads()}. Command: `python "
@@ -58,8 +58,10 @@ def main() -> None:
         f"micro-batch; alternated {a.repeats} times, medians.", "",
         "| tokens x in x out | fp32 (GFLOP/s) | bf16 (GFLOP/s) | bf16 / fp32 |",
         "|---|---|---|---|", *rows])
-    if a.write:
-        write_section("CPU matrix products: fp32 against bf16", body)
+    if a.write:  # a CPU that emulates bf16 gets a section of its own beside a native one's
+        from agentgym.core.device import cpu_bf16_flags
+        write_section("CPU matrix products: fp32 against bf16"
+                      + ("" if cpu_bf16_flags() else " (no native bf16)"), body)
 
 
 if __name__ == "__main__":

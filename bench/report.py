@@ -36,15 +36,15 @@ def machine() -> str:
     than fp32 there; elsewhere it is emulated and slower)."""
     import os
     import platform
-    model, flags = platform.processor() or platform.machine(), set()
+
+    from agentgym.core.device import cpu_bf16_flags
+    model = platform.processor() or platform.machine()
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and ":" in line:
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and ":" in line:
-                flags = set(line.split(":", 1)[1].split())
+        model = next((ln.split(":", 1)[1].strip() for ln in
+                      Path("/proc/cpuinfo").read_text().splitlines()
+                      if ln.startswith("model name") and ":" in ln), model)
     except OSError:
         pass
-    bf16 = [f for f in ("amx_bf16", "avx512_bf16") if f in flags]
+    bf16 = cpu_bf16_flags()
     native = f"native bf16 ({', '.join(bf16)})" if bf16 else "no native bf16"
     return f"{model}, {os.cpu_count()} CPUs, {native}"

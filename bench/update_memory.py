@@ -29,6 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from agentgym.core.device import cpu_bf16_flags  # noqa: E402
+
 #: setting -> (trainer.logprob_chunk, model.gradient_checkpointing, trainer.packing): the
 #: padded paths as they were before packing, and the packed one (the default since issue 56)
 SETTINGS = {"plain": (0, False, False), "chunked log-probs": (1024, False, False),
@@ -43,11 +45,7 @@ ROWS = 1  # one sequence: 8k tokens of the plain path already take ~12 GiB here
 
 
 def _native_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
+    return bool(cpu_bf16_flags())
 
 
 def one(length: int, setting: str) -> dict:

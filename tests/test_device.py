@@ -104,6 +104,34 @@ def test_what_goes_with_the_device():
     assert dev.attn_implementation(gpu, "bfloat16") in ("sdpa", "flash_attention_2")
 
 
+@pytest.mark.parametrize("flags,warns", [((), True), (("avx512_bf16",), False),
+                                          (None, False)])
+def test_bf16_on_a_cpu_that_emulates_it_is_warned_once(monkeypatch, caplog, flags, warns):
+    # the CPU's flags are injected: this machine's own are whatever it happens to be
+    monkeypatch.setattr(dev, "cpu_bf16_flags", lambda: flags)
+    monkeypatch.setattr(dev, "_WARNED_BF16", set())
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    with caplog.at_level("WARNING", logger=dev.__name__):
+        assert dev.engine_dtype("bfloat16", "float32", cpu) == "bfloat16"
+        assert dev.engine_dtype("bfloat16", "float32", cpu) == "bfloat16"
+        assert dev.engine_dtype("", "bfloat16", cpu) == "bfloat16"
+        assert dev.mixed_precision("bf16", cpu) == "bf16"
+        dev.engine_dtype("bfloat16", "float32", gpu), dev.mixed_precision("bf16", gpu)
+        dev.engine_dtype("", "float32", cpu), dev.mixed_precision("", cpu)
+    named = [r.getMessage().split(" ")[0] for r in caplog.records]
+    assert named == (["engine.dtype", "model.dtype", "trainer.mixed_precision"] if warns
+                     else [])
+    assert all("amx_bf16, avx512_bf16" in r.getMessage() for r in caplog.records)
+
+
+def test_cpu_bf16_flags_read_this_machine():
+    flags = dev.cpu_bf16_flags()
+    if flags is None:
+        pytest.skip("no flags line in /proc/cpuinfo here (not Linux x86)")
+    line = next(ln for ln in open("/proc/cpuinfo") if ln.startswith("flags"))
+    assert set(flags) == set(dev.NATIVE_BF16_FLAGS) & set(line.split(":", 1)[1].split())
+
+
 def test_models_load_where_the_resolver_says(tiny_path):
     from agentgym.models.zoo import load_model
     from agentgym.trainers.backends.base import ModelSpec

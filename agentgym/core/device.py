@@ -17,10 +17,12 @@ attention 2 where the ``flash_attn`` package is installed, else PyTorch's SDPA).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import os
 import re
+from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +87,41 @@ def resolve_device(spec: str = "auto", local_rank: int | None = None):
     return torch.device("cuda", index)
 
 
+#: the x86 flags of a CPU that computes bf16 matrix products natively
+NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_bf16_flags() -> tuple[str, ...] | None:
+    """Which of :data:`NATIVE_BF16_FLAGS` this CPU has (``()``: bf16 is emulated), or None
+    where ``/proc/cpuinfo`` gives no flags (not Linux, or not x86): unknown."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags") and ":" in ln), None)
+    if line is None:
+        return None
+    have = set(line.split(":", 1)[1].split())
+    return tuple(f for f in NATIVE_BF16_FLAGS if f in have)
+
+
+_WARNED_BF16: set[str] = set()
+
+
+def _check_cpu_bf16(key: str, device) -> None:
+    """A WARNING, once per key and process, when ``key`` puts bf16 on a CPU that emulates
+    it: there its matrix products are 20-60x slower than fp32 (``bench/cpu_matmul.py`` on a
+    2-core AVX2 EPYC: 1-2 GFLOP/s against 35-63), so a run looks hung."""
+    if is_accelerator(device) or cpu_bf16_flags() != () or key in _WARNED_BF16:
+        return
+    _WARNED_BF16.add(key)
+    logger.warning("%s is bf16 on a CPU without native bf16 (none of %s in /proc/cpuinfo): "
+                   "its matrix products are emulated here, 20-60x slower than fp32 "
+                   "(bench/cpu_matmul.py); leave it unset for fp32", key,
+                   ", ".join(NATIVE_BF16_FLAGS))
+
+
 def is_accelerator(device) -> bool:
     """Whether ``device`` (a ``torch.device`` or string) is a GPU."""
     return str(device).startswith("cuda")
@@ -98,9 +135,10 @@ def has_fused_adamw(device) -> bool:
 def engine_dtype(configured: str, model_dtype: str, device) -> str:
     """The rollout copy's weights: ``engine.dtype`` when set; else bf16 on a GPU (the
     engine's kernels are bf16 there) and ``model.dtype`` on the CPU."""
-    if configured:
-        return configured
-    return "bfloat16" if is_accelerator(device) else model_dtype
+    dtype = configured or ("bfloat16" if is_accelerator(device) else model_dtype)
+    if dtype == "bfloat16":
+        _check_cpu_bf16("engine.dtype" if configured else "model.dtype", device)
+    return dtype
 
 
 def mixed_precision(configured: str, device) -> str:
@@ -111,6 +149,8 @@ def mixed_precision(configured: str, device) -> str:
                          f"fp32 on CPU), bf16, fp32")
     if configured == "fp32":
         return ""
+    if configured == "bf16":
+        _check_cpu_bf16("trainer.mixed_precision", device)
     return configured or ("bf16" if is_accelerator(device) else "")
 
 
