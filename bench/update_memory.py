@@ -44,10 +44,6 @@ SECTION = "Update memory: chunked log-probs and activation checkpointing (smollm
 ROWS = 1  # one sequence: 8k tokens of the plain path already take ~12 GiB here
 
 
-def _native_bf16() -> bool:
-    return bool(cpu_bf16_flags())
-
-
 def one(length: int, setting: str) -> dict:
     """One cell, in this process (the first the OOM killer picks, should memory run out)."""
     import torch
@@ -66,7 +62,7 @@ def one(length: int, setting: str) -> dict:
     from agentgym.trainers.batch import collate
     from agentgym.trainers.phases import make_loss_fn
     chunk, ckpt, packing = SETTINGS[setting]
-    precision = "bf16" if _native_bf16() else ""
+    precision = "bf16" if cpu_bf16_flags() else ""
     model = ModelSpec(str(resolve_model("smollm2-135m")), gradient_checkpointing=ckpt).load()
     backend = SingleBackend(model, lr=1e-6, micro_batch_tokens=ROWS * length,
                             mixed_precision=precision, logprob_chunk=chunk, packing=packing)
