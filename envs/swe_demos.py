@@ -103,6 +103,38 @@ def _edit_script(path: str, first: int, old: str, new: str) -> str:
             "p.write_text(''.join(lines))\nprint('edited', p)\nEOF")
 
 
+_TOKEN = re.compile(r"\w+|\s+|[<>=!]=|//|\*\*|->|.", re.S)
+
+
+def change(old: str, new: str) -> tuple[str, str]:
+    """The part of ``old`` that ``new`` changes, and what it becomes: the tokens between
+    their common start and their common end, whitespace collapsed (``("<", "<=")``,
+    ``("a, b", "b, a")``, ``("", "x += 1")`` for a line the fix adds)."""
+    a, b = _TOKEN.findall(old), _TOKEN.findall(new)
+    i = 0
+    while i < min(len(a), len(b)) and a[i] == b[i]:
+        i += 1
+    j = 0
+    while j < min(len(a), len(b)) - i and a[-1 - j] == b[-1 - j]:
+        j += 1
+    return (" ".join("".join(a[i:len(a) - j]).split()),
+            " ".join("".join(b[i:len(b) - j]).split()))
+
+
+def _bug(old: str, new: str) -> str:
+    """The edit's thought: what is wrong, in the code's own text, before the edit types it."""
+    was, fix = change(old, new)
+    if not was:
+        return f"This is the bug: `{fix}` is missing."
+    # the line it is in, when the change is a part of it
+    line = next((ln.strip() for ln, nw in zip(old.split("\n"), new.split("\n")) if ln != nw),
+                "")
+    where = f"in `{line}`, " if line and line != was else ""
+    if not fix:
+        return f"This is the bug: {where}`{was}` should not be there."
+    return f"This is the bug: {where}`{was}` should be `{fix}`."
+
+
 def _bash(thought: str, command: str) -> str:
     return f"THOUGHT: {thought}\n\n```mswea_bash_command\n{command}\n```"
 
@@ -300,11 +332,11 @@ def _open_and_edit(tools: bool, path: str, lo: int, hi: int, edits: list, where:
     if tools:
         return [_call(where, "str_replace_editor",
                       {"command": "view", "path": f"/testbed/{path}", "view_range": [lo, hi]}),
-                *(_call("This is the bug: I fix it.", "str_replace_editor",
+                *(_call(f"{_bug(old, new)} I fix it.", "str_replace_editor",
                         {"command": "str_replace", "path": f"/testbed/{path}", "old_str": old,
                          "new_str": new}) for old, new, _ in edits)]
     return [_bash(where, f"nl -ba {shlex.quote(path)} | sed -n '{lo},{hi}p'"),
-            *(_bash(f"This is the bug: I replace line {n}" + (
+            *(_bash(f"{_bug(old, new)} I replace line {n}" + (
                 f"-{n + old.count(chr(10)) - 1}" if old.count("\n") > 1 else "") + ".",
                 _edit_script(path, n, old, new)) for old, new, n in reversed(edits))]
 

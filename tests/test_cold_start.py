@@ -309,3 +309,19 @@ def test_the_probe_and_before_eval_keys_leave_out_the_sft_s_per_env_values():
                      "trainer.cold_start_lr": [2e-4, 5e-5], "trainer.eval_limit": [20, 60]}) == base
     assert played(**{"rollout.max_turns": [4, 2]}) != base
     assert played(**{"trainer.cold_start_demos": [32, 16]}) == {"model": "m"}
+
+
+def test_the_cache_key_holds_the_demonstration_builders_source():
+    """A change to how an env demonstrates (its builder's module) makes a new cache key, so
+    the cold start builds new demonstrations rather than reusing those of the old code."""
+    import inspect
+    from pathlib import Path
+    from agentgym import envs
+    from agentgym.core.paths import file_digest
+    from agentgym.trainers.cold_start import _builder
+    for env in ("search", "swe"):
+        cfg = build_config({"env": env})
+        source = Path(inspect.getsourcefile(envs.env_manifest(env).demonstrate))
+        assert _builder(cfg, env)["builder_source"] == file_digest(source)
+    assert Path(inspect.getsourcefile(envs.env_manifest("swe").demonstrate)).name == \
+        "swe_demos.py"

@@ -620,7 +620,9 @@ def test_demonstrations_solve_tasks_with_either_protocol_and_replay(user_repo):
     # the view starts at the line the listing showed: count_words's def
     assert "./wordy/text.py:8:def count_words(text):" in demo["observations"][0][0]["content"]
     assert "nl -ba wordy/text.py | sed -n '8,10p'" in demo["actions"][1]
-    assert "I replace line 9." in demo["actions"][2]
+    # the thought says what is wrong in the code's own text before the script types it
+    assert "This is the bug: in `return len(text.split(\" \"))`, `\" \"` should not be " \
+        "there. I replace line 9." in demo["actions"][2]
     assert "<returncode>0</returncode>" in demo["observations"][2][0]["content"]
     assert "passed" in demo["observations"][3][0]["content"]
     assert demo["actions"][-1].endswith(f"echo {SUBMIT}\n```")
@@ -652,6 +654,23 @@ def test_demonstrations_solve_tasks_with_either_protocol_and_replay(user_repo):
     assert [c["name"] for c in calls][-4:] == ["str_replace_editor", "str_replace_editor",
                                                "bash", "submit"]
     assert [c["arguments"].get("command") for c in calls[-4:-2]] == ["view", "str_replace"]
+
+
+def test_the_edits_thought_names_what_changes():
+    """:func:`change` keeps what lies between the old and new text's common start and end,
+    in whole tokens (``<`` becomes ``<=``, not ``=`` inserted); the thought quotes the line
+    around it, or says a line is missing or should go."""
+    from agentgym.envs.swe_demos import _bug, change
+    assert change("    if a < b:\n", "    if a <= b:\n") == ("<", "<=")
+    assert change("    f(x, y)\n", "    f(y, x)\n") == ("x, y", "y, x")
+    assert change("    x = 1\n    return x\n", "    x = 1\n    y += 2\n    return x\n") == \
+        ("", "y += 2")
+    assert _bug("    return n - 1\n", "    return n\n") == \
+        "This is the bug: in `return n - 1`, `- 1` should not be there."
+    assert _bug("    x = 1\n    y = 2\n", "    x = 1\n") == \
+        "This is the bug: `y = 2` should not be there."
+    assert _bug("    n = 1\n", "    n = 0\n") == "This is the bug: in `n = 1`, `1` should be `0`."
+    assert _bug("a\n", "a\nb\n") == "This is the bug: `b` is missing."
 
 
 def test_half_the_demonstrations_recover_from_a_search_that_finds_nothing(user_repo):

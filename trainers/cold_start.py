@@ -147,8 +147,8 @@ def _auto(cfg: Config, parts: dict[str, Config], stage_dir: Path, hooks: Hooks,
     probe_key = _digest({**played, "rows": probe_rows})
     key = _digest({**inputs, "rows": rows[env] if single else rows,
                    "demos": t.cold_start_demos,
-                   "builder": (_demo_options(cfg, env) if single else
-                               {e: _demo_options(cfg, e) for e in parts}),
+                   "builder": (_builder(cfg, env) if single else
+                               {e: _builder(cfg, e) for e in parts}),
                    "sft": _sft_settings(cfg), "probe": probe_key,
                    "threshold": t.cold_start_threshold})
     earlier = _read(stage_dir / _RECORD)
@@ -504,6 +504,18 @@ def _sources(cfg: Config, env: str) -> Any:
 def _demo_options(cfg: Config, env: str) -> dict:
     from agentgym import envs
     return envs.env_manifest(env).demo_options_for(cfg)
+
+
+def _builder(cfg: Config, env: str) -> dict:
+    """The cache key's part for the demonstrations: the builder's options and the digest of
+    its module's source, so that a change to how the env demonstrates makes new
+    demonstrations (and a new SFT) rather than reusing the cached ones."""
+    import inspect
+    from agentgym import envs
+    build = envs.env_manifest(env).demonstrate
+    source = inspect.getsourcefile(build) if build else None
+    return {**_demo_options(cfg, env),
+            **({"builder_source": file_digest(Path(source))} if source else {})}
 
 
 def _sft_settings(cfg: Config) -> dict:
