@@ -9,9 +9,10 @@ patch and nothing the agent could not have read:
 2. open the file from the nearest line the search showed above the edit to past it
    (``nl -ba FILE | sed -n A,Bp``; the editor's ``view`` with a ``view_range`` under
    ``swe.protocol=tools``);
-3. make the edit: the gold patch's lines in place of the file's (a short Python script that
-   replaces the numbered lines the view showed under ``bash``; ``str_replace`` of text that
-   occurs once under ``tools``);
+3. say what is wrong in the code's own text (``in `if a < b:`, `<` should be `<=```), then
+   make the edit: the gold patch's lines in place of the file's (under ``bash``, :data:`SPLICE`
+   replaces the numbered lines the view showed by the lines that follow it, verbatim;
+   ``str_replace`` of text that occurs once under ``tools``);
 4. run the tests: those files of the failing checks (their other tests; else of the row's
    passing ones) that the statement or an observation showed, else the visible suite with
    no file named, so the demonstration types no name it has not read;
@@ -93,14 +94,28 @@ def replacement(text: str, start: int, lines: list[str]) -> tuple[str, str, int]
         lo, hi = max(0, lo - 1), min(len(lines), hi + 1)
 
 
-def _edit_script(path: str, first: int, old: str, new: str) -> str:
-    """A script that replaces lines ``first`` .. of ``path`` (as many as ``old`` has, numbered
-    from 1 as ``nl`` shows them) by ``new``'s lines."""
+# replaces lines A..B of FILE (numbered from 1, as nl shows them) by the lines of its
+# standard input: the same text in every edit, with the new lines after it as they are, so
+# that no quote or backslash of the code needs escaping (DECISIONS, "the fifth design")
+SPLICE = """python -c "
+import sys, pathlib
+p, a, b = pathlib.Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+lines = p.read_text().splitlines(keepends=True)
+new = sys.stdin.readlines()
+print('unchanged: the new lines are the old ones' if lines[a - 1:b] == new else 'edited', p)
+lines[a - 1:b] = new
+p.write_text(''.join(lines))
+\""""
+
+
+def _edit_script(path: str, first: int, old: str, new: str) -> str | None:
+    """The command that replaces lines ``first`` .. of ``path`` (as many as ``old`` has) by
+    ``new``'s lines, given verbatim in a quoted here-document; None when a line of ``new``
+    would end it."""
+    if any(line.strip() == "EOF" for line in new.split("\n")):
+        return None
     last = first + old.count("\n") - 1
-    return ("python - <<'EOF'\nfrom pathlib import Path\n"
-            f"p = Path({path!r})\nlines = p.read_text().splitlines(keepends=True)\n"
-            f"lines[{first} - 1:{last}] = {new.splitlines(keepends=True)!r}\n"
-            "p.write_text(''.join(lines))\nprint('edited', p)\nEOF")
+    return f"{SPLICE} {shlex.quote(path)} {first} {last} <<'EOF'\n{new}EOF"
 
 
 _TOKEN = re.compile(r"\w+|\s+|[<>=!]=|//|\*\*|->|.", re.S)
@@ -259,6 +274,8 @@ def swe_demo(row: dict, env) -> dict | None:
     if isinstance(gold, str):
         return _drop(row, gold)
     base, path, text, edits = gold
+    if not tools and any(_edit_script(path, n, old, new) is None for old, new, n in edits):
+        return _drop(row, "a new line reads EOF, which would end the edit's here-document")
     first = edits[0][2]
     last = max(n + old.count("\n") - 1 for old, _, n in edits)
     statement = str(row["problem_statement"])
