@@ -345,7 +345,8 @@ def swe_demo(row: dict, env) -> dict | None:
 
 def _open_and_edit(tools: bool, path: str, lo: int, hi: int, edits: list, where: str) -> list[str]:
     """The view of ``path``'s lines ``lo``..``hi`` and then each edit, as the protocol types
-    them (the editor's ``view`` and ``str_replace``, or ``nl`` and a numbered-line script)."""
+    them (the editor's ``view`` and ``str_replace``, or ``nl`` and :data:`SPLICE` with the
+    new lines)."""
     if tools:
         return [_call(where, "str_replace_editor",
                       {"command": "view", "path": f"/testbed/{path}", "view_range": [lo, hi]}),
