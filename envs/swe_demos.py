@@ -167,9 +167,7 @@ def _locate(statement: str, base, path: str, text: str, line: int) -> tuple[str,
     whose listing is whole (at most 20 lines: the search's ``head``); None when no name of
     the statement leads above it."""
     import keyword
-    from agentgym.envs.swe_rows import is_test_path
-    files = {p.relative_to(base).as_posix(): p.read_text(errors="replace").split("\n")
-             for p in base.rglob("*.py")}
+    files = _sources(base)
     names = dict.fromkeys([*_NAME.findall("\n".join(_CODE.findall(statement))),
                            *_NAME.findall(statement)])
     best = None
@@ -178,8 +176,7 @@ def _locate(statement: str, base, path: str, text: str, line: int) -> tuple[str,
             continue
         word = re.compile(rf"\b{re.escape(name)}\b")
         define = re.compile(rf"(def|class) {re.escape(name)}\b")
-        uses = sum(1 for f, lines in files.items() if not is_test_path(f)
-                   and any(word.search(ln) for ln in lines))
+        uses = sum(1 for lines in files.values() if any(word.search(ln) for ln in lines))
         ways = [(True, define)] + ([(False, word)] if len(name) >= 4 and uses <= 5 else [])
         for defined, pattern in ways:
             listed = sum(1 for lines in files.values() for ln in lines if pattern.search(ln))
@@ -216,20 +213,36 @@ def _hits(text: str, path: str) -> list[int]:
             re.finditer(rf"^(?:\./)?{re.escape(path)}:(\d+):", text, re.M)]
 
 
+# what the search leaves out: the files :func:`is_test_path` names (the agent fixes the
+# source, and a listing of test helpers only led the model to open paths it made up)
+_NOT_TESTS = ("--exclude-dir=test --exclude-dir=tests --exclude-dir=testing "
+              "--exclude='test_*.py' --exclude='*_test.py' --exclude=conftest.py "
+              "--exclude=noxfile.py")
+
+
+def _sources(base) -> dict[str, list[str]]:
+    """The Python files of ``base`` that :func:`_search` lists (no test file), by path: their
+    lines."""
+    from agentgym.envs.swe_rows import is_test_path
+    return {p.relative_to(base).as_posix(): p.read_text(errors="replace").split("\n")
+            for p in base.rglob("*.py") if not is_test_path(p.relative_to(base).as_posix())}
+
+
 def _search(token: str, defined: bool) -> str:
-    """The search for ``token``: where it is defined (``def``/``class``) when the patched
-    file defines it, else every line that uses it; each hit as ``./PATH:LINE:TEXT``."""
+    """The search for ``token`` in the source files: where it is defined (``def``/``class``)
+    when the patched file defines it, else every line that uses it; each hit as
+    ``./PATH:LINE:TEXT``."""
     pattern = f'-rnE "(def|class) {token}\\b"' if defined else f'-rnw "{token}"'
-    return f"grep {pattern} --include=*.py . | head -n 20"
+    return f"grep {pattern} --include=*.py {_NOT_TESTS} . | head -n 20"
 
 
 def _missing(statement: str, base) -> str | None:
-    """A name of the statement's code (else of the statement) that no Python file of the
+    """A name of the statement's code (else of the statement) that no source file of the
     repository defines: the search a model may well try first, and come back empty from."""
     import keyword
     defined = set()
-    for f in base.rglob("*.py"):
-        defined.update(_DEFINED.findall(f.read_text(errors="replace")))
+    for lines in _sources(base).values():
+        defined.update(_DEFINED.findall("\n".join(lines)))
     code = "\n".join(_CODE.findall(statement))
     # from the code, any name; from the prose, a call or a snake_case name
     names = [*_NAME.findall(code), *(m.group(0) for m in _NAME.finditer(statement)

@@ -616,7 +616,8 @@ def test_demonstrations_solve_tasks_with_either_protocol_and_replay(user_repo):
     from agentgym.envs.swe_grade import swe_root
     (demo,) = build_demos("swe", [dict(user_repo[1], repo_path=str(user_repo[0]))], SWEEnv)
     assert len(demo["actions"]) == 5 and demo["reward"] == 1.0
-    assert 'grep -rnE "(def|class) count_words\\b" --include=*.py .' in demo["actions"][0]
+    assert 'grep -rnE "(def|class) count_words\\b" --include=*.py --exclude-dir=test ' \
+        '--exclude-dir=tests' in demo["actions"][0]
     # the view starts at the line the listing showed: count_words's def
     assert "./wordy/text.py:8:def count_words(text):" in demo["observations"][0][0]["content"]
     assert "nl -ba wordy/text.py | sed -n '8,10p'" in demo["actions"][1]
@@ -671,6 +672,24 @@ def test_the_edits_thought_names_what_changes():
         "This is the bug: `y = 2` should not be there."
     assert _bug("    n = 1\n", "    n = 0\n") == "This is the bug: in `n = 1`, `1` should be `0`."
     assert _bug("a\n", "a\nb\n") == "This is the bug: `b` is missing."
+
+
+def test_the_demonstrations_search_leaves_out_test_files(user_repo):
+    """The search lists source files only (the files ``is_test_path`` names are left out):
+    a name only a test file defines comes back empty, as one nothing defines does, and a
+    word used in the tests and the source lists the source's lines alone."""
+    from agentgym.envs.swe_demos import _search
+    repo, _ = user_repo
+
+    def run(command: str) -> str:
+        return subprocess.run(["bash", "-c", command], cwd=repo, capture_output=True,
+                              text=True, check=True).stdout
+
+    assert run(_search("test_shout", True)) == ""
+    assert run(_search("shout", True)) == "./wordy/text.py:4:def shout(text):\n"
+    assert run(_search("shout", False)).splitlines() == [
+        "./wordy/__init__.py:1:from wordy.text import count_words, shout",
+        "./wordy/text.py:4:def shout(text):"]
 
 
 def test_half_the_demonstrations_recover_from_a_search_that_finds_nothing(user_repo):
