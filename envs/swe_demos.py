@@ -2,10 +2,11 @@
 training task solved with the env's tools, the way the instructions ask, from its gold
 patch and nothing the agent could not have read:
 
-1. find where a name of the problem statement lives (one the patched file defines, from the
-   statement's code first: ``grep -rnE "(def|class) NAME\b" --include=*.py . | head -n 20``;
-   else a word of it that few source files use: ``grep -rnw WORD ...``), whose output is
-   ``./PATH:LINE:TEXT`` lines of files that exist;
+1. find where a name of the problem statement lives in the source files (one the patched
+   file defines, from the statement's code first:
+   ``grep -rnE "(def|class) NAME\b" --include=*.py EXCLUDES . | head -n 20``, test files
+   left out; else a word of it that few source files use: ``grep -rnw WORD ...``), whose
+   output is ``./PATH:LINE:TEXT`` lines of files that exist;
 2. open the file from the nearest line the search showed above the edit to past it
    (``nl -ba FILE | sed -n A,Bp``; the editor's ``view`` with a ``view_range`` under
    ``swe.protocol=tools``);
@@ -21,11 +22,14 @@ patch and nothing the agent could not have read:
 Half of the tasks (:func:`recovers`, fixed by the instance id) start with a search that
 finds nothing (a name of the statement that no file defines) and go on with another name.
 
-Why so (DECISIONS, "the second reading" and "the fourth reading"): a model trained on
+Why so (DECISIONS, "the second reading" to "the fifth reading"): a model trained on
 demonstrations that searched for ``def NAME`` and ran test files named from the row looped
 on paths it made up when, on a held-out repository, the search came back empty or the file
 was not there; one trained to open a file at a line the patch gave (no observation showed
-it) opened the wrong lines.
+it) opened the wrong lines; one that wrote the new line as a Python string literal failed
+to parse it wherever the code held a quote or a backslash (so the lines are typed verbatim);
+one whose search listed only a test helper opened a path made up from the package's name
+(so the search leaves test files out).
 
 A demonstration is kept only when the env grades it resolved. A task whose statement shows
 nothing that leads to the patched file, or whose patch touches more than one file, gives
