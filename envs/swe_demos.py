@@ -43,7 +43,8 @@ import logging
 import re
 import shlex
 
-from agentgym.envs.swe_rows import SUBMIT, find_repo, split_patch, test_command
+from agentgym.envs.swe_rows import (SUBMIT, TEST_CONFIG, TEST_DIRS, find_repo, split_patch,
+                                     test_command)
 
 logger = logging.getLogger(__name__)
 
@@ -219,17 +220,18 @@ def _hits(text: str, path: str) -> list[int]:
 
 # what the search leaves out: the files :func:`is_test_path` names (the agent fixes the
 # source, and a listing of test helpers only led the model to open paths it made up)
-_NOT_TESTS = ("--exclude-dir=test --exclude-dir=tests --exclude-dir=testing "
-              "--exclude='test_*.py' --exclude='*_test.py' --exclude=conftest.py "
-              "--exclude=noxfile.py")
+_NOT_TESTS = " ".join([*(f"--exclude-dir={d}" for d in sorted(TEST_DIRS, key=len)),
+                       "--exclude='test_*.py'", "--exclude='*_test.py'",
+                       *(f"--exclude={n}" for n in sorted(TEST_CONFIG) if n.endswith(".py"))])
 
 
 def _sources(base) -> dict[str, list[str]]:
     """The Python files of ``base`` that :func:`_search` lists (no test file), by path: their
     lines."""
     from agentgym.envs.swe_rows import is_test_path
-    return {p.relative_to(base).as_posix(): p.read_text(errors="replace").split("\n")
-            for p in base.rglob("*.py") if not is_test_path(p.relative_to(base).as_posix())}
+    paths = (p.relative_to(base).as_posix() for p in base.rglob("*.py"))
+    return {f: (base / f).read_text(errors="replace").split("\n")
+            for f in paths if not is_test_path(f)}
 
 
 def _search(token: str, defined: bool) -> str:
