@@ -133,3 +133,40 @@ def test_async_training_with_partial_rollouts(tmp_path):
             versions = r["token_versions"]
             assert len(versions) == sum(r["loss_mask"]) and versions == sorted(versions)
             assert r["step"] - 1 - versions[0] <= 1  # trained at version step - 1
+
+
+def test_a_request_finishing_in_the_interrupted_step_leaves_the_engine_working(tiny_model,
+                                                                              tiny_tokenizer):
+    """Two requests decode side by side; the first (the lower slot) reaches its budget in
+    the step a partial pause interrupts. Taking that step in finishes it and moves the
+    other's keys/values into its slot; the other continues under the new weights. (That
+    move outside inference mode once killed the engine's thread: the pause then waited
+    forever, and a run's weight sync with it.)"""
+    model = copy.deepcopy(tiny_model)
+    new = perturbed(tiny_model)
+    engine = HFEngine(model, tiny_tokenizer, batch_wait_s=0.05, prefix_cache=True)
+    gate = BlockingForward(model, at=8)  # the prefill, then decode steps: held at the 7th
+    prompt = tiny_tokenizer.encode("Once upon a time", add_special_tokens=False)
+    short = SamplingParams(max_new_tokens=8, temperature=1.0, seed=3)
+    long = SamplingParams(max_new_tokens=24, temperature=1.0, seed=3)
+
+    async def scenario():
+        first = asyncio.ensure_future(engine.generate(prompt, short))
+        second = asyncio.ensure_future(engine.generate(prompt, long))
+        await asyncio.to_thread(gate.arrived.wait, 120)
+        pause = asyncio.ensure_future(engine.pause(partial=True))
+        await asyncio.sleep(0)  # pause() has marked the engine before the step goes on
+        gate.release()
+        await asyncio.wait_for(pause, 120)
+        engine.update_weights(new.state_dict(), 1)
+        engine.resume()
+        return await asyncio.wait_for(asyncio.gather(first, second), 120)
+
+    try:
+        a, b = asyncio.run(scenario())
+    finally:
+        engine.close()
+    assert gate.calls > 8  # the prefill was one forward, the held one its 7th decode step
+    assert len(a.ids) == 8 and a.token_versions is None and a.policy_version == 0
+    assert len(b.ids) == 24 and b.token_versions.index(1) == 8
+    assert engine.stats["preempted"] == 1  # the second only: the first had finished

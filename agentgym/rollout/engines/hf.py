@@ -404,7 +404,13 @@ class HFEngine(Engine):
                 self._cv.wait_for(lambda: self._closed or until() or self._has_work())
                 if self._closed or until():
                     return
-                taken = self._take()
+                try:
+                    taken = self._take()
+                except BaseException as e:  # noqa: BLE001 - the callers hear of it, the loop goes on
+                    # (a dead loop would leave the engine busy: a weight push waits forever)
+                    logger.exception("admitting requests failed")
+                    self._fail_running(e)
+                    continue
             self._step(taken)
 
     def _has_work(self) -> bool:
@@ -468,12 +474,24 @@ class HFEngine(Engine):
             if not r.closed:
                 r.fail(RuntimeError("engine closed"))
 
+    def _fail_running(self, error: BaseException) -> None:
+        """(Lock held) Every running request fails with ``error``; the engine is idle
+        after, so what waits on it (:meth:`pause`) goes on."""
+        sched = self.scheduler
+        for r in sched.running():
+            if not r.closed:
+                r.fail(error)
+        sched.clear()
+        self._busy = self._stepping = False
+        self._cv.notify_all()
+
     def _preempt_all(self) -> None:
         """Partial rollouts (lock held): every running request back to the head of the
         queue, in order, with its tokens so far; its keys/values are dropped (recomputed
         under the new weights). The engine is idle after."""
         sched = self.scheduler
-        sched.drain()  # the tokens of the step in flight are kept
+        with torch.inference_mode():  # a row it finishes moves another's keys/values
+            sched.drain()  # the tokens of the step in flight are kept
         for r, done in sched.ready:  # finished by that step: delivered now
             r.finish(*done, self.policy_version)
         sched.ready.clear()
