@@ -332,11 +332,11 @@ def swe_kwargs(swe: SWEConfig) -> dict:
 MANIFEST = EnvManifest(
     sections={"swe": SWEConfig},
     # mini-swe-agent's default is 250 steps; on a CPU an episode's turns share one
-    # response budget, so a handful: look, edit, test, submit
-    presets={"rollout.max_turns": 8, "data.name": "train", "trainer.eval_data": "test",
-             # the demonstrations' five turns in smollm2's tokens: prompts up to 473,
-             # responses (actions and observations) up to 1,448 (DECISIONS.md)
-             "rollout.max_response_tokens": 3072, "rollout.max_tokens_per_turn": 384},
+    # response budget, so ten: look, edit, test, read the diff, submit, and room for one
+    # recovery (the demonstrations' up to nine turns; DECISIONS.md, "the seventh design")
+    presets={"rollout.max_turns": 10, "data.name": "train", "trainer.eval_data": "test",
+             "rollout.max_response_tokens": 4096, "rollout.max_tokens_per_turn": 384,
+             "sft.max_length": 5120},
     # the shipped tasks (agentgym swe make-tasks; data/README.md), split by repository, and
     # the built-in ones (a repository made on the fly, two bugs)
     datasets={"train": "swe/train.jsonl.gz", "test": "swe/test.jsonl.gz",

@@ -5,11 +5,12 @@ patch and nothing the agent could not have read:
 1. find where a name of the problem statement lives in the source files (one the patched
    file defines, from the statement's code first:
    ``grep -rnE "(def|class) NAME\b" --include=*.py EXCLUDES . | head -n 20``, test files
-   left out; else a word of it that few source files use: ``grep -rnw WORD ...``), whose
-   output is ``./PATH:LINE:TEXT`` lines of files that exist;
+   left out; else a word of it that few source files use: ``grep -rnw WORD ...``; never a
+   builtin such as ``isinstance``), whose output is ``./PATH:LINE:TEXT`` lines of files that
+   exist;
 2. open the file from the nearest line the search showed above the edit to past it
    (``nl -ba FILE | sed -n A,Bp``; the editor's ``view`` with a ``view_range`` under
-   ``swe.protocol=tools``);
+   ``swe.protocol=tools``), at most :data:`VIEW_LINES` lines a view;
 3. say what is wrong in the code's own text (``in `if a < b:`, `<` should be `<=```), then
    make the edit: the gold patch's lines in place of the file's (under ``bash``, :data:`SPLICE`
    replaces the numbered lines the view showed by the lines that follow it, verbatim;
@@ -17,19 +18,27 @@ patch and nothing the agent could not have read:
 4. run the tests: those files of the failing checks (their other tests; else of the row's
    passing ones) that the statement or an observation showed, else the visible suite with
    no file named, so the demonstration types no name it has not read;
-5. submit.
+5. read ``git diff``, which shows the change;
+6. submit.
 
-Half of the tasks (:func:`recovers`, fixed by the instance id) start with a search that
-finds nothing (a name of the statement that no file defines) and go on with another name.
+Five in six tasks (:func:`recovery`, fixed by the instance id) also recover from something
+that went wrong: a search that finds nothing (a name of the statement that no file
+defines; then another name), a view of a path made up from the package's name (``No such
+file``; then the file the listing showed), an edit that retypes the old lines
+(``unchanged``; then the right one), or that edit and a test run followed by an empty
+``git diff`` (then the right edit). A wrong action is played, so its observation is in the
+context, but not learned (the record's ``learn``: :mod:`agentgym.data.demos`).
 
-Why so (DECISIONS, "the second reading" to "the fifth reading"): a model trained on
+Why so (DECISIONS, "the second reading" to "the seventh design"): a model trained on
 demonstrations that searched for ``def NAME`` and ran test files named from the row looped
 on paths it made up when, on a held-out repository, the search came back empty or the file
 was not there; one trained to open a file at a line the patch gave (no observation showed
 it) opened the wrong lines; one that wrote the new line as a Python string literal failed
 to parse it wherever the code held a quote or a backslash (so the lines are typed verbatim);
 one whose search listed only a test helper opened a path made up from the package's name
-(so the search leaves test files out).
+(so the search leaves test files out); one that never saw a step go wrong submitted after
+an edit that changed nothing or a view of a file that is not there, and the visible tests
+pass before any fix, so only the diff tells a change from none.
 
 A demonstration is kept only when the env grades it resolved. A task whose statement shows
 nothing that leads to the patched file, or whose patch touches more than one file, gives
@@ -38,6 +47,7 @@ none (logged with the reason).
 
 from __future__ import annotations
 
+import builtins
 import json
 import logging
 import re
@@ -53,6 +63,11 @@ _DEFINED = re.compile(r"^[ \t]*(?:async[ \t]+)?(?:def|class)[ \t]+([A-Za-z_]\w*)
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@", re.M)
 _CODE = re.compile(r"```python\n(.*?)```", re.S)
 _FAILING = re.compile(r"\b\d+ (?:failed|errors?)\b")  # pytest's summary ("2 xfailed" passes)
+# names no search is for: Python's builtins (``isinstance``, ``ValueError``, ``list``) and
+# the words every method has; a search for them lists lines that are not the bug, and a
+# model shown one learns to search for any word (DECISIONS, "the seventh design")
+_GENERIC = frozenset(dir(builtins)) | {"self", "cls", "args", "kwargs"}
+VIEW_LINES = 30  # a view's most lines: a longer one ran the thought after it on
 
 
 def hunks(part: str) -> list[tuple[int, list[str]]]:
@@ -177,7 +192,8 @@ def _locate(statement: str, base, path: str, text: str, line: int) -> tuple[str,
                            *_NAME.findall(statement)])
     best = None
     for order, name in enumerate(names):
-        if len(name) < 3 or keyword.iskeyword(name) or name.startswith("__"):
+        if len(name) < 3 or keyword.iskeyword(name) or name.startswith("__") or \
+                name in _GENERIC:
             continue
         word = re.compile(rf"\b{re.escape(name)}\b")
         define = re.compile(rf"(def|class) {re.escape(name)}\b")
@@ -254,14 +270,25 @@ def _missing(statement: str, base) -> str | None:
     names = [*_NAME.findall(code), *(m.group(0) for m in _NAME.finditer(statement)
                                      if "_" in m.group(0) or statement[m.end():m.end() + 1] == "(")]
     return next((n for n in dict.fromkeys(names) if len(n) >= 4 and n not in defined
-                 and not keyword.iskeyword(n)), None)
+                 and not keyword.iskeyword(n) and n not in _GENERIC), None)
 
 
-def recovers(row: dict) -> bool:
-    """Whether ``row``'s demonstration starts with a search that finds nothing (half of
-    the tasks, fixed by the instance id): after an empty listing, another name."""
+#: what a demonstration recovers from, by the instance id's first byte mod 6 (two sixths
+#: the empty search, a sixth each of the others and of none): the observations a model
+#: trained on demonstrations without them passed over (DECISIONS, "the seventh design")
+RECOVERIES = ("none", "empty_search", "empty_search", "no_file", "unchanged", "empty_diff")
+
+
+def recovery(row: dict) -> str:
+    """What ``row``'s demonstration recovers from, fixed by its instance id: ``none``;
+    ``empty_search`` (a search for a name nothing defines, then another name);
+    ``no_file`` (a view of a path made up from the package's name, not learned, then the
+    listed file); ``unchanged`` (an edit that retypes the old lines, not learned, then the
+    right one); ``empty_diff`` (that edit and a test run, not learned, then ``git diff``
+    shows nothing and the right edit follows). Under ``swe.protocol=tools`` only the first
+    two apply (the others are the bash protocol's observations)."""
     import hashlib
-    return hashlib.sha256(str(row["instance_id"]).encode()).digest()[0] % 2 == 1
+    return RECOVERIES[hashlib.sha256(str(row["instance_id"]).encode()).digest()[0] % 6]
 
 
 def _gold(row: dict, env, tools: bool):
@@ -281,6 +308,14 @@ def _gold(row: dict, env, tools: bool):
     if not edits or None in edits:
         return "no hunk gives an edit"
     return base, path, text, edits
+
+
+def _made_up(base, path: str, token: str) -> str:
+    """A path a model makes up from the package's name and the searched name, that the
+    base does not hold (``pkg/token.py``, else ``pkg/core.py``, else ``pkg.py``)."""
+    top = path.split("/", 1)[0] if "/" in path else path.removesuffix(".py")
+    return next(c for c in (f"{top}/{token.lower()}.py", f"{top}/core.py", f"{top}.py",
+                            f"{top}/{top}_{token.lower()}.py") if not (base / c).exists())
 
 
 def swe_demo(row: dict, env) -> dict | None:
@@ -304,19 +339,23 @@ def swe_demo(row: dict, env) -> dict | None:
         return _drop(row, "no test file" if located else
                      "the statement names nothing that leads to the edit")
     token, defined, at = located
-    if last + 3 - at > 100:
+    if last + 3 - at > 3 * VIEW_LINES:
         return _drop(row, f"the edit is {first - at} lines below what the search shows")
-    missing = _missing(statement, base) if recovers(row) else None
+    kind = recovery(row)
+    if tools and kind not in ("none", "empty_search"):
+        kind = "none"
+    missing = _missing(statement, base) if kind == "empty_search" else None
     prompt, _ = env.reset(seed=0, options={"row": row})
-    actions, observations = [], []
+    actions, observations, learn = [], [], []
 
     def act(thought: str, command: str) -> str:
         return _call(thought, "bash", {"command": command}) if tools else _bash(thought, command)
 
-    def play(action: str, ok) -> str | None:
-        """Play one turn; its observation's text, or None when ``ok`` of it is false (the
-        demonstration is dropped) or the episode ended."""
+    def play(action: str, ok, learned: bool = True) -> str | None:
+        """Play one turn (``learned``: in the loss); its observation's text, or None when
+        ``ok`` of it is false (the demonstration is dropped) or the episode ended."""
         actions.append(action)
+        learn.append(learned)
         obs, _, terminated, truncated, _ = env.step(action)
         seen = "".join(str(m.get("content", "")) for m in obs)
         if terminated or truncated or not ok(seen):
@@ -340,42 +379,85 @@ def swe_demo(row: dict, env) -> dict | None:
     # every number the demonstration types next is one it has read
     if at not in _hits(listing, path):
         return _drop(row, f"the listing does not show line {at} of {path}")
-    lo, hi = at, min(text.count("\n") + 1, max(last + 3, at + 12))
-    steps = _open_and_edit(tools, path, lo, hi, edits,
-                           f"{token} is at line {at} of {path}; I open it from there.")
-    if play(steps[0], lambda seen: f"{lo}" in seen) is None:
-        return _drop(row, "the view fails")
-    for action in steps[1:]:
+    where = f"{token} is at line {at} of {path}; I open it from there."
+    if kind == "no_file":  # a made-up path, not learned; then the one the listing showed
+        bad = _made_up(base, path, token)
+        if play(_bash(f"{token} should be in {bad}; I open it.",
+                      f"nl -ba {shlex.quote(bad)} | sed -n '1,{VIEW_LINES}p'"),
+                lambda seen: "No such file" in seen, learned=False) is None:
+            return _drop(row, f"{bad} is there")
+        where = f"There is no {bad}. The search listed {token} at line {at} of {path}; " \
+                "I open it from there."
+    hi = min(text.count("\n") + 1, max(last + 3, at + 12))
+    views, edit_steps = _open_and_edit(tools, path, at, hi, edits, where)
+    for lo, action in views:
+        if play(action, lambda seen, lo=lo: f"{lo}" in seen) is None:
+            return _drop(row, "the view fails")
+    if kind in ("unchanged", "empty_diff"):  # the old lines retyped, not learned
+        old, _, n = next(e for e in reversed(edits))
+        if play(_bash(f"{_bug(old, edits[-1][1])} I replace line {n}.",
+                      _edit_script(path, n, old, old)),
+                lambda seen: "unchanged" in seen, learned=False) is None:
+            return _drop(row, "the unchanged edit changed something")
+        if kind == "unchanged":
+            edit_steps[0] = edit_steps[0].replace(
+                "THOUGHT: ", "THOUGHT: The edit changed nothing: the lines I typed are the old "
+                "ones. ", 1)
+        else:
+            seen = statement + "".join(str(m.get("content", "")) for o in observations for m in o)
+            # whatever they print (the visible tests may fail before the fix): not learned
+            if play(act("I run the tests of that behaviour.", _test_run(row, seen, files)),
+                    lambda seen: True, learned=False) is None:
+                return _drop(row, "the episode ended at the tests")
+            if play(act("I look at my change before submitting.", "git diff"),
+                    lambda seen: "diff --git" not in seen) is None:
+                return _drop(row, "the diff of an unchanged edit is not empty")
+            edit_steps[0] = edit_steps[0].replace(
+                "THOUGHT: ", "THOUGHT: The diff is empty: my edit changed nothing. ", 1)
+    for action in edit_steps:
         if play(action, _edited) is None:
             return _drop(row, "an edit fails")
     seen = statement + "".join(str(m.get("content", "")) for o in observations for m in o)
     tests = _test_run(row, seen, files)
     if play(act("I run the tests of that behaviour.", tests), _passed) is None:
         return _drop(row, "the tests do not pass")
-    done = "I made the change and ran the tests: I submit."
+    if play(act("I look at my change before submitting.", "git diff"),
+            lambda seen: f"a/{path}" in seen) is None:
+        return _drop(row, "the diff does not show the edit")
+    done = f"The diff changes {path} as I meant: I submit."
     actions.append(_call(done, "submit", {}) if tools else _bash(done, f"echo {SUBMIT}"))
+    learn.append(True)
     _, reward, terminated, _, _ = env.step(actions[-1])
     if not (terminated and reward >= 1.0):
         return _drop(row, "not graded resolved")
     return {"type": "demonstration", "env": "swe", "builder": "gold-patch-tools",
             "prompt": prompt, "actions": actions, "observations": observations,
-            "reward": 1.0, "row": row}
+            **({"learn": learn} if not all(learn) else {}), "reward": 1.0, "row": row,
+            "recovery": kind}
 
 
-def _open_and_edit(tools: bool, path: str, lo: int, hi: int, edits: list, where: str) -> list[str]:
-    """The view of ``path``'s lines ``lo``..``hi`` and then each edit, as the protocol types
-    them (the editor's ``view`` and ``str_replace``, or ``nl`` and :data:`SPLICE` with the
-    new lines)."""
+def _open_and_edit(tools: bool, path: str, lo: int, hi: int, edits: list,
+                   where: str) -> tuple[list[tuple[int, str]], list[str]]:
+    """The views of ``path``'s lines ``lo``..``hi``, at most :data:`VIEW_LINES` each (as
+    ``(first line, action)``), and then each edit, as the protocol types them (the
+    editor's ``view`` and ``str_replace``, or ``nl`` and :data:`SPLICE` with the new
+    lines)."""
+    views = []
+    for a in range(lo, hi + 1, VIEW_LINES):
+        b = min(hi, a + VIEW_LINES - 1)
+        thought = where if a == lo else f"The lines I need go on past line {a - 1}; I view " \
+            "the next ones."
+        views.append((a, _call(thought, "str_replace_editor",
+                               {"command": "view", "path": f"/testbed/{path}",
+                                "view_range": [a, b]}) if tools else
+                      _bash(thought, f"nl -ba {shlex.quote(path)} | sed -n '{a},{b}p'")))
     if tools:
-        return [_call(where, "str_replace_editor",
-                      {"command": "view", "path": f"/testbed/{path}", "view_range": [lo, hi]}),
-                *(_call(f"{_bug(old, new)} I fix it.", "str_replace_editor",
-                        {"command": "str_replace", "path": f"/testbed/{path}", "old_str": old,
-                         "new_str": new}) for old, new, _ in edits)]
-    return [_bash(where, f"nl -ba {shlex.quote(path)} | sed -n '{lo},{hi}p'"),
-            *(_bash(f"{_bug(old, new)} I replace line {n}" + (
-                f"-{n + old.count(chr(10)) - 1}" if old.count("\n") > 1 else "") + ".",
-                _edit_script(path, n, old, new)) for old, new, n in reversed(edits))]
+        return views, [_call(f"{_bug(old, new)} I fix it.", "str_replace_editor",
+                             {"command": "str_replace", "path": f"/testbed/{path}",
+                              "old_str": old, "new_str": new}) for old, new, _ in edits]
+    return views, [_bash(f"{_bug(old, new)} I replace line {n}" + (
+        f"-{n + old.count(chr(10)) - 1}" if old.count("\n") > 1 else "") + ".",
+        _edit_script(path, n, old, new)) for old, new, n in reversed(edits)]
 
 
 def _edited(text: str) -> bool:

@@ -188,6 +188,22 @@ def test_a_command_past_the_disk_quota_is_stopped(user_repo):
         assert many.quota_exceeded
 
 
+def test_multiprocessings_locks_work_in_a_shared_memory_of_the_sandboxs_own(user_repo):
+    """A repository's tests may use multiprocessing (toolz's do): its semaphores need a
+    writable /dev/shm, which the host's (root's) is not. The sandbox mounts one of its own,
+    bounded at SHM_MB, and it is gone with the command."""
+    from agentgym.tools.sandbox_local import SHM_MB
+    repo, row = user_repo
+    base = repo_cache().base("me/wordy", repo, row["base_commit"])
+    lock = "python -c 'import multiprocessing as m; l = m.Lock(); l.acquire(); print(\"locked\")'"
+    with Workspace(base, workspace_root(), CommandLimits(file_size_mb=512)) as ws:
+        assert ws.run(lock).output.strip() == "locked"
+        fill = ws.run("head -c 200000000 /dev/zero > /dev/shm/x; du -m /dev/shm/x | cut -f1")
+        assert "No space left on device" in fill.output
+        assert int(fill.output.split()[-1]) <= SHM_MB
+        assert ws.run("ls /dev/shm | wc -l").output.strip() == "0"
+
+
 def test_long_output_keeps_head_and_tail_and_counts_the_cut(user_repo):
     repo, row = user_repo
     base = repo_cache().base("me/wordy", repo, row["base_commit"])
@@ -606,16 +622,19 @@ def test_where_no_overlay_mounts_a_workspace_is_a_copy_and_works_the_same(user_r
 
 # -- the cold start's demonstrations -------------------------------------------------------
 def test_demonstrations_solve_tasks_with_either_protocol_and_replay(user_repo):
-    """A demonstration finds the code, opens it, edits it, runs the tests and submits (five
-    turns), with the bash protocol on a user's row and with the tool calls on the built-in
-    tasks; each is graded resolved, and replaying its actions is graded resolved again."""
+    """A demonstration finds the code, opens it, edits it, runs the tests, reads the diff
+    and submits (six turns), with the bash protocol on a user's row and with the tool calls
+    on the built-in tasks; each is graded resolved, and replaying its actions is graded
+    resolved again."""
     from agentgym.data.demo_builders import build_demos
     from agentgym.data.demos import replay_demo
     from agentgym.envs.swe import SWEEnv
     from agentgym.envs.swe_builtin import builtin_rows
     from agentgym.envs.swe_grade import swe_root
-    (demo,) = build_demos("swe", [dict(user_repo[1], repo_path=str(user_repo[0]))], SWEEnv)
-    assert len(demo["actions"]) == 5 and demo["reward"] == 1.0
+    (demo,) = build_demos("swe", [dict(user_repo[1], repo_path=str(user_repo[0]))],
+                          lambda: SWEEnv(max_turns=10))
+    assert demo["recovery"] == "none" and "learn" not in demo
+    assert len(demo["actions"]) == 6 and demo["reward"] == 1.0
     assert 'grep -rnE "(def|class) count_words\\b" --include=*.py --exclude-dir=test ' \
         '--exclude-dir=tests' in demo["actions"][0]
     # the view starts at the line the listing showed: count_words's def
@@ -626,12 +645,15 @@ def test_demonstrations_solve_tasks_with_either_protocol_and_replay(user_repo):
         "there. I replace line 9." in demo["actions"][2]
     assert "<returncode>0</returncode>" in demo["observations"][2][0]["content"]
     assert "passed" in demo["observations"][3][0]["content"]
+    # the diff read before the submit shows the change
+    assert "git diff" in demo["actions"][4]
+    assert '+    return len(text.split())' in demo["observations"][4][0]["content"]
     assert demo["actions"][-1].endswith(f"echo {SUBMIT}\n```")
     rows = builtin_rows(swe_root() / "builtin")
-    demos = build_demos("swe", rows, lambda: SWEEnv(protocol="tools"))
+    demos = build_demos("swe", rows, lambda: SWEEnv(protocol="tools", max_turns=10))
     assert len(demos) == len(rows) == 2
     for d in [demo, *demos]:
-        env = SWEEnv(protocol="tools" if d is not demo else "bash")
+        env = SWEEnv(protocol="tools" if d is not demo else "bash", max_turns=10)
         try:
             again = replay_demo(d, env)
         finally:
@@ -641,7 +663,7 @@ def test_demonstrations_solve_tasks_with_either_protocol_and_replay(user_repo):
         assert [again["info"][k] for k in ("opened_file", "edited_file", "ran_tests")] == \
             [1.0] * 3
         # the test run names only files an earlier observation showed (none: the suite)
-        run = d["actions"][-2]
+        run = d["actions"][-3]
         shown = d["row"]["problem_statement"] + "".join(
             str(m["content"]) for o in d["observations"][:-1] for m in o)
         named = [w for w in re.findall(r"[\w/.-]+\.py", run.split("pytest", 1)[1])]
@@ -649,12 +671,13 @@ def test_demonstrations_solve_tasks_with_either_protocol_and_replay(user_repo):
         f2p = {t.split("::", 1)[0] for t in d["row"]["FAIL_TO_PASS"]}
         assert again["info"]["opened_test"] == float(bool(f2p & set(named)))
     # the listing showed no test file: the suite runs
-    assert "pytest -q -p no:cacheprovider 2>&1 | tail -n 3" in demo["actions"][-2]
+    assert "pytest -q -p no:cacheprovider 2>&1 | tail -n 3" in demo["actions"][-3]
     calls = [json.loads(a.split("<tool_call>\n", 1)[1].split("\n</tool_call>")[0])
              for a in demos[0]["actions"]]
-    assert [c["name"] for c in calls][-4:] == ["str_replace_editor", "str_replace_editor",
-                                               "bash", "submit"]
-    assert [c["arguments"].get("command") for c in calls[-4:-2]] == ["view", "str_replace"]
+    assert [c["name"] for c in calls][-5:] == ["str_replace_editor", "str_replace_editor",
+                                               "bash", "bash", "submit"]
+    assert [c["arguments"].get("command") for c in calls[-5:-1]] == \
+        ["view", "str_replace", calls[-3]["arguments"]["command"], "git diff"]
 
 
 def test_the_edits_thought_names_what_changes():
@@ -692,34 +715,72 @@ def test_the_demonstrations_search_leaves_out_test_files(user_repo):
         "./wordy/text.py:4:def shout(text):"]
 
 
-def test_half_the_demonstrations_recover_from_a_search_that_finds_nothing(user_repo):
-    """A task that :func:`recovers` starts with a search for a name of the statement's code
-    that nothing defines; its listing is empty, and the next search, for a name the patched
-    file defines, leads on as in the others (six turns, graded resolved on replay). Which
-    tasks recover is fixed by the instance id: about half."""
-    from agentgym.data.demos import replay_demo
+def test_demonstrations_recover_from_what_went_wrong_and_learn_only_the_recovery(
+        user_repo, tiny_tokenizer):
+    """Which tasks' demonstrations recover, and from what, is fixed by the instance id (a
+    third an empty search, a sixth each a made-up path, an unchanged edit and an empty diff;
+    a sixth none). Each recovery's wrong step is played (its observation is the one the
+    model met: an empty listing, ``No such file``, ``unchanged``, an empty ``git diff``),
+    the wrong action kept out of the loss, what follows learned, and the replay is graded
+    resolved. The search is never for a builtin the statement uses."""
+    from agentgym.data.demos import demo_to_trajectory, env_protocol, replay_demo
     from agentgym.envs.swe import SWEEnv
-    from agentgym.envs.swe_demos import recovers, swe_demo
+    from agentgym.envs.swe_demos import RECOVERIES, recovery, swe_demo
+    from agentgym.rollout.chat import ChatTokens
     repo, row = user_repo
-    ids = [f"me__wordy-{i}" for i in range(200)]
-    assert 70 < sum(recovers({"instance_id": i}) for i in ids) < 130
-    statement = ("Counting words is wrong:\n```python\nresult = count_words(\"a  b \")\n"
-                 "```\nreturns 4; it should count 2 words.")
-    task = dict(row, repo_path=str(repo), problem_statement=statement,
-                instance_id=next(i for i in ids if recovers({"instance_id": i})))
-    plain = dict(task, instance_id=next(i for i in ids if not recovers({"instance_id": i})))
-    env = SWEEnv()
+    ids = [f"me__wordy-{i}" for i in range(600)]
+    kinds = [recovery({"instance_id": i}) for i in ids]
+    assert 160 < kinds.count("empty_search") < 240
+    assert all(60 < kinds.count(k) < 140 for k in set(RECOVERIES) - {"empty_search"})
+    statement = ("Counting words is wrong:\n```python\nif isinstance(s, str):\n"
+                 "    result = count_words(\"a  b \")\n```\nreturns 4; it should count 2 words.")
+    env = SWEEnv(max_turns=10)
+    demos = {}
     try:
-        demo, other = swe_demo(task, env), swe_demo(plain, env)
-        again = replay_demo(demo, env)
+        for kind in RECOVERIES:
+            task = dict(row, repo_path=str(repo), problem_statement=statement,
+                        instance_id=ids[kinds.index(kind)])
+            demos[kind] = d = swe_demo(task, env)
+            assert d["recovery"] == kind
+            again = replay_demo(d, env)
+            assert again["reward"] == 1.0 and again["info"]["format_valid"] == 1.0
     finally:
         env.close()
-    assert len(demo["actions"]) == 6 and len(other["actions"]) == 5
-    assert 'grep -rnE "(def|class) result\\b"' in demo["actions"][0]
-    assert "<output>\n</output>" in demo["observations"][0][0]["content"]
-    assert "Nothing defines result" in demo["actions"][1] and "count_words" in demo["actions"][1]
-    assert demo["actions"][2:] == other["actions"][1:]  # the view on, as the plain one
-    assert again["reward"] == 1.0 and again["info"]["format_valid"] == 1.0
+    plain = demos["none"]["actions"]
+    assert len(plain) == 6 and "(def|class) count_words\\b" in plain[0]  # not isinstance
+    shown = {k: [o[0]["content"] for o in d["observations"]] for k, d in demos.items()}
+    learn = {k: d.get("learn", [True] * len(d["actions"])) for k, d in demos.items()}
+    # an empty search (learned: a first search a model may well try), then the plain one
+    d = demos["empty_search"]["actions"]
+    assert 'grep -rnE "(def|class) result\\b"' in d[0] and "<output>\n</output>" in shown[
+        "empty_search"][0]
+    assert "Nothing defines result" in d[1] and d[2:] == plain[1:] and all(learn["empty_search"])
+    # a made-up path, not learned; then the view of the file the listing showed
+    d = demos["no_file"]["actions"]
+    assert "nl -ba wordy/count_words.py" in d[1] and "No such file" in shown["no_file"][1]
+    assert learn["no_file"] == [True, False] + [True] * 5
+    assert "There is no wordy/count_words.py" in d[2] and d[3:] == plain[2:]
+    # the old lines retyped, not learned; then the edit, which says why it is typed again
+    d = demos["unchanged"]["actions"]
+    assert "unchanged: the new lines are the old ones" in shown["unchanged"][2]
+    assert learn["unchanged"] == [True, True, False] + [True] * 4
+    assert "THOUGHT: The edit changed nothing" in d[3] and d[4:] == plain[3:]
+    # that edit and a test run, not learned; an empty diff, then the edit
+    d = demos["empty_diff"]["actions"]
+    assert learn["empty_diff"] == [True, True, False, False] + [True] * 5
+    assert "git diff" in d[4] and "diff --git" not in shown["empty_diff"][4]
+    assert "THOUGHT: The diff is empty" in d[5] and d[6:] == plain[3:]
+    # the loss: the wrong actions' tokens are in the sequence with mask 0
+    chat = ChatTokens(tiny_tokenizer)
+    traj = demo_to_trajectory(demos["empty_diff"], chat, *env_protocol("swe"))
+    played = [s for s in traj.segments if s.kind == "played"]
+    assert [s.turn for s in played] == [2, 3]
+    assert all(traj.loss_mask[i] == 0 for s in played for i in range(s.start, s.end))
+    learned = [s for s in traj.segments if s.kind == "generated"]
+    assert [s.turn for s in learned] == [0, 1, 4, 5, 6, 7, 8]
+    assert traj.num_sampled == sum(len(s) for s in learned)
+    with pytest.raises(ValueError, match="'learn' must be one true or false per action"):
+        demo_to_trajectory(dict(demos["empty_diff"], learn=[True]), chat, "chat", ())
 
 
 def test_a_patch_that_does_not_resolve_gives_no_demonstration(user_repo):

@@ -4,6 +4,7 @@ One execution, as root on the host::
 
     bwrap --unshare-{ipc,pid,net,uts,cgroup-try} --die-with-parent --new-session
           --ro-bind /usr /usr  (+ /bin /lib /lib64 /sbin symlinks)  --proc /proc --dev /dev
+          --perms 1777 --size 64M --tmpfs /dev/shm
           --perms 1777 --size <memory_mb> --tmpfs /tmp  --ro-bind <python prefixes>
           --chdir /tmp
       setpriv --reuid=U --regid=U --clear-groups --inh-caps=-all --bounding-set=-all
@@ -125,6 +126,9 @@ def _python_paths(python: str | None) -> tuple[str, list[str]]:
     return exe, binds
 
 
+SHM_MB = 64  # the sandbox's own /dev/shm, in MiB
+
+
 def _bwrap_args(bwrap: str, binds: list[str], scratch_mb: int) -> list[str]:
     args = [bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
             "--unshare-cgroup-try", "--die-with-parent", "--new-session",
@@ -136,6 +140,9 @@ def _bwrap_args(bwrap: str, binds: list[str], scratch_mb: int) -> list[str]:
         elif os.path.isdir(path):
             args += ["--ro-bind", path, path]
     args += ["--proc", "/proc", "--dev", "/dev",
+             # POSIX semaphores and shared memory (multiprocessing's locks) live here: the
+             # host's /dev/shm is root's, so a small one of the sandbox's own
+             "--perms", "1777", "--size", str(SHM_MB << 20), "--tmpfs", "/dev/shm",
              # --tmpfs /tmp before any bind under /tmp, or it would hide the bind
              "--perms", "1777", "--size", str(scratch_mb << 20), "--tmpfs", "/tmp"]
     made = {"/", "/tmp", "/usr", "/proc", "/dev"}

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Role = Literal["system", "user", "assistant", "tool"]
-SegmentKind = Literal["prompt", "generated", "observation", "filler"]
+#: ``played``: an action of a demonstration kept in the context but not learned (a wrong
+#: step shown so that the recovery after it is learned; :mod:`agentgym.data.demos`)
+SegmentKind = Literal["prompt", "generated", "played", "observation", "filler"]
 
 #: Segment kinds whose tokens the policy sampled (mask 1). Everything else is mask 0.
 SAMPLED_KINDS = ("generated",)

@@ -9,7 +9,9 @@
        "observations": [[messages env.step returned after action 0], …], "reward": 1.0}
 
   ``observations`` has one entry per action but the last (the last action ends the
-  episode). Text, not ids, so one file serves any model: SFT tokenizes it with the
+  episode). An optional ``"learn": [true, false, …]``, one per action (all true when
+  absent), keeps an action in the episode but out of the loss: a wrong step played so
+  that the recovery after it is what is learned. Text, not ids, so one file serves any model: SFT tokenizes it with the
   policy's tokenizer, written by the writer rollouts use
   (:class:`agentgym.rollout.writer.TrajectoryWriter`), so the token stream and loss mask are
   those of the same episode played by the policy.
@@ -68,12 +70,17 @@ def demo_to_trajectory(demo: dict, chat: ChatTokens, fmt: str,
         raise ValueError(f"demonstration {demo.get('uid')!r}: {len(actions)} actions need "
                          f"{len(actions) - 1} observations (none after the last), got "
                          f"{len(observations)}")
+    learn = demo.get("learn", [True] * len(actions))
+    if len(learn) != len(actions) or not all(isinstance(x, bool) for x in learn) \
+            or not any(learn):
+        raise ValueError(f"demonstration {demo.get('uid')!r}: 'learn' must be one true or "
+                         f"false per action ({len(actions)}), at least one true; got {learn!r}")
     traj = Trajectory(uid=str(demo.get("uid", "")), data_source=str(demo.get("env", "")),
                       reward=float(demo.get("reward", 0.0)), terminated=True)
     w = TrajectoryWriter(traj, chat, fmt)
     w.prompt(chat.prompt_ids(demo["prompt"]), turn=0)
     for turn, action in enumerate(actions):
-        ids = w.written(action, turn, stop_strings)
+        ids = w.written(action, turn, stop_strings, learn=learn[turn])
         if turn < len(observations):
             w.after_action(ids, observations[turn], turn)
     traj.check()
@@ -128,7 +135,7 @@ def budget_violation(traj: Trajectory, rollout) -> str | None:
         return f"prompt {traj.prompt_length} > rollout.max_prompt_tokens"
     if traj.response_length > rollout.max_response_tokens:
         return f"response {traj.response_length} > rollout.max_response_tokens"
-    turns = [s for s in traj.segments if s.kind == "generated"]
+    turns = [s for s in traj.segments if s.kind in ("generated", "played")]
     if len(turns) > rollout.max_turns:
         return f"{len(turns)} actions > rollout.max_turns"
     longest = max((len(s) for s in turns), default=0)

@@ -9,7 +9,8 @@ agent's recorded calls (:func:`agentgym.serving.agents.trajectories`). The maski
 * an action: the ids the policy sampled, with the engine's logprobs, or an action written
   as text (a demonstration) tokenized as the policy would sample it
   (:meth:`~agentgym.rollout.chat.ChatTokens.action_ids`), logprob 0: mask 1
-  (``generated``);
+  (``generated``); a demonstration's action that is played but not learned (``played``,
+  :meth:`~TrajectoryWriter.written` with ``learn=False``): mask 0;
 * what follows an action before the next one: the chat template's filler that closes the
   assistant turn (``filler``) and the env's observation (``observation``), both by
   :meth:`~agentgym.rollout.chat.ChatTokens.after_action_ids`, the rule rollouts and SFT
@@ -50,12 +51,16 @@ class TrajectoryWriter:
         """Ids the policy sampled in ``turn``, with their logprobs (mask 1)."""
         self.traj.append("generated", ids, turn, logprobs)
 
-    def written(self, text: str, turn: int, stop_strings: tuple[str, ...] = ()) -> list[int]:
+    def written(self, text: str, turn: int, stop_strings: tuple[str, ...] = (),
+                learn: bool = True) -> list[int]:
         """An action written as text (a demonstration), as the policy would have sampled it
-        (its EOS appended unless it ends with a stop string), logprob 0 (mask 1). Returns
-        its ids."""
+        (its EOS appended unless it ends with a stop string), logprob 0: mask 1, or with
+        ``learn=False`` mask 0 (``played``: in the context, not learned). Returns its ids."""
         ids = self.chat.action_ids(text, stop_strings)
-        self.traj.append("generated", ids, turn, [0.0] * len(ids))
+        if learn:
+            self.traj.append("generated", ids, turn, [0.0] * len(ids))
+        else:
+            self.traj.append("played", ids, turn)
         return ids
 
     def after_action(self, action_ids: list[int], observation: list[dict], turn: int,
