@@ -276,17 +276,23 @@ def _missing(statement: str, base) -> str | None:
 #: what a demonstration recovers from, by the instance id's first byte mod 6 (two sixths
 #: the empty search, a sixth each of the others and of none): the observations a model
 #: trained on demonstrations without them passed over (DECISIONS, "the seventh design")
-RECOVERIES = ("none", "empty_search", "empty_search", "no_file", "unchanged", "empty_diff")
+RECOVERIES = ("none", "empty_search", "guessed_path", "no_file", "unchanged", "empty_diff")
+
+#: the package and version a statement's first line names ("Something in tabulate 0.10.1
+#: is broken"), which a model opens as if they were a path
+_NAMED = re.compile(r"\b([A-Za-z_][\w.-]*) v?(\d+(?:\.\w+)+)\b")
 
 
 def recovery(row: dict) -> str:
     """What ``row``'s demonstration recovers from, fixed by its instance id: ``none``;
     ``empty_search`` (a search for a name nothing defines, then another name);
-    ``no_file`` (a view of a path made up from the package's name, not learned, then the
+    ``guessed_path`` (a view of the package and version the statement names, as if they
+    were a path, not learned, then the search; ``no_file`` where the statement names no
+    version); ``no_file`` (a view of a path made up from the package's name, not learned, then the
     listed file); ``unchanged`` (an edit that retypes the old lines, not learned, then the
     right one); ``empty_diff`` (that edit and a test run, not learned, then ``git diff``
     shows nothing and the right edit follows). Under ``swe.protocol=tools`` only the first
-    two apply (the others are the bash protocol's observations)."""
+    three apply (the others are the bash protocol's observations)."""
     import hashlib
     return RECOVERIES[hashlib.sha256(str(row["instance_id"]).encode()).digest()[0] % 6]
 
@@ -342,7 +348,10 @@ def swe_demo(row: dict, env) -> dict | None:
     if last + 3 - at > 3 * VIEW_LINES:
         return _drop(row, f"the edit is {first - at} lines below what the search shows")
     kind = recovery(row)
-    if tools and kind not in ("none", "empty_search"):
+    named = _NAMED.search(statement.split("\n", 1)[0])
+    if kind == "guessed_path" and named is None:
+        kind = "no_file"
+    if tools and kind not in ("none", "empty_search", "guessed_path"):
         kind = "none"
     missing = _missing(statement, base) if kind == "empty_search" else None
     prompt, _ = env.reset(seed=0, options={"row": row})
@@ -363,7 +372,15 @@ def swe_demo(row: dict, env) -> dict | None:
         observations.append(obs)
         return seen
 
-    if missing is not None:  # an empty search first, then another name
+    if kind == "guessed_path":  # the statement's package and version opened, not learned
+        guess = f"{named.group(1)} {named.group(2)}"
+        if play(act(f"The failure is in {guess}; I open it.",
+                    f"nl -ba {guess} | sed -n '1,{VIEW_LINES}p'"),
+                lambda seen: "No such file" in seen, learned=False) is None:
+            return _drop(row, f"{guess} opened as a file")
+        look = (f"{guess} is the package and its version, not a file. The failure mentions "
+                f"{token}; I look for where it is " + ("defined." if defined else "used."))
+    elif missing is not None:  # an empty search first, then another name
         if play(act(f"The failure mentions {missing}; I look for where it is defined.",
                     _search(missing, True)), lambda seen: not _hits(seen, path)
                 and ".py:" not in seen) is None:

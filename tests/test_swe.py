@@ -718,9 +718,10 @@ def test_the_demonstrations_search_leaves_out_test_files(user_repo):
 def test_demonstrations_recover_from_what_went_wrong_and_learn_only_the_recovery(
         user_repo, tiny_tokenizer):
     """Which tasks' demonstrations recover, and from what, is fixed by the instance id (a
-    third an empty search, a sixth each a made-up path, an unchanged edit and an empty diff;
-    a sixth none). Each recovery's wrong step is played (its observation is the one the
-    model met: an empty listing, ``No such file``, ``unchanged``, an empty ``git diff``),
+    sixth each an empty search, the statement's package and version opened as a path, a
+    made-up path, an unchanged edit and an empty diff; a sixth none). Each recovery's wrong
+    step is played (its observation is the one the model met: an empty listing, ``No such
+    file``, ``unchanged``, an empty ``git diff``),
     the wrong action kept out of the loss, what follows learned, and the replay is graded
     resolved. The search is never for a builtin the statement uses."""
     from agentgym.data.demos import demo_to_trajectory, env_protocol, replay_demo
@@ -730,20 +731,24 @@ def test_demonstrations_recover_from_what_went_wrong_and_learn_only_the_recovery
     repo, row = user_repo
     ids = [f"me__wordy-{i}" for i in range(600)]
     kinds = [recovery({"instance_id": i}) for i in ids]
-    assert 160 < kinds.count("empty_search") < 240
-    assert all(60 < kinds.count(k) < 140 for k in set(RECOVERIES) - {"empty_search"})
+    assert len(set(RECOVERIES)) == 6 and all(60 < kinds.count(k) < 140 for k in RECOVERIES)
     statement = ("Counting words is wrong:\n```python\nif isinstance(s, str):\n"
                  "    result = count_words(\"a  b \")\n```\nreturns 4; it should count 2 words.")
     env = SWEEnv(max_turns=10)
     demos = {}
     try:
         for kind in RECOVERIES:
-            task = dict(row, repo_path=str(repo), problem_statement=statement,
+            named = "Something in wordy 1.0.2 is broken. " if kind == "guessed_path" else ""
+            task = dict(row, repo_path=str(repo), problem_statement=named + statement,
                         instance_id=ids[kinds.index(kind)])
             demos[kind] = d = swe_demo(task, env)
             assert d["recovery"] == kind
             again = replay_demo(d, env)
             assert again["reward"] == 1.0 and again["info"]["format_valid"] == 1.0
+        # a statement that names no version: a made-up path instead
+        task = dict(row, repo_path=str(repo), problem_statement=statement,
+                    instance_id=ids[kinds.index("guessed_path")])
+        assert swe_demo(task, env)["recovery"] == "no_file"
     finally:
         env.close()
     plain = demos["none"]["actions"]
@@ -755,6 +760,12 @@ def test_demonstrations_recover_from_what_went_wrong_and_learn_only_the_recovery
     assert 'grep -rnE "(def|class) result\\b"' in d[0] and "<output>\n</output>" in shown[
         "empty_search"][0]
     assert "Nothing defines result" in d[1] and d[2:] == plain[1:] and all(learn["empty_search"])
+    # the statement's package and version opened, not learned; then the plain search
+    d = demos["guessed_path"]["actions"]
+    assert "nl -ba wordy 1.0.2 |" in d[0] and "No such file" in shown["guessed_path"][0]
+    assert learn["guessed_path"] == [False] + [True] * 6
+    assert "wordy 1.0.2 is the package and its version, not a file" in d[1]
+    assert d[1].split("\n```")[1] == plain[0].split("\n```")[1] and d[2:] == plain[1:]
     # a made-up path, not learned; then the view of the file the listing showed
     d = demos["no_file"]["actions"]
     assert "nl -ba wordy/count_words.py" in d[1] and "No such file" in shown["no_file"][1]
