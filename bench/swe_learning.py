@@ -125,16 +125,18 @@ def main() -> None:
     rl = _evaluate("swe", str(rl_model), "test", a.eval_limit, work / "eval_rl.json", extra)
     stages = [(f"before ({Path(model).name})", base), ("after the cold start", sft),
               (f"after GRPO (step {rl_steps})", rl)]
-    cs = record.get("sft", {})
+    cs, secs = record.get("sft", {}), record.get("seconds", {})
     (work / "funnel.json").write_text(json.dumps(
         {name: {e["uid"]: {k: e.get(k, 0) for k, _ in FUNNEL} for e in ev["episodes"]}
          for name, ev in stages}, indent=1) + "\n")
     body = [
         f"Machine: {machine()}. Command: `python bench/swe_learning.py "
-        f"{' '.join(sys.argv[1:])}` ({train_s / 60:.0f} min of training in this invocation"
+        f"{' '.join(sys.argv[1:])}` ({train_s / 60:.0f} min of training in this invocation; "
+        f"a resumed run counts only its own part"
         f"{f', stopped by the {a.minutes:g}-minute budget' if stopped else ''}). The cold "
-        f"start: {record.get('demos')} demonstrations of training tasks, SFT "
-        f"{cs.get('steps')} steps (loss {cs.get('loss_first', float('nan')):.3f} → "
+        f"start: {record.get('demos')} demonstrations of training tasks "
+        f"({secs.get('demos', 0) / 60:.0f} min), SFT {cs.get('steps')} steps "
+        f"({secs.get('sft', 0) / 60:.0f} min, loss {cs.get('loss_first', float('nan')):.3f} → "
         f"{cs.get('loss_last', float('nan')):.3f}); then {rl_steps} GRPO steps. Each model "
         f"played greedily on the same first {base['n']} tasks of `data=test` (repositories "
         f"no training task comes from); intervals Wilson 95%, p-values exact McNemar "
