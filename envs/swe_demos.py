@@ -6,8 +6,9 @@ patch and nothing the agent could not have read:
    file defines, from the statement's code first:
    ``grep -rnE "(def|class) NAME\b" --include=*.py EXCLUDES . | head -n 20``, test files
    left out; else a word of it that few source files use: ``grep -rnw WORD ...``; never a
-   builtin such as ``isinstance``), whose output is ``./PATH:LINE:TEXT`` lines of files that
-   exist;
+   builtin such as ``isinstance``, a word of the statement's own template (``should``,
+   ``check``) or a code fence's language), whose output is ``./PATH:LINE:TEXT`` lines of
+   files that exist;
 2. open the file from the nearest line the search showed above the edit to past it
    (``nl -ba FILE | sed -n A,Bp``; the editor's ``view`` with a ``view_range`` under
    ``swe.protocol=tools``), at most :data:`VIEW_LINES` lines a view;
@@ -55,6 +56,7 @@ import shlex
 
 from agentgym.envs.swe_rows import (SUBMIT, TEST_CONFIG, TEST_DIRS, find_repo, split_patch,
                                      test_command)
+from agentgym.envs.swe_make import STATEMENT_WORDS
 
 logger = logging.getLogger(__name__)
 
@@ -189,11 +191,11 @@ def _locate(statement: str, base, path: str, text: str, line: int) -> tuple[str,
     import keyword
     files = _sources(base)
     names = dict.fromkeys([*_NAME.findall("\n".join(_CODE.findall(statement))),
-                           *_NAME.findall(statement)])
+                           *_NAME.findall(_CODE.sub("", statement))])
     best = None
     for order, name in enumerate(names):
         if len(name) < 3 or keyword.iskeyword(name) or name.startswith("__") or \
-                name in _GENERIC:
+                name in _GENERIC or name in STATEMENT_WORDS:
             continue
         word = re.compile(rf"\b{re.escape(name)}\b")
         define = re.compile(rf"(def|class) {re.escape(name)}\b")
@@ -270,7 +272,8 @@ def _missing(statement: str, base) -> str | None:
     names = [*_NAME.findall(code), *(m.group(0) for m in _NAME.finditer(statement)
                                      if "_" in m.group(0) or statement[m.end():m.end() + 1] == "(")]
     return next((n for n in dict.fromkeys(names) if len(n) >= 4 and n not in defined
-                 and not keyword.iskeyword(n) and n not in _GENERIC), None)
+                 and not keyword.iskeyword(n) and n not in _GENERIC
+                 and n not in STATEMENT_WORDS), None)
 
 
 #: what a demonstration recovers from, by the instance id's first byte mod 6 (two sixths

@@ -148,6 +148,16 @@ def _ids(test_id: str) -> tuple[str, str, str]:
     return path, (rest[0] if len(rest) > 1 else ""), name
 
 
+#: the problem statement's own words around what the failing test showed
+HEAD = "Something in {name} {version} is broken. This check fails:"
+WITH, END = "with:", "It should pass."
+MORE = "{n} other check(s) of the package fail the same way."
+#: those words, which say nothing of the bug: a search for one lists comments that happen
+#: to use it (DECISIONS, "the eighth design")
+STATEMENT_WORDS = frozenset(re.findall(r"[A-Za-z]{3,}", re.sub(
+    r"\{\w+\}", "", " ".join((HEAD, WITH, END, MORE)))))
+
+
 def statement(source: Source, log: str, f2p: list[str]) -> tuple[str, str]:
     """The problem statement of a bug, from its run's log: the first failing test's own
     frames (its code, no file path) and error lines; and that traceback as the log had it."""
@@ -167,12 +177,10 @@ def statement(source: Source, log: str, f2p: list[str]) -> tuple[str, str]:
         errors = [ln[1:].strip() for ln in text.splitlines() if ln.startswith("E ")]
         if not errors:
             continue
-        more = (f"\n\n{len(f2p) - 1} other check(s) of the package fail the same way."
-                if len(f2p) > 1 else "")
-        body = (f"Something in {source.name} {source.version} is broken. This check fails:\n\n"
+        more = "\n\n" + MORE.format(n=len(f2p) - 1) if len(f2p) > 1 else ""
+        body = (HEAD.format(name=source.name, version=source.version) + "\n\n"
                 "```python\n" + "\n".join(c[4:] for c in code[-6:]) + "\n```\n\n"
-                "with:\n\n```\n" + "\n".join(errors[:12]) + "\n```\n\n"
-                "It should pass." + more)
+                f"{WITH}\n\n```\n" + "\n".join(errors[:12]) + "\n```\n\n" + END + more)
         return body, text
     raise ValueError("no failing test's traceback in the log")
 

@@ -815,6 +815,31 @@ def test_a_patch_that_does_not_resolve_gives_no_demonstration(user_repo):
         env.close()
 
 
+
+def test_a_demonstration_never_searches_for_the_statements_own_words(tmp_path):
+    """The statement's template (``This check fails``, ``It should pass``, ``other
+    check(s)``) and a code fence's language say nothing of the bug: a search for one lists
+    a comment that happens to use it. With a comment using them just above the bug and
+    nothing else of the statement in the source, no name leads to the edit; with the
+    statement's code calling a function of the file, that function's ``def`` does."""
+    from agentgym.envs.swe_demos import _locate, _missing
+    from agentgym.envs.swe_make import END, HEAD, MORE, STATEMENT_WORDS
+    assert {"should", "check", "other", "package"} <= STATEMENT_WORDS
+    src = ("def total(xs):\n"
+           "    # This should pass the same way for other python packages\n"
+           "    return sum(xs) + 1\n")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "core.py").write_text(src)
+
+    def said(code: str) -> str:
+        return (HEAD.format(name="pkg", version="1.0") + f"\n\n```python\n{code}\n```\n\n"
+                "with:\n\n```\nAssertionError\n```\n\n" + END + "\n\n" + MORE.format(n=2))
+    helper = said("assert_equal(expected, result)")
+    assert _locate(helper, tmp_path, "pkg/core.py", src, 3) is None
+    assert _missing(helper, tmp_path) == "assert_equal"
+    assert _locate(said("assert total([1]) == 1"), tmp_path, "pkg/core.py", src, 3) == \
+        ("total", True, 1)
+
 # -- the shipped tasks (data/swe: made by agentgym swe make-tasks) -------------------------
 SHIPPED = Path(__file__).resolve().parents[1] / "data" / "swe"
 SHIPPED_CAP = 4 << 20  # bytes: the tracked tree travels to a lent GPU in 64 MiB calls
