@@ -51,7 +51,7 @@ SFT_DEFAULTS = {"trainer.lr": 2e-5, "trainer.warmup_steps": 2, "trainer.lr_sched
 #: each ``key=value`` command's defaults over the config's (the others have none)
 COMMAND_DEFAULTS = {"train": TRAIN_DEFAULTS, "config": TRAIN_DEFAULTS, "sft": SFT_DEFAULTS}
 #: ``key=value`` arguments of a command's own, beside the config's keys
-COMMAND_KEYS = {"eval": ("k",), "plan": ("gpus", "gpu_memory"), "compare": ("metric",),
+COMMAND_KEYS = {"eval": ("k", "samples"), "plan": ("gpus", "gpu_memory"), "compare": ("metric",),
                 "inspect": ("out",)}
 
 
@@ -99,6 +99,16 @@ def _run_rollouts(cfg: Config, desc: str):
     return trajs, tokenizer, time.perf_counter() - t0, rows
 
 
+def _records(trajs, tok):
+    """Each trajectory as ``agentgym rollout`` writes it: its fields, the decoded response
+    (``text``) and each token decoded (``tokens``), for reading what the policy did."""
+    for t in trajs:
+        d = t.to_dict()
+        d["text"] = tok.decode(t.token_ids[t.prompt_length:], skip_special_tokens=False)
+        d["tokens"] = [tok.decode([i], skip_special_tokens=False) for i in t.token_ids]
+        yield d
+
+
 def cmd_rollout(args: list[str]) -> int:
     from agentgym.data.rows import write_jsonl
     from agentgym.rollout.manager import summarize
@@ -106,14 +116,7 @@ def cmd_rollout(args: list[str]) -> int:
     cfg = _config(args)
     trajs, tok, elapsed, _ = _run_rollouts(cfg, "rollout")
     out = Path(cfg.out or "trajectories.jsonl")
-
-    def record(t):
-        d = t.to_dict()
-        d["text"] = tok.decode(t.token_ids[t.prompt_length:], skip_special_tokens=False)
-        d["tokens"] = [tok.decode([i], skip_special_tokens=False) for i in t.token_ids]
-        return d
-
-    write_jsonl(out, (record(t) for t in trajs))
+    write_jsonl(out, _records(trajs, tok))
     s = summarize(trajs)
     gen = sum(t.num_sampled for t in trajs)
     print(f"wrote {len(trajs)} trajectories to {out} in {elapsed:.1f}s "
@@ -129,6 +132,7 @@ def cmd_eval(args: list[str]) -> int:
 
     given = parse_overrides(args)
     k = int(given.pop("k", 1))
+    samples = given.pop("samples", None)
     if k < 1:
         raise ValueError(f"k={k}: the samples per question for pass@k must be >= 1")
     rest = [a for a in args if a.partition("=")[0] not in COMMAND_KEYS["eval"]]
@@ -140,12 +144,16 @@ def cmd_eval(args: list[str]) -> int:
     if k > 1 and cfg.rollout.temperature == 0:
         raise ValueError(f"k={k} samples at rollout.temperature=0 are all the same answer; "
                          f"pass@k needs rollout.temperature > 0 (e.g. 1.0)")
-    trajs, _, elapsed, rows = _run_rollouts(cfg, "eval")
+    trajs, tok, elapsed, rows = _run_rollouts(cfg, "eval")
     result = eval_result(cfg, trajs, elapsed, k, rows)
     print("\n".join(summary_lines(result)))
     if cfg.out:
         write_result(result, cfg.out)
         print(f"  wrote {cfg.out}")
+    if samples:  # every episode as `agentgym rollout` writes it, to read what went wrong
+        from agentgym.data.rows import write_jsonl
+        write_jsonl(Path(samples), _records(trajs, tok))
+        print(f"  wrote {len(trajs)} episodes to {samples}")
     return 0
 
 

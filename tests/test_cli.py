@@ -24,13 +24,20 @@ def test_rollout_writes_trajectories(tmp_path, retriever_url, capsys):
 
 
 def test_eval_prints_em_and_format_validity(tmp_path, retriever_url, capsys):
-    out = tmp_path / "eval.json"
+    out, samples = tmp_path / "eval.json", tmp_path / "episodes.jsonl"
     rc = main(["eval", "env=search", "model=tiny", "data=nq", "limit=3", f"out={out}",
-               f"retriever.url={retriever_url}", "rollout.max_tokens_per_turn=16"])
+               f"samples={samples}", f"retriever.url={retriever_url}",
+               "rollout.max_tokens_per_turn=16"])
     assert rc == 0
     printed = capsys.readouterr().out
     assert "EM" in printed and "format-valid" in printed
     result = json.loads(out.read_text())
+    # samples=: each episode as `agentgym rollout` writes it, the same ones the result counts
+    written = [json.loads(line) for line in samples.read_text().splitlines()]
+    assert {r["uid"]: r["reward"] for r in written} == \
+        {e["uid"]: e["reward"] for e in result["episodes"]}
+    assert all(isinstance(r["text"], str) and len(r["tokens"]) == len(r["token_ids"])
+               for r in written)
     assert result["n"] == 3 and 0.0 <= result["em"] <= 1.0 and result["temperature"] == 0.0
     lo, hi = result["em_ci95"]
     assert 0.0 <= lo <= result["em"] <= hi <= 1.0
