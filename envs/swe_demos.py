@@ -66,9 +66,10 @@ _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@", re.M)
 _CODE = re.compile(r"```python\n(.*?)```", re.S)
 _FAILING = re.compile(r"\b\d+ (?:failed|errors?)\b")  # pytest's summary ("2 xfailed" passes)
 # names no search is for: Python's builtins (``isinstance``, ``ValueError``, ``list``) and
-# the words every method has; a search for them lists lines that are not the bug, and a
-# model shown one learns to search for any word (DECISIONS, "the seventh design")
-_GENERIC = frozenset(dir(builtins)) | {"self", "cls", "args", "kwargs"}
+# the words every method has, and the statement template's own (``should``, ``check``); a
+# search for them lists lines that are not the bug, and a model shown one learns to search
+# for any word (DECISIONS, "the seventh design" and "the eighth design")
+_GENERIC = frozenset(dir(builtins)) | {"self", "cls", "args", "kwargs"} | STATEMENT_WORDS
 VIEW_LINES = 30  # a view's most lines: a longer one ran the thought after it on
 
 
@@ -195,7 +196,7 @@ def _locate(statement: str, base, path: str, text: str, line: int) -> tuple[str,
     best = None
     for order, name in enumerate(names):
         if len(name) < 3 or keyword.iskeyword(name) or name.startswith("__") or \
-                name in _GENERIC or name in STATEMENT_WORDS:
+                name in _GENERIC:
             continue
         word = re.compile(rf"\b{re.escape(name)}\b")
         define = re.compile(rf"(def|class) {re.escape(name)}\b")
@@ -272,8 +273,7 @@ def _missing(statement: str, base) -> str | None:
     names = [*_NAME.findall(code), *(m.group(0) for m in _NAME.finditer(statement)
                                      if "_" in m.group(0) or statement[m.end():m.end() + 1] == "(")]
     return next((n for n in dict.fromkeys(names) if len(n) >= 4 and n not in defined
-                 and not keyword.iskeyword(n) and n not in _GENERIC
-                 and n not in STATEMENT_WORDS), None)
+                 and not keyword.iskeyword(n) and n not in _GENERIC), None)
 
 
 #: what a demonstration recovers from, by the instance id's first byte mod 6 (two sixths

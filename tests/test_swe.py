@@ -815,7 +815,6 @@ def test_a_patch_that_does_not_resolve_gives_no_demonstration(user_repo):
         env.close()
 
 
-
 def test_a_demonstration_never_searches_for_the_statements_own_words(tmp_path):
     """The statement's template (``This check fails``, ``It should pass``, ``other
     check(s)``) and a code fence's language say nothing of the bug: a search for one lists
@@ -839,6 +838,7 @@ def test_a_demonstration_never_searches_for_the_statements_own_words(tmp_path):
     assert _missing(helper, tmp_path) == "assert_equal"
     assert _locate(said("assert total([1]) == 1"), tmp_path, "pkg/core.py", src, 3) == \
         ("total", True, 1)
+
 
 # -- the shipped tasks (data/swe: made by agentgym swe make-tasks) -------------------------
 SHIPPED = Path(__file__).resolve().parents[1] / "data" / "swe"
