@@ -2,7 +2,11 @@
 training task solved with the env's tools, the way the instructions ask, from its gold
 patch and nothing the agent could not have read:
 
-1. find where a name of the problem statement lives in the source files (one the patched
+1. where the statement's traceback goes through the patched file near the edit (its last
+   frame outside the tests: ``voluptuous/validators.py:472: in __init__``), open it there as
+   the traceback says (:func:`view_at`: ``nl -ba FILE | grep -B 15 -A 14 -E "^ *472\\s"``,
+   the path and number typed as read), and go on at step 3; else
+   find where a name of the problem statement lives in the source files (one the patched
    file defines, from the statement's code first:
    ``grep -rnE "(def|class) NAME\b" --include=*.py EXCLUDES . | head -n 20``, test files
    left out; else a word of it that few source files use: ``grep -rnw WORD ...``; never a
@@ -22,15 +26,17 @@ patch and nothing the agent could not have read:
 5. read ``git diff``, which shows the change;
 6. submit.
 
-Five in six tasks (:func:`recovery`, fixed by the instance id) also recover from something
+Six in seven tasks (:func:`recovery`, fixed by the instance id) also recover from something
 that went wrong: a search that finds nothing (a name of the statement that no file
 defines; then another name), a view of a path made up from the package's name (``No such
 file``; then the file the listing showed), an edit that retypes the old lines
-(``unchanged``; then the right one), or that edit and a test run followed by an empty
-``git diff`` (then the right edit). A wrong action is played, so its observation is in the
-context, but not learned (the record's ``learn``: :mod:`agentgym.data.demos`).
+(``unchanged``; then the right one), that edit and a test run followed by an empty
+``git diff`` (then the right edit), or the right lines typed without their indentation
+(the tests fail, ``git diff`` shows why, then the edit again). A wrong action is played, so
+its observation is in the context, but not learned (the record's ``learn``:
+:mod:`agentgym.data.demos`).
 
-Why so (DECISIONS, "the second reading" to "the seventh design"): a model trained on
+Why so (DECISIONS, "the second reading" to "the ninth design"): a model trained on
 demonstrations that searched for ``def NAME`` and ran test files named from the row looped
 on paths it made up when, on a held-out repository, the search came back empty or the file
 was not there; one trained to open a file at a line the patch gave (no observation showed
@@ -39,7 +45,9 @@ to parse it wherever the code held a quote or a backslash (so the lines are type
 one whose search listed only a test helper opened a path made up from the package's name
 (so the search leaves test files out); one that never saw a step go wrong submitted after
 an edit that changed nothing or a view of a file that is not there, and the visible tests
-pass before any fix, so only the diff tells a change from none.
+pass before any fix, so only the diff tells a change from none; one that searched, on
+a held-out repository, for names that lead nowhere while the traceback named the file and
+line, or went back to editing after a failing test run that no demonstration had shown.
 
 A demonstration is kept only when the env grades it resolved. A task whose statement shows
 nothing that leads to the patched file, or whose patch touches more than one file, gives
@@ -64,6 +72,9 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{2,}")
 _DEFINED = re.compile(r"^[ \t]*(?:async[ \t]+)?(?:def|class)[ \t]+([A-Za-z_]\w*)", re.M)
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@", re.M)
 _CODE = re.compile(r"```python\n(.*?)```", re.S)
+_FENCE = re.compile(r"```[^\n]*\n(.*?)```", re.S)
+# a traceback's frame as pytest prints it: ``voluptuous/validators.py:472: in __init__``
+_FRAME = re.compile(r"^(\S+\.py):(\d+): in \S+$", re.M)
 _FAILING = re.compile(r"\b\d+ (?:failed|errors?)\b")  # pytest's summary ("2 xfailed" passes)
 # names no search is for: Python's builtins (``isinstance``, ``ValueError``, ``list``) and
 # the words every method has, and the statement template's own (``should``, ``check``); a
@@ -71,6 +82,45 @@ _FAILING = re.compile(r"\b\d+ (?:failed|errors?)\b")  # pytest's summary ("2 xfa
 # for any word (DECISIONS, "the seventh design" and "the eighth design")
 _GENERIC = frozenset(dir(builtins)) | {"self", "cls", "args", "kwargs"} | STATEMENT_WORDS
 VIEW_LINES = 30  # a view's most lines: a longer one ran the thought after it on
+AROUND = 15  # a view at a traceback's line starts this many lines above it
+
+
+def _code(statement: str) -> str:
+    """The code a statement quotes: its ``python`` blocks, and the frames' own lines of a
+    traceback it quotes (indented; not pytest's ``E`` lines)."""
+    frames = [ln[4:] for block in _FENCE.findall(statement) if _FRAME.search(block)
+              for ln in block.split("\n") if ln.startswith("    ")]
+    return "\n".join([*_CODE.findall(statement), *frames])
+
+
+def _prose(statement: str) -> str:
+    """The rest of a statement: its words outside code blocks, and of a traceback it quotes
+    the error and what the test printed (not the frames' files, names or code)."""
+    def keep(m: re.Match) -> str:
+        block = m.group(1)
+        if not _FRAME.search(block):
+            return "" if m.group(0).startswith("```python") else block
+        return "\n".join(ln for ln in block.split("\n")
+                         if not ln.startswith("    ") and not _FRAME.match(ln))
+    return _FENCE.sub(keep, statement)
+
+
+def frame(statement: str, base) -> tuple[str, int] | None:
+    """The last frame of the statement's traceback in a source file of ``base`` (no test
+    file): ``(path, line)``, where the error was raised nearest; None when the traceback
+    goes through none."""
+    from agentgym.envs.swe_rows import is_test_path
+    frames = [(f, int(n)) for f, n in _FRAME.findall("\n".join(_FENCE.findall(statement)))
+              if not is_test_path(f) and (base / f).is_file()]
+    return frames[-1] if frames else None
+
+
+def view_at(path: str, line: int) -> str:
+    """The view of ``path`` around ``line``, typed as read from a traceback: :data:`AROUND`
+    lines above it to :data:`VIEW_LINES` in all, numbered by ``nl -ba`` (grep picks them,
+    so the command holds the traceback's number as it is and no arithmetic)."""
+    return (f"nl -ba {shlex.quote(path)} | grep -B {AROUND} -A {VIEW_LINES - AROUND - 1} "
+            f'-E "^ *{line}\\s"')
 
 
 def hunks(part: str) -> list[tuple[int, list[str]]]:
@@ -191,8 +241,8 @@ def _locate(statement: str, base, path: str, text: str, line: int) -> tuple[str,
     the statement leads above it."""
     import keyword
     files = _sources(base)
-    names = dict.fromkeys([*_NAME.findall("\n".join(_CODE.findall(statement))),
-                           *_NAME.findall(_CODE.sub("", statement))])
+    names = dict.fromkeys([*_NAME.findall(_code(statement)),
+                           *_NAME.findall(_prose(statement))])
     best = None
     for order, name in enumerate(names):
         if len(name) < 3 or keyword.iskeyword(name) or name.startswith("__") or \
@@ -268,18 +318,18 @@ def _missing(statement: str, base) -> str | None:
     defined = set()
     for lines in _sources(base).values():
         defined.update(_DEFINED.findall("\n".join(lines)))
-    code = "\n".join(_CODE.findall(statement))
+    code, prose = _code(statement), _prose(statement)
     # from the code, any name; from the prose, a call or a snake_case name
-    names = [*_NAME.findall(code), *(m.group(0) for m in _NAME.finditer(statement)
-                                     if "_" in m.group(0) or statement[m.end():m.end() + 1] == "(")]
+    names = [*_NAME.findall(code), *(m.group(0) for m in _NAME.finditer(prose)
+                                     if "_" in m.group(0) or prose[m.end():m.end() + 1] == "(")]
     return next((n for n in dict.fromkeys(names) if len(n) >= 4 and n not in defined
                  and not keyword.iskeyword(n) and n not in _GENERIC), None)
 
 
-#: what a demonstration recovers from, by the instance id's first byte mod 6 (two sixths
-#: the empty search, a sixth each of the others and of none): the observations a model
-#: trained on demonstrations without them passed over (DECISIONS, "the seventh design")
-RECOVERIES = ("none", "empty_search", "guessed_path", "no_file", "unchanged", "empty_diff")
+#: what a demonstration recovers from, by a hash of the instance id (a seventh each): the observations a model trained on demonstrations without them passed over
+#: (DECISIONS, "the seventh design" and "the ninth design")
+RECOVERIES = ("none", "empty_search", "guessed_path", "no_file", "unchanged", "empty_diff",
+              "broken_edit")
 
 #: the package and version a statement's first line names ("Something in tabulate 0.10.1
 #: is broken"), which a model opens as if they were a path
@@ -294,10 +344,14 @@ def recovery(row: dict) -> str:
     version); ``no_file`` (a view of a path made up from the package's name, not learned, then the
     listed file); ``unchanged`` (an edit that retypes the old lines, not learned, then the
     right one); ``empty_diff`` (that edit and a test run, not learned, then ``git diff``
-    shows nothing and the right edit follows). Under ``swe.protocol=tools`` only the first
-    three apply (the others are the bash protocol's observations)."""
+    shows nothing and the right edit follows); ``broken_edit`` (the right lines typed
+    without their indentation, not learned, then the tests fail, ``git diff`` shows the
+    change and the right edit follows). Under ``swe.protocol=tools`` only the first three
+    apply (the others are the bash protocol's observations), and where the traceback leads
+    to the file the search's two (``empty_search``, ``no_file``) do not."""
     import hashlib
-    return RECOVERIES[hashlib.sha256(str(row["instance_id"]).encode()).digest()[0] % 6]
+    digest = hashlib.sha256(str(row["instance_id"]).encode()).digest()
+    return RECOVERIES[int.from_bytes(digest[:8], "big") % len(RECOVERIES)]
 
 
 def _gold(row: dict, env, tools: bool):
@@ -343,19 +397,30 @@ def swe_demo(row: dict, env) -> dict | None:
     last = max(n + old.count("\n") - 1 for old, _, n in edits)
     statement = str(row["problem_statement"])
     files = _test_files(row, base)
-    located = _locate(statement, base, path, text, first)
-    if located is None or not files:
-        return _drop(row, "no test file" if located else
-                     "the statement names nothing that leads to the edit")
-    token, defined, at = located
-    if last + 3 - at > 3 * VIEW_LINES:
-        return _drop(row, f"the edit is {first - at} lines below what the search shows")
+    if not files:
+        return _drop(row, "no test file")
+    shown = frame(statement, base)
+    if shown and shown[0] == path and first >= shown[1] - AROUND and \
+            last + 3 - (shown[1] - AROUND) <= 3 * VIEW_LINES:
+        token, defined, at = None, False, max(1, shown[1] - AROUND)
+    else:
+        located = _locate(statement, base, path, text, first)
+        if located is None:
+            return _drop(row, "the statement names nothing that leads to the edit")
+        token, defined, at = located
+        if last + 3 - at > 3 * VIEW_LINES:
+            return _drop(row, f"the edit is {first - at} lines below what the search shows")
     kind = recovery(row)
     named = _NAMED.search(statement.split("\n", 1)[0])
     if kind == "guessed_path" and named is None:
         kind = "no_file"
+    if token is None and kind in ("empty_search", "no_file"):
+        kind = "none"  # the traceback names the file: no search to come back empty
     if tools and kind not in ("none", "empty_search", "guessed_path"):
         kind = "none"
+    flat = "".join(ln.lstrip(" \t") for ln in edits[-1][1].splitlines(keepends=True))
+    if kind == "broken_edit" and flat == edits[-1][1]:
+        kind = "none"  # no indentation to lose
     missing = _missing(statement, base) if kind == "empty_search" else None
     prompt, _ = env.reset(seed=0, options={"row": row})
     actions, observations, learn = [], [], []
@@ -381,25 +446,33 @@ def swe_demo(row: dict, env) -> dict | None:
                     f"nl -ba {guess} | sed -n '1,{VIEW_LINES}p'"),
                 lambda seen: "No such file" in seen, learned=False) is None:
             return _drop(row, f"{guess} opened as a file")
-        look = (f"{guess} is the package and its version, not a file. The failure mentions "
-                f"{token}; I look for where it is " + ("defined." if defined else "used."))
+        look = f"{guess} is the package and its version, not a file. " + (
+            f"The failure mentions {token}; I look for where it is " +
+            ("defined." if defined else "used.") if token else
+            f"The traceback goes through line {shown[1]} of {path}; I open it there.")
     elif missing is not None:  # an empty search first, then another name
         if play(act(f"The failure mentions {missing}; I look for where it is defined.",
                     _search(missing, True)), lambda seen: not _hits(seen, path)
                 and ".py:" not in seen) is None:
             return _drop(row, f"the search for {missing} is not empty")
         look = f"Nothing defines {missing}; I look for {token}, which the failure names too."
+    elif token is None:
+        look = f"The traceback goes through line {shown[1]} of {path}; I open it there."
     else:
         look = f"The failure mentions {token}; I look for where it is " + (
             "defined." if defined else "used.")
-    listing = play(act(look, _search(token, defined)), lambda seen: bool(_hits(seen, path)))
-    if listing is None:
-        return _drop(row, f"the search for {token} does not show {path}")
-    # the view starts at the line of the listing nearest above the edit and ends past it:
-    # every number the demonstration types next is one it has read
-    if at not in _hits(listing, path):
-        return _drop(row, f"the listing does not show line {at} of {path}")
-    where = f"{token} is at line {at} of {path}; I open it from there."
+    if token is None:  # the view at the traceback's line is the first look
+        where = look
+    else:
+        listing = play(act(look, _search(token, defined)),
+                       lambda seen: bool(_hits(seen, path)))
+        if listing is None:
+            return _drop(row, f"the search for {token} does not show {path}")
+        # the view starts at the line of the listing nearest above the edit and ends past
+        # it: every number the demonstration types next is one it has read
+        if at not in _hits(listing, path):
+            return _drop(row, f"the listing does not show line {at} of {path}")
+        where = f"{token} is at line {at} of {path}; I open it from there."
     if kind == "no_file":  # a made-up path, not learned; then the one the listing showed
         bad = _made_up(base, path, token)
         if play(_bash(f"{token} should be in {bad}; I open it.",
@@ -410,6 +483,8 @@ def swe_demo(row: dict, env) -> dict | None:
                 "I open it from there."
     hi = min(text.count("\n") + 1, max(last + 3, at + 12))
     views, edit_steps = _open_and_edit(tools, path, at, hi, edits, where)
+    if token is None:  # the first view at the traceback's line, as read
+        views[0] = (at, act(where, view_at(path, shown[1])))
     for lo, action in views:
         if play(action, lambda seen, lo=lo: f"{lo}" in seen) is None:
             return _drop(row, "the view fails")
@@ -434,6 +509,24 @@ def swe_demo(row: dict, env) -> dict | None:
                 return _drop(row, "the diff of an unchanged edit is not empty")
             edit_steps[0] = edit_steps[0].replace(
                 "THOUGHT: ", "THOUGHT: The diff is empty: my edit changed nothing. ", 1)
+    if kind == "broken_edit":  # the right lines without their indentation, not learned
+        _, new, n = edits[-1]
+        if play(_bash(f"{_bug(edits[-1][0], new)} I replace line {n}.",
+                      _edit_script(path, n, edits[-1][0], flat)), _edited,
+                learned=False) is None:
+            return _drop(row, "the edit without indentation fails")
+        seen = statement + "".join(str(m.get("content", "")) for o in observations for m in o)
+        if play(act("I run the tests of that behaviour.", _test_run(row, seen, files)),
+                lambda seen: not _passed(seen)) is None:
+            return _drop(row, "the tests pass with the edit's indentation lost")
+        if play(act("The tests fail after my edit; I look at my change.", "git diff"),
+                lambda seen: "diff --git" in seen) is None:
+            return _drop(row, "the diff of the broken edit is empty")
+        many = flat.count("\n") > 1
+        edit_steps[0] = _bash(
+            "The diff shows the lines I typed lost their indentation, which broke the code. "
+            f"I replace line {n}" + (f"-{n + flat.count(chr(10)) - 1}" if many else "") +
+            " again.", _edit_script(path, n, flat, new))
     for action in edit_steps:
         if play(action, _edited) is None:
             return _drop(row, "an edit fails")

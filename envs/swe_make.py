@@ -148,19 +148,50 @@ def _ids(test_id: str) -> tuple[str, str, str]:
     return path, (rest[0] if len(rest) > 1 else ""), name
 
 
-#: the problem statement's own words around what the failing test showed
+#: the problem statement's own words around the failing test's traceback
 HEAD = "Something in {name} {version} is broken. This check fails:"
-WITH, END = "with:", "It should pass."
+END = "It should pass."
 MORE = "{n} other check(s) of the package fail the same way."
+#: pytest's own words in a traceback it prints (``Captured stdout call``)
+PYTEST_WORDS = frozenset({"Captured", "stdout", "stderr", "call", "setup", "teardown", "log"})
 #: those words, which say nothing of the bug: a search for one lists comments that happen
 #: to use it (DECISIONS, "the eighth design")
 STATEMENT_WORDS = frozenset(re.findall(r"[A-Za-z]{3,}", re.sub(
-    r"\{\w+\}", "", " ".join((HEAD, WITH, END, MORE)))))
+    r"\{\w+\}", "", " ".join((HEAD, END, MORE))))) | PYTEST_WORDS
+#: the most lines of a traceback a statement quotes (its frames' last, what the test
+#: printed first) and of one line's characters
+FRAME_LINES, PRINTED_LINES, LINE_CHARS = 16, 8, 160
+
+
+def report(name: str, version: str, traceback: str, more: int) -> str:
+    """The problem statement of a bug as a user would file it: the failing test's traceback
+    as pytest showed it (its frames with their files and lines, the error, what the test
+    printed), bounded (the frames' last :data:`FRAME_LINES` lines, what was printed first
+    :data:`PRINTED_LINES`, each line :data:`LINE_CHARS` characters), between the
+    template's words (DECISIONS, "the ninth design")."""
+    lines = [ln for ln in traceback.strip("\n").splitlines() if not _SECTION.match(ln)]
+    cut = next((i for i, ln in enumerate(lines) if ln.startswith("-----")), len(lines))
+    frames, printed = lines[:cut], lines[cut:]
+    kept = frames[-FRAME_LINES:] + printed[:PRINTED_LINES + 1]
+    kept = [ln if len(ln) <= LINE_CHARS else ln[:LINE_CHARS] + " ..." for ln in kept]
+    while kept and not kept[-1].strip():
+        kept.pop()
+    tail = "\n\n" + MORE.format(n=more) if more else ""
+    return (HEAD.format(name=name, version=version) + "\n\n```\n" + "\n".join(kept) +
+            "\n```\n\n" + END + tail)
+
+
+def restate(row: dict) -> dict:
+    """``row`` with its problem statement made again from its failing traceback by
+    :func:`report` (the shipped rows follow the maker's template without running it)."""
+    return dict(row, problem_statement=report(
+        row["repo"].split("/")[-1], row["version"], row["failing_traceback"],
+        len(row["FAIL_TO_PASS"]) - 1))
 
 
 def statement(source: Source, log: str, f2p: list[str]) -> tuple[str, str]:
-    """The problem statement of a bug, from its run's log: the first failing test's own
-    frames (its code, no file path) and error lines; and that traceback as the log had it."""
+    """The problem statement of a bug, from its run's log (:func:`report` of the first
+    failing test's traceback that shows an error), and that traceback as the log had it."""
     sections = {m.group(1): m.end() for m in _SECTION.finditer(log)}
     starts = sorted(sections.values())
     for test_id in f2p:
@@ -172,16 +203,9 @@ def statement(source: Source, log: str, f2p: list[str]) -> tuple[str, str]:
         end = next((s for s in starts if s > sections[key]), len(log))
         text = log[sections[key]:end]
         text = text.split("\n=====", 1)[0].strip("\n")
-        code = [ln for ln in text.splitlines() if ln.startswith("    ") and
-                not ln.startswith("    E")]
-        errors = [ln[1:].strip() for ln in text.splitlines() if ln.startswith("E ")]
-        if not errors:
+        if not any(ln.startswith("E ") for ln in text.splitlines()):
             continue
-        more = "\n\n" + MORE.format(n=len(f2p) - 1) if len(f2p) > 1 else ""
-        body = (HEAD.format(name=source.name, version=source.version) + "\n\n"
-                "```python\n" + "\n".join(c[4:] for c in code[-6:]) + "\n```\n\n"
-                f"{WITH}\n\n```\n" + "\n".join(errors[:12]) + "\n```\n\n" + END + more)
-        return body, text
+        return report(source.name, source.version, text, len(f2p) - 1), text
     raise ValueError("no failing test's traceback in the log")
 
 

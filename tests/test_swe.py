@@ -600,10 +600,13 @@ def test_the_task_maker_keeps_bugs_that_tests_catch_and_hides_those_tests(tmp_pa
         assert not grade(row, base, "", workspace_root(), limits, 120, python).resolved
         said, shown = row["problem_statement"], row["failing_traceback"]
         m = row["mutation"]
-        assert "calc.py" not in said.replace("test_calc.py", "")
+        assert "calc.py" not in said.replace("test_calc.py", "") or \
+            "calc.py" in shown.replace("test_calc.py", "")
         for name in (m["function"], f"line {m['line']}"):
             assert name not in said or name in shown, (name, said)
-        assert "It should pass." in said and "```python" in said
+        # the traceback as pytest showed it: the test's frame, its code, the error
+        assert "It should pass." in said and "\n```\ntest_calc.py:" in said
+        assert said == swe_make.restate(row)["problem_statement"]
 
 
 def test_where_no_overlay_mounts_a_workspace_is_a_copy_and_works_the_same(user_repo):
@@ -631,8 +634,11 @@ def test_demonstrations_solve_tasks_with_either_protocol_and_replay(user_repo):
     from agentgym.envs.swe import SWEEnv
     from agentgym.envs.swe_builtin import builtin_rows
     from agentgym.envs.swe_grade import swe_root
-    (demo,) = build_demos("swe", [dict(user_repo[1], repo_path=str(user_repo[0]))],
-                          lambda: SWEEnv(max_turns=10))
+    from agentgym.envs.swe_demos import recovery
+    plain = next(f"me__wordy-{i}" for i in range(100)
+                 if recovery({"instance_id": f"me__wordy-{i}"}) == "none")
+    (demo,) = build_demos("swe", [dict(user_repo[1], repo_path=str(user_repo[0]),
+                                       instance_id=plain)], lambda: SWEEnv(max_turns=10))
     assert demo["recovery"] == "none" and "learn" not in demo
     assert len(demo["actions"]) == 6 and demo["reward"] == 1.0
     assert 'grep -rnE "(def|class) count_words\\b" --include=*.py --exclude-dir=test ' \
@@ -718,10 +724,11 @@ def test_the_demonstrations_search_leaves_out_test_files(user_repo):
 def test_demonstrations_recover_from_what_went_wrong_and_learn_only_the_recovery(
         user_repo, tiny_tokenizer):
     """Which tasks' demonstrations recover, and from what, is fixed by the instance id (a
-    sixth each an empty search, the statement's package and version opened as a path, a
-    made-up path, an unchanged edit and an empty diff; a sixth none). Each recovery's wrong
-    step is played (its observation is the one the model met: an empty listing, ``No such
-    file``, ``unchanged``, an empty ``git diff``),
+    seventh each an empty search, the statement's package and version opened as a path, a
+    made-up path, an unchanged edit, an empty diff and an edit that lost its indentation; a
+    seventh none). Each recovery's wrong step is played (its observation is the one the
+    model met: an empty listing, ``No such file``, ``unchanged``, an empty ``git diff``,
+    failing tests),
     the wrong action kept out of the loss, what follows learned, and the replay is graded
     resolved. The search is never for a builtin the statement uses."""
     from agentgym.data.demos import demo_to_trajectory, env_protocol, replay_demo
@@ -731,7 +738,7 @@ def test_demonstrations_recover_from_what_went_wrong_and_learn_only_the_recovery
     repo, row = user_repo
     ids = [f"me__wordy-{i}" for i in range(600)]
     kinds = [recovery({"instance_id": i}) for i in ids]
-    assert len(set(RECOVERIES)) == 6 and all(60 < kinds.count(k) < 140 for k in RECOVERIES)
+    assert len(set(RECOVERIES)) == 7 and all(60 < kinds.count(k) < 120 for k in RECOVERIES)
     statement = ("Counting words is wrong:\n```python\nif isinstance(s, str):\n"
                  "    result = count_words(\"a  b \")\n```\nreturns 4; it should count 2 words.")
     env = SWEEnv(max_turns=10)
@@ -781,6 +788,16 @@ def test_demonstrations_recover_from_what_went_wrong_and_learn_only_the_recovery
     assert learn["empty_diff"] == [True, True, False, False] + [True] * 5
     assert "git diff" in d[4] and "diff --git" not in shown["empty_diff"][4]
     assert "THOUGHT: The diff is empty" in d[5] and d[6:] == plain[3:]
+    # the right lines without their indentation, not learned: the tests fail and the diff
+    # shows why; then the edit again, learned
+    d = demos["broken_edit"]["actions"]
+    assert learn["broken_edit"] == [True, True, False] + [True] * 6
+    assert "\nreturn len(text.split())\nEOF" in d[2] and "1 error" in shown["broken_edit"][3]
+    assert "The tests fail after my edit" in d[4] and \
+        "+return len(text.split())" in shown["broken_edit"][4]
+    assert "lost their indentation" in d[5] and "\n    return len(text.split())\nEOF" in d[5]
+    # the tests again: the failing run named their file, which the run may now name
+    assert "pytest" in d[6] and d[7:] == plain[4:]
     # the loss: the wrong actions' tokens are in the sequence with mask 0
     chat = ChatTokens(tiny_tokenizer)
     traj = demo_to_trajectory(demos["empty_diff"], chat, *env_protocol("swe"))
@@ -792,6 +809,43 @@ def test_demonstrations_recover_from_what_went_wrong_and_learn_only_the_recovery
     assert traj.num_sampled == sum(len(s) for s in learned)
     with pytest.raises(ValueError, match="'learn' must be one true or false per action"):
         demo_to_trajectory(dict(demos["empty_diff"], learn=[True]), chat, "chat", ())
+
+
+def test_a_traceback_through_the_source_leads_the_demonstration_to_its_line(user_repo):
+    """Where the statement's traceback goes through a source file (its last frame outside
+    the tests) and the edit is near that line, the demonstration opens the file there first,
+    typing the traceback's path and number as they are (no search): the view, the edit, the
+    tests, the diff, the submit; where the traceback names only tests, it searches."""
+    from agentgym.data.demos import replay_demo
+    from agentgym.envs.swe import SWEEnv
+    from agentgym.envs.swe_demos import RECOVERIES, frame, recovery, swe_demo, view_at
+    from agentgym.envs.swe_make import report
+    repo, row = user_repo
+    through = report("wordy", "1.0", "tests/test_text.py:5: in test_count_spaces\n"
+                     "    assert count_words(\"a  b \") == 2\n"
+                     "wordy/text.py:9: in count_words\n    return len(text.split(\" \"))\n"
+                     "E   AssertionError", 0)
+    tests_only = report("wordy", "1.0", "tests/test_text.py:5: in test_count_spaces\n"
+                        "    assert count_words(\"a  b \") == 2\nE   AssertionError", 0)
+    base = repo_cache().base("me/wordy", repo, row["base_commit"])
+    assert frame(through, base) == ("wordy/text.py", 9) and frame(tests_only, base) is None
+    none = next(f"me__wordy-{i}" for i in range(100)
+                if recovery({"instance_id": f"me__wordy-{i}"}) == RECOVERIES[0])
+    env = SWEEnv(max_turns=10)
+    try:
+        led = swe_demo(dict(row, repo_path=str(repo), problem_statement=through,
+                            instance_id=none), env)
+        searched = swe_demo(dict(row, repo_path=str(repo), problem_statement=tests_only,
+                                 instance_id=none), env)
+        again = replay_demo(led, env)
+    finally:
+        env.close()
+    assert again["reward"] == 1.0 and again["info"]["format_valid"] == 1.0
+    assert len(led["actions"]) == 5 and "grep -r" not in "".join(led["actions"])
+    assert "The traceback goes through line 9 of wordy/text.py; I open it there." in \
+        led["actions"][0] and view_at("wordy/text.py", 9) in led["actions"][0]
+    assert "     9\t    return len(text.split(\" \"))" in led["observations"][0][0]["content"]
+    assert 'grep -rnE "(def|class) count_words\\b"' in searched["actions"][0]
 
 
 def test_a_patch_that_does_not_resolve_gives_no_demonstration(user_repo):
