@@ -400,27 +400,13 @@ def swe_demo(row: dict, env) -> dict | None:
     if not files:
         return _drop(row, "no test file")
     shown = frame(statement, base)
-    if shown and shown[0] == path and first >= shown[1] - AROUND and \
-            last + 3 - (shown[1] - AROUND) <= 3 * VIEW_LINES:
-        token, defined, at = None, False, max(1, shown[1] - AROUND)
-    else:
-        located = _locate(statement, base, path, text, first)
-        if located is None:
-            return _drop(row, "the statement names nothing that leads to the edit")
-        token, defined, at = located
-        if last + 3 - at > 3 * VIEW_LINES:
-            return _drop(row, f"the edit is {first - at} lines below what the search shows")
-    kind = recovery(row)
+    lead = _lead(statement, base, path, text, first, last, shown)
+    if isinstance(lead, str):
+        return _drop(row, lead)
+    token, defined, at = lead
     named = _NAMED.search(statement.split("\n", 1)[0])
-    if kind == "guessed_path" and named is None:
-        kind = "no_file"
-    if token is None and kind in ("empty_search", "no_file"):
-        kind = "none"  # the traceback names the file: no search to come back empty
-    if tools and kind not in ("none", "empty_search", "guessed_path"):
-        kind = "none"
     flat = "".join(ln.lstrip(" \t") for ln in edits[-1][1].splitlines(keepends=True))
-    if kind == "broken_edit" and flat == edits[-1][1]:
-        kind = "none"  # no indentation to lose
+    kind = _kind(row, tools, token is None, named is not None, flat != edits[-1][1])
     missing = _missing(statement, base) if kind == "empty_search" else None
     prompt, _ = env.reset(seed=0, options={"row": row})
     actions, observations, learn = [], [], []
@@ -510,23 +496,12 @@ def swe_demo(row: dict, env) -> dict | None:
             edit_steps[0] = edit_steps[0].replace(
                 "THOUGHT: ", "THOUGHT: The diff is empty: my edit changed nothing. ", 1)
     if kind == "broken_edit":  # the right lines without their indentation, not learned
-        _, new, n = edits[-1]
-        if play(_bash(f"{_bug(edits[-1][0], new)} I replace line {n}.",
-                      _edit_script(path, n, edits[-1][0], flat)), _edited,
-                learned=False) is None:
-            return _drop(row, "the edit without indentation fails")
-        seen = statement + "".join(str(m.get("content", "")) for o in observations for m in o)
-        if play(act("I run the tests of that behaviour.", _test_run(row, seen, files)),
-                lambda seen: not _passed(seen)) is None:
-            return _drop(row, "the tests pass with the edit's indentation lost")
-        if play(act("The tests fail after my edit; I look at my change.", "git diff"),
-                lambda seen: "diff --git" in seen) is None:
-            return _drop(row, "the diff of the broken edit is empty")
-        many = flat.count("\n") > 1
-        edit_steps[0] = _bash(
-            "The diff shows the lines I typed lost their indentation, which broke the code. "
-            f"I replace line {n}" + (f"-{n + flat.count(chr(10)) - 1}" if many else "") +
-            " again.", _edit_script(path, n, flat, new))
+        mended = _break_and_mend(play, act, path, edits[-1], flat, lambda: _test_run(
+            row, statement + "".join(str(m.get("content", "")) for o in observations
+                                     for m in o), files))
+        if mended.startswith("no: "):
+            return _drop(row, mended[4:])
+        edit_steps[0] = mended
     for action in edit_steps:
         if play(action, _edited) is None:
             return _drop(row, "an edit fails")
@@ -547,6 +522,61 @@ def swe_demo(row: dict, env) -> dict | None:
             "prompt": prompt, "actions": actions, "observations": observations,
             **({"learn": learn} if not all(learn) else {}), "reward": 1.0, "row": row,
             "recovery": kind}
+
+
+def _lead(statement: str, base, path: str, text: str, first: int, last: int,
+          shown: tuple[str, int] | None) -> tuple[str | None, bool, int] | str:
+    """How the demonstration reaches the edit at lines ``first``..``last`` of ``path``:
+    ``(None, False, at)`` when the traceback's frame ``shown`` is in that file and the edit
+    near its line (the view at it starts at line ``at``), else the search's ``(token,
+    defined, at)`` (:func:`_locate`); or why neither leads there."""
+    if shown and shown[0] == path and first >= shown[1] - AROUND and \
+            last + 3 - (shown[1] - AROUND) <= 3 * VIEW_LINES:
+        return None, False, max(1, shown[1] - AROUND)
+    located = _locate(statement, base, path, text, first)
+    if located is None:
+        return "the statement names nothing that leads to the edit"
+    if last + 3 - located[2] > 3 * VIEW_LINES:
+        return f"the edit is {first - located[2]} lines below what the search shows"
+    return located
+
+
+def _kind(row: dict, tools: bool, traced: bool, named: bool, indented: bool) -> str:
+    """:func:`recovery` of ``row``, where it applies: ``no_file`` for ``guessed_path`` when
+    the statement names no version; ``none`` for a search's recoveries where the traceback
+    leads (``traced``), for the bash protocol's under ``tools``, and for ``broken_edit``
+    when the new lines have no indentation to lose."""
+    kind = recovery(row)
+    if kind == "guessed_path" and not named:
+        kind = "no_file"
+    if traced and kind in ("empty_search", "no_file"):
+        kind = "none"  # the traceback names the file: no search to come back empty
+    if tools and kind not in ("none", "empty_search", "guessed_path"):
+        kind = "none"
+    return "none" if kind == "broken_edit" and not indented else kind
+
+
+def _break_and_mend(play, act, path: str, edit: tuple[str, str, int], flat: str,
+                    tests) -> str:
+    """The broken-edit recovery, played through ``play``: ``edit``'s new lines typed as
+    ``flat`` (no indentation; not learned), the test run ``tests()`` that then fails, the
+    ``git diff`` that shows why; returns the edit typed again, or ``"no: "`` and why there
+    is none."""
+    old, new, n = edit
+    if play(_bash(f"{_bug(old, new)} I replace line {n}.", _edit_script(path, n, old, flat)),
+            _edited, learned=False) is None:
+        return "no: the edit without indentation fails"
+    if play(act("I run the tests of that behaviour.", tests()),
+            lambda seen: not _passed(seen)) is None:
+        return "no: the tests pass with the edit's indentation lost"
+    if play(act("The tests fail after my edit; I look at my change.", "git diff"),
+            lambda seen: "diff --git" in seen) is None:
+        return "no: the diff of the broken edit is empty"
+    many = flat.count("\n") > 1
+    return _bash("The diff shows the lines I typed lost their indentation, which broke the "
+                 f"code. I replace line {n}" + (f"-{n + flat.count(chr(10)) - 1}" if many
+                                                 else "") + " again.",
+                 _edit_script(path, n, flat, new))
 
 
 def _open_and_edit(tools: bool, path: str, lo: int, hi: int, edits: list,
