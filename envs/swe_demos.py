@@ -326,8 +326,9 @@ def _missing(statement: str, base) -> str | None:
                  and not keyword.iskeyword(n) and n not in _GENERIC), None)
 
 
-#: what a demonstration recovers from, by a hash of the instance id (a seventh each): the observations a model trained on demonstrations without them passed over
-#: (DECISIONS, "the seventh design" and "the ninth design")
+#: what a demonstration recovers from, by a hash of the instance id (a seventh each): the
+#: observations a model trained on demonstrations without them passed over (DECISIONS, "the
+#: seventh design" and "the ninth design")
 RECOVERIES = ("none", "empty_search", "guessed_path", "no_file", "unchanged", "empty_diff",
               "broken_edit")
 
@@ -426,6 +427,12 @@ def swe_demo(row: dict, env) -> dict | None:
         observations.append(obs)
         return seen
 
+    def read() -> str:
+        """The statement and every observation so far: what a command may name."""
+        return statement + "".join(str(m.get("content", "")) for o in observations for m in o)
+
+    traced = shown and f"The traceback goes through line {shown[1]} of {path}; I open it " \
+        "there."
     if kind == "guessed_path":  # the statement's package and version opened, not learned
         guess = f"{named.group(1)} {named.group(2)}"
         if play(act(f"The failure is in {guess}; I open it.",
@@ -434,8 +441,7 @@ def swe_demo(row: dict, env) -> dict | None:
             return _drop(row, f"{guess} opened as a file")
         look = f"{guess} is the package and its version, not a file. " + (
             f"The failure mentions {token}; I look for where it is " +
-            ("defined." if defined else "used.") if token else
-            f"The traceback goes through line {shown[1]} of {path}; I open it there.")
+            ("defined." if defined else "used.") if token else traced)
     elif missing is not None:  # an empty search first, then another name
         if play(act(f"The failure mentions {missing}; I look for where it is defined.",
                     _search(missing, True)), lambda seen: not _hits(seen, path)
@@ -443,7 +449,7 @@ def swe_demo(row: dict, env) -> dict | None:
             return _drop(row, f"the search for {missing} is not empty")
         look = f"Nothing defines {missing}; I look for {token}, which the failure names too."
     elif token is None:
-        look = f"The traceback goes through line {shown[1]} of {path}; I open it there."
+        look = traced
     else:
         look = f"The failure mentions {token}; I look for where it is " + (
             "defined." if defined else "used.")
@@ -485,7 +491,7 @@ def swe_demo(row: dict, env) -> dict | None:
                 "THOUGHT: ", "THOUGHT: The edit changed nothing: the lines I typed are the old "
                 "ones. ", 1)
         else:
-            seen = statement + "".join(str(m.get("content", "")) for o in observations for m in o)
+            seen = read()
             # whatever they print (the visible tests may fail before the fix): not learned
             if play(act("I run the tests of that behaviour.", _test_run(row, seen, files)),
                     lambda seen: True, learned=False) is None:
@@ -497,15 +503,14 @@ def swe_demo(row: dict, env) -> dict | None:
                 "THOUGHT: ", "THOUGHT: The diff is empty: my edit changed nothing. ", 1)
     if kind == "broken_edit":  # the right lines without their indentation, not learned
         mended = _break_and_mend(play, act, path, edits[-1], flat, lambda: _test_run(
-            row, statement + "".join(str(m.get("content", "")) for o in observations
-                                     for m in o), files))
+            row, read(), files))
         if mended.startswith("no: "):
             return _drop(row, mended[4:])
         edit_steps[0] = mended
     for action in edit_steps:
         if play(action, _edited) is None:
             return _drop(row, "an edit fails")
-    seen = statement + "".join(str(m.get("content", "")) for o in observations for m in o)
+    seen = read()
     tests = _test_run(row, seen, files)
     if play(act("I run the tests of that behaviour.", tests), _passed) is None:
         return _drop(row, "the tests do not pass")
