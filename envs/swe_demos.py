@@ -2,11 +2,12 @@
 training task solved with the env's tools, the way the instructions ask, from its gold
 patch and nothing the agent could not have read:
 
-1. where the statement's traceback goes through the patched file near the edit (its last
-   frame outside the tests: ``voluptuous/validators.py:472: in __init__``), open it there as
-   the traceback says (:func:`view_at`: ``nl -ba FILE | grep -B 15 -A 14 -E "^ *472\\s"``,
-   the path and number typed as read), and go on at step 3; else
-   find where a name of the problem statement lives in the source files (one the patched
+1. where the statement's traceback goes through a source file (its last frame outside the
+   tests: ``voluptuous/validators.py:472: in __init__``), open it there as the traceback
+   says (:func:`view_at`: ``nl -ba FILE | grep -B 20 -A 9 -E "^ *472\\s"``, the path and
+   number typed as read); where that is the patched file and the edit is at most
+   :data:`AROUND` lines above the frame's line, go on at step 3;
+   else find where a name of the problem statement lives in the source files (one the patched
    file defines, from the statement's code first:
    ``grep -rnE "(def|class) NAME\b" --include=*.py EXCLUDES . | head -n 20``, test files
    left out; else a word of it that few source files use: ``grep -rnw WORD ...``; never a
@@ -23,31 +24,23 @@ patch and nothing the agent could not have read:
 4. run the tests: those files of the failing checks (their other tests; else of the row's
    passing ones) that the statement or an observation showed, else the visible suite with
    no file named, so the demonstration types no name it has not read;
-5. read ``git diff``, which shows the change;
-6. submit.
+5. submit.
 
-Six in seven tasks (:func:`recovery`, fixed by the instance id) also recover from something
-that went wrong: a search that finds nothing (a name of the statement that no file
-defines; then another name), a view of a path made up from the package's name (``No such
-file``; then the file the listing showed), an edit that retypes the old lines
-(``unchanged``; then the right one), that edit and a test run followed by an empty
-``git diff`` (then the right edit), or the right lines typed without their indentation
-(the tests fail, ``git diff`` shows why, then the edit again). A wrong action is played, so
-its observation is in the context, but not learned (the record's ``learn``:
-:mod:`agentgym.data.demos`).
+Half the tasks that search (:func:`recovery`, fixed by the instance id) first search for a
+name of the statement that no file defines, come back empty, and go on to another name.
 
-Why so (DECISIONS, "the second reading" to "the ninth design"): a model trained on
+Why so (DECISIONS, "the second reading" to "the tenth design"): a model trained on
 demonstrations that searched for ``def NAME`` and ran test files named from the row looped
 on paths it made up when, on a held-out repository, the search came back empty or the file
 was not there; one trained to open a file at a line the patch gave (no observation showed
 it) opened the wrong lines; one that wrote the new line as a Python string literal failed
 to parse it wherever the code held a quote or a backslash (so the lines are typed verbatim);
 one whose search listed only a test helper opened a path made up from the package's name
-(so the search leaves test files out); one that never saw a step go wrong submitted after
-an edit that changed nothing or a view of a file that is not there, and the visible tests
-pass before any fix, so only the diff tells a change from none; one that searched, on
-a held-out repository, for names that lead nowhere while the traceback named the file and
-line, or went back to editing after a failing test run that no demonstration had shown.
+(so the search leaves test files out); one that searched, on a held-out repository, for
+names that lead nowhere while the traceback named the file and line. Demonstrations that
+also recovered from a made-up path, an unchanged edit, an empty ``git diff`` or a broken
+edit (the seventh to ninth designs) lowered the held-out format validity each time: the
+model learned to go back and repeat.
 
 A demonstration is kept only when the env grades it resolved. A task whose statement shows
 nothing that leads to the patched file, or whose patch touches more than one file, gives
@@ -82,7 +75,7 @@ _FAILING = re.compile(r"\b\d+ (?:failed|errors?)\b")  # pytest's summary ("2 xfa
 # for any word (DECISIONS, "the seventh design" and "the eighth design")
 _GENERIC = frozenset(dir(builtins)) | {"self", "cls", "args", "kwargs"} | STATEMENT_WORDS
 VIEW_LINES = 30  # a view's most lines: a longer one ran the thought after it on
-AROUND = 15  # a view at a traceback's line starts this many lines above it
+AROUND = 20  # a view at a traceback's line starts this many lines above it
 
 
 def _code(statement: str) -> str:
@@ -326,30 +319,17 @@ def _missing(statement: str, base) -> str | None:
                  and not keyword.iskeyword(n) and n not in _GENERIC), None)
 
 
-#: what a demonstration recovers from, by a hash of the instance id (a seventh each): the
-#: observations a model trained on demonstrations without them passed over (DECISIONS, "the
-#: seventh design" and "the ninth design")
-RECOVERIES = ("none", "empty_search", "guessed_path", "no_file", "unchanged", "empty_diff",
-              "broken_edit")
-
-#: the package and version a statement's first line names ("Something in tabulate 0.10.1
-#: is broken"), which a model opens as if they were a path
-_NAMED = re.compile(r"\b([A-Za-z_][\w.-]*) v?(\d+(?:\.\w+)+)\b")
+#: what a demonstration recovers from, by a hash of the instance id (half each): a search for a
+#: name of the statement that nothing defines, then another name (DECISIONS, "the tenth
+#: design": the recoveries of the seventh to ninth designs went, each having lowered the
+#: held-out format validity)
+RECOVERIES = ("none", "empty_search")
 
 
 def recovery(row: dict) -> str:
-    """What ``row``'s demonstration recovers from, fixed by its instance id: ``none``;
-    ``empty_search`` (a search for a name nothing defines, then another name);
-    ``guessed_path`` (a view of the package and version the statement names, as if they
-    were a path, not learned, then the search; ``no_file`` where the statement names no
-    version); ``no_file`` (a view of a path made up from the package's name, not learned, then the
-    listed file); ``unchanged`` (an edit that retypes the old lines, not learned, then the
-    right one); ``empty_diff`` (that edit and a test run, not learned, then ``git diff``
-    shows nothing and the right edit follows); ``broken_edit`` (the right lines typed
-    without their indentation, not learned, then the tests fail, ``git diff`` shows the
-    change and the right edit follows). Under ``swe.protocol=tools`` only the first three
-    apply (the others are the bash protocol's observations), and where the traceback leads
-    to the file the search's two (``empty_search``, ``no_file``) do not."""
+    """What ``row``'s demonstration recovers from, fixed by its instance id: ``none``, or
+    ``empty_search`` (a search for a name nothing defines, then another name; ``none``
+    where the traceback leads to the edit and there is no search)."""
     import hashlib
     digest = hashlib.sha256(str(row["instance_id"]).encode()).digest()
     return RECOVERIES[int.from_bytes(digest[:8], "big") % len(RECOVERIES)]
@@ -372,14 +352,6 @@ def _gold(row: dict, env, tools: bool):
     if not edits or None in edits:
         return "no hunk gives an edit"
     return base, path, text, edits
-
-
-def _made_up(base, path: str, token: str) -> str:
-    """A path a model makes up from the package's name and the searched name, that the
-    base does not hold (``pkg/token.py``, else ``pkg/core.py``, else ``pkg.py``)."""
-    top = path.split("/", 1)[0] if "/" in path else path.removesuffix(".py")
-    return next(c for c in (f"{top}/{token.lower()}.py", f"{top}/core.py", f"{top}.py",
-                            f"{top}/{top}_{token.lower()}.py") if not (base / c).exists())
 
 
 def swe_demo(row: dict, env) -> dict | None:
@@ -405,21 +377,18 @@ def swe_demo(row: dict, env) -> dict | None:
     if isinstance(lead, str):
         return _drop(row, lead)
     token, defined, at = lead
-    named = _NAMED.search(statement.split("\n", 1)[0])
-    flat = "".join(ln.lstrip(" \t") for ln in edits[-1][1].splitlines(keepends=True))
-    kind = _kind(row, tools, token is None, named is not None, flat != edits[-1][1])
+    kind = "none" if token is None else recovery(row)
     missing = _missing(statement, base) if kind == "empty_search" else None
     prompt, _ = env.reset(seed=0, options={"row": row})
-    actions, observations, learn = [], [], []
+    actions, observations = [], []
 
     def act(thought: str, command: str) -> str:
         return _call(thought, "bash", {"command": command}) if tools else _bash(thought, command)
 
-    def play(action: str, ok, learned: bool = True) -> str | None:
-        """Play one turn (``learned``: in the loss); its observation's text, or None when
-        ``ok`` of it is false (the demonstration is dropped) or the episode ended."""
+    def play(action: str, ok) -> str | None:
+        """Play one turn; its observation's text, or None when ``ok`` of it is false (the
+        demonstration is dropped) or the episode ended."""
         actions.append(action)
-        learn.append(learned)
         obs, _, terminated, truncated, _ = env.step(action)
         seen = "".join(str(m.get("content", "")) for m in obs)
         if terminated or truncated or not ok(seen):
@@ -427,35 +396,23 @@ def swe_demo(row: dict, env) -> dict | None:
         observations.append(obs)
         return seen
 
-    def read() -> str:
-        """The statement and every observation so far: what a command may name."""
-        return statement + "".join(str(m.get("content", "")) for o in observations for m in o)
-
-    traced = shown and f"The traceback goes through line {shown[1]} of {path}; I open it " \
-        "there."
-    if kind == "guessed_path":  # the statement's package and version opened, not learned
-        guess = f"{named.group(1)} {named.group(2)}"
-        if play(act(f"The failure is in {guess}; I open it.",
-                    f"nl -ba {guess} | sed -n '1,{VIEW_LINES}p'"),
-                lambda seen: "No such file" in seen, learned=False) is None:
-            return _drop(row, f"{guess} opened as a file")
-        look = f"{guess} is the package and its version, not a file. " + (
-            f"The failure mentions {token}; I look for where it is " +
-            ("defined." if defined else "used.") if token else traced)
-    elif missing is not None:  # an empty search first, then another name
-        if play(act(f"The failure mentions {missing}; I look for where it is defined.",
-                    _search(missing, True)), lambda seen: not _hits(seen, path)
-                and ".py:" not in seen) is None:
-            return _drop(row, f"the search for {missing} is not empty")
-        look = f"Nothing defines {missing}; I look for {token}, which the failure names too."
-    elif token is None:
-        look = traced
+    traced = shown and f"The traceback goes through line {shown[1]} of {shown[0]}; I open " \
+        "it there."
+    if token is None:  # the view at the traceback's line is the first look, then the edit
+        where = traced
     else:
+        if shown and play(act(traced, view_at(*shown)),  # the traceback first, as read
+                          lambda seen: f"{shown[1]}\t" in seen) is None:
+            return _drop(row, f"the view of {shown[0]} at line {shown[1]} fails")
         look = f"The failure mentions {token}; I look for where it is " + (
             "defined." if defined else "used.")
-    if token is None:  # the view at the traceback's line is the first look
-        where = look
-    else:
+        if missing is not None:  # an empty search first, then another name
+            if play(act(f"The failure mentions {missing}; I look for where it is defined.",
+                        _search(missing, True)), lambda seen: not _hits(seen, path)
+                    and ".py:" not in seen) is None:
+                return _drop(row, f"the search for {missing} is not empty")
+            look = f"Nothing defines {missing}; I look for {token}, which the failure " \
+                "names too."
         listing = play(act(look, _search(token, defined)),
                        lambda seen: bool(_hits(seen, path)))
         if listing is None:
@@ -465,14 +422,6 @@ def swe_demo(row: dict, env) -> dict | None:
         if at not in _hits(listing, path):
             return _drop(row, f"the listing does not show line {at} of {path}")
         where = f"{token} is at line {at} of {path}; I open it from there."
-    if kind == "no_file":  # a made-up path, not learned; then the one the listing showed
-        bad = _made_up(base, path, token)
-        if play(_bash(f"{token} should be in {bad}; I open it.",
-                      f"nl -ba {shlex.quote(bad)} | sed -n '1,{VIEW_LINES}p'"),
-                lambda seen: "No such file" in seen, learned=False) is None:
-            return _drop(row, f"{bad} is there")
-        where = f"There is no {bad}. The search listed {token} at line {at} of {path}; " \
-                "I open it from there."
     hi = min(text.count("\n") + 1, max(last + 3, at + 12))
     views, edit_steps = _open_and_edit(tools, path, at, hi, edits, where)
     if token is None:  # the first view at the traceback's line, as read
@@ -480,53 +429,21 @@ def swe_demo(row: dict, env) -> dict | None:
     for lo, action in views:
         if play(action, lambda seen, lo=lo: f"{lo}" in seen) is None:
             return _drop(row, "the view fails")
-    if kind in ("unchanged", "empty_diff"):  # the old lines retyped, not learned
-        old, _, n = next(e for e in reversed(edits))
-        if play(_bash(f"{_bug(old, edits[-1][1])} I replace line {n}.",
-                      _edit_script(path, n, old, old)),
-                lambda seen: "unchanged" in seen, learned=False) is None:
-            return _drop(row, "the unchanged edit changed something")
-        if kind == "unchanged":
-            edit_steps[0] = edit_steps[0].replace(
-                "THOUGHT: ", "THOUGHT: The edit changed nothing: the lines I typed are the old "
-                "ones. ", 1)
-        else:
-            seen = read()
-            # whatever they print (the visible tests may fail before the fix): not learned
-            if play(act("I run the tests of that behaviour.", _test_run(row, seen, files)),
-                    lambda seen: True, learned=False) is None:
-                return _drop(row, "the episode ended at the tests")
-            if play(act("I look at my change before submitting.", "git diff"),
-                    lambda seen: "diff --git" not in seen) is None:
-                return _drop(row, "the diff of an unchanged edit is not empty")
-            edit_steps[0] = edit_steps[0].replace(
-                "THOUGHT: ", "THOUGHT: The diff is empty: my edit changed nothing. ", 1)
-    if kind == "broken_edit":  # the right lines without their indentation, not learned
-        mended = _break_and_mend(play, act, path, edits[-1], flat, lambda: _test_run(
-            row, read(), files))
-        if mended.startswith("no: "):
-            return _drop(row, mended[4:])
-        edit_steps[0] = mended
     for action in edit_steps:
         if play(action, _edited) is None:
             return _drop(row, "an edit fails")
-    seen = read()
-    tests = _test_run(row, seen, files)
-    if play(act("I run the tests of that behaviour.", tests), _passed) is None:
+    seen = statement + "".join(str(m.get("content", "")) for o in observations for m in o)
+    if play(act("I run the tests of that behaviour.", _test_run(row, seen, files)),
+            _passed) is None:
         return _drop(row, "the tests do not pass")
-    if play(act("I look at my change before submitting.", "git diff"),
-            lambda seen: f"a/{path}" in seen) is None:
-        return _drop(row, "the diff does not show the edit")
-    done = f"The diff changes {path} as I meant: I submit."
+    done = f"The tests pass with my edit of {path}: I submit."
     actions.append(_call(done, "submit", {}) if tools else _bash(done, f"echo {SUBMIT}"))
-    learn.append(True)
     _, reward, terminated, _, _ = env.step(actions[-1])
     if not (terminated and reward >= 1.0):
         return _drop(row, "not graded resolved")
     return {"type": "demonstration", "env": "swe", "builder": "gold-patch-tools",
             "prompt": prompt, "actions": actions, "observations": observations,
-            **({"learn": learn} if not all(learn) else {}), "reward": 1.0, "row": row,
-            "recovery": kind}
+            "reward": 1.0, "row": row, "recovery": kind}
 
 
 def _lead(statement: str, base, path: str, text: str, first: int, last: int,
@@ -544,44 +461,6 @@ def _lead(statement: str, base, path: str, text: str, first: int, last: int,
     if last + 3 - located[2] > 3 * VIEW_LINES:
         return f"the edit is {first - located[2]} lines below what the search shows"
     return located
-
-
-def _kind(row: dict, tools: bool, traced: bool, named: bool, indented: bool) -> str:
-    """:func:`recovery` of ``row``, where it applies: ``no_file`` for ``guessed_path`` when
-    the statement names no version; ``none`` for a search's recoveries where the traceback
-    leads (``traced``), for the bash protocol's under ``tools``, and for ``broken_edit``
-    when the new lines have no indentation to lose."""
-    kind = recovery(row)
-    if kind == "guessed_path" and not named:
-        kind = "no_file"
-    if traced and kind in ("empty_search", "no_file"):
-        kind = "none"  # the traceback names the file: no search to come back empty
-    if tools and kind not in ("none", "empty_search", "guessed_path"):
-        kind = "none"
-    return "none" if kind == "broken_edit" and not indented else kind
-
-
-def _break_and_mend(play, act, path: str, edit: tuple[str, str, int], flat: str,
-                    tests) -> str:
-    """The broken-edit recovery, played through ``play``: ``edit``'s new lines typed as
-    ``flat`` (no indentation; not learned), the test run ``tests()`` that then fails, the
-    ``git diff`` that shows why; returns the edit typed again, or ``"no: "`` and why there
-    is none."""
-    old, new, n = edit
-    if play(_bash(f"{_bug(old, new)} I replace line {n}.", _edit_script(path, n, old, flat)),
-            _edited, learned=False) is None:
-        return "no: the edit without indentation fails"
-    if play(act("I run the tests of that behaviour.", tests()),
-            lambda seen: not _passed(seen)) is None:
-        return "no: the tests pass with the edit's indentation lost"
-    if play(act("The tests fail after my edit; I look at my change.", "git diff"),
-            lambda seen: "diff --git" in seen) is None:
-        return "no: the diff of the broken edit is empty"
-    many = flat.count("\n") > 1
-    return _bash("The diff shows the lines I typed lost their indentation, which broke the "
-                 f"code. I replace line {n}" + (f"-{n + flat.count(chr(10)) - 1}" if many
-                                                 else "") + " again.",
-                 _edit_script(path, n, flat, new))
 
 
 def _open_and_edit(tools: bool, path: str, lo: int, hi: int, edits: list,

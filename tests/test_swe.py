@@ -625,8 +625,8 @@ def test_where_no_overlay_mounts_a_workspace_is_a_copy_and_works_the_same(user_r
 
 # -- the cold start's demonstrations -------------------------------------------------------
 def test_demonstrations_solve_tasks_with_either_protocol_and_replay(user_repo):
-    """A demonstration finds the code, opens it, edits it, runs the tests, reads the diff
-    and submits (six turns), with the bash protocol on a user's row and with the tool calls
+    """A demonstration finds the code, opens it, edits it, runs the tests and submits (five
+    turns), with the bash protocol on a user's row and with the tool calls
     on the built-in tasks; each is graded resolved, and replaying its actions is graded
     resolved again."""
     from agentgym.data.demo_builders import build_demos
@@ -640,7 +640,7 @@ def test_demonstrations_solve_tasks_with_either_protocol_and_replay(user_repo):
     (demo,) = build_demos("swe", [dict(user_repo[1], repo_path=str(user_repo[0]),
                                        instance_id=plain)], lambda: SWEEnv(max_turns=10))
     assert demo["recovery"] == "none" and "learn" not in demo
-    assert len(demo["actions"]) == 6 and demo["reward"] == 1.0
+    assert len(demo["actions"]) == 5 and demo["reward"] == 1.0
     assert 'grep -rnE "(def|class) count_words\\b" --include=*.py --exclude-dir=test ' \
         '--exclude-dir=tests' in demo["actions"][0]
     # the view starts at the line the listing showed: count_words's def
@@ -651,9 +651,7 @@ def test_demonstrations_solve_tasks_with_either_protocol_and_replay(user_repo):
         "there. I replace line 9." in demo["actions"][2]
     assert "<returncode>0</returncode>" in demo["observations"][2][0]["content"]
     assert "passed" in demo["observations"][3][0]["content"]
-    # the diff read before the submit shows the change
-    assert "git diff" in demo["actions"][4]
-    assert '+    return len(text.split())' in demo["observations"][4][0]["content"]
+    assert "The tests pass with my edit of wordy/text.py: I submit." in demo["actions"][-1]
     assert demo["actions"][-1].endswith(f"echo {SUBMIT}\n```")
     rows = builtin_rows(swe_root() / "builtin")
     demos = build_demos("swe", rows, lambda: SWEEnv(protocol="tools", max_turns=10))
@@ -669,7 +667,7 @@ def test_demonstrations_solve_tasks_with_either_protocol_and_replay(user_repo):
         assert [again["info"][k] for k in ("opened_file", "edited_file", "ran_tests")] == \
             [1.0] * 3
         # the test run names only files an earlier observation showed (none: the suite)
-        run = d["actions"][-3]
+        run = d["actions"][-2]
         shown = d["row"]["problem_statement"] + "".join(
             str(m["content"]) for o in d["observations"][:-1] for m in o)
         named = [w for w in re.findall(r"[\w/.-]+\.py", run.split("pytest", 1)[1])]
@@ -677,13 +675,13 @@ def test_demonstrations_solve_tasks_with_either_protocol_and_replay(user_repo):
         f2p = {t.split("::", 1)[0] for t in d["row"]["FAIL_TO_PASS"]}
         assert again["info"]["opened_test"] == float(bool(f2p & set(named)))
     # the listing showed no test file: the suite runs
-    assert "pytest -q -p no:cacheprovider 2>&1 | tail -n 3" in demo["actions"][-3]
+    assert "pytest -q -p no:cacheprovider 2>&1 | tail -n 3" in demo["actions"][-2]
     calls = [json.loads(a.split("<tool_call>\n", 1)[1].split("\n</tool_call>")[0])
              for a in demos[0]["actions"]]
-    assert [c["name"] for c in calls][-5:] == ["str_replace_editor", "str_replace_editor",
-                                               "bash", "bash", "submit"]
-    assert [c["arguments"].get("command") for c in calls[-5:-1]] == \
-        ["view", "str_replace", calls[-3]["arguments"]["command"], "git diff"]
+    assert [c["name"] for c in calls][-4:] == ["str_replace_editor", "str_replace_editor",
+                                               "bash", "submit"]
+    assert [c["arguments"].get("command") for c in calls[-4:-1]] == \
+        ["view", "str_replace", calls[-2]["arguments"]["command"]]
 
 
 def test_the_edits_thought_names_what_changes():
@@ -721,16 +719,12 @@ def test_the_demonstrations_search_leaves_out_test_files(user_repo):
         "./wordy/text.py:4:def shout(text):"]
 
 
-def test_demonstrations_recover_from_what_went_wrong_and_learn_only_the_recovery(
-        user_repo, tiny_tokenizer):
-    """Which tasks' demonstrations recover, and from what, is fixed by the instance id (a
-    seventh each an empty search, the statement's package and version opened as a path, a
-    made-up path, an unchanged edit, an empty diff and an edit that lost its indentation; a
-    seventh none). Each recovery's wrong step is played (its observation is the one the
-    model met: an empty listing, ``No such file``, ``unchanged``, an empty ``git diff``,
-    failing tests),
-    the wrong action kept out of the loss, what follows learned, and the replay is graded
-    resolved. The search is never for a builtin the statement uses."""
+def test_half_the_demonstrations_recover_from_an_empty_search(user_repo, tiny_tokenizer):
+    """Which tasks' demonstrations recover is fixed by the instance id (half): a search for a
+    name of the statement that nothing defines, an empty listing, then another name and the
+    plain demonstration's steps; the replay is graded resolved. The search is never for a
+    builtin the statement uses. A record's ``learn`` keeps an action it marks out of the
+    loss, its tokens in the sequence with mask 0."""
     from agentgym.data.demos import demo_to_trajectory, env_protocol, replay_demo
     from agentgym.envs.swe import SWEEnv
     from agentgym.envs.swe_demos import RECOVERIES, recovery, swe_demo
@@ -738,113 +732,83 @@ def test_demonstrations_recover_from_what_went_wrong_and_learn_only_the_recovery
     repo, row = user_repo
     ids = [f"me__wordy-{i}" for i in range(600)]
     kinds = [recovery({"instance_id": i}) for i in ids]
-    assert len(set(RECOVERIES)) == 7 and all(60 < kinds.count(k) < 120 for k in RECOVERIES)
+    assert RECOVERIES == ("none", "empty_search")
+    assert all(250 < kinds.count(k) < 350 for k in RECOVERIES)
     statement = ("Counting words is wrong:\n```python\nif isinstance(s, str):\n"
                  "    result = count_words(\"a  b \")\n```\nreturns 4; it should count 2 words.")
     env = SWEEnv(max_turns=10)
     demos = {}
     try:
         for kind in RECOVERIES:
-            named = "Something in wordy 1.0.2 is broken. " if kind == "guessed_path" else ""
-            task = dict(row, repo_path=str(repo), problem_statement=named + statement,
+            task = dict(row, repo_path=str(repo), problem_statement=statement,
                         instance_id=ids[kinds.index(kind)])
             demos[kind] = d = swe_demo(task, env)
-            assert d["recovery"] == kind
+            assert d["recovery"] == kind and "learn" not in d
             again = replay_demo(d, env)
             assert again["reward"] == 1.0 and again["info"]["format_valid"] == 1.0
-        # a statement that names no version: a made-up path instead
-        task = dict(row, repo_path=str(repo), problem_statement=statement,
-                    instance_id=ids[kinds.index("guessed_path")])
-        assert swe_demo(task, env)["recovery"] == "no_file"
     finally:
         env.close()
     plain = demos["none"]["actions"]
-    assert len(plain) == 6 and "(def|class) count_words\\b" in plain[0]  # not isinstance
-    shown = {k: [o[0]["content"] for o in d["observations"]] for k, d in demos.items()}
-    learn = {k: d.get("learn", [True] * len(d["actions"])) for k, d in demos.items()}
-    # an empty search (learned: a first search a model may well try), then the plain one
-    d = demos["empty_search"]["actions"]
-    assert 'grep -rnE "(def|class) result\\b"' in d[0] and "<output>\n</output>" in shown[
-        "empty_search"][0]
-    assert "Nothing defines result" in d[1] and d[2:] == plain[1:] and all(learn["empty_search"])
-    # the statement's package and version opened, not learned; then the plain search
-    d = demos["guessed_path"]["actions"]
-    assert "nl -ba wordy 1.0.2 |" in d[0] and "No such file" in shown["guessed_path"][0]
-    assert learn["guessed_path"] == [False] + [True] * 6
-    assert "wordy 1.0.2 is the package and its version, not a file" in d[1]
-    assert d[1].split("\n```")[1] == plain[0].split("\n```")[1] and d[2:] == plain[1:]
-    # a made-up path, not learned; then the view of the file the listing showed
-    d = demos["no_file"]["actions"]
-    assert "nl -ba wordy/count_words.py" in d[1] and "No such file" in shown["no_file"][1]
-    assert learn["no_file"] == [True, False] + [True] * 5
-    assert "There is no wordy/count_words.py" in d[2] and d[3:] == plain[2:]
-    # the old lines retyped, not learned; then the edit, which says why it is typed again
-    d = demos["unchanged"]["actions"]
-    assert "unchanged: the new lines are the old ones" in shown["unchanged"][2]
-    assert learn["unchanged"] == [True, True, False] + [True] * 4
-    assert "THOUGHT: The edit changed nothing" in d[3] and d[4:] == plain[3:]
-    # that edit and a test run, not learned; an empty diff, then the edit
-    d = demos["empty_diff"]["actions"]
-    assert learn["empty_diff"] == [True, True, False, False] + [True] * 5
-    assert "git diff" in d[4] and "diff --git" not in shown["empty_diff"][4]
-    assert "THOUGHT: The diff is empty" in d[5] and d[6:] == plain[3:]
-    # the right lines without their indentation, not learned: the tests fail and the diff
-    # shows why; then the edit again, learned
-    d = demos["broken_edit"]["actions"]
-    assert learn["broken_edit"] == [True, True, False] + [True] * 6
-    assert "\nreturn len(text.split())\nEOF" in d[2] and "1 error" in shown["broken_edit"][3]
-    assert "The tests fail after my edit" in d[4] and \
-        "+return len(text.split())" in shown["broken_edit"][4]
-    assert "lost their indentation" in d[5] and "\n    return len(text.split())\nEOF" in d[5]
-    # the tests again: the failing run named their file, which the run may now name
-    assert "pytest" in d[6] and d[7:] == plain[4:]
-    # the loss: the wrong actions' tokens are in the sequence with mask 0
+    assert len(plain) == 5 and "(def|class) count_words\\b" in plain[0]  # not isinstance
+    d = demos["empty_search"]
+    assert 'grep -rnE "(def|class) result\\b"' in d["actions"][0]
+    assert "<output>\n</output>" in d["observations"][0][0]["content"]
+    assert "Nothing defines result; I look for count_words" in d["actions"][1]
+    assert d["actions"][1].split("\n```")[1] == plain[0].split("\n```")[1]
+    assert d["actions"][2:] == plain[1:]
+    # a step marked out of the loss: played (in the context, mask 0), the rest learned
     chat = ChatTokens(tiny_tokenizer)
-    traj = demo_to_trajectory(demos["empty_diff"], chat, *env_protocol("swe"))
+    traj = demo_to_trajectory(dict(d, learn=[False] + [True] * 5), chat, *env_protocol("swe"))
     played = [s for s in traj.segments if s.kind == "played"]
-    assert [s.turn for s in played] == [2, 3]
+    assert [s.turn for s in played] == [0]
     assert all(traj.loss_mask[i] == 0 for s in played for i in range(s.start, s.end))
     learned = [s for s in traj.segments if s.kind == "generated"]
-    assert [s.turn for s in learned] == [0, 1, 4, 5, 6, 7, 8]
+    assert [s.turn for s in learned] == [1, 2, 3, 4, 5]
     assert traj.num_sampled == sum(len(s) for s in learned)
     with pytest.raises(ValueError, match="'learn' must be one true or false per action"):
-        demo_to_trajectory(dict(demos["empty_diff"], learn=[True]), chat, "chat", ())
+        demo_to_trajectory(dict(d, learn=[True]), chat, "chat", ())
 
 
 def test_a_traceback_through_the_source_leads_the_demonstration_to_its_line(user_repo):
     """Where the statement's traceback goes through a source file (its last frame outside
-    the tests) and the edit is near that line, the demonstration opens the file there first,
-    typing the traceback's path and number as they are (no search): the view, the edit, the
-    tests, the diff, the submit; where the traceback names only tests, it searches."""
+    the tests), the demonstration opens that file there first, typing the traceback's path
+    and number as they are: where it is the patched file near the edit, the edit follows
+    (no search: view, edit, tests, submit); where it is another file, the search follows;
+    where the traceback names only tests, the search comes first."""
     from agentgym.data.demos import replay_demo
     from agentgym.envs.swe import SWEEnv
     from agentgym.envs.swe_demos import RECOVERIES, frame, recovery, swe_demo, view_at
     from agentgym.envs.swe_make import report
     repo, row = user_repo
-    through = report("wordy", "1.0", "tests/test_text.py:5: in test_count_spaces\n"
-                     "    assert count_words(\"a  b \") == 2\n"
-                     "wordy/text.py:9: in count_words\n    return len(text.split(\" \"))\n"
-                     "E   AssertionError", 0)
-    tests_only = report("wordy", "1.0", "tests/test_text.py:5: in test_count_spaces\n"
-                        "    assert count_words(\"a  b \") == 2\nE   AssertionError", 0)
+    test = "tests/test_text.py:5: in test_count_spaces\n    assert count_words(\"a  b \") == 2\n"
+    through = report("wordy", "1.0", test + "wordy/text.py:9: in count_words\n"
+                     "    return len(text.split(\" \"))\nE   AssertionError", 0)
+    elsewhere = report("wordy", "1.0", test + "wordy/__init__.py:1: in <module>\n"
+                       "    from wordy.text import count_words, shout\nE   AssertionError", 0)
+    tests_only = report("wordy", "1.0", test + "E   AssertionError", 0)
     base = repo_cache().base("me/wordy", repo, row["base_commit"])
     assert frame(through, base) == ("wordy/text.py", 9) and frame(tests_only, base) is None
+    assert frame(elsewhere, base) == ("wordy/__init__.py", 1)
     none = next(f"me__wordy-{i}" for i in range(100)
                 if recovery({"instance_id": f"me__wordy-{i}"}) == RECOVERIES[0])
     env = SWEEnv(max_turns=10)
     try:
-        led = swe_demo(dict(row, repo_path=str(repo), problem_statement=through,
-                            instance_id=none), env)
-        searched = swe_demo(dict(row, repo_path=str(repo), problem_statement=tests_only,
-                                 instance_id=none), env)
-        again = replay_demo(led, env)
+        led, other, searched = (swe_demo(dict(row, repo_path=str(repo), problem_statement=s,
+                                              instance_id=none), env)
+                                for s in (through, elsewhere, tests_only))
+        again = [replay_demo(d, env) for d in (led, other)]
     finally:
         env.close()
-    assert again["reward"] == 1.0 and again["info"]["format_valid"] == 1.0
-    assert len(led["actions"]) == 5 and "grep -r" not in "".join(led["actions"])
+    assert all(a["reward"] == 1.0 and a["info"]["format_valid"] == 1.0 for a in again)
+    assert len(led["actions"]) == 4 and "grep -r" not in "".join(led["actions"])
     assert "The traceback goes through line 9 of wordy/text.py; I open it there." in \
         led["actions"][0] and view_at("wordy/text.py", 9) in led["actions"][0]
     assert "     9\t    return len(text.split(\" \"))" in led["observations"][0][0]["content"]
+    assert "The traceback goes through line 1 of wordy/__init__.py; I open it there." in \
+        other["actions"][0] and view_at("wordy/__init__.py", 1) in other["actions"][0]
+    # the frame's line names more words than the statement did: the search may be another
+    assert "grep -rn" in other["actions"][1] and len(other["actions"]) == 6
+    assert other["actions"][-3:] == searched["actions"][-3:]  # the edit, tests, submit
     assert 'grep -rnE "(def|class) count_words\\b"' in searched["actions"][0]
 
 
