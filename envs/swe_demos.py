@@ -7,8 +7,10 @@ patch and nothing the agent could not have read:
    says (:func:`view_at`: ``nl -ba FILE | grep -B 20 -A 9 -E "^ *472\\s"``, the path and
    number typed as read); where that is the patched file and the edit is at most
    :data:`AROUND` lines above the frame's line, go on at step 3;
-   else find where a name of the problem statement lives in the source files (one the patched
-   file defines, from the statement's code first:
+   else, where the traceback shows only tests, find where a word of the failing check's own
+   name is used (``test_floatfmt_multi``: ``grep -rnw "floatfmt" ...``; its first word whose
+   listing leads to the edit), or else where a name of the problem statement lives in the
+   source files (one the patched file defines, from the statement's code first:
    ``grep -rnE "(def|class) NAME\b" --include=*.py EXCLUDES . | head -n 20``, test files
    left out; else a word of it that few source files use: ``grep -rnw WORD ...``; never a
    builtin such as ``isinstance``, a word of the statement's own template (``should``,
@@ -26,8 +28,9 @@ patch and nothing the agent could not have read:
    no file named, so the demonstration types no name it has not read;
 5. submit.
 
-Half the tasks that search (:func:`recovery`, fixed by the instance id) first search for a
-name of the statement that no file defines, come back empty, and go on to another name.
+Half the tasks that search for a name of the statement (:func:`recovery`, fixed by the
+instance id) first search for one that no file defines, come back empty, and go on to
+another name.
 
 Why so (DECISIONS, "the second reading" to "the tenth design"): a model trained on
 demonstrations that searched for ``def NAME`` and ran test files named from the row looped
@@ -68,6 +71,7 @@ _CODE = re.compile(r"```python\n(.*?)```", re.S)
 _FENCE = re.compile(r"```[^\n]*\n(.*?)```", re.S)
 # a traceback's frame as pytest prints it: ``voluptuous/validators.py:472: in __init__``
 _FRAME = re.compile(r"^(\S+\.py):(\d+): in \S+$", re.M)
+_FRAME_NAME = re.compile(r"^(\S+\.py):(\d+): in (\S+)$", re.M)
 _FAILING = re.compile(r"\b\d+ (?:failed|errors?)\b")  # pytest's summary ("2 xfailed" passes)
 # names no search is for: Python's builtins (``isinstance``, ``ValueError``, ``list``) and
 # the words every method has, and the statement template's own (``should``, ``check``); a
@@ -376,8 +380,8 @@ def swe_demo(row: dict, env) -> dict | None:
     lead = _lead(statement, base, path, text, first, last, shown)
     if isinstance(lead, str):
         return _drop(row, lead)
-    token, defined, at = lead
-    kind = "none" if token is None else recovery(row)
+    token, defined, at, check = lead
+    kind = "none" if token is None or check else recovery(row)  # the check: no empty search
     missing = _missing(statement, base) if kind == "empty_search" else None
     prompt, _ = env.reset(seed=0, options={"row": row})
     actions, observations = [], []
@@ -404,7 +408,8 @@ def swe_demo(row: dict, env) -> dict | None:
         if shown and play(act(traced, view_at(*shown)),  # the traceback first, as read
                           lambda seen: f"{shown[1]}\t" in seen) is None:
             return _drop(row, f"the view of {shown[0]} at line {shown[1]} fails")
-        look = f"The failure mentions {token}; I look for where it is " + (
+        look = (f"The failing check is {check}; I look for where {token} is " if check else
+                f"The failure mentions {token}; I look for where it is ") + (
             "defined." if defined else "used.")
         if missing is not None:  # an empty search first, then another name
             if play(act(f"The failure mentions {missing}; I look for where it is defined.",
@@ -447,20 +452,51 @@ def swe_demo(row: dict, env) -> dict | None:
 
 
 def _lead(statement: str, base, path: str, text: str, first: int, last: int,
-          shown: tuple[str, int] | None) -> tuple[str | None, bool, int] | str:
+          shown: tuple[str, int] | None) -> tuple[str | None, bool, int, str | None] | str:
     """How the demonstration reaches the edit at lines ``first``..``last`` of ``path``:
-    ``(None, False, at)`` when the traceback's frame ``shown`` is in that file and the edit
-    near its line (the view at it starts at line ``at``), else the search's ``(token,
-    defined, at)`` (:func:`_locate`); or why neither leads there."""
+    ``(None, False, at, None)`` when the traceback's frame ``shown`` is in that file and the
+    edit near its line (the view at it starts at line ``at``), else the search's ``(token,
+    defined, at, check)``: where the traceback shows only tests, a word of the failing
+    check's name (``check``; :func:`_by_check`) when one leads there, else a name of the
+    statement (:func:`_locate`, ``check`` None); or why none leads there."""
     if shown and shown[0] == path and first >= shown[1] - AROUND and \
             last + 3 - (shown[1] - AROUND) <= 3 * VIEW_LINES:
-        return None, False, max(1, shown[1] - AROUND)
-    located = _locate(statement, base, path, text, first)
+        return None, False, max(1, shown[1] - AROUND), None
+    located = (None if shown else _by_check(statement, base, path, text, first, last)) or \
+        _locate(statement, base, path, text, first)
     if located is None:
         return "the statement names nothing that leads to the edit"
     if last + 3 - located[2] > 3 * VIEW_LINES:
         return f"the edit is {first - located[2]} lines below what the search shows"
-    return located
+    return located if len(located) == 4 else (*located, None)
+
+
+def _by_check(statement: str, base, path: str, text: str, first: int,
+              last: int) -> tuple[str, bool, int, str] | None:
+    """The search a failing check's own name leads to (``test_floatfmt_multi``: where
+    ``floatfmt`` is used): ``(word, defined, at, check)`` for the first word of the
+    traceback's first test function's name, in order, whose search lists at most 20 lines
+    (:func:`_search`'s ``head``), one of them at line ``at`` of ``path`` at most
+    :data:`VIEW_LINES` lines a view, three views, above the edit; None when no word does.
+    A rule the statement alone gives, unlike :func:`_locate`'s nearest name (DECISIONS,
+    "the tenth design")."""
+    import keyword
+    check = next((name for _, _, name in _FRAME_NAME.findall(
+        "\n".join(_FENCE.findall(statement))) if name.startswith("test")), None)
+    if check is None:
+        return None
+    files = _sources(base)
+    for word in check.split("_")[1:]:
+        if len(word) < 3 or keyword.iskeyword(word) or word in _GENERIC:
+            continue
+        define = re.compile(rf"(def|class) {re.escape(word)}\b")
+        defined = any(define.search(ln) for ln in text.split("\n"))
+        pattern = define if defined else re.compile(rf"\b{re.escape(word)}\b")
+        listed = sum(1 for lines in files.values() for ln in lines if pattern.search(ln))
+        above = [i + 1 for i, ln in enumerate(text.split("\n")[:first]) if pattern.search(ln)]
+        if above and listed <= 20 and last + 3 - above[-1] <= 3 * VIEW_LINES:
+            return word, defined, above[-1], check
+    return None
 
 
 def _open_and_edit(tools: bool, path: str, lo: int, hi: int, edits: list,

@@ -812,6 +812,43 @@ def test_a_traceback_through_the_source_leads_the_demonstration_to_its_line(user
     assert 'grep -rnE "(def|class) count_words\\b"' in searched["actions"][0]
 
 
+def test_a_failing_checks_name_leads_the_search_where_the_traceback_shows_only_tests(
+        user_repo):
+    """Where the traceback goes through test files only, the search is for the first word
+    of the failing check's name whose listing leads above the edit (``test_text_split``:
+    where ``text`` is used), whatever the instance id (no empty search first); a check's
+    name that leads nowhere falls back on the statement's names."""
+    from agentgym.data.demos import replay_demo
+    from agentgym.envs.swe import SWEEnv
+    from agentgym.envs.swe_demos import RECOVERIES, recovery, swe_demo
+    from agentgym.envs.swe_make import report
+    repo, row = user_repo
+
+    def tests_only(check: str) -> str:
+        return report("wordy", "1.0", f"tests/test_text.py:5: in {check}\n"
+                      "    assert count_words(\"a  b \") == 2\nE   AssertionError", 0)
+
+    ids = {k: next(f"me__wordy-{i}" for i in range(100)
+                   if recovery({"instance_id": f"me__wordy-{i}"}) == k) for k in RECOVERIES}
+    env = SWEEnv(max_turns=10)
+    try:
+        named = [swe_demo(dict(row, repo_path=str(repo), problem_statement=tests_only(
+            "test_text_split"), instance_id=i), env) for i in ids.values()]
+        fallback = swe_demo(dict(row, repo_path=str(repo), problem_statement=tests_only(
+            "test_spaces"), instance_id=ids["none"]), env)
+        again = replay_demo(named[1], env)
+    finally:
+        env.close()
+    assert again["reward"] == 1.0 and again["info"]["format_valid"] == 1.0
+    for d in named:
+        assert d["recovery"] == "none" and len(d["actions"]) == 5
+        assert "THOUGHT: The failing check is test_text_split; I look for where text is " \
+            "used." in d["actions"][0] and 'grep -rnw "text"' in d["actions"][0]
+        assert "./wordy/text.py:9:" in d["observations"][0][0]["content"]
+        assert "text is at line 9 of wordy/text.py" in d["actions"][1]
+    assert 'grep -rnE "(def|class) count_words\\b"' in fallback["actions"][0]
+
+
 def test_a_patch_that_does_not_resolve_gives_no_demonstration(user_repo):
     """The builder keeps only what the env grades resolved: a 'gold' patch that edits the
     wrong function (the tests it runs fail) gives no demonstration, and nor does a statement
