@@ -70,8 +70,7 @@ _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@", re.M)
 _CODE = re.compile(r"```python\n(.*?)```", re.S)
 _FENCE = re.compile(r"```[^\n]*\n(.*?)```", re.S)
 # a traceback's frame as pytest prints it: ``voluptuous/validators.py:472: in __init__``
-_FRAME = re.compile(r"^(\S+\.py):(\d+): in \S+$", re.M)
-_FRAME_NAME = re.compile(r"^(\S+\.py):(\d+): in (\S+)$", re.M)
+_FRAME = re.compile(r"^(\S+\.py):(\d+): in (\S+)$", re.M)  # path, line, function
 _FAILING = re.compile(r"\b\d+ (?:failed|errors?)\b")  # pytest's summary ("2 xfailed" passes)
 # names no search is for: Python's builtins (``isinstance``, ``ValueError``, ``list``) and
 # the words every method has, and the statement template's own (``should``, ``check``); a
@@ -107,7 +106,7 @@ def frame(statement: str, base) -> tuple[str, int] | None:
     file): ``(path, line)``, where the error was raised nearest; None when the traceback
     goes through none."""
     from agentgym.envs.swe_rows import is_test_path
-    frames = [(f, int(n)) for f, n in _FRAME.findall("\n".join(_FENCE.findall(statement)))
+    frames = [(f, int(n)) for f, n, _ in _FRAME.findall("\n".join(_FENCE.findall(statement)))
               if not is_test_path(f) and (base / f).is_file()]
     return frames[-1] if frames else None
 
@@ -405,28 +404,9 @@ def swe_demo(row: dict, env) -> dict | None:
     if token is None:  # the view at the traceback's line is the first look, then the edit
         where = traced
     else:
-        if shown and play(act(traced, view_at(*shown)),  # the traceback first, as read
-                          lambda seen: f"{shown[1]}\t" in seen) is None:
-            return _drop(row, f"the view of {shown[0]} at line {shown[1]} fails")
-        look = (f"The failing check is {check}; I look for where {token} is " if check else
-                f"The failure mentions {token}; I look for where it is ") + (
-            "defined." if defined else "used.")
-        if missing is not None:  # an empty search first, then another name
-            if play(act(f"The failure mentions {missing}; I look for where it is defined.",
-                        _search(missing, True)), lambda seen: not _hits(seen, path)
-                    and ".py:" not in seen) is None:
-                return _drop(row, f"the search for {missing} is not empty")
-            look = f"Nothing defines {missing}; I look for {token}, which the failure " \
-                "names too."
-        listing = play(act(look, _search(token, defined)),
-                       lambda seen: bool(_hits(seen, path)))
-        if listing is None:
-            return _drop(row, f"the search for {token} does not show {path}")
-        # the view starts at the line of the listing nearest above the edit and ends past
-        # it: every number the demonstration types next is one it has read
-        if at not in _hits(listing, path):
-            return _drop(row, f"the listing does not show line {at} of {path}")
-        where = f"{token} is at line {at} of {path}; I open it from there."
+        where = _find(play, act, shown, traced, path, lead, missing)
+        if where.startswith("no: "):
+            return _drop(row, where[4:])
     hi = min(text.count("\n") + 1, max(last + 3, at + 12))
     views, edit_steps = _open_and_edit(tools, path, at, hi, edits, where)
     if token is None:  # the first view at the traceback's line, as read
@@ -449,6 +429,34 @@ def swe_demo(row: dict, env) -> dict | None:
     return {"type": "demonstration", "env": "swe", "builder": "gold-patch-tools",
             "prompt": prompt, "actions": actions, "observations": observations,
             "reward": 1.0, "row": row, "recovery": kind}
+
+
+def _find(play, act, shown, traced: str, path: str, lead: tuple, missing: str | None) -> str:
+    """The steps to the line the search lists, played through ``play``: the view at the
+    traceback's line ``shown`` (where there is one), the empty search for ``missing`` (where
+    given), then the search of ``lead`` (:func:`_lead`); the thought of the view that
+    follows, or ``"no: "`` and why the demonstration is dropped."""
+    token, defined, at, check = lead
+    if shown and play(act(traced, view_at(*shown)),  # the traceback first, as read
+                      lambda seen: f"{shown[1]}\t" in seen) is None:
+        return f"no: the view of {shown[0]} at line {shown[1]} fails"
+    look = (f"The failing check is {check}; I look for where {token} is " if check else
+            f"The failure mentions {token}; I look for where it is ") + (
+        "defined." if defined else "used.")
+    if missing is not None:  # an empty search first, then another name
+        if play(act(f"The failure mentions {missing}; I look for where it is defined.",
+                    _search(missing, True)), lambda seen: not _hits(seen, path)
+                and ".py:" not in seen) is None:
+            return f"no: the search for {missing} is not empty"
+        look = f"Nothing defines {missing}; I look for {token}, which the failure names too."
+    listing = play(act(look, _search(token, defined)), lambda seen: bool(_hits(seen, path)))
+    if listing is None:
+        return f"no: the search for {token} does not show {path}"
+    # the view starts at the line of the listing nearest above the edit and ends past it:
+    # every number the demonstration types next is one it has read
+    if at not in _hits(listing, path):
+        return f"no: the listing does not show line {at} of {path}"
+    return f"{token} is at line {at} of {path}; I open it from there."
 
 
 def _lead(statement: str, base, path: str, text: str, first: int, last: int,
@@ -481,7 +489,7 @@ def _by_check(statement: str, base, path: str, text: str, first: int,
     A rule the statement alone gives, unlike :func:`_locate`'s nearest name (DECISIONS,
     "the tenth design")."""
     import keyword
-    check = next((name for _, _, name in _FRAME_NAME.findall(
+    check = next((name for _, _, name in _FRAME.findall(
         "\n".join(_FENCE.findall(statement))) if name.startswith("test")), None)
     if check is None:
         return None
