@@ -27,9 +27,11 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentgym.core import choices
 from agentgym.core.registry import check_choices, did_you_mean, env_names  # noqa: F401
 from agentgym.core.watchdog import DeadlinesConfig
 from agentgym.envs import config_sections, default_env, env_manifest
+from agentgym.envs.manifest import MAX_TURNS
 from agentgym.envs.code import CodeConfig, SandboxConfig  # the sandbox's: the code env's
 from agentgym.envs.geometry import GeometryConfig
 from agentgym.envs.judge import JudgeConfig  # reward=judge's
@@ -40,6 +42,7 @@ from agentgym.envs.search import RetrieverConfig, SearchConfig
 from agentgym.envs.swe import SWEConfig
 from agentgym.envs.verifiers_env import VerifiersConfig
 from agentgym.core.overrides import coerce
+from agentgym.core.types import SamplingParams
 from agentgym.presets import (ALGO_PRESETS, ALIASES, FLOAT_PER_ENV_KEYS,  # noqa: F401
                               PER_ENV_KEYS, STR_PER_ENV_KEYS, env_presets, load_recipe)
 
@@ -110,7 +113,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         check_choices("engine", self, {"dtype": ("", "float32", "bfloat16"),
-                                       "weight_sync": ("disk", "distributed", "tensor")})
+                                       "weight_sync": choices.WEIGHT_SYNC_MODES})
         if isinstance(self.urls, str):  # engine.urls=http://a:1 (one server, no brackets)
             self.urls = [self.urls]
         if self.retries < 0:
@@ -125,10 +128,15 @@ class EngineConfig:
             raise ValueError(f"engine.kv_fraction={self.kv_fraction}; must be in (0, 1]")
 
 
+#: turn k of an episode samples with seed ``seed + SEED_STRIDE * k`` (a prime, so the turns
+#: of episodes whose seeds are near draw apart); a summary turn strides by another prime
+SEED_STRIDE, SUMMARY_SEED_STRIDE = 7919, 104729
+
+
 @dataclass
 class RolloutConfig:
     n: int = 1  # samples per prompt (GRPO group size)
-    max_turns: int = 4  # env actions per episode
+    max_turns: int = MAX_TURNS  # env actions per episode (4; an env's manifest may preset its own)
     max_prompt_tokens: int = 1024
     max_response_tokens: int = 1024  # generated + observation tokens after the prompt
     max_tokens_per_turn: int = 256
@@ -153,10 +161,24 @@ class RolloutConfig:
                      "max_tokens_per_turn", "max_concurrency", "env_workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
-        check_choices("rollout", self, {"on_infra_error": ("retry", "drop", "keep")})
-        if self.context not in ("keep", "drop_observations", "summarize") and ":" not in self.context:
-            raise ValueError(f"rollout.context={self.context!r}; valid: keep, drop_observations, "
-                             f"summarize, or a function as package.module:function")
+        check_choices("rollout", self, {"on_infra_error": choices.ON_INFRA_ERROR})
+        if self.context not in choices.CONTEXT_STRATEGIES and ":" not in self.context:
+            raise ValueError(f"rollout.context={self.context!r}; valid: "
+                             f"{', '.join(choices.CONTEXT_STRATEGIES)}, or a function as "
+                             f"package.module:function")
+
+    def sampling(self, max_new_tokens: int, seed: int, turn: int, *, stop: tuple[str, ...] = (),
+                 greedy: bool = False, top_logprobs: int = 0,
+                 stride: int = SEED_STRIDE) -> SamplingParams:
+        """The sampling settings of an episode's ``turn``: this section's temperature (0
+        when ``greedy``), top-p and top-k, at most ``max_new_tokens``, seeded
+        ``seed + stride * turn`` so each turn of each episode draws its own numbers. The
+        one builder for the manager, the served agents and eval; the HTTP endpoints build
+        theirs from the request."""
+        return SamplingParams(max_new_tokens=max_new_tokens,
+                              temperature=0.0 if greedy else self.temperature,
+                              top_p=self.top_p, top_k=self.top_k, stop=stop,
+                              seed=(seed + stride * turn) % 2**31, top_logprobs=top_logprobs)
 
     def check_context(self) -> None:
         """``rollout.context`` other than keep needs ``rollout.context_tokens`` (checked once
@@ -173,12 +195,12 @@ class AlgoConfig:
     The estimator decides whether a critic trains beside the policy (:attr:`needs_critic`)."""
 
     name: str = "grpo"  # preset: grpo | dr_grpo | rloo | reinforce_plus_plus | … | ppo
-    advantage: str = "grpo"  # trainers.algos.ADVANTAGES: grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | gae | none (algo=opd) | turn-level: mt_grpo | gigpo | gae_turn
+    advantage: str = "grpo"  # choices.ADVANTAGES: grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | gae | none (algo=opd) | turn-level: mt_grpo | gigpo | gae_turn
     norm_adv_by_std: bool = True  # grpo: divide by the group std (False = Dr. GRPO); gae: whiten over the batch
     gamma: float = 1.0  # discount per time step: a sampled token (gae, reinforce_plus_plus) or a turn (mt_grpo, gigpo, gae_turn)
     lam: float = 1.0  # GAE lambda (gae, gae_turn)
     step_weight: float = 1.0  # gigpo: weight of the step-level (anchor-state) advantage
-    policy_loss: str = "ppo_clip"  # trainers.algos.POLICY_LOSSES: ppo_clip | dual_clip | gspo
+    policy_loss: str = "ppo_clip"  # choices.POLICY_LOSSES: ppo_clip | dual_clip | gspo
     clip_low: float = 0.2
     clip_high: float = 0.2  # > clip_low is DAPO's clip-higher
     dual_clip: float = 3.0  # policy_loss=dual_clip: bound on the loss of negative advantages
@@ -209,12 +231,10 @@ class AlgoConfig:
 
     def __post_init__(self) -> None:
         check_choices("algo", self, {
-            "name": tuple(ALGO_PRESETS),
-            "loss_agg_mode": ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
-                              "seq-mean-token-sum-norm"),
-            "kl_estimator": ("k1", "k2", "k3", "abs"), "kl_mode": ("loss", "reward"),
-            "off_policy": ("recompute", "decoupled", "tis", "seq_tis", "geo_tis", "mis",
-                           "seq_mis", "geo_mis")})
+            "name": tuple(ALGO_PRESETS), "advantage": tuple(choices.ADVANTAGES),
+            "policy_loss": choices.POLICY_LOSSES, "loss_agg_mode": choices.LOSS_AGG_MODES,
+            "kl_estimator": choices.KL_ESTIMATORS, "kl_mode": choices.KL_MODES,
+            "off_policy": choices.OFF_POLICY_MODES})
         if not 0 < self.gamma <= 1:
             raise ValueError(f"algo.gamma must be in (0, 1], got {self.gamma}")
         if self.step_weight < 0:
@@ -243,11 +263,9 @@ class AlgoConfig:
 
     @property
     def needs_critic(self) -> bool:
-        """Whether the run trains a critic (its estimator reads values: ``gae``,
-        ``gae_turn``): the trainer and ``agentgym plan`` both ask this. The estimators'
-        registry (``trainers.algos.ADVANTAGES``, ``needs_critic=True``) must agree:
-        ``check_algo`` refuses a run where it does not; tests/test_algos.py checks."""
-        return self.advantage in ("gae", "gae_turn")
+        """Whether the run trains a critic: its estimator's flag
+        (:data:`agentgym.core.choices.ADVANTAGES`); the trainer and ``agentgym plan`` ask."""
+        return choices.estimator(self.advantage).needs_critic
 
 
 @dataclass
@@ -340,8 +358,8 @@ class TrainerConfig:
             raise ValueError(f"trainer.cold_start_probe and trainer.cold_start_demos must be "
                              f">= 1; got {self.cold_start_probe}, {self.cold_start_demos}")
         check_choices("trainer", self, {
-            "lr_schedule": ("constant", "cosine"), "mixed_precision": ("", "bf16", "fp32"),
-            "backend": ("single", "fsdp", "deepspeed"), "zero_stage": (1, 2, 3),
+            "lr_schedule": choices.LR_SCHEDULES, "mixed_precision": choices.MIXED_PRECISIONS,
+            "backend": choices.BACKENDS, "zero_stage": choices.ZERO_STAGES,
             "mode": ("sync", "async")})
         from agentgym.core.device import check_device
         check_device(self.device)

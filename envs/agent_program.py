@@ -16,7 +16,7 @@ class PlayedByProgram(NotSteppable):
 class AgentProgram(AgentEnv, env_id="agentgym/Agent-v0", short="agent"):
     """Stands for ``env=agent`` in the registry (see the module docstring)."""
 
-    def __init__(self, max_turns: int = 4) -> None:
+    def __init__(self, max_turns: int | None = None) -> None:
         raise PlayedByProgram("env=agent is played by the agent= program (agent=pkg.mod:run, "
                               "docs/ECOSYSTEM.md); it is not an env to step")
 

@@ -43,7 +43,7 @@ from typing import Any, Literal
 
 import gymnasium
 
-from agentgym.envs.manifest import manifest_of
+from agentgym.envs.manifest import manifest_of, max_turns_of
 
 ROLES = ("system", "user", "assistant", "tool")
 #: Every printable character plus the usual whitespace: actions are free text.
@@ -128,7 +128,9 @@ class AgentEnv(gymnasium.Env, abc.ABC):
     """Base class of every AgentGym environment (see the module docstring for the contract).
 
     Args:
-        max_turns: number of actions after which an unfinished episode is truncated.
+        max_turns: number of actions after which an unfinished episode is truncated; None:
+            the env's own (:func:`~agentgym.envs.manifest.max_turns_of`: its manifest's
+            preset, else the config's default).
     """
 
     metadata = {"render_modes": []}
@@ -158,7 +160,9 @@ class AgentEnv(gymnasium.Env, abc.ABC):
         if env_id is not None:
             cls.env_id, cls.env_short = env_id, short
 
-    def __init__(self, max_turns: int = 4) -> None:
+    def __init__(self, max_turns: int | None = None) -> None:
+        if max_turns is None:
+            max_turns = max_turns_of(type(self))
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self.max_turns = max_turns

@@ -132,7 +132,8 @@ class CodeEnv(AgentEnv, env_id="agentgym/Code-v0", short="code"):
     stop_strings = ("</code>", "</answer>")
 
     def __init__(self, sandbox=None, obs_bytes: int = 1024, stateful: bool = False,
-                 max_turns: int = 4, protocol: str = "tags", run_reward: float = 0.0) -> None:
+                 max_turns: int | None = None, protocol: str = "tags",
+                 run_reward: float = 0.0) -> None:
         super().__init__(max_turns=max_turns)
         if run_reward < 0:
             raise ValueError(f"run_reward must be >= 0, got {run_reward}")

@@ -175,7 +175,8 @@ class GeometryEnv(AgentEnv, env_id="agentgym/Geometry-v0", short="geometry"):
 
     observation_format = "chat"
 
-    def __init__(self, max_turns: int = 2, tool: bool = False, rel_tol: float = 1e-6) -> None:
+    def __init__(self, max_turns: int | None = None, tool: bool = False,
+                 rel_tol: float = 1e-6) -> None:
         super().__init__(max_turns=max_turns)
         self.tool, self.rel_tol = tool, rel_tol
         self.stop_strings = ("</calculator>",) if tool else ()

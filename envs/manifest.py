@@ -210,3 +210,14 @@ def manifest_of(cls: type) -> EnvManifest:
         if isinstance(found, EnvManifest):
             return found
     return EMPTY
+
+
+#: actions per episode where neither the env's manifest (``presets["rollout.max_turns"]``)
+#: nor the run says otherwise: ``RolloutConfig.max_turns``'s default
+MAX_TURNS = 4
+
+
+def max_turns_of(cls: type) -> int:
+    """An env class's own episode length: its manifest's ``rollout.max_turns`` preset, else
+    :data:`MAX_TURNS` (what a run passes instead is ``rollout.max_turns``)."""
+    return int(manifest_of(cls).presets.get("rollout.max_turns", MAX_TURNS))

@@ -91,7 +91,7 @@ class MCPEnv(AgentEnv, env_id="agentgym/MCP-v0", short="mcp"):
     observation_format = "chat"
 
     def __init__(self, command: str = "", url: str = "", timeout_s: float = 30.0,
-                 server=None, max_turns: int = 4) -> None:
+                 server=None, max_turns: int | None = None) -> None:
         super().__init__(max_turns=max_turns)
         if server is None:
             from agentgym.tools.mcp_client import shared

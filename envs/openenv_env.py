@@ -181,7 +181,8 @@ class OpenEnvEnv(AgentEnv, env_id="agentgym/OpenEnv-v0", short="openenv"):
     stop_strings = ("</action>",)
 
     def __init__(self, url: str = "", action_field: str = "", observation_field: str = "",
-                 system: str = "", timeout_s: float = 60.0, max_turns: int = 4) -> None:
+                 system: str = "", timeout_s: float = 60.0,
+                 max_turns: int | None = None) -> None:
         super().__init__(max_turns=max_turns)
         import importlib.util
         if importlib.util.find_spec("websockets") is None:

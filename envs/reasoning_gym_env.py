@@ -322,7 +322,8 @@ class ReasoningGymEnv(CodeEnv, env_id="agentgym/ReasoningGym-v0", short="reasoni
     stop_strings = ("</answer>",)
 
     def __init__(self, tool: str = "", sandbox=None, obs_bytes: int = 1024,
-                 stateful: bool = False, max_turns: int = 4, reward: str = "score") -> None:
+                 stateful: bool = False, max_turns: int | None = None,
+                 reward: str = "score") -> None:
         super().__init__(sandbox=sandbox, obs_bytes=obs_bytes, stateful=stateful,
                          max_turns=max_turns)
         if tool not in PROTOCOLS:

@@ -150,7 +150,8 @@ class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
     #: a multi-hop row's episode reports these (module docstring); others the manifest's
     multihop_metrics = ("answer_seen", "gold_retrieved", "second_hop")
 
-    def __init__(self, retriever_url: str | None = None, topk: int = 3, max_turns: int = 4,
+    def __init__(self, retriever_url: str | None = None, topk: int = 3,
+                 max_turns: int | None = None,
                  format_reward: float = 0.0, timeout: float = 5.0, retriever=None,
                  reward: str = "em", protocol: str = "tags",
                  retrieval_reward: float = 0.0, hop_reward: float = 0.0,

@@ -164,7 +164,7 @@ class SWEEnv(AgentEnv, env_id="agentgym/SWE-v0", short="swe"):
 
     observation_format = "chat"
 
-    def __init__(self, max_turns: int = 8, protocol: str = "bash", repos: str = "",
+    def __init__(self, max_turns: int | None = None, protocol: str = "bash", repos: str = "",
                  python: str = "", packages: tuple[str, ...] = ("pytest",),
                  obs_bytes: int = 10000, command_s: float = 60.0, test_s: float = 300.0,
                  memory_mb: int = 2048, max_procs: int = 64, disk_mb: int = 256) -> None:

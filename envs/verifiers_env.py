@@ -274,7 +274,7 @@ class VerifiersEnv(AgentProgram, env_id="agentgym/Verifiers-v0", short="verifier
     """Stands for ``env=verifiers`` in the registry: its episodes are played by verifiers'
     own harness against the rollout engine (:class:`VerifiersProgram`), not stepped here."""
 
-    def __init__(self, max_turns: int = 8) -> None:
+    def __init__(self, max_turns: int | None = None) -> None:
         raise PlayedByProgram("env=verifiers is played by the verifiers environment's own "
                               "harness (envs/verifiers_env.py); it is not an env to step")
 

@@ -244,23 +244,6 @@ def test_registries_hold_the_named_algorithms():
         compute_advantages("gae", *_outcome([1.0]), group_ids=[0])
 
 
-def test_the_config_and_the_registry_agree_on_which_estimators_need_a_critic(monkeypatch):
-    """``AlgoConfig.needs_critic`` (what the trainer and ``agentgym plan`` ask) says of every
-    registered estimator what its registration says; an estimator registered elsewhere that
-    disagrees stops the run before anything loads."""
-    from agentgym.config import AlgoConfig
-    from agentgym.trainers.phases import check_algo
-    for name in ADVANTAGES.names():
-        reads_values = bool(ADVANTAGES.extras(name).get("needs_critic", False))
-        assert AlgoConfig(advantage=name).needs_critic == reads_values, name
-    assert {n for n in ADVANTAGES.names() if AlgoConfig(advantage=n).needs_critic} == \
-        {"gae", "gae_turn"}
-    monkeypatch.setitem(ADVANTAGES._entries, "my_gae", gae_advantages)  # a user's estimator
-    monkeypatch.setitem(ADVANTAGES._extras, "my_gae", {"needs_critic": True})
-    with pytest.raises(ValueError, match="'my_gae' is registered with needs_critic=True"):
-        check_algo(build_config({"algo.advantage": "my_gae", "rollout.n": 1}))
-
-
 def test_algo_presets_and_errors():
     ppo = build_config({"algo": "ppo"})
     assert ppo.algo.advantage == "gae" and ppo.rollout.n == 1

@@ -66,6 +66,23 @@ def test_the_walk_sees_each_way_of_naming_a_device(tmp_path):
     assert lines == [2, 3, 4, 5, 6, 7]  # not line 8: "meta" places nothing
 
 
+def test_a_runs_device_is_resolved_in_one_place():
+    """Code that needs the device a run's config names asks ``run_device(cfg)``; the resolver
+    is called directly only where the device is another's: a loader given one, ``serve``'s
+    own ``--device``, a rank process's local index."""
+    callers = set()
+    for package in LIBRARY:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Call) and ast.unparse(node.func).endswith(
+                        "resolve_device") and path.name != "device.py":
+                    callers.add(str(path.relative_to(ROOT)))
+    assert callers == {"agentgym/models/zoo.py", "agentgym/serving/serve.py",
+                       "trainers/backends/ranks.py"}
+    cfg = build_config(parse_overrides(["trainer.device=cpu"]))
+    assert dev.run_device(cfg) == torch.device("cpu")
+
+
 def test_resolve_device_on_this_machine():
     cpu = torch.device("cpu")
     assert dev.resolve_device("cpu") == cpu

@@ -24,6 +24,23 @@ def test_registered_env_passes_contract(env_id):
     check_env(make_env(env_id))
 
 
+@pytest.mark.parametrize("env_id", [c.env_id for c in envs.registration.discovered()])
+def test_an_envs_episode_length_is_its_manifests_or_the_configs(env_id):
+    """``max_turns`` has one default, the config's (``MAX_TURNS``); an env's own stands in
+    its manifest's presets only, and the class built without one takes it."""
+    import inspect
+    from agentgym.config import RolloutConfig
+    from agentgym.envs.manifest import MAX_TURNS, max_turns_of
+    cls = envs.env_class(env_id)
+    for klass in cls.__mro__:
+        if "__init__" in vars(klass) and "max_turns" in inspect.signature(klass).parameters:
+            assert inspect.signature(klass).parameters["max_turns"].default is None, klass
+    preset = envs.env_manifest(env_id).presets.get("rollout.max_turns")
+    assert max_turns_of(cls) == (preset or MAX_TURNS) and RolloutConfig().max_turns == MAX_TURNS
+    if not envs.env_manifest(env_id).played_by_program:
+        assert make_env(env_id).max_turns == max_turns_of(cls)
+
+
 def test_the_agent_env_says_it_is_played_by_the_agent_program():
     from agentgym.envs.agent_program import PlayedByProgram
     with pytest.raises(PlayedByProgram, match="played by the agent= program"):

@@ -18,16 +18,19 @@ per-token KL penalty on every sampled token when ``algo.kl_mode=reward``.
 
 Registries (names are the config values; an unknown name fails with the valid ones):
 
+The names and the estimators' flags are :mod:`agentgym.core.choices`' (the config validates
+against them without loading torch); this module registers one function under each.
+
 * ``ADVANTAGES``: ``grpo`` (``norm_by_std=False`` is Dr. GRPO), ``rloo``,
   ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``, ``gae``, ``none`` (zeros:
   on-policy distillation alone); and the turn-level
   ones of :mod:`agentgym.trainers.turn_credit`: ``mt_grpo``, ``gigpo``, ``gae_turn``. Each is
   ``fn(rewards (B, T), mask (B, T), *, <inputs it declares>) -> (advantages, returns)``,
   both ``(B, T)`` and 0 where ``mask`` is 0. Call them through
-  :func:`compute_advantages`, which passes each estimator the inputs it declares. One
-  that reads a critic's values is registered with ``needs_critic=True``; whether a run
-  trains a critic is the config's answer (``AlgoConfig.needs_critic``), which must agree
-  (:func:`~agentgym.trainers.phases.check_algo`).
+  :func:`compute_advantages`, which passes each estimator the inputs it declares.
+  Register one with :func:`estimator`; whether it reads a critic's values
+  (``needs_critic``) or its prompt's group (``needs_groups``) is its vocabulary entry's
+  flag (:class:`agentgym.core.choices.Estimator`), which ``AlgoConfig.needs_critic`` reads.
 * ``POLICY_LOSSES``: ``ppo_clip`` (asymmetric clip-higher when ``clip_high >
   clip_low``), ``dual_clip``, ``gspo``. Each is ``fn(logp, old_logp, adv, mask, *,
   <params>) -> (loss (B, T), metrics)``; reduce the loss with :func:`aggregate`.
@@ -40,6 +43,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from agentgym.core import choices
+from agentgym.core.choices import KL_ESTIMATORS, LOSS_AGG_MODES
 from agentgym.core.registry import Registry
 from agentgym.trainers.group_stats import (_group_stats, group_indices, masked_mean,  # noqa: F401
                                   masked_whiten)
@@ -48,9 +53,23 @@ from agentgym.trainers.rollout_correction import OFF_POLICY_MODES, behaviour_wei
 
 ADVANTAGES: Registry = Registry("advantage estimator")
 POLICY_LOSSES: Registry = Registry("policy loss")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
-                  "seq-mean-token-sum-norm")
-KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
+
+
+def estimator(name: str, **flags: bool) -> Callable[[Callable], Callable]:
+    """Register an advantage estimator under ``name`` (a decorator). A built-in's flags are
+    its :data:`agentgym.core.choices.ADVANTAGES` entry's; one registered outside the project
+    states its own (``needs_critic=True``, ``needs_groups=True``), and its name and flags
+    join that vocabulary, so a config built afterwards accepts it."""
+    if flags and name in choices.ADVANTAGES:
+        raise ValueError(f"advantage estimator {name!r} is built in: its flags are "
+                         f"agentgym.core.choices.ADVANTAGES[{name!r}]; register yours under "
+                         f"another name")
+
+    def deco(fn: Callable) -> Callable:
+        ADVANTAGES.register(name, fn)
+        choices.ADVANTAGES.setdefault(name, choices.Estimator(**flags))
+        return fn
+    return deco
 
 
 def _call_with(kind: str, name: str, fn: Callable, args: tuple, inputs: dict[str, Any]):
@@ -84,7 +103,7 @@ def compute_policy_loss(name: str, logp: torch.Tensor, old_logp: torch.Tensor,
 def needs_groups(advantage: str) -> bool:
     """Whether the estimator's baseline is the other samples of the same prompt (so it
     needs ``rollout.n >= 2``: a group of one gets advantage 0)."""
-    return bool(ADVANTAGES.extras(advantage).get("needs_groups", False))
+    return choices.estimator(advantage).needs_groups
 
 
 # --- helpers ---------------------------------------------------------------------------
@@ -129,7 +148,7 @@ def discounted_scan(rewards: torch.Tensor, mask: torch.Tensor, values: torch.Ten
 
 
 # --- advantage estimators --------------------------------------------------------------
-@ADVANTAGES.register("grpo", needs_groups=True)
+@estimator("grpo")
 def grpo_advantages(rewards: torch.Tensor, mask: torch.Tensor, *, group_ids: Sequence,
                     norm_by_std: bool = True, eps: float = 1e-6,
                     episode_ids: Sequence | None = None):
@@ -156,7 +175,7 @@ def grpo_advantages(rewards: torch.Tensor, mask: torch.Tensor, *, group_ids: Seq
     return broadcast_to_tokens(adv, mask), broadcast_to_tokens(scores, mask)
 
 
-@ADVANTAGES.register("none")
+@estimator("none")
 def no_advantages(rewards: torch.Tensor, mask: torch.Tensor):
     """No advantage from the env (``algo=opd``: on-policy distillation's per-token term,
     :mod:`agentgym.trainers.distill`, is then the whole of it). Returns zeros and the
@@ -165,7 +184,7 @@ def no_advantages(rewards: torch.Tensor, mask: torch.Tensor):
     return torch.zeros_like(mask, dtype=torch.float32), broadcast_to_tokens(scores, mask)
 
 
-@ADVANTAGES.register("rloo", needs_groups=True)
+@estimator("rloo")
 def rloo_advantages(rewards: torch.Tensor, mask: torch.Tensor, *, group_ids: Sequence,
                     episode_ids: Sequence | None = None):
     """REINFORCE leave-one-out: ``R_i - mean_{j != i, same group} R_j``.
@@ -186,7 +205,7 @@ def rloo_advantages(rewards: torch.Tensor, mask: torch.Tensor, *, group_ids: Seq
     return broadcast_to_tokens(adv, mask), broadcast_to_tokens(scores, mask)
 
 
-@ADVANTAGES.register("reinforce_plus_plus")
+@estimator("reinforce_plus_plus")
 def reinforce_pp_advantages(rewards: torch.Tensor, mask: torch.Tensor, *, gamma: float = 1.0):
     """REINFORCE++ (Hu, 2025): token-level discounted return-to-go, whitened over every
     sampled token of the batch (no critic, no group baseline).
@@ -204,7 +223,7 @@ def reinforce_pp_advantages(rewards: torch.Tensor, mask: torch.Tensor, *, gamma:
     return masked_whiten(returns, mask), returns
 
 
-@ADVANTAGES.register("reinforce_plus_plus_baseline", needs_groups=True)
+@estimator("reinforce_plus_plus_baseline")
 def reinforce_pp_baseline_advantages(rewards: torch.Tensor, mask: torch.Tensor, *,
                                      group_ids: Sequence,
                                      episode_ids: Sequence | None = None):
@@ -224,7 +243,7 @@ def reinforce_pp_baseline_advantages(rewards: torch.Tensor, mask: torch.Tensor, 
     return adv, broadcast_to_tokens(scores, mask)
 
 
-@ADVANTAGES.register("gae", needs_critic=True)
+@estimator("gae")
 def gae_advantages(rewards: torch.Tensor, mask: torch.Tensor, *, values: torch.Tensor,
                    last_values: torch.Tensor | None = None,
                    truncated: torch.Tensor | None = None, gamma: float = 1.0,
@@ -259,9 +278,9 @@ def gae_advantages(rewards: torch.Tensor, mask: torch.Tensor, *, values: torch.T
     return (masked_whiten(adv, mask) if norm_by_std else adv), returns
 
 
-ADVANTAGES.register("mt_grpo", needs_groups=True)(turn_credit.mt_grpo_advantages)
-ADVANTAGES.register("gigpo", needs_groups=True)(turn_credit.gigpo_advantages)
-ADVANTAGES.register("gae_turn", needs_critic=True)(turn_credit.gae_turn_advantages)
+estimator("mt_grpo")(turn_credit.mt_grpo_advantages)
+estimator("gigpo")(turn_credit.gigpo_advantages)
+estimator("gae_turn")(turn_credit.gae_turn_advantages)
 
 
 def broadcast_to_tokens(adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

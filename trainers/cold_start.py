@@ -50,7 +50,7 @@ from typing import Any
 
 from agentgym.config import Config, env_names, to_dict
 from agentgym.data.rows import training_rows, write_jsonl
-from agentgym.core.device import engine_dtype, mixed_precision, resolve_device
+from agentgym.core.device import engine_dtype, mixed_precision, run_device
 from agentgym.core.paths import cache_dir, file_digest, model_folder
 from agentgym.models.plan import micro_batch_tokens
 from agentgym.core.watchdog import NO_WATCH, Watchdog, closed_with_end_state
@@ -141,7 +141,7 @@ def _auto(cfg: Config, parts: dict[str, Config], stage_dir: Path, hooks: Hooks,
               "budgets": to_dict(cfg.rollout) | {"temperature": 0.0, "n": 1},
               **({"per_env": cfg.per_env} if cfg.per_env else {}),
               "engine_dtype": engine_dtype(cfg.engine.dtype, cfg.model.dtype,
-                                           resolve_device(cfg.trainer.device))}
+                                           run_device(cfg))}
     probe_rows = [r for e in parts for r in rows[e][:t.cold_start_probe]]
     played = _play_inputs(inputs)
     probe_key = _digest({**played, "rows": probe_rows})
@@ -526,7 +526,7 @@ def _sft_settings(cfg: Config) -> dict:
             "max_grad_norm": t.max_grad_norm,
             # as resolved: "" (fp32 on the CPU) stays "", so CPU cache keys are unchanged
             "mixed_precision": mixed_precision(t.mixed_precision,
-                                               resolve_device(t.device)),
+                                               run_device(cfg)),
             "model_dtype": cfg.model.dtype, "lora": to_dict(cfg.model.lora),
             "micro_batch_tokens": micro_batch_tokens(cfg), "backend": t.backend,
             "zero_stage": t.zero_stage, "nprocs": t.nprocs,

@@ -29,12 +29,6 @@ def check_algo(cfg: Config) -> None:
     a, n = cfg.algo, cfg.rollout.n
     POLICY_LOSSES.get(a.policy_loss)
     ADVANTAGES.get(a.advantage)
-    reads_values = bool(ADVANTAGES.extras(a.advantage).get("needs_critic", False))
-    if reads_values != a.needs_critic:  # an estimator registered outside the project
-        raise ValueError(f"algo.advantage={a.advantage!r} is registered with needs_critic="
-                         f"{reads_values}, but AlgoConfig.needs_critic says {a.needs_critic}: "
-                         f"the trainer would {'not ' if reads_values else ''}build a critic; "
-                         f"list the estimators that read values in AlgoConfig.needs_critic")
     from agentgym.trainers.distill import teacher_names
     has_teacher = any(teacher_names(cfg))
     if a.distill_coef > 0 and not has_teacher:

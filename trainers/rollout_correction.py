@@ -31,8 +31,7 @@ from __future__ import annotations
 
 import torch
 
-OFF_POLICY_MODES = ("recompute", "decoupled", "tis", "seq_tis", "geo_tis", "mis", "seq_mis",
-                    "geo_mis")
+from agentgym.core.choices import OFF_POLICY_MODES
 
 
 def behaviour_weights(prox_logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch.Tensor,

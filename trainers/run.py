@@ -288,13 +288,13 @@ def make_backend(cfg: Config, spec, lr: float, cluster=None, total_steps: int | 
     ``spec`` (a :class:`~agentgym.trainers.backends.base.ModelSpec`) describes. The LR schedule
     counts optimizer steps: by default ``trainer.total_steps`` / ``trainer.warmup_steps``
     times the optimizer steps per training step (``ppo_epochs x mini_batches``)."""
-    from agentgym.core.device import mixed_precision, resolve_device
+    from agentgym.core.device import mixed_precision, run_device
     from agentgym.models.plan import micro_batch_tokens
     from agentgym.trainers.backends.single import SingleBackend
     t = cfg.trainer
     tokens = micro_batch_tokens(cfg)
     k = t.ppo_epochs * t.mini_batches
-    precision = mixed_precision(t.mixed_precision, resolve_device(t.device))
+    precision = mixed_precision(t.mixed_precision, run_device(cfg))
     total = total_steps if total_steps is not None else t.total_steps * k
     warmup = warmup_steps if warmup_steps is not None else t.warmup_steps * k
     if t.backend == "single":

@@ -24,6 +24,8 @@ import os
 import re
 from pathlib import Path
 
+from agentgym.core.choices import MIXED_PRECISIONS
+
 logger = logging.getLogger(__name__)
 
 #: where tensors go to be collated, saved, sent between processes or offloaded
@@ -87,6 +89,13 @@ def resolve_device(spec: str = "auto", local_rank: int | None = None):
     return torch.device("cuda", index)
 
 
+def run_device(cfg):
+    """The device a run's config names (``cfg.trainer.device`` resolved in this process):
+    the one place a run's model loads, engine, memory plan and precision ask. A rank process
+    resolves its own with its local index (``trainers.backends.ranks.device_for``)."""
+    return resolve_device(cfg.trainer.device)
+
+
 #: the x86 flags of a CPU that computes bf16 matrix products natively
 NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 
@@ -144,7 +153,7 @@ def engine_dtype(configured: str, model_dtype: str, device) -> str:
 def mixed_precision(configured: str, device) -> str:
     """The update's autocast: ``trainer.mixed_precision`` ``bf16`` or ``fp32`` as set; ``""``
     (the default) is bf16 autocast over fp32 master weights on a GPU, fp32 on the CPU."""
-    if configured not in ("", "bf16", "fp32"):
+    if configured not in MIXED_PRECISIONS:
         raise ValueError(f"trainer.mixed_precision={configured!r}; valid: '' (bf16 on GPU, "
                          f"fp32 on CPU), bf16, fp32")
     if configured == "fp32":

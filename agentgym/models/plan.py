@@ -24,6 +24,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from agentgym.core.choices import SHARDED_BACKENDS
+
 GiB = 2 ** 30
 logger = logging.getLogger(__name__)
 
@@ -151,7 +153,7 @@ def count_parameters(config: dict[str, Any]) -> int:
 def breakdown(shape: Shape, s: Setting) -> list[tuple[str, float]]:
     """``(component, bytes)`` on one device, in the order a reader adds them up."""
     dev = DEVICES[s.device]
-    shard = s.gpus if s.backend in ("fsdp", "deepspeed") else 1
+    shard = s.gpus if s.backend in SHARDED_BACKENDS else 1
     p = shape.params
     trained = p if not s.lora_rank else _lora_params(shape, s.lora_rank)
     # what each sharding splits: FSDP (and ZeRO-3) everything, ZeRO-2 grads + optimizer,
@@ -161,7 +163,7 @@ def breakdown(shape: Shape, s: Setting) -> list[tuple[str, float]]:
         split = {k: shard for k in split}
     elif s.backend == "deepspeed":
         split = {"params": 1, "grads": shard if s.zero_stage >= 2 else 1, "optim": shard}
-    sharded = s.backend in ("fsdp", "deepspeed")  # offload is theirs (the config says so)
+    sharded = s.backend in SHARDED_BACKENDS  # offload is theirs (the config says so)
     host = {"params": s.offload and s.backend == "fsdp", "grads": s.offload and s.backend == "fsdp",
             "optim": s.offload and sharded}
     rows = [("process (runtime, libraries)", dev.base)]
@@ -377,12 +379,12 @@ def micro_batch_tokens(cfg: Any) -> int:
     t = cfg.trainer
     if t.micro_batch_tokens:
         return t.micro_batch_tokens
-    from agentgym.core.device import is_accelerator, resolve_device, total_memory_bytes
-    device = resolve_device(t.device)
+    from agentgym.core.device import is_accelerator, run_device, total_memory_bytes
+    device = run_device(cfg)
     if not is_accelerator(device):
         return AUTO_HOST_TOKENS
     capacity = total_memory_bytes(device)
-    gpus = t.nprocs if t.backend in ("fsdp", "deepspeed") else 1
+    gpus = t.nprocs if t.backend in SHARDED_BACKENDS else 1
     s = setting_of(cfg, gpus, "gpu")
     tokens = auto_tokens(shape_numbers(shape_of(cfg.model.name)[1]), s, capacity)
     if (cfg.model.name, tokens) not in _SAID:

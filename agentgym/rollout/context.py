@@ -31,13 +31,15 @@ from __future__ import annotations
 
 from typing import Callable
 
+from agentgym.core.choices import CONTEXT_STRATEGIES
+
 Blocks = list[tuple[str, list[int]]]
 
 DROPPED = "[An earlier tool output was removed to save context.]"
 SUMMARY_REQUEST = ("The conversation is getting long. Summarize what you have found so far "
                    "that is needed to finish the task: facts, results and what is left to do.")
 CONTINUE = "Continue from your summary."
-BUILTIN = ("keep", "drop_observations", "summarize")
+BUILTIN = CONTEXT_STRATEGIES  # the strategies implemented here
 
 
 def joined(blocks: Blocks) -> list[int]:

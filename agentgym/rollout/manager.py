@@ -22,7 +22,7 @@ from typing import Any, Callable
 from agentgym.rollout.chat import ChatTokens
 from agentgym.rollout.context import (CONTINUE, DROPPED, SUMMARY_REQUEST, Blocks, after_summary,
                                       drop_observations, joined, load_strategy)
-from agentgym.config import RolloutConfig
+from agentgym.config import SUMMARY_SEED_STRIDE, RolloutConfig
 from agentgym.rollout.engines.base import Engine
 from agentgym.rollout.writer import TrajectoryWriter
 from agentgym.core import stalls
@@ -250,10 +250,8 @@ class GenerationManager:
                     if budget <= 0:
                         traj.truncated, info = True, {**info, "end": "token_budget"}
                         break
-                    sampling = SamplingParams(
-                        max_new_tokens=min(self._tokens_per_turn(row), budget),
-                        temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                        stop=env.stop_strings, seed=(seed + 7919 * step) % 2**31)
+                    sampling = cfg.sampling(min(self._tokens_per_turn(row), budget), seed,
+                                            step, stop=env.stop_strings)
                     out = await self._generate(w, sampling, session, turn, m)
                     text, t0 = self.chat.decode(out.ids), time.perf_counter()
                     turn += 1
@@ -348,10 +346,8 @@ class GenerationManager:
                 return None
             w.observation(request, max(turn - 1, 0))
             room = self.cfg.max_response_tokens - traj.response_length - len(request)
-            sampling = SamplingParams(max_new_tokens=min(self.cfg.max_tokens_per_turn, room),
-                                      temperature=self.cfg.temperature, top_p=self.cfg.top_p,
-                                      top_k=self.cfg.top_k,
-                                      seed=(seed + 104729 * (turn + 1)) % 2**31)
+            sampling = self.cfg.sampling(min(self.cfg.max_tokens_per_turn, room), seed,
+                                         turn + 1, stride=SUMMARY_SEED_STRIDE)
             out = await self._generate(w, sampling, session, turn, m)
             filler, cont = self.chat.after_action_ids(
                 out.ids, [{"role": "user", "content": CONTINUE}], fmt)

@@ -15,10 +15,10 @@ logger = logging.getLogger(__name__)
 
 def load_policy(cfg: Config):
     """Resolve ``model.path``/``model.name`` to an HF folder; load model and tokenizer."""
-    from agentgym.core.device import engine_dtype, resolve_device
+    from agentgym.core.device import engine_dtype, run_device
     from agentgym.models.zoo import load_model, load_tokenizer, resolve_model
     path = resolve_model(cfg.model.path or cfg.model.name)
-    device = resolve_device(cfg.trainer.device)
+    device = run_device(cfg)
     # rollout-only commands (eval, rollout, demos) play the engine's copy
     dtype = engine_dtype(cfg.engine.dtype, cfg.model.dtype, device)
     logger.info("loading policy from %s (%s, %s)", path, dtype, device)
@@ -36,9 +36,9 @@ def engine_for(cfg: Config, path, tokenizer) -> Engine:
     (``engine=sglang``)."""
     model = None
     if ENGINES.get(cfg.engine.name).needs_model:
-        from agentgym.core.device import engine_dtype, resolve_device
+        from agentgym.core.device import engine_dtype, run_device
         from agentgym.models.zoo import load_model
-        device = resolve_device(cfg.trainer.device)
+        device = run_device(cfg)
         model = load_model(path, dtype=engine_dtype(cfg.engine.dtype, cfg.model.dtype, device),
                            device=device)
     return build_engine(cfg, model, tokenizer)

@@ -150,11 +150,9 @@ class EpisodeFrontend(OpenAIFrontend):
         if turn >= r.max_turns:
             raise OpenAIError(f"this episode has made {turn} calls, its budget "
                               f"(rollout.max_turns={r.max_turns})", code="episode_budget")
-        return [SamplingParams(
-            max_new_tokens=min(plan.sampling.max_new_tokens, r.max_tokens_per_turn),
-            temperature=0.0 if self.greedy else r.temperature, top_p=r.top_p, top_k=r.top_k,
-            stop=plan.sampling.stop, seed=(self.seed + 7919 * turn) % 2**31,
-            top_logprobs=plan.sampling.top_logprobs)]
+        return [r.sampling(min(plan.sampling.max_new_tokens, r.max_tokens_per_turn),
+                           self.seed, turn, stop=plan.sampling.stop, greedy=self.greedy,
+                           top_logprobs=plan.sampling.top_logprobs)]
 
     def _remember(self, call: Call) -> None:
         out = call.outputs[0]

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from agentgym.core.choices import ZERO_STAGES
 from agentgym.core.device import HOST, is_accelerator, resolve_device
 from agentgym.core.memory import give_back
 from agentgym.trainers import lora
@@ -293,8 +294,9 @@ class DeepSpeedRank(RankBackend):
         import deepspeed
         self.rank, self.world, self.o, self.spec = rank, world, o, spec
         self.device = device_for(spec, rank)
-        if o.zero_stage not in (1, 2, 3):
-            raise ValueError(f"trainer.zero_stage={o.zero_stage}; valid: 1, 2, 3")
+        if o.zero_stage not in ZERO_STAGES:
+            raise ValueError(f"trainer.zero_stage={o.zero_stage}; valid: "
+                             f"{', '.join(map(str, ZERO_STAGES))}")
         zero = {"stage": o.zero_stage}
         if o.offload:
             zero["offload_optimizer"] = {"device": HOST}

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from agentgym.core.choices import LR_SCHEDULES
 from agentgym.trainers import lora
 from agentgym.trainers.backends.base import (LogprobFn, LossFn, add_metrics, as_floats,
                                              batched_apply, make_adamw, scale_this_step,
@@ -20,8 +21,8 @@ logger = logging.getLogger(__name__)
 
 def lr_lambda(warmup_steps: int, total_steps: int, schedule: str):
     """Linear warmup, then ``constant`` or ``cosine`` decay (to 10% of the peak)."""
-    if schedule not in ("constant", "cosine"):
-        raise ValueError(f"lr schedule {schedule!r}; valid: constant, cosine")
+    if schedule not in LR_SCHEDULES:
+        raise ValueError(f"lr schedule {schedule!r}; valid: {', '.join(LR_SCHEDULES)}")
 
     def f(step: int) -> float:
         if warmup_steps and step < warmup_steps:

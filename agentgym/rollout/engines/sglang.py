@@ -63,8 +63,8 @@ from agentgym.rollout.engines.sglang_api import (RETRY_STATUSES, EngineRequestEr
                                          SGLangServerError, ServerUnavailableError,
                                          _Transient, client_stop, combined_error,
                                          error_message, parse_generate, sglang_sampling)
-from agentgym.rollout.engines.sglang_weights import (WEIGHT_SYNC_MODES, WeightSyncMixin,
-                                             weight_group_ranks)
+from agentgym.rollout.engines.sglang_weights import WeightSyncMixin, weight_group_ranks
+from agentgym.core.choices import WEIGHT_SYNC_MODES
 from agentgym.core.supervisor import ServiceFailed, Supervisor, recovering
 from agentgym.core.types import GenerateOutput, SamplingParams
 

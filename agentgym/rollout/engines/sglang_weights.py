@@ -57,8 +57,6 @@ from agentgym.rollout.engines.sglang_api import SGLangServerError
 
 logger = logging.getLogger(__name__)
 
-WEIGHT_SYNC_MODES = ("disk", "distributed", "tensor")
-
 
 def tied_copies(state_dict: dict) -> dict[str, str]:
     """Names that share storage with an earlier name (tied embeddings: ``lm_head.weight``
