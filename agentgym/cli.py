@@ -598,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except (OSError, ServiceFailed) as e:  # a checkpoint (2) or a service (1): says what to do
         # loaded by then; importing it here keeps torch out of --help
-        from agentgym.trainers.run import CheckpointError
+        from agentgym.trainers.checkpoints import CheckpointError
         if isinstance(e, OSError) and not isinstance(e, CheckpointError):
             raise
         log.debug("command failed", exc_info=True)

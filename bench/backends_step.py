@@ -62,7 +62,7 @@ def make_batch(tokenizer, seqs: int, tokens: int, seed: int):
 
 
 def run(name: str, opts: dict, a, path: Path, tok) -> dict:
-    from agentgym.trainers.run import make_backend
+    from agentgym.trainers.backends.factory import make_backend
     over = {"trainer.micro_batch_tokens": a.micro_batch_tokens, "trainer.lr": 1e-5}
     if name != "single":
         over.update({"trainer.backend": name.split()[0], "trainer.nprocs": a.nprocs})

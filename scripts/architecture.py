@@ -73,7 +73,7 @@ WHERE = {_CORE: "agentgym/core/", _TOOLS: "tools/", _RETRIEVER: "retriever_serve
          _TRAINERS: "trainers/", "agentgym.cli": "agentgym/cli.py"}
 HOLDS = {
     _CORE: "the ground floor: `types` (Trajectory, Segment, SamplingParams), `registry` (with "
-           "`check_choices`), `paths`, `server_process` (child servers that end with their "
+           "`check_choices`), `choices` (the names a config may choose, stated for their owners), `paths`, `server_process` (child servers that end with their "
            "parent), `device`, `memory`, `watchdog` (stage deadlines, heartbeat), `stalls` (hung "
            "calls by site), `daemon_pool` (workers that replace a stuck one), `process_call`; "
            "with `agentgym/__init__.py` and `_layout.py` (the "
@@ -113,10 +113,12 @@ HOLDS = {
                "step does), `session` (the run around the steps), step sources `steps` (sync) "
                "and `async_steps`, `curriculum`; workers `workers` (this process) and "
                "`ray_cluster`; `cold_start`, `sft`; `algos` (with `group_stats`, "
-               "`turn_credit`, `rollout_correction`), `backends/`, `packing` and "
+               "`turn_credit`, `rollout_correction`), `backends/` (with `factory`: the backend a "
+               "config names), `packing` and "
                "`fused_head` (the update's packed forward and its vocabulary head), "
                "`critic`, `lora`, "
-               "`sample_log`, `hooks`, `run` (run dir, checkpoints, backends, reference)",
+               "`sample_log`, `hooks`, `checkpoints` (the run directory, its checkpoints and "
+               "resume), `reference` (frozen scorers: the KL reference, a teacher's model)",
     "agentgym.cli": "the `agentgym` command: it owns printing and progress bars",
 }
 DOC = ROOT / "docs" / "ARCHITECTURE.md"

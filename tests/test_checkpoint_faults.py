@@ -25,8 +25,8 @@ from test_kill_resume import _args, _metrics, _start
 
 from agentgym.models.zoo import load_model
 from agentgym.trainers.backends.single import SingleBackend
-from agentgym.trainers.run import (CheckpointError, checkpoint_state, latest_checkpoint, resume,
-                                   rng_state, save_checkpoint, set_rng_state)
+from agentgym.trainers.checkpoints import (CheckpointError, checkpoint_state, latest_checkpoint,
+                                           resume, rng_state, save_checkpoint, set_rng_state)
 
 
 def test_a_metrics_line_cut_by_a_kill_is_dropped_on_resume(tmp_path):
@@ -224,7 +224,7 @@ def test_fallback_after_a_partial_load_loads_the_older_checkpoint_whole(
     bad = run / "checkpoints" / "step_2" / "trainer_state.pt"
     _garble(bad)  # read after the weights: the backend has loaded step 2's weights by then
     backend = _backend(tiny_path)
-    with caplog.at_level(logging.INFO, logger="agentgym.trainers.run"):
+    with caplog.at_level(logging.INFO, logger="agentgym.trainers.checkpoints"):
         assert resume("auto", run, backend)["step"] == 1
     warning, = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert f"cannot read {bad}: " in warning.getMessage()

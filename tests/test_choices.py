@@ -93,7 +93,7 @@ def test_config_py_copies_no_choice_list_of_an_owner():
     assert not copies, f"config.py restates choices its owners state: {copies}"
 
 
-def test_an_estimator_registered_outside_the_project_joins_the_vocabulary(monkeypatch):
+def test_an_estimator_or_loss_registered_outside_the_project_joins_the_vocabulary(monkeypatch):
     monkeypatch.setattr(choices, "ADVANTAGES", dict(choices.ADVANTAGES))
     monkeypatch.setattr(algos, "ADVANTAGES", algos.Registry("advantage estimator"))
     with pytest.raises(ValueError, match="algo.advantage='my_gae'"):
@@ -102,6 +102,12 @@ def test_an_estimator_registered_outside_the_project_joins_the_vocabulary(monkey
     assert AlgoConfig(advantage="my_gae").needs_critic
     with pytest.raises(ValueError, match="'gae' is built in"):
         algos.estimator("gae", needs_critic=False)
+    monkeypatch.setattr(choices, "POLICY_LOSSES", choices.POLICY_LOSSES)
+    monkeypatch.setattr(algos, "POLICY_LOSSES", algos.Registry("policy loss"))
+    with pytest.raises(ValueError, match="algo.policy_loss='my_clip'"):
+        AlgoConfig(policy_loss="my_clip")
+    algos.policy_loss("my_clip")(lambda *args, **params: None)  # a stand-in loss
+    assert AlgoConfig(policy_loss="my_clip").policy_loss == "my_clip"
 
 
 def test_the_vocabulary_and_the_config_load_no_torch():

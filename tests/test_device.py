@@ -162,7 +162,7 @@ def test_models_load_where_the_resolver_says(tiny_path):
 
 @pytest.mark.parametrize("offload", [False, True])
 def test_the_kl_reference_follows_the_policy_or_is_offloaded(tiny_path, offload):
-    from agentgym.trainers.run import reference
+    from agentgym.trainers.reference import reference
     cfg = build_config(parse_overrides(["model.name=tiny", "algo.kl_coef=0.1",
                                         f"algo.ref_offload={str(offload).lower()}"]))
     ref = reference(cfg, tiny_path, backend=None)

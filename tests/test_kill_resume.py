@@ -125,7 +125,7 @@ def test_a_set_up_that_fails_after_the_ranks_started_ends_them(tmp_path):
     from agentgym.config import build_config
     from agentgym.core.overrides import parse_overrides
     from agentgym.trainers.loop import train
-    from agentgym.trainers.run import CheckpointError
+    from agentgym.trainers.checkpoints import CheckpointError
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     missing = tmp_path / "no_such_checkpoint"
     cfg = build_config(parse_overrides(_args(tmp_path, tmp_path / "run", "fsdp")[1:]

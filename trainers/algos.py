@@ -33,7 +33,8 @@ against them without loading torch); this module registers one function under ea
   flag (:class:`agentgym.core.choices.Estimator`), which ``AlgoConfig.needs_critic`` reads.
 * ``POLICY_LOSSES``: ``ppo_clip`` (asymmetric clip-higher when ``clip_high >
   clip_low``), ``dual_clip``, ``gspo``. Each is ``fn(logp, old_logp, adv, mask, *,
-  <params>) -> (loss (B, T), metrics)``; reduce the loss with :func:`aggregate`.
+  <params>) -> (loss (B, T), metrics)``; reduce the loss with :func:`aggregate`. Register
+  one with :func:`policy_loss`.
 """
 
 from __future__ import annotations
@@ -68,6 +69,18 @@ def estimator(name: str, **flags: bool) -> Callable[[Callable], Callable]:
     def deco(fn: Callable) -> Callable:
         ADVANTAGES.register(name, fn)
         choices.ADVANTAGES.setdefault(name, choices.Estimator(**flags))
+        return fn
+    return deco
+
+
+def policy_loss(name: str) -> Callable[[Callable], Callable]:
+    """Register a policy loss under ``name`` (a decorator); a name outside
+    :data:`agentgym.core.choices.POLICY_LOSSES` joins it, so a config built afterwards
+    accepts it."""
+    def deco(fn: Callable) -> Callable:
+        POLICY_LOSSES.register(name, fn)
+        if name not in choices.POLICY_LOSSES:
+            choices.POLICY_LOSSES = (*choices.POLICY_LOSSES, name)
         return fn
     return deco
 
@@ -372,7 +385,7 @@ def _clipped_surrogate(logp, old_logp, adv, mask, clip_low, clip_high, dual_clip
     return loss, metrics
 
 
-@POLICY_LOSSES.register("ppo_clip")
+@policy_loss("ppo_clip")
 def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
                   mask: torch.Tensor, *, clip_low: float = 0.2, clip_high: float = 0.2
                   ) -> tuple[torch.Tensor, dict]:
@@ -389,7 +402,7 @@ def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
     return _clipped_surrogate(logp, old_logp, adv, mask, clip_low, clip_high, None)
 
 
-@POLICY_LOSSES.register("dual_clip")
+@policy_loss("dual_clip")
 def dual_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
                    mask: torch.Tensor, *, clip_low: float = 0.2, clip_high: float = 0.2,
                    dual_clip: float = 3.0) -> tuple[torch.Tensor, dict]:
@@ -403,7 +416,7 @@ def dual_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor
     return _clipped_surrogate(logp, old_logp, adv, mask, clip_low, clip_high, dual_clip)
 
 
-@POLICY_LOSSES.register("gspo")
+@policy_loss("gspo")
 def gspo_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
               mask: torch.Tensor, *, clip_low: float = 3e-4, clip_high: float = 4e-4
               ) -> tuple[torch.Tensor, dict]:

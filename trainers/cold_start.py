@@ -55,7 +55,7 @@ from agentgym.core.paths import cache_dir, file_digest, model_folder
 from agentgym.models.plan import micro_batch_tokens
 from agentgym.core.watchdog import NO_WATCH, Watchdog, closed_with_end_state
 from agentgym.trainers.hooks import Hooks, WatchedHooks
-from agentgym.trainers.run import latest_checkpoint, resolve_run_dir
+from agentgym.trainers.checkpoints import latest_checkpoint, resolve_run_dir
 
 logger = logging.getLogger(__name__)
 

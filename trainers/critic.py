@@ -28,7 +28,7 @@ from agentgym.trainers.algos import aggregate, explained_variance, masked_mean, 
 from agentgym.trainers.backends.base import ModelSpec
 from agentgym.trainers.batch import Batch
 from agentgym.trainers.phases import minibatch_updates
-from agentgym.trainers.run import make_backend
+from agentgym.trainers.backends.factory import make_backend
 
 logger = logging.getLogger(__name__)
 

@@ -202,7 +202,7 @@ def _teacher(cfg, name: str, tokenizer, backend) -> Teacher:
     if t.backend != "single" and not cfg.algo.teacher_offload:
         logger.info("teacher %s: in the ranks, sharded as the policy is", path)
         return Teacher(name=name, backend=backend, spec=spec)
-    from agentgym.trainers.run import frozen_model
+    from agentgym.trainers.reference import frozen_model
     model, tokens = frozen_model(cfg, path, cfg.algo.teacher_offload)
     logger.info("teacher %s: on %s", path, "the host" if cfg.algo.teacher_offload else t.device)
     return Teacher(name=name, model=model, micro_batch_tokens=tokens, chunk=t.logprob_chunk,

@@ -29,8 +29,9 @@ from agentgym.trainers.backends.base import Backend
 from agentgym.trainers.batch import Batch
 from agentgym.trainers.hooks import Hooks, WatchedHooks
 from agentgym.trainers.workers import LocalWorkers, eval_metrics
-from agentgym.trainers.run import (make_backend, policy_spec, reference, resume, save_checkpoint,
-                                   start_run)
+from agentgym.trainers.backends.factory import make_backend, policy_spec
+from agentgym.trainers.checkpoints import resume, save_checkpoint, start_run
+from agentgym.trainers.reference import reference
 from agentgym.trainers.sample_log import write_samples
 from agentgym.trainers.steps import SyncSteps
 

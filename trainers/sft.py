@@ -50,7 +50,8 @@ from agentgym.trainers.backends.base import token_logprobs
 from agentgym.trainers.batch import Batch, collate
 from agentgym.trainers.packing import shared_tokens
 from agentgym.trainers.hooks import Hooks
-from agentgym.trainers.run import make_backend, policy_spec, resume, save_checkpoint, start_run
+from agentgym.trainers.backends.factory import make_backend, policy_spec
+from agentgym.trainers.checkpoints import resume, save_checkpoint, start_run
 
 logger = logging.getLogger(__name__)
 

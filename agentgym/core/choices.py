@@ -15,7 +15,7 @@ Each vocabulary, its owner and the config key it checks:
 - :data:`OFF_POLICY_MODES`: ``trainers.rollout_correction.behaviour_weights``; ``algo.off_policy``
 - :data:`CONTEXT_STRATEGIES`: ``rollout.context`` (besides ``module:function``); ``rollout.context``
 - :data:`WEIGHT_SYNC_MODES`: ``rollout.engines.sglang_weights``; ``engine.weight_sync``
-- :data:`BACKENDS`: ``trainers.run.make_backend``; ``trainer.backend``
+- :data:`BACKENDS`: ``trainers.backends.factory.make_backend``; ``trainer.backend``
 - :data:`ZERO_STAGES`: ``trainers.backends.ranks`` (DeepSpeed's ZeRO); ``trainer.zero_stage``
 - :data:`LR_SCHEDULES`: ``trainers.backends.single.lr_lambda``; ``trainer.lr_schedule``
 - :data:`MIXED_PRECISIONS`: ``core.device.mixed_precision``; ``trainer.mixed_precision``

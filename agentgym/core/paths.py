@@ -102,7 +102,7 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
     """The newest complete checkpoint of a run folder (whether it loads is
-    :func:`agentgym.trainers.run.resume`'s question)."""
+    :func:`agentgym.trainers.checkpoints.resume`'s question)."""
     found = complete_checkpoints(run_dir)
     return found[0] if found else None
 

@@ -161,7 +161,7 @@ class SingleBackend:
 def _read(path: Path, read):
     """``read(path)``; bad bytes raise an ``OSError`` that names the file (safetensors'
     and torch's own errors do not), which ``trainer.resume=auto`` reports as it falls back
-    to an older checkpoint (:func:`agentgym.trainers.run.resume`)."""
+    to an older checkpoint (:func:`agentgym.trainers.checkpoints.resume`)."""
     try:
         return read(path)
     except Exception as e:  # noqa: BLE001 - bad bytes raise each format's own errors

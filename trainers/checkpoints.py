@@ -1,7 +1,9 @@
-"""What RL training (:mod:`agentgym.trainers.loop`) and SFT share: the run directory, atomic
-checkpoints and resume, the training backend (single, FSDP2, DeepSpeed, Ray ranks) and the
-frozen KL reference. Rollouts in this process and the greedy eval are in
-:mod:`agentgym.trainers.workers`, the progress hooks in :mod:`agentgym.trainers.hooks`."""
+"""A run's directory and its checkpoints: where a run writes (``trainer.run_dir``), the
+atomic save (written beside, then renamed; a full disk is a :class:`CheckpointError` that
+names the space needed), the rolling keep (``trainer.keep_checkpoints``), and resume from the
+newest complete one (weights, optimizer, RNG state and the step). RL training
+(:mod:`agentgym.trainers.loop`) and SFT (:mod:`agentgym.trainers.sft`) both use it; the
+backends they save come from :mod:`agentgym.trainers.backends.factory`."""
 
 from __future__ import annotations
 
@@ -12,17 +14,13 @@ import os
 import random
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from agentgym.config import Config, to_dict
 from agentgym.core.paths import complete_checkpoints, latest_checkpoint  # noqa: F401 - run folders
-
-if TYPE_CHECKING:
-    from agentgym.trainers.backends.base import Backend
 
 logger = logging.getLogger(__name__)
 
@@ -279,97 +277,3 @@ def _checkpoint_bytes(run_dir: Path, backend, critic) -> int | None:
             v for s in b.optimizer.state.values() for v in s.values() if torch.is_tensor(v))]
         total += sum(t.numel() * t.element_size() for t in tensors)
     return total
-
-
-def make_backend(cfg: Config, spec, lr: float, cluster=None, total_steps: int | None = None,
-                 warmup_steps: int | None = None) -> Backend:
-    """The training backend (``trainer.backend``: single, or fsdp/deepspeed over
-    ``trainer.nprocs`` rank processes, or rank actors of a Ray ``cluster``) for the model
-    ``spec`` (a :class:`~agentgym.trainers.backends.base.ModelSpec`) describes. The LR schedule
-    counts optimizer steps: by default ``trainer.total_steps`` / ``trainer.warmup_steps``
-    times the optimizer steps per training step (``ppo_epochs x mini_batches``)."""
-    from agentgym.core.device import mixed_precision, run_device
-    from agentgym.models.plan import micro_batch_tokens
-    from agentgym.trainers.backends.single import SingleBackend
-    t = cfg.trainer
-    tokens = micro_batch_tokens(cfg)
-    k = t.ppo_epochs * t.mini_batches
-    precision = mixed_precision(t.mixed_precision, run_device(cfg))
-    total = total_steps if total_steps is not None else t.total_steps * k
-    warmup = warmup_steps if warmup_steps is not None else t.warmup_steps * k
-    if t.backend == "single":
-        return SingleBackend(spec.load(), lr=lr, weight_decay=t.weight_decay,
-                             warmup_steps=warmup, total_steps=total,
-                             schedule=t.lr_schedule, max_grad_norm=t.max_grad_norm,
-                             micro_batch_tokens=tokens,
-                             mixed_precision=precision, logprob_chunk=t.logprob_chunk,
-                             packing=t.packing)
-    from agentgym.trainers.backends.distributed import DistributedBackend
-    from agentgym.trainers.backends.ranks import OptimSpec
-    optim = OptimSpec(lr=lr, weight_decay=t.weight_decay, warmup_steps=warmup,
-                      total_steps=total, schedule=t.lr_schedule,
-                      max_grad_norm=t.max_grad_norm, mixed_precision=precision,
-                      zero_stage=t.zero_stage, offload=t.offload)
-    ranks = None
-    if cluster is not None:
-        from agentgym.trainers.ray_cluster import RayRanks
-        ranks = RayRanks(cluster, t.nprocs, t.backend, spec, optim,
-                         "critic" if spec.kind == "value" else "policy")
-    return DistributedBackend(t.backend, spec, optim, t.nprocs, tokens, ranks,
-                              logprob_chunk=t.logprob_chunk, packing=t.packing)
-
-
-def policy_spec(cfg: Config, path):
-    """The policy as the backends load it: ``model.dtype``, and LoRA adapters when
-    ``model.lora.rank`` > 0 (their init seeded with ``trainer.seed``)."""
-    from agentgym.trainers.backends.base import ModelSpec
-    from agentgym.trainers.lora import LoraSpec
-    lo = cfg.model.lora
-    return ModelSpec(str(path), cfg.model.dtype, lora=LoraSpec(
-        lo.rank, lo.alpha, lo.dropout, lo.target_modules, cfg.trainer.seed) if lo.rank else None,
-        device=cfg.trainer.device, gradient_checkpointing=cfg.model.gradient_checkpointing)
-
-
-@dataclass
-class Reference:
-    """The frozen KL reference: a model in this process (``model``), or the one the
-    sharded backend's ranks hold (``backend``), sharded as the policy is."""
-
-    model: Any = None
-    backend: Any = None
-    micro_batch_tokens: int = 4096
-    chunk: int = 0
-    packing: bool = True  # trainer.packing
-
-    def logprobs(self, batch, temperature: float) -> torch.Tensor:
-        if self.backend is not None:
-            return self.backend.reference_logprobs(batch, temperature)
-        from agentgym.trainers.backends.base import batched_logprobs
-        return batched_logprobs(self.model, batch, temperature, self.micro_batch_tokens,
-                                chunk=self.chunk, packing=self.packing)[0]
-
-
-def reference(cfg: Config, path, backend) -> Reference:
-    """Where the reference lives: with a sharded backend (fsdp, deepspeed), in its ranks
-    beside the policy; with the single backend, on the policy's device; in host memory
-    with ``algo.ref_offload`` (either backend)."""
-    t = cfg.trainer
-    if t.backend != "single" and not cfg.algo.ref_offload:
-        return Reference(backend=backend)
-    model, tokens = frozen_model(cfg, path, cfg.algo.ref_offload)
-    return Reference(model=model, micro_batch_tokens=tokens,
-                     chunk=t.logprob_chunk, packing=t.packing)
-
-
-def frozen_model(cfg: Config, path, offload: bool):
-    """``(model, micro-batch tokens)``: a frozen model that only scores (the KL reference,
-    a distillation teacher) at ``model.dtype``, on the policy's device or, with ``offload``,
-    in host memory, and the token budget of its passes there."""
-    from agentgym.core.device import HOST
-    from agentgym.models.plan import AUTO_HOST_TOKENS, micro_batch_tokens
-    from agentgym.models.zoo import load_model
-    t = cfg.trainer
-    model = load_model(path, dtype=cfg.model.dtype, device=HOST if offload else t.device).eval()
-    model.requires_grad_(False)
-    tokens = (t.micro_batch_tokens or AUTO_HOST_TOKENS) if offload else micro_batch_tokens(cfg)
-    return model, tokens
