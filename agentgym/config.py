@@ -321,7 +321,7 @@ class TrainerConfig:
     # endpoint answering SGLang's /generate with prompt logprobs (http://host:port); a list
     # in a mixed run, one per env in env order ("": that env not distilled)
     teacher: str = ""
-    # Cold start (trainers/cold_start.py): auto (probe the model's format validity on training
+    # Cold start (trainers/cold_start/): auto (probe the model's format validity on training
     # questions; below the threshold, build demonstrations and SFT first) | off | PATH (an SFT
     # checkpoint to start RL from). Results are cached by content under $AGENTGYM_CACHE.
     cold_start: str = "auto"

@@ -1,4 +1,4 @@
-"""The cold start inside ``agentgym train`` (trainers/cold_start.py) and the training data
+"""The cold start inside ``agentgym train`` (trainers/cold_start/) and the training data
 that can reward (answerable questions, the F1 reward, the signal metric).
 
 The decision tests script the probe's model output (a ScriptedEngine: protocol-following
@@ -268,27 +268,27 @@ def test_a_mixed_run_cold_starts_every_env_from_its_own_data(
 
 def test_probe_and_eval_played_in_one_batch_are_told_apart_by_row(
         tmp_path, tiny_path, tiny_tokenizer, retriever_url):
-    """``_play``: row sets played in one batch give each set its own figures; two sets that
+    """``play``: row sets played in one batch give each set its own figures; two sets that
     share a row id (which tells trajectories apart) are played in turn instead."""
-    from agentgym.trainers.cold_start import _play
+    from agentgym.trainers.cold_start.probe import play
     from agentgym.trainers.hooks import Hooks
     cfg = _cfg(tmp_path, tiny_path, retriever_url)
     train, held = load_rows("search", "train", 3), load_rows("search", "nq", 2)
     # every episode answers at once: format-valid
     engine = ScriptedEngine(tiny_tokenizer, ["<answer> Canberra </answer>"] * 10)
-    a, b = _play(cfg, tiny_path, [train, held], Hooks(), engine)
+    a, b = play(cfg, tiny_path, [train, held], Hooks(), engine)
     assert (a["count"], b["count"]) == (3, 2) and a["format_valid"] == b["format_valid"] == 1.0
     engine = ScriptedEngine(tiny_tokenizer, ["<answer> Canberra </answer>"] * 10)
-    a, b = _play(cfg, tiny_path, [train, train[:2]], Hooks(), engine)  # shared ids
+    a, b = play(cfg, tiny_path, [train, train[:2]], Hooks(), engine)  # shared ids
     assert (a["count"], b["count"]) == (3, 2)
 
 
 def test_the_cache_key_holds_per_env_rates_only_when_given():
     """Per-env SFT rates change the SFT, so they key its cache; one rate keys it as before
     (the caches of runs without per-env rates stay valid)."""
-    from agentgym.trainers.cold_start import _sft_settings
-    one = _sft_settings(build_config({"env": "search,code"}))
-    per = _sft_settings(build_config({"env": "search,code",
+    from agentgym.trainers.cold_start.sft_stage import sft_settings
+    one = sft_settings(build_config({"env": "search,code"}))
+    per = sft_settings(build_config({"env": "search,code",
                                       "trainer.cold_start_lr": [2e-4, 1e-4]}))
     assert "lr_by_env" not in one and one["lr"] == 1e-4
     assert per["lr_by_env"] == [2e-4, 1e-4] and per["lr"] == 2e-4
@@ -298,11 +298,11 @@ def test_the_probe_and_before_eval_keys_leave_out_the_sft_s_per_env_values():
     """A mixed run's per-env demonstration counts and SFT rates change the SFT, not what
     the base model plays: its probe and "before" eval stay cached across them; a per-env
     rollout budget plays differently and keys them."""
-    from agentgym.trainers.cold_start import _play_inputs
+    from agentgym.trainers.cold_start.probe import play_inputs
 
     def played(**keys):
         cfg = build_config({"env": "search,code", **keys})
-        return _play_inputs({"model": "m", "per_env": cfg.per_env})
+        return play_inputs({"model": "m", "per_env": cfg.per_env})
     base = played(**{"rollout.max_turns": [3, 2]})
     assert base == {"model": "m", "per_env": {"rollout.max_turns": [3, 2]}}
     assert played(**{"rollout.max_turns": [3, 2], "trainer.cold_start_demos": [32, 16],
@@ -318,10 +318,10 @@ def test_the_cache_key_holds_the_demonstration_builders_source():
     from pathlib import Path
     from agentgym import envs
     from agentgym.core.paths import file_digest
-    from agentgym.trainers.cold_start import _builder
+    from agentgym.trainers.cold_start.demos import builder
     for env in ("search", "swe"):
         cfg = build_config({"env": env})
         source = Path(inspect.getsourcefile(envs.env_manifest(env).demonstrate))
-        assert _builder(cfg, env)["builder_source"] == file_digest(source)
+        assert builder(cfg, env)["builder_source"] == file_digest(source)
     assert Path(inspect.getsourcefile(envs.env_manifest("swe").demonstrate)).name == \
         "swe_demos.py"
