@@ -4,7 +4,7 @@ heads of 64), alternated in one process, medians.
 
     python bench/packed_attention.py --write
 
-What sets :data:`agentgym.trainers.packing.UPCAST_KEYS`: torch's CPU flash-attention
+What sets :data:`agentgym.trainers.attention.UPCAST_KEYS`: torch's CPU flash-attention
 backward has a large fixed cost per (segment, head) in bf16, so short bf16 buckets that
 will be differentiated run in fp32 (the casts included in the fp32 column).
 """
@@ -48,7 +48,7 @@ def main() -> None:
     ap.add_argument("--write", action="store_true", help="write docs/BENCHMARKS.md's section")
     a = ap.parse_args()
     import torch
-    from agentgym.trainers.packing import UPCAST_KEYS
+    from agentgym.trainers.attention import UPCAST_KEYS
     torch.manual_seed(0)
     rows = []
     for segments, keys in SHAPES:
@@ -71,7 +71,7 @@ def main() -> None:
         "column casts the inputs up and the output down.", "",
         "| segments x keys | bf16 (ms) | fp32 (ms) | bf16 / fp32 | the update runs |",
         "|---|---|---|---|---|", *rows, "",
-        f"`agentgym.trainers.packing.UPCAST_KEYS` = {UPCAST_KEYS}: a bf16 bucket of at most "
+        f"`agentgym.trainers.attention.UPCAST_KEYS` = {UPCAST_KEYS}: a bf16 bucket of at most "
         "that many keys runs in fp32 when a backward follows (CPU only)."])
     if a.write:
         write_section("Packed attention on the CPU: bf16 against fp32", body)

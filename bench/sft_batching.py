@@ -28,7 +28,7 @@ from agentgym.data.rows import read_jsonl  # noqa: E402
 from agentgym.data.demos import record_to_trajectory  # noqa: E402
 from agentgym.models.zoo import load_model, load_tokenizer, resolve_model  # noqa: E402
 from bench.report import write_section  # noqa: E402
-from agentgym.trainers.batch import micro_batches  # noqa: E402
+from agentgym.trainers.balancing import micro_batches  # noqa: E402
 from agentgym.trainers.sft import epoch_batches  # noqa: E402
 
 

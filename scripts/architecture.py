@@ -115,8 +115,9 @@ HOLDS = {
                "`ray_cluster`; `cold_start/` (the stage, its probe, demonstrations, SFT and "
                "records), `sft`; `algos` (with `group_stats`, "
                "`turn_credit`, `rollout_correction`), `backends/` (with `factory`: the backend a "
-               "config names), `packing` and "
-               "`fused_head` (the update's packed forward and its vocabulary head), "
+               "config names), `packing` (the pack), `attention` (its "
+               "kernels, registered in transformers), `balancing` (the micro-batches) and "
+               "`fused_head` (the vocabulary head), "
                "`critic`, `lora`, "
                "`sample_log`, `hooks`, `checkpoints` (the run directory, its checkpoints and "
                "resume), `reference` (frozen scorers: the KL reference, a teacher's model)",

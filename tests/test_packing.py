@@ -1,4 +1,4 @@
-"""The packed update (trainers/packing.py, trainers/fused_head.py) against the padded one:
+"""The packed update (trainers/packing.py, trainers/attention.py, trainers/fused_head.py) against the padded one:
 loss and every parameter's gradient equal, groups of 1 and 8, multi-turn masks with
 observations, temperature, entropy and KL terms, LoRA, zero-advantage rows left out,
 micro-batch splits, the varlen layout, and the balanced split."""
@@ -12,6 +12,8 @@ import torch
 
 from agentgym.config import build_config
 from agentgym.core.types import Trajectory
+from agentgym.trainers import attention as at
+from agentgym.trainers import balancing as bal
 from agentgym.trainers import packing as pk
 from agentgym.trainers.backends.base import token_logprobs
 from agentgym.trainers.batch import Batch, collate
@@ -110,7 +112,7 @@ def test_split_into_micro_batches_keeps_the_gradient(tiny_path, tiny_tokenizer):
     batch = group_batch(tiny_tokenizer, 3, 4, turns=2, seed=1)
     cfg = build_config(CFG)
     whole = loss_and_grads(model, batch, cfg, packing=True)
-    parts = pk.split_rows(batch.input_ids, batch.attention_mask.sum(-1).tolist(), batch.uids,
+    parts = bal.split_rows(batch.input_ids, batch.attention_mask.sum(-1).tolist(), batch.uids,
                           max_tokens=40)
     assert len(parts) > 1 and sorted(sum(parts, [])) == list(range(len(batch)))
     split = loss_and_grads(model, batch, cfg, packing=True, parts=parts)
@@ -174,11 +176,11 @@ def test_varlen_layout_equals_the_dense_one(tiny_path, tiny_tokenizer):
     batch = group_batch(tiny_tokenizer, 2, 4, turns=2, seed=5)
     cfg = build_config(CFG)
     dense = loss_and_grads(model, batch, cfg, packing=True)
-    pk.use_varlen(pk.varlen_standin)
+    at.use_varlen(at.varlen_standin)
     try:
         varlen = loss_and_grads(model, batch, cfg, packing=True)
     finally:
-        pk.use_varlen(None)
+        at.use_varlen(None)
     assert_same(dense, varlen)
 
 
@@ -242,7 +244,7 @@ def test_a_packed_forward_makes_no_attention_mask(tiny_path):
 
     from agentgym.trainers.backends.base import ModelSpec
     model = ModelSpec(str(tiny_path)).load("cpu")
-    assert pk.enable(model)
+    assert at.enable(model)
     positions = torch.tensor([[0, 1, 2, 3, 0, 1, 2]])  # two segments in one row
     embeds = torch.zeros(1, 7, model.config.hidden_size)
 
@@ -250,7 +252,7 @@ def test_a_packed_forward_makes_no_attention_mask(tiny_path):
         return create_causal_mask(config=model.config, inputs_embeds=embeds,
                                   attention_mask=None, past_key_values=None,
                                   position_ids=positions)
-    with pk.packed_forward():
+    with at.packed_forward():
         assert mask() is None
     outside = mask()
     assert outside is not None and not bool(outside[0, 0, 4, 3])  # the segments kept apart
@@ -258,7 +260,7 @@ def test_a_packed_forward_makes_no_attention_mask(tiny_path):
 
 def test_karmarkar_karp_balances():
     costs = [90, 70, 60, 50, 40, 30, 20, 10, 5, 5]
-    parts = pk.karmarkar_karp(costs, 3)
+    parts = bal.karmarkar_karp(costs, 3)
     assert sorted(sum(parts, [])) == list(range(10))
     sums = [sum(costs[i] for i in p) for p in parts]
     assert max(sums) - min(sums) <= 10
@@ -269,7 +271,7 @@ def test_split_rows_gives_every_rank_work(tiny_tokenizer):
     token shares, a group never cut when it fits."""
     batch = group_batch(tiny_tokenizer, 4, 4, turns=2, seed=6)
     lengths = batch.attention_mask.sum(-1).tolist()
-    parts = pk.split_rows(batch.input_ids, lengths, batch.uids, 10_000, multiple=2)
+    parts = bal.split_rows(batch.input_ids, lengths, batch.uids, 10_000, multiple=2)
     assert len(parts) == 2
     for p in parts:
         assert len({batch.uids[i] for i in p}) == 2

@@ -12,7 +12,8 @@ import torch
 
 from agentgym.config import build_config
 from agentgym.core.types import Trajectory
-from agentgym.trainers.batch import collate, micro_batches
+from agentgym.trainers.balancing import micro_batches
+from agentgym.trainers.batch import collate
 from agentgym.trainers.phases import make_loss_fn
 
 

@@ -139,20 +139,3 @@ def collate(trajs: list[Trajectory], pad_id: int) -> Batch:
                  episodes=[e or f"{t.uid}/{t.sample_index}/{i}" for i, (e, t) in
                            enumerate(zip(episodes, trajs))] if any(episodes) else None,
                  turn_ids=turn_ids)
-
-
-def micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
-    """Split row indices, in order, so each group's padded size ``rows * longest`` stays
-    within ``max_tokens`` (a single longer row gets a group of its own)."""
-    groups: list[list[int]] = []
-    cur: list[int] = []
-    longest = 0
-    for i, n in enumerate(lengths):
-        if cur and (len(cur) + 1) * max(longest, n) > max_tokens:
-            groups.append(cur)
-            cur, longest = [], 0
-        cur.append(i)
-        longest = max(longest, n)
-    if cur:
-        groups.append(cur)
-    return groups

@@ -52,9 +52,10 @@ def token_values(model, mb: Batch, device, packing: bool = True, whole: bool = F
     tokens only (what GAE and the value loss read), plus each row's last state with
     ``whole``; without ``whole`` the rows are packed only up to their last sampled token
     and the sequence values are 0 (the value loss does not read them)."""
+    from agentgym.trainers import attention  # loads transformers: heavy
     from agentgym.trainers import packing as pk
     ids, attn = mb.input_ids.to(device), mb.attention_mask.to(device)
-    if not packing or not pk.enable(model):
+    if not packing or not attention.enable(model):
         out = model(input_ids=ids, attention_mask=attn).logits[..., 0].float()
         values = torch.zeros_like(out)
         values[:, 1:] = out[:, :-1]
@@ -62,7 +63,7 @@ def token_values(model, mb: Batch, device, packing: bool = True, whole: bool = F
         return values, out[torch.arange(out.shape[0], device=out.device), last]
     lengths = mb.attention_mask.sum(-1).tolist()
     pack = pk.build_pack(mb.input_ids, lengths, mb.loss_mask, groups=mb.uids, keep_whole=whole)
-    with pk.packed_forward():
+    with attention.packed_forward():
         out = model(**pack.model_kwargs(device)).logits[0, :, 0].float()
     values = pk.scatter(out[pack.hidden_at.to(device)], pack)
     last = torch.zeros(len(lengths), dtype=torch.float32, device=out.device)

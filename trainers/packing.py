@@ -16,56 +16,21 @@ A micro-batch arrives as right-padded rows (:class:`~agentgym.trainers.batch.Bat
   token, the packed position whose hidden state predicts it; only those go through the
   vocabulary head (:func:`agentgym.trainers.fused_head.head_logprobs`).
 
-Attention over the pack is a list of *segments*: a query range (a row, a prefix or a
-continuation) and the keys it sees (its prefix, then itself), causal from the bottom
-right. With flash-attn installed on a GPU the segments are one ``flash_attn_varlen_func``
-call (keys gathered per segment); otherwise SDPA runs over the segments stacked in a few
-padded buckets (padding inside attention only: the linear layers, which are the work,
-see none). The attention function is registered with transformers'
-``AttentionInterface`` under ``agentgym_packed_<kernel>``; a forward without a pack
-(generation, an unpacked pass) goes to ``<kernel>`` unchanged (:func:`enable`).
+The pack's attention is :mod:`agentgym.trainers.attention`; how a batch's rows are split into
+micro-batches (whole groups, balanced) is :mod:`agentgym.trainers.balancing`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import logging
 from dataclasses import dataclass, fields
 
 import torch
 
-from agentgym.core.device import is_accelerator
-
-logger = logging.getLogger(__name__)
 
 #: the model-forward keyword that carries the segments to every attention layer
 PACK_KWARG = "agentgym_pack"
-#: True while a packed forward runs (:func:`packed_forward`)
-_PACKED = contextvars.ContextVar("agentgym_packed_forward", default=False)
 
 
-@contextlib.contextmanager
-def packed_forward():
-    """Around a model forward of a pack: transformers makes no attention mask for it. Its
-    attention reads the segments, and the mask transformers would build from the
-    restarted positions (a ``(T, T)`` block-causal one, through Python mask functions) was
-    thrown away: 26 ms a forward on a 4k-token pack, a fifth of the tiny model's update."""
-    token = _PACKED.set(True)
-    try:
-        yield
-    finally:
-        _PACKED.reset(token)
-
-
-def _mask_interface(impl: str):
-    """``impl``'s mask function, skipped (None) inside :func:`packed_forward`."""
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
-    make = ALL_MASK_ATTENTION_FUNCTIONS[impl]
-
-    def mask(*args, **kwargs):
-        return None if _PACKED.get() else make(*args, **kwargs)
-    return mask
 #: a bucket of stacked segments may hold at most this many times their real area
 BUCKET_WASTE = 1.5
 
@@ -139,7 +104,7 @@ class Pack:
                 PACK_KWARG: self.segments.to(device)}
 
 
-def _lcp(ids: torch.Tensor, rows: list[int], lengths: list[int]) -> int:
+def common_prefix(ids: torch.Tensor, rows: list[int], lengths: list[int]) -> int:
     """Longest common prefix of ``ids[r, :lengths[r]]`` over ``rows``."""
     n = min(lengths[r] for r in rows)
     if n == 0:
@@ -157,7 +122,7 @@ def shared_tokens(input_ids: torch.Tensor, lengths: list[int], groups: list) -> 
     members: dict = {}
     for r, key in enumerate(groups):
         members.setdefault(key, []).append(r)
-    return sum(_lcp(input_ids, rows, lengths) * (len(rows) - 1)
+    return sum(common_prefix(input_ids, rows, lengths) * (len(rows) - 1)
                for rows in members.values() if len(rows) > 1)
 
 
@@ -205,7 +170,7 @@ def build_pack(input_ids: torch.Tensor, lengths: list[int], loss_mask: torch.Ten
     segs: list[tuple[int, int, torch.Tensor]] = []  # (q start, q length, key slots)
     n = shared = 0
     for members in order.values():
-        p = _lcp(input_ids, members, used) if len(members) > 1 else 0
+        p = common_prefix(input_ids, members, used) if len(members) > 1 else 0
         prefix = torch.arange(n, n + p)
         if p:
             src_r.append(torch.full((p,), members[0]))
@@ -278,190 +243,6 @@ def _segments(segs: list[tuple[int, int, torch.Tensor]], n: int) -> Segments:
     return Segments(index, out_index, cu_q, cu_k, k_flat, int(q_len.max()), int(k_len.max()))
 
 
-# --- attention ---------------------------------------------------------------------------
-#: a bf16 bucket of at most this many keys runs its attention in fp32 on the CPU when a
-#: backward follows: torch's CPU flash-attention backward has a large fixed cost per
-#: (segment, head) in bf16 (8 segments of 178 tokens, smollm2's 9 heads: 29-36 ms against
-#: 17 ms in fp32; bench/packed_attention.py); from about 300 keys bf16 is as fast or faster
-UPCAST_KEYS = 256
-
-
-def _upcast(q, keys: int) -> bool:
-    # requires_grad: outside no_grad, and something upstream is trained
-    return (q.dtype == torch.bfloat16 and keys <= UPCAST_KEYS and q.requires_grad
-            and not is_accelerator(q.device))
-
-
-def dense_attention(query, key, value, seg: Segments, scaling, dropout: float = 0.0):
-    """SDPA over the stacked segment buckets; ``query`` ``(1, H, N, d)``, ``key``/``value``
-    ``(1, Hkv, N, d)``; returns ``(1, N, H, d)``. Every segment is causal from the top
-    left (:class:`Segments`), so SDPA runs with ``is_causal`` and no mask: its kernels
-    skip the masked half (1.8x faster than a boolean mask at 1k tokens on the CPU).
-    Gathers are ``index_select`` (their backward an ``index_add``, several times cheaper
-    on the CPU than advanced indexing's accumulating ``index_put``); grouped-query heads
-    go to SDPA as they are. Short bf16 buckets that will be differentiated run in fp32 on
-    the CPU (:data:`UPCAST_KEYS`)."""
-    q, k, v = query[0], key[0], value[0]
-    H, d = q.shape[0], q.shape[-1]
-    outs = []
-    for index in seg.index:
-        s, K = index.shape
-        flat = index.reshape(-1)
-        qb = q.index_select(1, flat).view(H, s, K, d).transpose(0, 1)
-        kb = k.index_select(1, flat).view(-1, s, K, d).transpose(0, 1)
-        vb = v.index_select(1, flat).view(-1, s, K, d).transpose(0, 1)
-        if _upcast(qb, K):  # autocast off, or it would run SDPA in bf16 again
-            with torch.autocast(q.device.type, enabled=False):
-                o = torch.nn.functional.scaled_dot_product_attention(
-                    qb.float(), kb.float(), vb.float(), dropout_p=dropout, scale=scaling,
-                    is_causal=True, enable_gqa=kb.shape[1] != H).to(q.dtype)
-        else:
-            o = torch.nn.functional.scaled_dot_product_attention(
-                qb, kb, vb, dropout_p=dropout, scale=scaling, is_causal=True,
-                enable_gqa=kb.shape[1] != H)
-        outs.append(o.transpose(1, 2).reshape(-1, H, d))  # (s * K, H, d)
-    flat_out = outs[0] if len(outs) == 1 else torch.cat(outs)
-    return flat_out.index_select(0, seg.out_index)[None]
-
-
-def varlen_attention(varlen, query, key, value, seg: Segments, scaling, dropout: float = 0.0):
-    """The segments as one ``flash_attn_varlen_func``-style call: queries in pack order
-    (each segment's queries are consecutive), keys gathered per segment."""
-    q = query[0].transpose(0, 1)  # (N, H, d)
-    k = key[0].transpose(0, 1).index_select(0, seg.k_flat)
-    v = value[0].transpose(0, 1).index_select(0, seg.k_flat)
-    o = varlen(q, k, v, seg.cu_q, seg.cu_k, seg.max_q, seg.max_k, dropout_p=dropout,
-               softmax_scale=scaling, causal=True)
-    return o[None]
-
-
-def varlen_standin(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                   dropout_p: float = 0.0, softmax_scale=None, causal: bool = True):
-    """A CPU stand-in with ``flash_attn_varlen_func``'s contract (causal aligned at the
-    bottom right, as flash-attn >= 2.1): what the tier runs the varlen layout through."""
-    outs = []
-    for s in range(len(cu_seqlens_q) - 1):
-        a, b = int(cu_seqlens_q[s]), int(cu_seqlens_q[s + 1])
-        c, d = int(cu_seqlens_k[s]), int(cu_seqlens_k[s + 1])
-        qs, ks, vs = q[a:b].transpose(0, 1), k[c:d].transpose(0, 1), v[c:d].transpose(0, 1)
-        if ks.shape[0] != qs.shape[0]:
-            ks = ks.repeat_interleave(qs.shape[0] // ks.shape[0], dim=0)
-            vs = vs.repeat_interleave(qs.shape[0] // vs.shape[0], dim=0)
-        lq, lk = b - a, d - c
-        mask = torch.arange(lk)[None, :] <= (lk - lq) + torch.arange(lq)[:, None]
-        outs.append(torch.nn.functional.scaled_dot_product_attention(
-            qs, ks, vs, attn_mask=mask.to(q.device) if causal else None, dropout_p=dropout_p,
-            scale=softmax_scale).transpose(0, 1))
-    return torch.cat(outs)
-
-
-def _flash_varlen():
-    try:
-        from flash_attn import flash_attn_varlen_func
-    except ImportError:
-        return None
-    return flash_attn_varlen_func
-
-
-#: the varlen kernel: flash-attn's on CUDA when installed (:func:`use_varlen` sets another)
-_VARLEN: dict[str, object] = {}
-
-
-def use_varlen(fn) -> None:
-    """Route packed attention through ``fn`` (``flash_attn_varlen_func``'s signature), or
-    back to the automatic choice with None. The tier passes :func:`varlen_standin`."""
-    if fn is None:
-        _VARLEN.pop("fn", None)
-    else:
-        _VARLEN["fn"] = fn
-
-
-def packed_attention(fallback: str):
-    """The attention function registered as ``agentgym_packed_<fallback>``."""
-
-    def attend(module, query, key, value, attention_mask, dropout: float = 0.0,
-               scaling=None, **kwargs):
-        seg = kwargs.pop(PACK_KWARG, None)
-        if seg is None:
-            from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-            if fallback == "eager":
-                from transformers.models.llama.modeling_llama import eager_attention_forward
-                fn = eager_attention_forward
-            else:
-                fn = ALL_ATTENTION_FUNCTIONS[fallback]
-            return fn(module, query, key, value, attention_mask, dropout=dropout,
-                      scaling=scaling, **kwargs)
-        if kwargs.get("sliding_window") is not None:
-            raise ValueError("packed attention has no sliding window; trainer.packing=false "
-                             "for this model")
-        varlen = _VARLEN.get("fn")
-        if varlen is None and is_accelerator(query.device):
-            varlen = _flash_varlen()
-        if varlen is not None:
-            return varlen_attention(varlen, query, key, value, seg, scaling, dropout), None
-        return dense_attention(query, key, value, seg, scaling, dropout), None
-    return attend
-
-
-def _hf_model(model):
-    """The transformers model under a LoRA wrapper or a DeepSpeed engine."""
-    base = model
-    for _ in range(3):
-        if hasattr(base, "get_base_model"):
-            base = base.get_base_model()
-        elif hasattr(base, "module") and not hasattr(base, "config"):
-            base = base.module
-    return base
-
-
-def why_not_packable(model) -> str | None:
-    """None when :func:`enable` can pack ``model``; else the reason (the padded path runs)."""
-    from transformers import PreTrainedModel
-    base = _hf_model(model)
-    if not isinstance(base, PreTrainedModel):
-        return f"{type(base).__name__} is not a transformers model"
-    cfg = base.config
-    if getattr(cfg, "vision_config", None) is not None:
-        return ("a vision-language model: its 3-D rotary positions and image tokens are "
-                "laid out per padded row (agentgym.models.vision)")
-    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    if any(t != "full_attention" for t in (getattr(text, "layer_types", None) or [])) or \
-            getattr(text, "use_sliding_window", False):
-        return "sliding-window layers (packed attention is full causal)"
-    impl = cfg._attn_implementation or "eager"
-    if impl.startswith("agentgym_packed_"):
-        return None
-    if impl not in ("sdpa", "eager", "flash_attention_2", "flash_attention_3"):
-        return f"attention implementation {impl!r}"
-    return None
-
-
-def enable(model) -> bool:
-    """Register and select ``agentgym_packed_<kernel>`` on ``model`` (idempotent); False,
-    with the reason logged once, for a model that cannot be packed."""
-    base = _hf_model(model)
-    reason = why_not_packable(model)
-    if reason is not None:
-        if not getattr(base, "_agentgym_pack_warned", False):
-            logger.info("trainer.packing: %s takes the padded path: %s",
-                        type(base).__name__, reason)
-            try:
-                base._agentgym_pack_warned = True
-            except AttributeError:  # pragma: no cover - a frozen module
-                pass
-        return False
-    impl = base.config._attn_implementation or "eager"
-    if impl.startswith("agentgym_packed_"):
-        return True
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
-    name = f"agentgym_packed_{impl}"
-    AttentionInterface.register(name, packed_attention(impl))
-    AttentionMaskInterface.register(name, _mask_interface(impl))
-    base.set_attn_implementation(name)
-    return True
-
-
 def scatter_at(values: torch.Tensor, shape: tuple[int, int], rows: torch.Tensor,
                cols: torch.Tensor, placeholder: bool = False) -> torch.Tensor:
     """``(M,)`` values read at ``(rows, cols)`` into a ``shape`` fp32 tensor (0 elsewhere),
@@ -476,78 +257,3 @@ def scatter_at(values: torch.Tensor, shape: tuple[int, int], rows: torch.Tensor,
 def scatter(values: torch.Tensor, pack: Pack) -> torch.Tensor:
     """The pack's ``(M,)`` values into its batch's ``(B, T)`` (:func:`scatter_at`)."""
     return scatter_at(values, pack.shape, pack.rows, pack.cols, pack.placeholder)
-
-
-# --- micro-batches -------------------------------------------------------------------------
-def karmarkar_karp(costs: list[int], k: int) -> list[list[int]]:
-    """Indices of ``costs`` in ``k`` parts of near-equal sums: Karmarkar-Karp's largest
-    differencing method (as verl's ``use_dynamic_bsz`` balances its ranks): repeatedly
-    merge the two partial partitions that differ most, pairing the heavier parts of one
-    with the lighter of the other. Deterministic; parts may be empty when there are fewer
-    items than ``k``."""
-    import heapq
-    heap: list = []
-    for i, c in enumerate(costs):
-        sums = [c] + [0] * (k - 1)
-        heapq.heappush(heap, (-c, i, sums, [[i]] + [[] for _ in range(k - 1)]))
-    tick = len(costs)
-    while len(heap) > 1:
-        _, _, s1, p1 = heapq.heappop(heap)
-        _, _, s2, p2 = heapq.heappop(heap)
-        a = sorted(range(k), key=lambda j: -s1[j])
-        b = sorted(range(k), key=lambda j: s2[j])
-        sums = [s1[x] + s2[y] for x, y in zip(a, b)]
-        parts = [p1[x] + p2[y] for x, y in zip(a, b)]
-        heapq.heappush(heap, (-(max(sums) - min(sums)), tick, sums, parts))
-        tick += 1
-    if not heap:
-        return [[] for _ in range(k)]
-    return [sorted(p) for p in heap[0][3]]
-
-
-def group_units(input_ids: torch.Tensor, lengths: list[int], groups: list | None,
-                max_tokens: int) -> list[tuple[list[int], int]]:
-    """The batch's rows as indivisible units with their packed cost: each group's rows
-    (prefix counted once) in chunks of at most ``max_tokens`` packed tokens (a row longer
-    than that is a unit of its own)."""
-    keys = groups if groups is not None else list(range(len(lengths)))
-    members: dict = {}
-    for r, key in enumerate(keys):
-        members.setdefault(key, []).append(r)
-    units: list[tuple[list[int], int]] = []
-    for rows in members.values():
-        p = _lcp(input_ids, rows, lengths) if len(rows) > 1 else 0
-        cur: list[int] = []
-        cost = 0
-        for r in sorted(rows, key=lambda r: -lengths[r]):
-            extra = lengths[r] - p + (p if not cur else 0)
-            if cur and cost + extra > max_tokens:
-                units.append((cur, cost))
-                cur, cost, extra = [], 0, lengths[r]
-            cur.append(r)
-            cost += extra
-        if cur:
-            units.append((cur, cost))
-    return units
-
-
-def split_rows(input_ids: torch.Tensor, lengths: list[int], groups: list | None,
-               max_tokens: int, multiple: int = 1) -> list[list[int]]:
-    """Row indices of the micro-batches of a packed update: whole groups (a group's
-    prompt is encoded once), each micro-batch within ``max_tokens`` real (packed) tokens,
-    their count a multiple of ``multiple`` (the ranks) and their token counts balanced by
-    :func:`karmarkar_karp`; largest first. Padding never counts: there is none."""
-    units = group_units(input_ids, lengths, groups, max_tokens)
-    total = sum(c for _, c in units)
-    k = max(1, -(-total // max_tokens))
-    k = -(-k // multiple) * multiple
-    while True:
-        parts = karmarkar_karp([c for _, c in units], k)
-        sums = [sum(units[i][1] for i in p) for p in parts]
-        over = [s for p, s in zip(parts, sums) if s > max_tokens and len(p) > 1]
-        if not over or k >= len(units):
-            break
-        k += multiple
-    out = [(s, sorted(r for i in p for r in units[i][0])) for p, s in zip(parts, sums) if p]
-    out.sort(key=lambda x: (-x[0], x[1]))
-    return [rows for _, rows in out]

@@ -22,6 +22,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
 
+from agentgym.trainers.balancing import split
 from agentgym.trainers.batch import Batch
 
 #: ``loss_fn(model, micro_batch) -> (loss, metrics)``; a picklable object (a small class,
@@ -299,17 +300,19 @@ def token_logprobs(model, mb: Batch, device, temperature: float = 1.0,
 
     ``packing`` (``trainer.packing``): one packed row, each group's shared prefix once,
     no padding, the vocabulary head only on the positions read, fused
-    (:mod:`agentgym.trainers.packing`, :mod:`agentgym.trainers.fused_head`); a model that
+    (:mod:`agentgym.trainers.packing`, :mod:`agentgym.trainers.attention`,
+    :mod:`agentgym.trainers.fused_head`); a model that
     cannot be packed runs its padded rows but still projects only those positions.
     Without it: :func:`sequence_logprobs`, the padded pass from the first sampled column.
     """
+    from agentgym.trainers import attention  # loads transformers: heavy
     from agentgym.trainers import packing as pk
     ids, attn = mb.input_ids.to(device), mb.attention_mask.to(device)
     if not packing:
         return sequence_logprobs(model, ids, attn, temperature, with_entropy,
                                  start=first_needed_position(mb.loss_mask),
                                  entropy_grad=entropy_grad, images=mb.images, chunk=chunk)
-    if mb.images is not None or not pk.enable(model):
+    if mb.images is not None or not attention.enable(model):
         rows, cols = pk.needed(mb.loss_mask).nonzero(as_tuple=True)
         dummy = len(rows) == 0  # nothing sampled: read one position, counted as 0
         if dummy:
@@ -326,12 +329,12 @@ def token_logprobs(model, mb: Batch, device, temperature: float = 1.0,
     at, targets = pack.hidden_at.to(device), pack.targets.to(device)
     parts = _decoder_and_head(model)
     if parts is not None:
-        with pk.packed_forward():
+        with attention.packed_forward():
             hidden = parts[0](**kw).last_hidden_state[0, at]
         lp, ent = head_logprobs(parts[1], hidden, targets, temperature, with_entropy,
                                 entropy_grad, chunk)
     else:  # sharded: the root's forward projects the gathered positions only
-        with pk.packed_forward():
+        with attention.packed_forward():
             logits = model(**kw, logits_to_keep=at).logits[0]
         lp, ent = plain_logprobs(logits, targets, temperature, with_entropy, entropy_grad)
     return pk.scatter(lp, pack), (pk.scatter(ent, pack) if with_entropy else None)
@@ -406,20 +409,6 @@ def batched_apply(model, batch: Batch, micro_batch_tokens: int, fn,
         model.train(was_training)
     order = torch.tensor([i for idx in index for i in idx]).argsort()
     return [torch.cat(col)[order] for col in zip(*parts)]
-
-
-def split(batch: Batch, micro_batch_tokens: int, packing: bool, multiple: int = 1
-          ) -> list[list[int]]:
-    """Row indices of ``batch``'s micro-batches: with ``packing``, whole groups by packed
-    tokens, balanced, a multiple of ``multiple`` of them (:func:`agentgym.trainers.packing.
-    split_rows`); else rows in order by padded tokens (:func:`~agentgym.trainers.batch.
-    micro_batches`)."""
-    from agentgym.trainers.batch import micro_batches
-    lengths = batch.attention_mask.sum(-1).tolist()
-    if not packing:
-        return micro_batches(lengths, micro_batch_tokens)
-    from agentgym.trainers.packing import split_rows
-    return split_rows(batch.input_ids, lengths, batch.uids, micro_batch_tokens, multiple)
 
 
 @dataclass(frozen=True)
