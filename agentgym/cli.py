@@ -29,9 +29,9 @@ from pathlib import Path
 
 from agentgym.config import Config, all_keys, build_config, to_dict
 from agentgym.core.overrides import parse_overrides
-from agentgym.core.server_process import exit_cleanly_on_sigterm
-from agentgym.core.supervisor import ServiceFailed
-from agentgym.core.watchdog import StageStalled
+from agentgym.supervision.server_process import exit_cleanly_on_sigterm
+from agentgym.supervision.supervisor import ServiceFailed
+from agentgym.supervision.watchdog import StageStalled
 
 log = logging.getLogger("agentgym")
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from agentgym.core import choices
 from agentgym.core.registry import check_choices, did_you_mean, env_names  # noqa: F401
-from agentgym.core.watchdog import DeadlinesConfig
+from agentgym.supervision.watchdog import DeadlinesConfig
 from agentgym.envs import config_sections, default_env, env_manifest
 from agentgym.envs.manifest import MAX_TURNS
 from agentgym.envs.code import CodeConfig, SandboxConfig  # the sandbox's: the code env's
@@ -461,7 +461,7 @@ class Config:
     # reward at each episode's end (envs.plugins.RewardOverride); "" = the env's own
     reward: str = ""
     # run reward= in a process of its own each call: past deadlines.env_step_s it is killed with
-    # its process group (a thread cannot be; agentgym.core.process_call)
+    # its process group (a thread cannot be; agentgym.supervision.process_call)
     reward_process: bool = False
     agent: str = ""  # env=agent: the agent program, package.module:run (agentgym.serving.agents)
     limit: int = 0  # rows to use; 0 = all

@@ -1,10 +1,10 @@
-"""What guarding against hung env calls costs (agentgym.core.daemon_pool, stalls,
+"""What guarding against hung env calls costs (agentgym.supervision.daemon_pool, stalls,
 process_call), against the plain call in the same run:
 
 * a ``reward=`` function called in the env worker's thread (the default) against the same
   function with ``reward_process=true`` (a child interpreter per call, killable), both
-  through a :class:`~agentgym.core.daemon_pool.DaemonPool` call as an env step makes it;
-* the site of a stuck call (:func:`agentgym.core.stalls.thread_site`: five samples of its
+  through a :class:`~agentgym.supervision.daemon_pool.DaemonPool` call as an env step makes it;
+* the site of a stuck call (:func:`agentgym.supervision.stalls.thread_site`: five samples of its
   stack) against one read of ``sys._current_frames()``.
 
     python bench/hung_calls.py            # prints the table
@@ -24,9 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.report import machine, write_section  # noqa: E402
-from agentgym.core.daemon_pool import DaemonPool  # noqa: E402
-from agentgym.core.process_call import call_in_process  # noqa: E402
-from agentgym.core.stalls import thread_site  # noqa: E402
+from agentgym.supervision.daemon_pool import DaemonPool  # noqa: E402
+from agentgym.supervision.process_call import call_in_process  # noqa: E402
+from agentgym.supervision.stalls import thread_site  # noqa: E402
 from agentgym.envs.math_reward import extract_boxed, is_equivalent  # noqa: E402
 
 TITLE = "Hung env calls: what the guards cost"

@@ -15,7 +15,7 @@ client is ``websockets``: ``pip install -e '.[openenv]'`` in the checkout).
 
 * **The server**: ``openenv.url`` reaches one that runs; ``openenv.app`` (``module:app``,
   as ``uvicorn`` takes it) is served by a process this run starts on a loopback port and
-  supervises (:class:`agentgym.core.supervisor.Supervisor`, as the retriever): a server
+  supervises (:class:`agentgym.supervision.supervisor.Supervisor`, as the retriever): a server
   that dies or stops answering ``GET /health`` is restarted, and the episodes it failed are
   infrastructure failures, replayed or dropped, never trained on.
 * **Observations become messages**: the first (``reset``'s) is the user turn after
@@ -107,8 +107,8 @@ class ServedApp:
             return self.url
         import os
 
-        from agentgym.core.server_process import ServerProcess, free_port
-        from agentgym.core.supervisor import Supervisor
+        from agentgym.supervision.server_process import ServerProcess, free_port
+        from agentgym.supervision.supervisor import Supervisor
         port = free_port()
         cmd = [sys.executable, "-m", "uvicorn", self.app, "--host", "127.0.0.1",
                "--port", str(port), "--log-level", "info"]
@@ -216,7 +216,7 @@ class OpenEnvEnv(AgentEnv, env_id="agentgym/OpenEnv-v0", short="openenv"):
     def _call(self, kind: str, data: dict) -> dict:
         """One request of the session; the server's reply (an observation or an error).
         Raises :class:`ServerGone` when the connection fails or the reply is late."""
-        from agentgym.core.supervisor import report_down, report_up
+        from agentgym.supervision.supervisor import report_down, report_up
         try:
             if self._ws is None:
                 self._ws = self._connect()
@@ -225,7 +225,7 @@ class OpenEnvEnv(AgentEnv, env_id="agentgym/OpenEnv-v0", short="openenv"):
         except Exception as e:  # noqa: BLE001 - OSError, TimeoutError, websockets' ConnectionClosed
             self._close_session()
             # its outage is counted, and a rollout replaying the episode waits for a
-            # supervised server's restart (agentgym.core.supervisor)
+            # supervised server's restart (agentgym.supervision.supervisor)
             report_down(self.url, f"{type(e).__name__}: {e}")
             raise ServerGone(f"{type(e).__name__}: {e}") from e
         report_up(self.url)

@@ -19,7 +19,7 @@
   replaces the env's reward at the end of each episode (:class:`RewardOverride`); a module
   in the working directory needs no installing (as ``agent=``'s). With
   ``reward_process=true`` it runs in a process of its own
-  (:func:`agentgym.core.process_call.call_in_process`): one that hangs past
+  (:func:`agentgym.supervision.process_call.call_in_process`): one that hangs past
   ``deadlines.env_step_s`` is killed with its process group, where a thread would be left
   behind.
 
@@ -159,7 +159,7 @@ class RewardOverride:
         args = (row.get("data_source", ""), text, ground_truth, row.get("extra_info") or {})
         try:
             if self.process:
-                from agentgym.core.process_call import call_in_process
+                from agentgym.supervision.process_call import call_in_process
                 out = call_in_process(self.fn, *args)
             else:
                 out = self.fn(*args)

@@ -120,7 +120,7 @@ def serve(args: argparse.Namespace) -> None:
     batching = args.batching == "on" or (args.batching == "auto" and index.method == "dense")
     app = create_app(index, limits, batching=batching,
                      max_batch_queries=args.max_batch_queries, max_wait_s=args.max_wait_ms / 1000)
-    from agentgym.core.server_process import watch_parent
+    from agentgym.supervision.server_process import watch_parent
     watch_parent()  # ends with the process that started it, if one did
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 limit_concurrency=args.max_connections, timeout_graceful_shutdown=10)

@@ -25,31 +25,33 @@ ROOT = Path(__file__).resolve().parents[1]
 #: the folders of the repository; installed, the last four are subpackages of agentgym
 PACKAGES = ("agentgym", "envs", "tools", "trainers", "retriever_server")
 
-_CORE = "agentgym.core"
+_CORE, _SUP = "agentgym.core", "agentgym.supervision"
 _TOOLS, _RETRIEVER = "agentgym.tools", "agentgym.retriever_server"
 _ENVS, _TRAINERS = "agentgym.envs", "agentgym.trainers"
 #: unit -> the units it may import, lowest layer first (a unit may always import itself)
 LAYERS: dict[str, tuple[str, ...]] = {
     _CORE: (),
-    _TOOLS: (_CORE,),
-    _RETRIEVER: (_CORE,),
-    _ENVS: (_CORE, _TOOLS),
+    _SUP: (_CORE,),
+    _TOOLS: (_CORE, _SUP),
+    _RETRIEVER: (_CORE, _SUP),
+    _ENVS: (_CORE, _SUP, _TOOLS),
     "agentgym.presets": (_CORE, _ENVS),
-    "agentgym.config": (_CORE, "agentgym.presets", _ENVS),
+    "agentgym.config": (_CORE, _SUP, "agentgym.presets", _ENVS),
     "agentgym.models": (_CORE,),
-    "agentgym.rollout": (_CORE, "agentgym.config", "agentgym.models", _ENVS),
+    "agentgym.rollout": (_CORE, _SUP, "agentgym.config", "agentgym.models", _ENVS),
     "agentgym.data": (_CORE, "agentgym.config", "agentgym.models", "agentgym.rollout", _ENVS),
-    "agentgym.reporting": (_CORE, "agentgym.rollout", _ENVS),
-    "agentgym.serving": (_CORE, "agentgym.models", "agentgym.rollout", _ENVS, _TOOLS),
-    _TRAINERS: (_CORE, "agentgym.config", "agentgym.models", "agentgym.rollout",
+    "agentgym.reporting": (_CORE, _SUP, "agentgym.rollout", _ENVS),
+    "agentgym.serving": (_CORE, _SUP, "agentgym.models", "agentgym.rollout", _ENVS, _TOOLS),
+    _TRAINERS: (_CORE, _SUP, "agentgym.config", "agentgym.models", "agentgym.rollout",
                 "agentgym.data", "agentgym.reporting", "agentgym.serving", _ENVS),
-    "agentgym.cli": (_CORE, "agentgym.config", "agentgym.models", "agentgym.rollout",
+    "agentgym.cli": (_CORE, _SUP, "agentgym.config", "agentgym.models", "agentgym.rollout",
                      "agentgym.data", "agentgym.reporting", "agentgym.serving", _TRAINERS,
                      _ENVS, _TOOLS, _RETRIEVER),
 }
 #: what each unit holds, one line (docs/ARCHITECTURE.md's table)
 ROLES = {
-    _CORE: "types (Trajectory: the loss mask), registry, paths, server processes, device, memory",
+    _CORE: "types (Trajectory: the loss mask), registry, choices, paths, device, memory",
+    _SUP: "stage deadlines, supervised servers, hung calls, daemon pools",
     _TOOLS: "what envs call: retriever client and launcher, the code sandbox",
     _RETRIEVER: "the Search-R1 retrieval service (BM25, faiss)",
     _ENVS: "each env whole (config section, datasets, demos, metrics); checker, registry",
@@ -65,7 +67,8 @@ ROLES = {
 }
 #: where each unit lives in the repository, and what it holds (docs/ARCHITECTURE.md's table,
 #: written by :func:`write_docs`)
-WHERE = {_CORE: "agentgym/core/", _TOOLS: "tools/", _RETRIEVER: "retriever_server/",
+WHERE = {_CORE: "agentgym/core/", _SUP: "agentgym/supervision/", _TOOLS: "tools/",
+         _RETRIEVER: "retriever_server/",
          _ENVS: "envs/", "agentgym.presets": "agentgym/presets.py",
          "agentgym.config": "agentgym/config.py", "agentgym.models": "agentgym/models/",
          "agentgym.rollout": "agentgym/rollout/", "agentgym.data": "agentgym/data/",
@@ -73,11 +76,14 @@ WHERE = {_CORE: "agentgym/core/", _TOOLS: "tools/", _RETRIEVER: "retriever_serve
          _TRAINERS: "trainers/", "agentgym.cli": "agentgym/cli.py"}
 HOLDS = {
     _CORE: "the ground floor: `types` (Trajectory, Segment, SamplingParams), `registry` (with "
-           "`check_choices`), `choices` (the names a config may choose, stated for their owners), `paths`, `server_process` (child servers that end with their "
-           "parent), `device`, `memory`, `watchdog` (stage deadlines, heartbeat), `stalls` (hung "
-           "calls by site), `daemon_pool` (workers that replace a stuck one), `process_call`; "
-           "with `agentgym/__init__.py` and `_layout.py` (the "
-           "top-level folders as agentgym's subpackages in a checkout)",
+           "`check_choices`), `choices` (the names a config may choose, stated for their "
+           "owners), `paths`, `device`, `memory`, `overrides`, `recorded_graph`; with "
+           "`agentgym/__init__.py` and `_layout.py` (the top-level folders as agentgym's "
+           "subpackages in a checkout)",
+    _SUP: "process and thread supervision: `watchdog` (stage deadlines, heartbeat, stack "
+          "dumps), `supervisor` (servers restarted on failure), `server_process` (child "
+          "servers that end with their parent), `stalls` (hung calls by site), "
+          "`daemon_pool` (workers that replace a stuck one), `process_call`",
     _TOOLS: "what envs call: retriever client (`retriever.py`), local retriever launcher, the "
             "code sandbox (`sandbox.py` entry and `SandboxConfig`, `sandbox_base.py` contract, "
             "`sandbox_local.py` bubblewrap, `sandbox_e2b.py`), MCP servers (`mcp_client.py`, "

@@ -89,7 +89,7 @@ def scripted_server(tiny_model, tiny_tokenizer):
 
     import uvicorn
 
-    from agentgym.core.server_process import free_port
+    from agentgym.supervision.server_process import free_port
     from agentgym.serving.serve import ServeState, create_app
     from fakes import ScriptedServed
     servers = []

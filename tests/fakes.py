@@ -219,7 +219,7 @@ class FlakyProxyFault:
         from fastapi import FastAPI
         from fastapi.responses import Response
 
-        from agentgym.core.server_process import free_port
+        from agentgym.supervision.server_process import free_port
         self.upstream, self.left, self.status, self.path = upstream, fail_first, status, path
         self.seen = {"failed": 0, "forwarded": 0}
         app = FastAPI()

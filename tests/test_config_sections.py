@@ -69,7 +69,7 @@ def test_the_typed_fields_are_the_shipped_envs_sections():
     assert missing == set(), "add these shipped envs' sections to Config as typed fields"
     # a field of an env's section type that no shipped env declares (the run's own sections
     # are defined in agentgym.config; judge.* is reward=judge's, envs/judge.py; deadlines.*
-    # is the watchdog's, agentgym/core/watchdog.py, which sits below the config)
+    # is the watchdog's, agentgym/supervision/watchdog.py, which sits below the config)
     stray = {name for name, t in hints.items() if dataclasses.is_dataclass(t)
              and t.__module__ != "agentgym.config" and name not in ("judge", "deadlines")
              and name not in declared}

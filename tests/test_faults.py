@@ -334,7 +334,7 @@ def test_a_hung_retriever_is_replaced_on_the_same_port(small_corpus, tmp_path):
 
 def test_a_users_service_is_not_restarted_but_its_outage_is_counted(small_corpus, tmp_path,
                                                                     caplog):
-    from agentgym.core.supervisor import infra_totals, outage_for
+    from agentgym.supervision.supervisor import infra_totals, outage_for
     from agentgym.tools.errors import ToolUnavailable
     from agentgym.tools.retriever import RetrieverClient
     theirs = local_retriever.LocalRetriever(small_corpus, index_dir=tmp_path / "ix",

@@ -1,4 +1,4 @@
-"""A hung env call does not hang the run (agentgym.core.daemon_pool, agentgym.core.stalls):
+"""A hung env call does not hang the run (agentgym.supervision.daemon_pool, agentgym.supervision.stalls):
 a call given up on frees its worker (its thread retired and replaced, or its processes
 killed), the same stall site cutting ``deadlines.same_stall_limit`` episodes in a row ends
 the run at once naming the function and line, and each site has one stack file with its
@@ -20,8 +20,8 @@ import pytest
 
 import hang_faults
 from sandbox_probes import make  # noqa: F401 (a fixture)
-from agentgym.core.daemon_pool import DaemonPool, killable_process_group
-from agentgym.core.watchdog import DeadlinesConfig, Watchdog
+from agentgym.supervision.daemon_pool import DaemonPool, killable_process_group
+from agentgym.supervision.watchdog import DeadlinesConfig, Watchdog
 from agentgym.data.rows import write_jsonl
 from toy_envs import letter_rows
 
@@ -334,7 +334,7 @@ def test_a_reward_in_a_process_of_its_own_is_killed_when_it_hangs(tmp_path, faul
 
 def test_a_call_in_a_process_keeps_its_child_answers_errors_and_prints_aside():
     """In a thread of its own, whose child ends with it."""
-    from agentgym.core.process_call import ProcessCallError, call_in_process
+    from agentgym.supervision.process_call import ProcessCallError, call_in_process
     seen: dict = {}
 
     def calls():

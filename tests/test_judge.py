@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from agentgym.rollout.engines.launcher import launch_serve
-from agentgym.core.server_process import free_port
+from agentgym.supervision.server_process import free_port
 from agentgym.envs.judge import JudgeError, JudgeReward, parse_score
 from agentgym.envs.plugins import RewardOverride
 from fakes import FlakyProxyFault

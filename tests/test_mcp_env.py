@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from agentgym.cli import main
-from agentgym.core.server_process import ServerProcess, free_port
+from agentgym.supervision.server_process import ServerProcess, free_port
 from conftest import wait_until
 from agentgym.envs.mcp_env import MCPEnv, mcp_row
 from agentgym.tools.mcp_client import MCPServerFailed, MCPTools

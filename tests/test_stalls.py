@@ -1,4 +1,4 @@
-"""No silent hangs (agentgym.core.watchdog): a stage past its deadline names itself, writes
+"""No silent hangs (agentgym.supervision.watchdog): a stage past its deadline names itself, writes
 every thread's stack, and then does what that stage's failure should do: an env step that
 never returns ends its episode as an infrastructure failure (the run trains on without
 it); a checkpoint write that never returns ends the run with the stage in the message,
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from agentgym import envs
-from agentgym.core.watchdog import EXIT_STALLED, DeadlinesConfig, StageStalled, Watchdog
+from agentgym.supervision.watchdog import EXIT_STALLED, DeadlinesConfig, StageStalled, Watchdog
 from agentgym.data.rows import write_jsonl
 from toy_envs import STALL_RELEASE, STALLING_MAKES, letter_rows
 
@@ -94,7 +94,7 @@ def test_a_stall_outside_the_main_thread_ends_the_process_after_its_grace(tmp_pa
     and exits with EXIT_STALLED once deadlines.grace_s has passed."""
     code = f"""
 import threading
-from agentgym.core.watchdog import DeadlinesConfig, Watchdog
+from agentgym.supervision.watchdog import DeadlinesConfig, Watchdog
 watch = Watchdog({str(tmp_path)!r}, DeadlinesConfig(sync_s=1.0, grace_s=1.0), poll_s=0.1)
 def blocked_weight_push():
     threading.Event().wait()
@@ -389,7 +389,7 @@ def test_a_signal_inside_a_deferred_block_reaches_its_handler_when_the_block_end
     depend on how the shell that started pytest left SIGINT."""
     import signal
 
-    from agentgym.core.watchdog import signals_deferred
+    from agentgym.supervision.watchdog import signals_deferred
     seen, handled = [], []
     before = signal.signal(signal.SIGTERM, lambda signum, frame: handled.append(seen[:]))
     before_int = signal.signal(signal.SIGINT, signal.default_int_handler)

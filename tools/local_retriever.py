@@ -25,8 +25,8 @@ import threading
 from pathlib import Path
 
 from agentgym.core.paths import cache_dir  # import-light: no torch
-from agentgym.core.server_process import ServerProcess, free_port
-from agentgym.core.supervisor import Supervisor
+from agentgym.supervision.server_process import ServerProcess, free_port
+from agentgym.supervision.supervisor import Supervisor
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class LocalRetriever:
         extra_args: more ``python -m agentgym.retriever_server`` flags (e.g.
             ``["--batching", "off"]``).
         supervise: watch the server and restart it on the same port when it dies or stops
-            answering (:class:`agentgym.core.supervisor.Supervisor`); False leaves a dead
+            answering (:class:`agentgym.supervision.supervisor.Supervisor`); False leaves a dead
             server dead.
         max_restarts: the supervisor's restart budget over the server's life.
 

@@ -25,7 +25,7 @@ import sys
 import tempfile
 import threading
 
-from agentgym.core.supervisor import ServiceFailed
+from agentgym.supervision.supervisor import ServiceFailed
 from agentgym.tools.errors import MissingExtra, ToolTimeout, ToolUnavailable
 
 logger = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ import uuid
 
 import httpx
 
-from agentgym.core.supervisor import report_down, report_up
+from agentgym.supervision.supervisor import report_down, report_up
 from agentgym.tools.errors import ToolBadRequest, ToolError, ToolTimeout, ToolUnavailable
 
 logger = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ class RetrieverClient:
     Transient failures (connection errors, timeouts, 5xx answers) are retried ``retries``
     times with exponential backoff (``backoff * 2**attempt`` seconds); a 4xx answer raises
     :class:`ToolBadRequest` at once. When every attempt failed the service is reported down
-    (:func:`agentgym.core.supervisor.report_down`: its outage is counted, and a local server
+    (:func:`agentgym.supervision.supervisor.report_down`: its outage is counted, and a local server
     is restarted by its supervisor); the next answer reports it up. Each call sends one ``X-Request-ID`` (uuid4), the same
     on its retries, so server logs can tie the attempts together.
 

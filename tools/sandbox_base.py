@@ -17,13 +17,13 @@ import logging
 import threading
 from dataclasses import dataclass
 
-from agentgym.core.daemon_pool import current_call
+from agentgym.supervision.daemon_pool import current_call
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["Limits", "ExecResult", "Sandbox", "cap_bytes", "cap_text"]
 
-#: the pool call (an env step, :mod:`agentgym.core.daemon_pool`) an execution runs for, on
+#: the pool call (an env step, :mod:`agentgym.supervision.daemon_pool`) an execution runs for, on
 #: the sandbox's loop: its processes are the call's, killed if the call is given up on
 OWNER: contextvars.ContextVar = contextvars.ContextVar("sandbox_owner", default=None)
 

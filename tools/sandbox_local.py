@@ -286,7 +286,7 @@ class LocalSandbox(Sandbox):
             start_new_session=True)
         self._pgids.add(proc.pid)
         if mode == "run" and (owner := OWNER.get()) is not None:
-            owner.own(proc.pid)  # an env call given up on kills it (agentgym.core.daemon_pool)
+            owner.own(proc.pid)  # an env call given up on kills it (agentgym.supervision.daemon_pool)
         return proc
 
     async def _reap(self, proc: asyncio.subprocess.Process, *tasks: asyncio.Task) -> None:

@@ -59,7 +59,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentgym.core.daemon_pool import killable_process_group
+from agentgym.supervision.daemon_pool import killable_process_group
 from agentgym.tools.sandbox_local import ENV, _bwrap_args, _give_uid, _python_paths, _take_uid
 
 logger = logging.getLogger(__name__)

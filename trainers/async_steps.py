@@ -30,7 +30,7 @@ finished but not taken at a kill are rolled out again. :meth:`AsyncSteps.restart
 crashed producer) re-schedules the groups that were in flight and keeps the finished
 ones.
 
-The producer has its own watch (:mod:`agentgym.core.watchdog`): its ``rollout`` stage
+The producer has its own watch (:mod:`agentgym.supervision.watchdog`): its ``rollout`` stage
 moves when a group finishes or while it has none in flight (then it waits on the
 trainer, which is watched on its own), so a producer whose groups stop finishing stalls
 after ``deadlines.rollout_s`` with its stacks written, and the stall is raised in the
@@ -47,7 +47,7 @@ import time
 
 from agentgym.config import is_mixed
 from agentgym.core.types import Trajectory
-from agentgym.core.watchdog import NO_WATCH, StageStalled
+from agentgym.supervision.watchdog import NO_WATCH, StageStalled
 from agentgym.rollout.manager import row_uid
 from agentgym.trainers.steps import infra_metrics, regroup, rollout_metrics, without_infra_failures
 
@@ -251,7 +251,7 @@ class AsyncSteps:
 
     def _raise_error(self) -> None:
         """The producer's failure, here: a stall that ends the run as it is (a stage's
-        exit status, agentgym.core.stalls), anything else as the producer's."""
+        exit status, agentgym.supervision.stalls), anything else as the producer's."""
         if isinstance(self._error, StageStalled):
             raise self._error
         raise RuntimeError("the rollout producer failed") from self._error

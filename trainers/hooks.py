@@ -21,7 +21,7 @@ class Hooks:
 
 class WatchedHooks(Hooks):
     """The run's hooks, each ``advance`` (an episode finished, a minibatch trained) also
-    the watched stage's progress (``watch``: an :class:`agentgym.core.watchdog.Watchdog`)."""
+    the watched stage's progress (``watch``: an :class:`agentgym.supervision.watchdog.Watchdog`)."""
 
     def __init__(self, inner: Hooks, watch) -> None:
         self.inner, self.watch = inner, watch

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from agentgym.config import Config
 from agentgym.core.device import peak_memory_gb
-from agentgym.core.watchdog import closed_with_end_state
+from agentgym.supervision.watchdog import closed_with_end_state
 from agentgym.trainers.cold_start import prepare
 from agentgym.trainers.phases import advantages, check_algo, score, update_policy
 from agentgym.trainers.hooks import Hooks

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym.config import Config
-from agentgym.core.watchdog import (StageStalled, add_stall_hook, collect_stacks,
+from agentgym.supervision.watchdog import (StageStalled, add_stall_hook, collect_stacks,
                                     remove_stall_hook, stacks_on_signal)
 
 logger = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ _ENV_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM",
 def _gather(refs: list, actors: list, what: str, names: list[str] | None = None) -> list:
     """``ray.get`` of every ref; the first failure kills ``actors`` (the others may be
     waiting in a collective for it) and is re-raised with the remote traceback. A stall of
-    the stage that waits (:class:`~agentgym.core.watchdog.StageStalled`, which a one-second
+    the stage that waits (:class:`~agentgym.supervision.watchdog.StageStalled`, which a one-second
     Ray wait lets the signal handler raise, then reports as a SystemError) kills them too,
     naming (``names``, one per ref) those that had not answered."""
     import ray
@@ -147,10 +147,10 @@ class RolloutWorker:
 
 def _stalled(play) -> tuple[list, list, Exception | None]:
     """``(trajectories, cuts, ended)`` of ``play()`` on a rollout worker: the episodes its
-    stalls cut since the last call (:meth:`agentgym.core.stalls.StallLedger.take`, each
+    stalls cut since the last call (:meth:`agentgym.supervision.stalls.StallLedger.take`, each
     site's first with its stacks), which the driver writes into its run's ``stalls/``; and
     the error that ends the run when one site kept hanging there (None: it did not)."""
-    from agentgym.core import stalls
+    from agentgym.supervision import stalls
     try:
         trajs, ended = play(), None
     except stalls.StallsEndRun as e:
@@ -161,7 +161,7 @@ def _stalled(play) -> tuple[list, list, Exception | None]:
 def _merged(i: int, answer: tuple) -> list:
     """A rollout worker's answer (:func:`_stalled`): its cuts into the driver's
     ``stalls/``, the run ended if it says so; its trajectories."""
-    from agentgym.core import stalls
+    from agentgym.supervision import stalls
     trajs, cuts, ended = answer
     ledger = stalls.ledger()
     ledger.merge(cuts)
@@ -324,7 +324,7 @@ class RayWorkers:
     def _replace(self, i: int, error: Exception) -> None:
         """Worker ``i`` died: start another in its bundle, with the last weights pushed."""
         import ray
-        from agentgym.core.supervisor import outage_for
+        from agentgym.supervision.supervisor import outage_for
         version = self._weights[1] if self._weights else 0
         logger.warning("rollout worker %d died (%s); replacing it (weights of policy version "
                        "%d) and giving it the same prompts", i, str(error).splitlines()[0],

@@ -15,10 +15,10 @@ from typing import Any, Callable
 
 from agentgym.config import Config, is_mixed, to_dict
 from agentgym.core.memory import give_back
-from agentgym.core.supervisor import (ServiceFailed, forget_unsupervised, infra_totals,
+from agentgym.supervision.supervisor import (ServiceFailed, forget_unsupervised, infra_totals,
                                       raise_if_failed)
 from agentgym.core.types import Trajectory
-from agentgym.core.watchdog import NO_WATCH, Watchdog, end_state
+from agentgym.supervision.watchdog import NO_WATCH, Watchdog, end_state
 from agentgym.data.rows import heldout_rows, training_rows
 from agentgym.models.zoo import load_tokenizer, resolve_model
 from agentgym.reporting.evaluation import write_outcomes
@@ -117,7 +117,7 @@ class Session:
     #: where each step's trajectories come from (:func:`step_source`): it also pushes the
     #: weights and closes the workers
     steps: Any = None
-    #: the stages' deadlines, heartbeat.json and stall stacks (agentgym.core.watchdog)
+    #: the stages' deadlines, heartbeat.json and stall stacks (agentgym.supervision.watchdog)
     watch: Any = NO_WATCH
 
     def end_step(self, done: int, m: dict) -> None:

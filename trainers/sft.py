@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentgym.core.memory import give_back
-from agentgym.core.watchdog import closed_with_end_state
+from agentgym.supervision.watchdog import closed_with_end_state
 from agentgym.rollout.chat import ChatTokens
 from agentgym.config import Config
 from agentgym.data.rows import dataset_path, read_rows

@@ -23,7 +23,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from agentgym.core.watchdog import signals_deferred
+from agentgym.supervision.watchdog import signals_deferred
 
 logger = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """``agentgym status RUN_DIR``: what a run is doing now, from its files alone (a run on this
 machine, or a run directory copied from another): the stage and step from
-``heartbeat.json`` (:mod:`agentgym.core.watchdog`), how long it has been in that stage and
+``heartbeat.json`` (:mod:`agentgym.supervision.watchdog`), how long it has been in that stage and
 since its last progress, whether the process still lives, the last metrics line, the last
-complete checkpoint, the stalls by site (:mod:`agentgym.core.stalls`: where calls hung,
+complete checkpoint, the stalls by site (:mod:`agentgym.supervision.stalls`: where calls hung,
 how many episodes each cut, its stack file) and the last stalled stage's stack file."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import socket
 import time
 from pathlib import Path
 
-from agentgym.core.stalls import PREFIX, site_summaries
-from agentgym.core.watchdog import HEARTBEAT, STALLS
+from agentgym.supervision.stalls import PREFIX, site_summaries
+from agentgym.supervision.watchdog import HEARTBEAT, STALLS
 
 #: the metrics shown from the last line, when it has them
 SHOWN = ("rollout/reward", "eval/em", "train/loss", "train/grad_norm", "time/step_s")

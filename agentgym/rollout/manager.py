@@ -25,12 +25,12 @@ from agentgym.rollout.context import (CONTINUE, DROPPED, SUMMARY_REQUEST, Blocks
 from agentgym.config import SUMMARY_SEED_STRIDE, RolloutConfig
 from agentgym.rollout.engines.base import Engine
 from agentgym.rollout.writer import TrajectoryWriter
-from agentgym.core import stalls
-from agentgym.core.daemon_pool import DaemonPool, stuck_calls
-from agentgym.core.stalls import (Cut, Site, StallsEndRun, code_site, cut_call,
+from agentgym.supervision import stalls
+from agentgym.supervision.daemon_pool import DaemonPool, stuck_calls
+from agentgym.supervision.stalls import (Cut, Site, StallsEndRun, code_site, cut_call,
                                   thread_site)
-from agentgym.core.supervisor import wait_healthy
-from agentgym.core.watchdog import DeadlinesConfig
+from agentgym.supervision.supervisor import wait_healthy
+from agentgym.supervision.watchdog import DeadlinesConfig
 from agentgym.core.types import SamplingParams, Trajectory
 
 logger = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ async def _wait_for_services() -> None:
     or one has failed for good, in slices of a second: a thread of the loop's default
     executor (not an env worker) waits, and a cancelled episode (the run ending) lets it
     go within a second instead of holding the loop's shutdown for the whole wait."""
-    from agentgym.core.supervisor import ServiceFailed, raise_if_failed
+    from agentgym.supervision.supervisor import ServiceFailed, raise_if_failed
     deadline = time.monotonic() + INFRA_WAIT_S
     while (left := deadline - time.monotonic()) > 0:
         if await asyncio.to_thread(wait_healthy, min(1.0, left)):
@@ -82,8 +82,8 @@ async def pool_call(pool: DaemonPool, deadlines: DeadlinesConfig, what: str, epi
     ``deadlines.env_step_s`` from when it starts running (``limit`` instead: a close
     while the episode is being cancelled, not recorded as a stall). Past it, the call is
     given up on (its processes killed, or its thread left in it and replaced:
-    :meth:`DaemonPool.give_up <agentgym.core.daemon_pool.DaemonPool.give_up>`), the cut
-    recorded by where the call hangs (:mod:`agentgym.core.stalls`: the site's file has
+    :meth:`DaemonPool.give_up <agentgym.supervision.daemon_pool.DaemonPool.give_up>`), the cut
+    recorded by where the call hangs (:mod:`agentgym.supervision.stalls`: the site's file has
     the stacks) and :class:`CallStalled` raised; or the error that ends the run, when
     the site has cut ``deadlines.same_stall_limit`` episodes in a row or more than
     ``deadlines.max_abandoned`` calls are stuck."""
@@ -157,7 +157,7 @@ class GenerationManager:
         #: asynchronous training: a weight update may land between the turns of an
         #: episode; each turn records its version (else such an update is an error)
         self.allow_weight_updates = allow_weight_updates
-        #: an env step past ``deadlines.env_step_s`` ends its episode (agentgym.core.watchdog)
+        #: an env step past ``deadlines.env_step_s`` ends its episode (agentgym.supervision.watchdog)
         self.deadlines = deadlines or DeadlinesConfig()
         self._pool = DaemonPool(cfg.env_workers, thread_name_prefix="env")
         self._sessions = itertools.count()

@@ -31,7 +31,7 @@ trained on.
 An agent that goes ``deadlines.env_step_s`` without a call to its endpoint (its own code or
 a tool hangs), or whose call runs past ``deadlines.turn_s`` (the engine stalls), is cut as
 an env call is (:func:`agentgym.rollout.manager.pool_call`): not trained on, counted
-(``agent/stalled``), recorded by where it hangs (:mod:`agentgym.core.stalls`: one stack
+(``agent/stalled``), recorded by where it hangs (:mod:`agentgym.supervision.stalls`: one stack
 file per site, and the same site hanging ``deadlines.same_stall_limit`` episodes in a row
 ends the run); a function agent's thread is replaced (or its processes killed), a
 coroutine agent's task cancelled. A reward it leaves to ``reward=`` runs under
@@ -51,9 +51,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentgym.core import stalls
-from agentgym.core.daemon_pool import DaemonPool, stuck_calls
-from agentgym.core.stalls import (Cut, Site, StallsEndRun, cut_call, frames_site,
+from agentgym.supervision import stalls
+from agentgym.supervision.daemon_pool import DaemonPool, stuck_calls
+from agentgym.supervision.stalls import (Cut, Site, StallsEndRun, cut_call, frames_site,
                                   thread_site)
 from agentgym.core.types import SamplingParams, Trajectory
 from agentgym.rollout.manager import CallStalled, pool_call
@@ -278,7 +278,7 @@ class AgentManager:
         if cfg.reward:
             import functools
 
-            from agentgym.core.process_call import call_in_process
+            from agentgym.supervision.process_call import call_in_process
             from agentgym.envs.plugins import load_reward
             self.reward_fn = load_reward(cfg.reward)
             if cfg.reward_process:
@@ -465,7 +465,7 @@ def _serve(route) -> tuple[Any, threading.Thread, str]:
     import uvicorn
     from fastapi import FastAPI
 
-    from agentgym.core.server_process import free_port
+    from agentgym.supervision.server_process import free_port
     app = FastAPI(title="agentgym agent endpoints")
     openai_routes(app, route, prefix="/episodes/{eid}")
     openai_routes(app, route)

@@ -564,7 +564,7 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 30000, dtype: str = "
     state = ServeState(engine, str(path), skip_tokenizer_init, weight_version, model_name=model)
     logger.info("serving %s (%s, %s) on http://%s:%d", path, dtype, where, host, port)
     try:
-        from agentgym.core.server_process import watch_parent
+        from agentgym.supervision.server_process import watch_parent
         watch_parent()  # ends with the process that started it, if one did
         server = uvicorn.Server(uvicorn.Config(create_app(state), host=host, port=port,
                                                log_level=log_level,

@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from agentgym.core.watchdog import (StageStalled, add_stall_hook, collect_stacks,
+from agentgym.supervision.watchdog import (StageStalled, add_stall_hook, collect_stacks,
                                      remove_stall_hook, stacks_on_signal)
 from agentgym.trainers.backends.base import LogprobFn, LossFn, ModelSpec, split
 from agentgym.trainers.backends.ranks import OptimSpec
@@ -184,7 +184,7 @@ class ProcessRanks:
         return self._gather()
 
     def stall_stacks(self, path: Path) -> None:
-        """A stall's hook (:func:`agentgym.core.watchdog.add_stall_hook`): each live rank's
+        """A stall's hook (:func:`agentgym.supervision.watchdog.add_stall_hook`): each live rank's
         threads' stacks (faulthandler's, on SIGUSR2), appended to ``path`` under a line
         saying whether the rank answered the call in flight."""
         collect_stacks(path, [
@@ -194,7 +194,7 @@ class ProcessRanks:
 
     def _gather(self, timeout_s: float | None = None) -> list[Any]:
         """Every rank's reply; a rank's error or death stops all ranks and raises. A stall
-        (:class:`~agentgym.core.watchdog.StageStalled`) stops them too, naming the ranks
+        (:class:`~agentgym.supervision.watchdog.StageStalled`) stops them too, naming the ranks
         that had not answered."""
         try:
             return self._gather_replies(timeout_s)

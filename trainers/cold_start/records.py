@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentgym.core.watchdog import NO_WATCH
+from agentgym.supervision.watchdog import NO_WATCH
 from agentgym.trainers.hooks import Hooks
 
 logger = logging.getLogger(__name__)

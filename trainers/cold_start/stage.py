@@ -14,7 +14,7 @@ from agentgym import envs
 from agentgym.config import Config, env_names, to_dict
 from agentgym.core.device import engine_dtype, run_device
 from agentgym.core.paths import cache_dir, file_digest, model_folder
-from agentgym.core.watchdog import Watchdog, closed_with_end_state
+from agentgym.supervision.watchdog import Watchdog, closed_with_end_state
 from agentgym.data.demo_builders import builders
 from agentgym.data.rows import training_rows, write_jsonl
 from agentgym.models.zoo import resolve_model

@@ -1,8 +1,8 @@
 """Start rollout servers as subprocesses: SGLang on a GPU machine, ``agentgym serve`` anywhere.
 
-Both come back as a :class:`~agentgym.core.server_process.ServerProcess` that is healthy
+Both come back as a :class:`~agentgym.supervision.server_process.ServerProcess` that is healthy
 (``GET /health`` answers 200; SGLang answers 503 until its warm-up generation is done) and
-stops with :meth:`~agentgym.core.server_process.ServerProcess.stop`.
+stops with :meth:`~agentgym.supervision.server_process.ServerProcess.stop`.
 
 Example (GPU machine with ``pip install "sglang[all]"``)::
 
@@ -25,7 +25,7 @@ import os
 import sys
 
 from agentgym.core.paths import repo_root
-from agentgym.core.server_process import ServerProcess, free_port
+from agentgym.supervision.server_process import ServerProcess, free_port
 
 
 def sglang_command(model_path: str, port: int, host: str = "127.0.0.1", dtype: str = "auto",

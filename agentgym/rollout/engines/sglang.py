@@ -65,7 +65,7 @@ from agentgym.rollout.engines.sglang_api import (RETRY_STATUSES, EngineRequestEr
                                          error_message, parse_generate, sglang_sampling)
 from agentgym.rollout.engines.sglang_weights import WeightSyncMixin, weight_group_ranks
 from agentgym.core.choices import WEIGHT_SYNC_MODES
-from agentgym.core.supervisor import ServiceFailed, Supervisor, recovering
+from agentgym.supervision.supervisor import ServiceFailed, Supervisor, recovering
 from agentgym.core.types import GenerateOutput, SamplingParams
 
 MAX_BACKOFF_S = 8.0  # the longest wait between two attempts of one request
@@ -116,7 +116,7 @@ class SGLangEngine(WeightSyncMixin, Engine):
             :meth:`from_config` takes it from ``$SGLANG_API_KEY``.
         owned: server processes this engine started and stops on :meth:`close`.
         supervise: watch the ``owned`` servers and restart one that dies or hangs
-            (:class:`agentgym.core.supervisor.Supervisor`), then load the weights last
+            (:class:`agentgym.supervision.supervisor.Supervisor`), then load the weights last
             pushed into it (``weight_sync=disk``: the folder they were pushed from);
             requests to it wait while it comes back.
     """

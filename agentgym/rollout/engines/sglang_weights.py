@@ -194,7 +194,7 @@ class WeightSyncMixin:
 
     def _init_group(self, backend: str) -> None:
         from agentgym.rollout.engines.weight_group import init_weight_group
-        from agentgym.core.server_process import free_port
+        from agentgym.supervision.server_process import free_port
         world, offsets = weight_group_ranks(self._tp_sizes())
         host, port = self._address(), free_port()
         futs = [asyncio.run_coroutine_threadsafe(self._post_once(

@@ -7,15 +7,15 @@ interpreter instead. Each thread that calls keeps one child (started at its firs
 a session of its own), which gets ``sys.path``, the function and its arguments pickled on
 its stdin (a function pickles by reference: the child imports its module, once) and
 answers its result or its error, pickled, on its stdout (what the function prints goes to
-stderr). Inside a :class:`~agentgym.core.daemon_pool.DaemonPool` call (an env call of a
+stderr). Inside a :class:`~agentgym.supervision.daemon_pool.DaemonPool` call (an env call of a
 rollout), the child's process group belongs to the call while it works
-(:func:`~agentgym.core.daemon_pool.killable_process_group`): past the call's deadline it is
+(:func:`~agentgym.supervision.daemon_pool.killable_process_group`): past the call's deadline it is
 killed with everything it started, the call returns at once with
 :class:`ProcessCallError` instead of leaving its thread behind, and the thread's next call
 starts a new child. A child ends when its thread does, or its parent (its stdin closes).
 What a call costs is in docs/BENCHMARKS.md ("Hung env calls: what the guards cost").
 
-    python -m agentgym.core.process_call   # the child's side (a loop over stdin)
+    python -m agentgym.supervision.process_call   # the child's side (a loop over stdin)
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import sys
 import threading
 import weakref
 
-from agentgym.core.daemon_pool import current_call, killable_process_group
+from agentgym.supervision.daemon_pool import current_call, killable_process_group
 
 _local = threading.local()
 
@@ -41,7 +41,7 @@ class _Child:
     """A thread's child interpreter; its stdin closes (and it exits) when this is dropped."""
 
     def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "agentgym.core.process_call"],
+        self.proc = subprocess.Popen([sys.executable, "-m", "agentgym.supervision.process_call"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      start_new_session=True)
         weakref.finalize(self, _close, self.proc)

@@ -13,7 +13,7 @@ SIGTERM to the starting process would skip ``atexit``: the first ``start()`` in 
 thread therefore turns SIGTERM, when nothing else handles it, into ``SystemExit`` (as
 SIGINT is turned into ``KeyboardInterrupt``), so ``finally`` blocks and exit handlers run.
 
-When a stage of the starting process's run stalls (:mod:`agentgym.core.watchdog`), the
+When a stage of the starting process's run stalls (:mod:`agentgym.supervision.watchdog`), the
 stall's file gets the stacks of each running server that listens for the ask (one that
 calls :func:`watch_parent`: the retriever, ``agentgym serve``), by SIGUSR2.
 
@@ -43,7 +43,7 @@ from pathlib import Path
 
 import httpx
 
-from agentgym.core.watchdog import (STACKS_FILE_ENV, add_stall_hook, collect_stacks,
+from agentgym.supervision.watchdog import (STACKS_FILE_ENV, add_stall_hook, collect_stacks,
                                     stacks_on_signal)
 
 logger = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ def watch_parent(poll_s: float = 1.0) -> threading.Thread | None:
     its own; the server would otherwise run on, orphaned). A daemon thread polling the
     parent pid; None when not started by a :class:`ServerProcess`. Also: this server's
     threads' stacks go to the file its parent named when a stage of the parent's run
-    stalls (:func:`agentgym.core.watchdog.stacks_on_signal`)."""
+    stalls (:func:`agentgym.supervision.watchdog.stacks_on_signal`)."""
     parent = os.environ.get(PARENT_PID_ENV)
     if not parent:
         return None

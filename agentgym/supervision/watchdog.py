@@ -26,7 +26,7 @@ The episode-level deadlines (an env's construction, reset, step with its tools a
 reward, or close; an agent's program; one generation) are the rollout manager's
 (:mod:`agentgym.rollout.manager`, :mod:`agentgym.serving.agents`): a stalled call ends its
 episode as an infrastructure failure, kept out of the gradient, its thread replaced, and
-is recorded by where it hangs in the watch's :class:`~agentgym.core.stalls.StallLedger`
+is recorded by where it hangs in the watch's :class:`~agentgym.supervision.stalls.StallLedger`
 (one stack file per site; the same site hanging ``deadlines.same_stall_limit`` episodes in
 a row ends the run at once).
 """
@@ -68,7 +68,7 @@ class DeadlinesConfig:
     turn_s: float = 3600.0  # one generation of the policy (the request is then cancelled)
     grace_s: float = 60.0  # a fatal stall's time to unwind before the process exits
     heartbeat_s: float = 5.0  # how often heartbeat.json is rewritten
-    # the run ends when one stall site (agentgym.core.stalls) cuts this many episodes in a
+    # the run ends when one stall site (agentgym.supervision.stalls) cuts this many episodes in a
     # row, none finishing between
     same_stall_limit: int = 3
     max_abandoned: int = 32  # calls given up on still stuck in their threads: more end the run
@@ -254,7 +254,7 @@ class Watchdog:
             self._previous_handler = signal.signal(signal.SIGUSR2, self._interrupt)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         _STALL_DIR = self.run_dir / STALLS
-        #: the episodes' stalls by site, in this run's stalls/ (agentgym.core.stalls.ledger)
+        #: the episodes' stalls by site, in this run's stalls/ (agentgym.supervision.stalls.ledger)
         self.stall_ledger = None
         _WATCHES.append(self)
         self._beat()
@@ -307,7 +307,7 @@ class Watchdog:
         return (self.role, playing[-1].name, playing[-1].step) if playing else None
 
     def end_by(self, error: StageStalled) -> None:
-        """Episodes' stalls end the run (agentgym.core.stalls): the heartbeat says so."""
+        """Episodes' stalls end the run (agentgym.supervision.stalls): the heartbeat says so."""
         if self._stalled is None:
             self._stalled = error
         self._state = "stalled"

@@ -14,7 +14,7 @@ generation's site is the engine.
 * **One file per site** in the run's ``stalls/``: ``stall-site-<file>-<function>-<line>.txt``
   holds the site, how many episodes it cut and each one (when, which call, which stage,
   what became of the call), then the first cut's whole dump (every thread's stack and
-  those of the processes the run drives, :func:`agentgym.core.watchdog.dump_stacks`'s).
+  those of the processes the run drives, :func:`agentgym.supervision.watchdog.dump_stacks`'s).
   ``agentgym status RUN_DIR`` lists the sites (:func:`site_summaries`).
 * **The same site again and again ends the run**: when one site has cut
   ``deadlines.same_stall_limit`` episodes in a row with no episode finishing between, the
@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from agentgym.core.watchdog import (STALLS, StageStalled, active_watch, format_stacks,
+from agentgym.supervision.watchdog import (STALLS, StageStalled, active_watch, format_stacks,
                                     run_stall_hooks)
 
 logger = logging.getLogger(__name__)
