@@ -27,11 +27,32 @@ import sys
 import time
 from pathlib import Path
 
-from agentgym.config import Config, all_keys, build_config, to_dict
+from agentgym.config import Config, all_keys, build_config, env_names, to_dict
 from agentgym.core.overrides import parse_overrides
 from agentgym.supervision.server_process import exit_cleanly_on_sigterm
 from agentgym.supervision.supervisor import ServiceFailed
 from agentgym.supervision.watchdog import StageStalled
+from agentgym import envs
+from agentgym.core.device import check_device, names_host
+from agentgym.core.memory import return_freed_memory
+from agentgym.data.commands import env_command
+from agentgym.data.demo_builders import build_demos
+from agentgym.data.demos import filter_trajectories, within_budgets
+from agentgym.data.rows import dataset_path, load_rows, read_rows, row_filter_applies, write_jsonl
+from agentgym.envs.checker import check_envs
+from agentgym.models.plan import parse_bytes, report
+from agentgym.models.zoo import load_tokenizer, resolve_model
+from agentgym.reporting.evaluation import (comparison_lines, eval_outcomes, eval_result,
+                                           summary_lines, write_result)
+from agentgym.reporting.inspector import write_page
+from agentgym.reporting.stats import mcnemar
+from agentgym.reporting.status import status_lines
+from agentgym.retriever_server.corpus import read_corpus
+from agentgym.retriever_server.index import build_index, save_index
+from agentgym.rollout.chat import ChatTokens
+from agentgym.rollout.manager import summarize
+from agentgym.rollout.runtime import build_manager, env_factory, played_by_program, sub_config
+from agentgym.tools.sandbox import make_sandbox
 
 log = logging.getLogger("agentgym")
 
@@ -56,9 +77,7 @@ COMMAND_KEYS = {"eval": ("k", "samples"), "plan": ("gpus", "gpu_memory"), "compa
 
 
 def _config(args: list[str], command_defaults: dict | None = None) -> Config:
-    from agentgym import envs
 
-    from agentgym.config import env_names
     overrides = parse_overrides(args)
     if "env" in overrides:  # one canonical name: the short one when the env has it
         # fails fast with "did you mean", before any model loads (each env of a mixed run)
@@ -80,13 +99,11 @@ def _gave_data(args: list[str]) -> bool:
 def _run_rollouts(cfg: Config, desc: str):
     from tqdm import tqdm
 
-    from agentgym.data.rows import load_rows
-    from agentgym.rollout.runtime import build_manager, played_by_program
 
     rows = load_rows(cfg.env, cfg.data.name, cfg.limit, cfg=cfg)
     manager, engine, tokenizer = build_manager(cfg)
     if played_by_program(cfg):  # the agent program plays the rows
-        from agentgym.serving.agents import program_manager
+        from agentgym.serving.agents import program_manager  # lazy: loads fastapi
         manager = program_manager(manager, engine, tokenizer, cfg)
     total = len(rows) * cfg.rollout.n
     t0 = time.perf_counter()
@@ -110,8 +127,6 @@ def _records(trajs, tok):
 
 
 def cmd_rollout(args: list[str]) -> int:
-    from agentgym.data.rows import write_jsonl
-    from agentgym.rollout.manager import summarize
 
     cfg = _config(args)
     trajs, tok, elapsed, _ = _run_rollouts(cfg, "rollout")
@@ -128,7 +143,6 @@ def cmd_rollout(args: list[str]) -> int:
 
 
 def cmd_eval(args: list[str]) -> int:
-    from agentgym.reporting.evaluation import eval_result, summary_lines, write_result
 
     given = parse_overrides(args)
     k = int(given.pop("k", 1))
@@ -151,7 +165,6 @@ def cmd_eval(args: list[str]) -> int:
         write_result(result, cfg.out)
         print(f"  wrote {cfg.out}")
     if samples:  # every episode as `agentgym rollout` writes it, to read what went wrong
-        from agentgym.data.rows import write_jsonl
         write_jsonl(Path(samples), _records(trajs, tok))
         print(f"  wrote {len(trajs)} episodes to {samples}")
     return 0
@@ -160,7 +173,6 @@ def cmd_eval(args: list[str]) -> int:
 def cmd_status(args: list[str]) -> int:
     """``agentgym status RUN_DIR``: the run's stage and step now, time in stage, last
     metrics, last checkpoint (:mod:`agentgym.reporting.status`)."""
-    from agentgym.reporting.status import status_lines
     if len(args) != 1 or "=" in args[0]:
         raise ValueError(f"usage: agentgym status RUN_DIR; got {args}")
     print("\n".join(status_lines(args[0])))
@@ -170,7 +182,6 @@ def cmd_status(args: list[str]) -> int:
 def cmd_inspect(args: list[str]) -> int:
     """``agentgym inspect RUN_DIR|FILE.jsonl [out=PAGE.html]``: one self-contained HTML page
     of the run's samples per step (or a rollout file), its curves, and filters."""
-    from agentgym.reporting.inspector import write_page
 
     paths = [a for a in args if "=" not in a]
     opts = dict(a.split("=", 1) for a in args if "=" in a)
@@ -185,8 +196,6 @@ def cmd_inspect(args: list[str]) -> int:
 def cmd_compare(args: list[str]) -> int:
     """``agentgym compare BEFORE.json AFTER.json [metric=em]``: the paired exact McNemar test
     of two ``agentgym eval ... out=`` results on the same questions."""
-    from agentgym.reporting.evaluation import eval_outcomes
-    from agentgym.reporting.stats import mcnemar
 
     paths = [a for a in args if "=" not in a]
     opts = dict(a.split("=", 1) for a in args if "=" in a)
@@ -203,8 +212,6 @@ def cmd_compare(args: list[str]) -> int:
 
 
 def cmd_check_env(args: list[str]) -> int:
-    from agentgym import envs
-    from agentgym.envs.checker import check_envs
 
     _setup_logging("WARNING")
     keys = parse_overrides([a for a in args if "=" in a])  # for an env with its own check
@@ -265,7 +272,7 @@ class _BarHooks:
 def cmd_train(args: list[str]) -> int:
     """``agentgym train``: :func:`agentgym.trainers.loop.train` with progress bars, then
     the before / after table and where the run's curves and files are."""
-    from agentgym.trainers.loop import train
+    from agentgym.trainers.loop import train  # lazy: loads torch
 
     # train() checks the algorithm's settings before any model loads
     cfg = _config(args, TRAIN_DEFAULTS)
@@ -288,10 +295,6 @@ def cmd_train(args: list[str]) -> int:
 
 def _print_comparison(run_dir: Path, cfg: Config) -> None:
     """The run's before / after-SFT / after-RL table (a table per env of a mixed run)."""
-    from agentgym.config import env_names
-    from agentgym.data.rows import row_filter_applies
-    from agentgym.reporting.evaluation import comparison_lines
-    from agentgym.rollout.runtime import sub_config
     names = env_names(cfg.env)
     subs = [(None, cfg)] if len(names) == 1 else [(e, sub_config(cfg, e)) for e in names]
     for line in comparison_lines(run_dir, [(e, c.trainer.eval_data, row_filter_applies(c))
@@ -318,7 +321,7 @@ class _SFTHooks(_BarHooks):
 
 
 def cmd_sft(args: list[str]) -> int:
-    from agentgym.trainers.sft import sft
+    from agentgym.trainers.sft import sft  # lazy: loads torch
 
     cfg = _config(args, SFT_DEFAULTS)
     if not _gave_data(args):
@@ -338,16 +341,9 @@ def cmd_demos(args: list[str]) -> int:
     """``agentgym demos env=search|code [data=train limit=N out=FILE]``."""
     from tqdm import tqdm
 
-    from agentgym.data.rows import load_rows, write_jsonl
-    from agentgym.data.demo_builders import build_demos
-    from agentgym.data.demos import within_budgets
-    from agentgym.rollout.chat import ChatTokens
-    from agentgym.models.zoo import load_tokenizer, resolve_model
-    from agentgym.rollout.runtime import env_factory
 
     cfg = _config(args)
     rows = load_rows(cfg.env, cfg.data.name, cfg.limit, cfg=cfg)
-    from agentgym import envs
     options = envs.env_manifest(cfg.env).demo_options_for(cfg)
     t0 = time.perf_counter()
     with tqdm(total=len(rows), desc=f"{cfg.env} demos", unit="row", file=sys.stderr) as bar:
@@ -367,8 +363,6 @@ def cmd_demos(args: list[str]) -> int:
 def cmd_filter(args: list[str]) -> int:
     """``agentgym filter data=ROLLOUTS.jsonl out=KEPT.jsonl [sft.min_reward=1.0]``:
     rejection sampling (the RFT loop: rollout → filter → sft)."""
-    from agentgym.data.rows import dataset_path, read_rows, write_jsonl
-    from agentgym.data.demos import filter_trajectories
 
     cfg = _config(args)
     if not _gave_data(args):
@@ -394,8 +388,6 @@ def cmd_config(args: list[str]) -> int:
 
 def cmd_plan(args: list[str]) -> int:
     """``agentgym plan recipe=… gpus=8 gpu_memory=80GB``: memory per device, and a verdict."""
-    from agentgym.core.device import names_host
-    from agentgym.models.plan import parse_bytes, report
     given = parse_overrides(args)
     rest = [a for a in args if a.partition("=")[0] not in COMMAND_KEYS["plan"]]
     cfg = _config(rest)
@@ -407,16 +399,14 @@ def cmd_plan(args: list[str]) -> int:
 
 def cmd_index(args: list[str]) -> int:
     """``agentgym index build --corpus FILE --method dense|bm25 --out DIR``."""
-    from agentgym.retriever_server.__main__ import index_parser
+    from agentgym.retriever_server.__main__ import index_parser  # lazy: loads pydantic
 
     ns = index_parser().parse_args(args)
     _setup_logging("WARNING")
 
     from tqdm import tqdm
 
-    from agentgym.retriever_server.corpus import read_corpus
-    from agentgym.retriever_server.encoder import EncoderSpec
-    from agentgym.retriever_server.index import build_index, save_index
+    from agentgym.retriever_server.encoder import EncoderSpec  # lazy: loads numpy
 
     docs = read_corpus(ns.corpus)
     options = {}
@@ -440,7 +430,7 @@ def cmd_index(args: list[str]) -> int:
 def cmd_serve_retriever(args: list[str]) -> int:
     """``agentgym serve-retriever --index DIR [--port N …]`` (= ``python -m
     agentgym.retriever_server``)."""
-    from agentgym.retriever_server.__main__ import serve, server_parser
+    from agentgym.retriever_server.__main__ import serve, server_parser  # lazy: loads pydantic
 
     ns = server_parser("agentgym serve-retriever").parse_args(args)
     _setup_logging(ns.log_level)
@@ -474,14 +464,13 @@ def serve_parser() -> argparse.ArgumentParser:
 
 def cmd_serve(args: list[str]) -> int:
     """``agentgym serve --model M --port N``: the HF engine behind SGLang's native API."""
-    from agentgym.serving.serve import serve
+    from agentgym.serving.serve import serve  # lazy: loads torch
 
     try:
         ns = serve_parser().parse_args(args)
     except SystemExit as e:
         return int(e.code or 0)
     _setup_logging(ns.log_level)
-    from agentgym.core.device import check_device
     try:
         check_device(ns.device)
     except ValueError as e:
@@ -525,7 +514,6 @@ def cmd_sandbox(args: list[str]) -> int:
     cfg = build_config(parse_overrides(overrides))
     _setup_logging(cfg.log_level)
     code = sys.stdin.read() if ns.file == "-" else Path(ns.file).read_text()
-    from agentgym.tools.sandbox import make_sandbox
     with contextlib.closing(make_sandbox(cfg.sandbox)) as sandbox:
         result = sandbox.run_sync(code, session=ns.session)
     print(json.dumps(result.to_dict(), indent=2))
@@ -547,13 +535,12 @@ FLAG_PARSERS = {"index": lambda: _retriever().index_parser(), "serve": serve_par
 
 
 def _retriever():
-    from agentgym.retriever_server import __main__ as retriever
+    from agentgym.retriever_server import __main__ as retriever  # lazy: loads pydantic
     return retriever
 
 
 def cmd_env(env: str, name: str, args: list[str]) -> int:
     """A command an env's manifest brings (``agentgym swe validate``): its lines printed."""
-    from agentgym.data.commands import env_command
     _setup_logging("WARNING")
     report = env_command(env, name, args)
     while True:
@@ -567,7 +554,6 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     run = {**COMMANDS, **FLAG_COMMANDS}
     if argv and argv[0] not in run and not argv[0].startswith("-"):
-        from agentgym import envs
         if (env := envs.env_commands().get(argv[0])) is not None:  # an env's: agentgym swe
             run[argv[0]] = lambda rest: cmd_env(env, argv[0], rest)
     names = sorted(run)
@@ -587,7 +573,6 @@ def main(argv: list[str] | None = None) -> int:
     # re-raises it, so their exit status says SIGTERM (DECISIONS.md, Retriever server).
     if command not in ("serve", "serve-retriever"):
         exit_cleanly_on_sigterm()
-    from agentgym.core.memory import return_freed_memory
     return_freed_memory()  # a long run's RSS must not only grow (agentgym.core.memory)
     try:
         return run[command](rest)
@@ -598,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except (OSError, ServiceFailed) as e:  # a checkpoint (2) or a service (1): says what to do
         # loaded by then; importing it here keeps torch out of --help
-        from agentgym.trainers.checkpoints import CheckpointError
+        from agentgym.trainers.checkpoints import CheckpointError  # lazy: loads torch
         if isinstance(e, OSError) and not isinstance(e, CheckpointError):
             raise
         log.debug("command failed", exc_info=True)

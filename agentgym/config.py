@@ -45,6 +45,7 @@ from agentgym.core.overrides import coerce
 from agentgym.core.types import SamplingParams
 from agentgym.presets import (ALGO_PRESETS, ALIASES, FLOAT_PER_ENV_KEYS,  # noqa: F401
                               PER_ENV_KEYS, STR_PER_ENV_KEYS, env_presets, load_recipe)
+from agentgym.core.device import check_device
 
 
 @dataclass
@@ -361,7 +362,6 @@ class TrainerConfig:
             "lr_schedule": choices.LR_SCHEDULES, "mixed_precision": choices.MIXED_PRECISIONS,
             "backend": choices.BACKENDS, "zero_stage": choices.ZERO_STAGES,
             "mode": ("sync", "async")})
-        from agentgym.core.device import check_device
         check_device(self.device)
         if self.logprob_chunk < 0:
             raise ValueError(f"trainer.logprob_chunk must be >= 0 (0: no chunking), got "

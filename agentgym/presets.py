@@ -54,7 +54,7 @@ STR_PER_ENV_KEYS = ("trainer.teacher",)
 def env_presets(env: str) -> dict[str, Any]:
     """The keys env ``env`` sets when chosen (its manifest's ``presets``); {} for a name no
     env has (the config's check names the valid ones)."""
-    from agentgym import envs
+    from agentgym import envs  # lazy: loads gymnasium
     try:
         return dict(envs.env_manifest(env).presets)
     except KeyError:

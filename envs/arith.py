@@ -35,6 +35,7 @@ import random
 from typing import Callable
 
 from agentgym.core.paths import data_dir
+from agentgym.envs.code_prompt import code_row, make_short_prompt
 
 LEVELS = (1, 2, 3, 4, 5)
 TEST_PER_LEVEL = 200
@@ -117,7 +118,6 @@ GENERATORS: dict[int, Callable[[random.Random], Problem]] = {
 
 def problem_row(level: int, problem: Problem, split: str, index: int) -> dict:
     """A verl-format code-env row for one generated problem."""
-    from agentgym.envs.code_prompt import code_row, make_short_prompt
     question, expr, label = problem
     answer = str(eval(expr, {"__builtins__": {}}))  # noqa: S307 - our own digits and operators
     solution = f"{label}: <<{expr}={answer}>>\n#### {answer}"

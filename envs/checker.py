@@ -12,7 +12,9 @@ import math
 import warnings
 from typing import Any, Callable, Iterator
 
-from agentgym.envs.base import is_message
+from agentgym.envs.base import NotSteppable, is_message
+from agentgym.envs.registration import env_manifest, make_env, resolve_env_id
+from agentgym.tools.errors import MissingExtra
 
 # Actions that exercise malformed, unfinished and answering paths of text envs.
 PROBE_ACTIONS = ("this is not a valid action", "<answer> unknown </answer>")
@@ -128,9 +130,6 @@ def check_envs(names: list[str], build_cfg: Callable[[str], Any]
     import gymnasium
     from gymnasium.utils.env_checker import check_env as gym_check_env
 
-    from agentgym.envs.base import NotSteppable
-    from agentgym.envs.registration import env_manifest, make_env, resolve_env_id
-    from agentgym.tools.errors import MissingExtra
 
     for name in names:
         env_id = name

@@ -41,7 +41,7 @@ from agentgym.envs.code_prompt import code_row, make_prompt, make_tools_prompt  
 from agentgym.envs.function_calling import CallError, function_tool, parse_tool_calls, tool_message
 from agentgym.envs.manifest import EnvManifest
 from agentgym.envs.math_reward import extract_boxed, is_equivalent
-from agentgym.tools.sandbox import SandboxConfig
+from agentgym.tools.sandbox import Limits, LocalSandbox, SandboxConfig, make_sandbox
 
 logger = logging.getLogger(__name__)
 _SANDBOXES: dict[str, object] = {}  # sandbox config (JSON) -> the sandbox built for it
@@ -155,7 +155,6 @@ class CodeEnv(AgentEnv, env_id="agentgym/Code-v0", short="code"):
 
     def _box(self):
         if self._sandbox is None:
-            from agentgym.tools.sandbox import LocalSandbox, Limits
             self._sandbox = LocalSandbox(Limits())
         return self._sandbox
 
@@ -310,7 +309,6 @@ def code_kwargs(code: CodeConfig, sandbox: SandboxConfig) -> dict:
     import atexit
     import json
 
-    from agentgym.tools.sandbox import make_sandbox
     key = json.dumps(asdict(sandbox), sort_keys=True)
     if key not in _SANDBOXES:
         _SANDBOXES[key] = make_sandbox(sandbox)

@@ -41,6 +41,7 @@ from agentgym.envs.base import AgentEnv
 from agentgym.envs.manifest import EnvManifest
 from agentgym.envs.math_reward import (extract_boxed, matches_rounded, numeric_value,
                                        strip_text_macros)
+from agentgym.envs.geometry_diagrams import diagram_png
 
 _CALC = re.compile(r"<calculator>(.*?)(?:</calculator>|$)", re.DOTALL)
 INSTRUCTION = ("Look at the diagram and answer the question. Think step by step, then put "
@@ -67,7 +68,6 @@ def load_image(spec):
         if spec.get("path"):
             return Image.open(spec["path"]).convert("RGB")
         if spec.get("logic_form"):
-            from agentgym.envs.geometry_diagrams import diagram_png
             return Image.open(diagram_png(spec["logic_form"])).convert("RGB")
     raise ValueError(f"cannot read an image from {str(spec)[:80]!r}; give a path, "
                      "{'path': …}, {'bytes': …} or {'logic_form': …}")

@@ -39,6 +39,7 @@ import json
 import math
 import re
 from pathlib import Path
+from agentgym.core.paths import cache_dir
 
 #: Bump when the drawing changes, so cached PNGs are redrawn.
 DRAW_VERSION = 2
@@ -479,7 +480,6 @@ def annotation_key(ann: dict) -> str:
 def diagram_png(ann: dict, cache: Path | None = None) -> Path:
     """The drawn diagram as a PNG file, drawn once per annotation and cached
     (``$AGENTGYM_CACHE/geometry/diagrams/<hash>.png``)."""
-    from agentgym.core.paths import cache_dir
     folder = cache or cache_dir() / "geometry" / "diagrams"
     path = folder / f"{annotation_key(ann)}.png"
     if not path.exists():

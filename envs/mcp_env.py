@@ -94,7 +94,7 @@ class MCPEnv(AgentEnv, env_id="agentgym/MCP-v0", short="mcp"):
                  server=None, max_turns: int | None = None) -> None:
         super().__init__(max_turns=max_turns)
         if server is None:
-            from agentgym.tools.mcp_client import shared
+            from agentgym.tools.mcp_client import shared  # lazy: loads httpx
             server = shared(command, url, timeout_s)
         self.server = server
         self.tools = server.schemas
@@ -143,7 +143,7 @@ class MCPEnv(AgentEnv, env_id="agentgym/MCP-v0", short="mcp"):
 
 def mcp_kwargs(mcp: MCPConfig) -> dict:
     """``mcp.*``: one connection per process and server, shared by every env."""
-    from agentgym.tools.mcp_client import shared
+    from agentgym.tools.mcp_client import shared  # lazy: loads httpx
     return {"server": shared(mcp.command, mcp.url, mcp.timeout_s)}
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 
 from agentgym.envs.rewards import normalize_answer
+from agentgym.core.paths import data_dir
 
 _PAREN = re.compile(r"\s*\([^()]*\)$")
 
@@ -113,7 +114,6 @@ def multihop_rows() -> list[dict]:
     import gzip
     import json
 
-    from agentgym.core.paths import data_dir
     parts = []
     for name in ("search/train.jsonl", "multihop/train.jsonl.gz"):
         path = data_dir() / name

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 from agentgym.envs.base import AgentEnv
 from agentgym.envs.manifest import EnvManifest
+from agentgym.tools.errors import MissingExtra
 
 logger = logging.getLogger(__name__)
 
@@ -107,8 +108,9 @@ class ServedApp:
             return self.url
         import os
 
+        # lazy: loads httpx
         from agentgym.supervision.server_process import ServerProcess, free_port
-        from agentgym.supervision.supervisor import Supervisor
+        from agentgym.supervision.supervisor import Supervisor  # lazy: loads httpx
         port = free_port()
         cmd = [sys.executable, "-m", "uvicorn", self.app, "--host", "127.0.0.1",
                "--port", str(port), "--log-level", "info"]
@@ -137,7 +139,6 @@ def served_url(app: str, max_restarts: int = 5) -> str:
     import atexit
     import importlib.util
     if app == DEFAULT_APP and importlib.util.find_spec("openenv") is None:
-        from agentgym.tools.errors import MissingExtra
         raise MissingExtra("env=openenv without openenv.url or openenv.app serves its example "
                            "server, written with openenv-core: pip install --no-deps "
                            "openenv-core==0.3.0 fastmcp (docs/ECOSYSTEM.md)")
@@ -186,7 +187,6 @@ class OpenEnvEnv(AgentEnv, env_id="agentgym/OpenEnv-v0", short="openenv"):
         super().__init__(max_turns=max_turns)
         import importlib.util
         if importlib.util.find_spec("websockets") is None:
-            from agentgym.tools.errors import MissingExtra
             raise MissingExtra(f"env=openenv needs websockets: {INSTALL}")
         self.url = (url or served_url(DEFAULT_APP)).rstrip("/")
         self.action_field, self.observation_field = action_field, observation_field
@@ -216,7 +216,7 @@ class OpenEnvEnv(AgentEnv, env_id="agentgym/OpenEnv-v0", short="openenv"):
     def _call(self, kind: str, data: dict) -> dict:
         """One request of the session; the server's reply (an observation or an error).
         Raises :class:`ServerGone` when the connection fails or the reply is late."""
-        from agentgym.supervision.supervisor import report_down, report_up
+        from agentgym.supervision.supervisor import report_down, report_up  # lazy: loads httpx
         try:
             if self._ws is None:
                 self._ws = self._connect()

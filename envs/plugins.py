@@ -32,6 +32,9 @@ import functools
 import logging
 import math
 from typing import Any, Callable
+from agentgym.core.registry import load_entry_point
+from agentgym.envs.base import AgentEnv
+from agentgym.supervision.process_call import call_in_process
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +49,6 @@ def is_spec(name: str) -> bool:
 
 def load_spec(spec: str, what: str) -> Any:
     """Import ``package.module:attr``; errors name the spec and what was expected."""
-    from agentgym.core.registry import load_entry_point
     if not is_spec(spec):
         raise ValueError(f"{what}={spec!r}: expected 'package.module:attr'")
     try:
@@ -61,7 +63,6 @@ def load_spec(spec: str, what: str) -> Any:
 def plugin_env_class(spec: str):
     """The :class:`~agentgym.envs.base.AgentEnv` subclass ``spec`` names (a clear error
     otherwise)."""
-    from agentgym.envs.base import AgentEnv
     cls = load_spec(spec, "env")
     if not (isinstance(cls, type) and issubclass(cls, AgentEnv)):
         raise ValueError(f"env={spec!r} is {cls!r}, not a subclass of envs.base.AgentEnv "
@@ -159,7 +160,6 @@ class RewardOverride:
         args = (row.get("data_source", ""), text, ground_truth, row.get("extra_info") or {})
         try:
             if self.process:
-                from agentgym.supervision.process_call import call_in_process
                 out = call_in_process(self.fn, *args)
             else:
                 out = self.fn(*args)

@@ -57,6 +57,7 @@ from agentgym.envs.code import _CODE, _FENCE, _NOT_PROSE, NO_CODE  # its cell pr
 from agentgym.envs.code import CodeConfig, CodeEnv, code_kwargs
 from agentgym.envs.manifest import EnvManifest
 from agentgym.tools.sandbox import SandboxConfig
+from agentgym.tools.errors import MissingExtra
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +76,6 @@ def rg():
     try:
         import reasoning_gym
     except ImportError as e:
-        from agentgym.tools.errors import MissingExtra
         raise MissingExtra(f"env=reasoning_gym needs the reasoning-gym package: {INSTALL}") \
             from e
     return reasoning_gym

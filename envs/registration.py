@@ -14,6 +14,8 @@ import gymnasium
 
 from agentgym.core.registry import Registry, did_you_mean
 from agentgym.envs.manifest import EMPTY, EnvManifest, manifest_of
+from agentgym.envs.base import AgentEnv
+from agentgym.envs.plugins import entry_point_envs, is_spec, plugin_env_class, plugin_env_id
 
 ENVS: Registry = Registry("environment")
 _SHORT: dict[str, str] = {}
@@ -47,7 +49,6 @@ def resolve_env_id(name: str) -> str:
         return name
     if name in _SHORT:
         return _SHORT[name]
-    from agentgym.envs.plugins import is_spec, plugin_env_class, plugin_env_id
     if is_spec(name):
         cls = plugin_env_class(name)
         env_id = plugin_env_id(cls, name.partition(":")[0].split(".")[0])
@@ -148,7 +149,6 @@ def discover_envs() -> None:
     import importlib
     import pkgutil
 
-    from agentgym.envs.base import AgentEnv
     package = importlib.import_module(__name__.rpartition(".")[0])
     for info in pkgutil.iter_modules(package.__path__):
         if info.name.startswith("_"):
@@ -176,7 +176,6 @@ def register_entry_points() -> list[str]:
     the ids registered."""
     import logging
 
-    from agentgym.envs.plugins import entry_point_envs
     done = []
     for short, spec, dist in entry_point_envs():
         env_id = f"{dist}/{short}-v0".replace(" ", "-")

@@ -51,6 +51,9 @@ from agentgym.envs.multihop import MULTIHOP_DATASETS, gold_hits, gold_paragraphs
 from agentgym.envs.rewards import contains_answer, exact_match, f1_score, gold_answers
 from agentgym.envs.search_demos import search_demo
 from agentgym.envs.search_prompt import make_prompt, make_tools_prompt
+from agentgym.core.paths import file_digest, shipped_corpus
+from agentgym.envs.answerable import answerable, difficulty_levels
+from agentgym.tools.errors import ToolBadRequest, ToolError
 
 logger = logging.getLogger(__name__)
 
@@ -191,11 +194,11 @@ class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
 
     def _client(self):
         if self._retriever is None:
-            from agentgym.tools.retriever import RetrieverClient
+            from agentgym.tools.retriever import RetrieverClient  # lazy: loads httpx
             url = self._url
             if url is None:
+                # lazy: loads httpx
                 from agentgym.tools.local_retriever import ensure_local_retriever
-                from agentgym.core.paths import shipped_corpus
                 url = ensure_local_retriever(shipped_corpus(self.corpus))
             self._retriever = RetrieverClient(url, topk=self.topk, timeout=self.timeout)
         return self._retriever
@@ -293,8 +296,7 @@ class SearchEnv(AgentEnv, env_id="agentgym/Search-v0", short="search"):
     def _search(self, query: str) -> tuple[str, list[dict]]:
         """The passages for ``query`` as the observation's text, and as the retriever
         returned them (``[]`` when the search failed)."""
-        from agentgym.tools.errors import ToolBadRequest, ToolError
-        from agentgym.tools.retriever import format_docs
+        from agentgym.tools.retriever import format_docs  # lazy: loads httpx
         try:
             docs = self._client().retrieve([query])[0]
         except ToolError as e:
@@ -345,8 +347,6 @@ def answerable_rows(rows: list[dict], limit: int, retriever: RetrieverConfig, da
     """The answerable rows (the first ``limit``); with a ``curriculum`` each gets its
     difficulty as ``extra_info.level`` (:func:`agentgym.envs.answerable.difficulty_levels`),
     which the curriculum orders by."""
-    from agentgym.core.paths import shipped_corpus
-    from agentgym.envs.answerable import answerable, difficulty_levels
     corpus = shipped_corpus(corpus_name(retriever.corpus, data_name, eval_data))
     kept = [row for row, ok in zip(rows, answerable(rows, corpus)) if ok]
     if not kept:
@@ -367,8 +367,7 @@ def search_kwargs(search: SearchConfig, retriever: RetrieverConfig, data_name: s
     url, r = retriever.url, retriever
     corpus = corpus_name(r.corpus, data_name, eval_data)
     if not url:
-        from agentgym.core.paths import shipped_corpus
-        from agentgym.tools.local_retriever import ensure_local_retriever
+        from agentgym.tools.local_retriever import ensure_local_retriever  # lazy: loads httpx
         if r.index:
             url = ensure_local_retriever(index_dir=r.index, max_restarts=r.max_restarts)
         else:
@@ -384,7 +383,6 @@ def search_kwargs(search: SearchConfig, retriever: RetrieverConfig, data_name: s
 def search_sources(search: SearchConfig, retriever: RetrieverConfig, data_name: str,
                    eval_data: str) -> dict:
     """The corpus (its bytes, when shipped) or the server, and what scores answers."""
-    from agentgym.core.paths import file_digest, shipped_corpus
     r = retriever
     corpus = "" if (r.url or r.index) else \
         file_digest(shipped_corpus(corpus_name(r.corpus, data_name, eval_data)))

@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 
 from agentgym.envs.rewards import gold_answers, normalize_answer
+from agentgym.envs.multihop import is_multihop
+from agentgym.envs.multihop_demos import multihop_demo
 
 _WH = {"who", "what", "when", "where", "which", "why", "how", "whom", "whose"}
 _STOP = _WH | {"is", "are", "was", "were", "be", "been", "do", "does", "did", "the", "a", "an",
@@ -116,9 +118,7 @@ def search_demo(row: dict, env, max_searches: int = 2) -> dict | None:
     A multi-hop row (``data=multihop``: gold paragraphs in ``extra_info``) gets a
     demonstration that searches twice, each search finding its gold paragraph, or none
     (:func:`agentgym.envs.multihop_demos.multihop_demo`)."""
-    from agentgym.envs.multihop import is_multihop
     if is_multihop(row):
-        from agentgym.envs.multihop_demos import multihop_demo
         return multihop_demo(row, env, max_searches)
     question = row["extra_info"]["question"].strip()
     golds = gold_answers(row)

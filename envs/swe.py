@@ -51,6 +51,7 @@ from agentgym.envs.swe_grade import (grade, repo_cache, repo_python, swe_root, v
                                     workspace_root)
 from agentgym.envs.swe_rows import SUBMIT, adapt_row, find_repo, is_swe_row, patch_files
 from agentgym.tools.workspace import CommandLimits, Workspace
+from agentgym.envs.code import truncate_utf8
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +150,6 @@ def render(result, obs_bytes: int) -> str:
 
 
 def _cut(text: str, limit: int) -> str:
-    from agentgym.envs.code import truncate_utf8
     return truncate_utf8(text, limit)
 
 

@@ -58,9 +58,10 @@ import logging
 import re
 import shlex
 
-from agentgym.envs.swe_rows import (SUBMIT, TEST_CONFIG, TEST_DIRS, find_repo, split_patch,
-                                     test_command)
+from agentgym.envs.swe_rows import (SUBMIT, TEST_CONFIG, TEST_DIRS, adapt_row, find_repo,
+                                    is_swe_row, is_test_path, split_patch, test_command)
 from agentgym.envs.swe_make import STATEMENT_WORDS
+from agentgym.envs.swe_grade import repo_cache
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +106,6 @@ def frame(statement: str, base) -> tuple[str, int] | None:
     """The last frame of the statement's traceback in a source file of ``base`` (no test
     file): ``(path, line)``, where the error was raised nearest; None when the traceback
     goes through none."""
-    from agentgym.envs.swe_rows import is_test_path
     frames = [(f, int(n)) for f, n, _ in _FRAME.findall("\n".join(_FENCE.findall(statement)))
               if not is_test_path(f) and (base / f).is_file()]
     return frames[-1] if frames else None
@@ -293,7 +293,6 @@ _NOT_TESTS = " ".join([*(f"--exclude-dir={d}" for d in sorted(TEST_DIRS, key=len
 def _sources(base) -> dict[str, list[str]]:
     """The Python files of ``base`` that :func:`_search` lists (no test file), by path: their
     lines."""
-    from agentgym.envs.swe_rows import is_test_path
     paths = (p.relative_to(base).as_posix() for p in base.rglob("*.py"))
     return {f: (base / f).read_text(errors="replace").split("\n")
             for f in paths if not is_test_path(f)}
@@ -341,7 +340,6 @@ def recovery(row: dict) -> str:
 def _gold(row: dict, env, tools: bool):
     """``(base, path, text, edits)`` of the row's one-file gold patch (each edit
     ``(old, new, first line)``, as the protocol applies it), or why there is none."""
-    from agentgym.envs.swe_grade import repo_cache
     parts = split_patch(str(row["patch"]))
     if len(parts) != 1:
         return "the patch touches more than one file"
@@ -359,7 +357,6 @@ def _gold(row: dict, env, tools: bool):
 
 def swe_demo(row: dict, env) -> dict | None:
     """One demonstration of training task ``row``, played through the live SWE env ``env``."""
-    from agentgym.envs.swe_rows import adapt_row, is_swe_row
     if is_swe_row(row):
         row = adapt_row(row, "demonstration")
     tools = env.protocol == "tools"

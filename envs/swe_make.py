@@ -41,6 +41,7 @@ from agentgym.core.paths import write_jsonl
 from agentgym.envs.swe_grade import grade, repo_cache, repo_python, workspace_root
 from agentgym.envs.swe_mutate import Mutation, mutations
 from agentgym.tools.workspace import CommandLimits, git
+from agentgym.envs.swe_rows import is_test_path
 
 MAX_F2P = 10  # failing tests a kept bug may have (more: it breaks the module, not a function)
 _SECTION = re.compile(r"^_{3,} (\S.*?) _{3,}$", re.M)
@@ -259,7 +260,6 @@ def make_repo_tasks(source: Source, work: Path, limit: int, seed: int, wall_s: f
 
 
 def _is_test(rel: Path) -> bool:
-    from agentgym.envs.swe_rows import is_test_path
     return is_test_path(rel.as_posix()) or rel.name in ("setup.py", "conftest.py", "tests.py") \
         or rel.parts[0] in ("docs", "doc", "documentation", "examples", "benchmark",
                             "benchmarks", "bin", "tools", "scripts")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path, PurePosixPath
+from agentgym.core.paths import data_dir
 
 SWE_FIELDS = ("instance_id", "repo", "base_commit", "problem_statement", "test_patch",
               "FAIL_TO_PASS", "PASS_TO_PASS")
@@ -93,7 +94,6 @@ def find_repo(row: dict, repos: str) -> Path:
         return path
     owner_name = str(row["repo"])
     tried = []
-    from agentgym.core.paths import data_dir
     for root in [Path(repos).expanduser()] * bool(repos) + [data_dir() / "swe" / "repos"]:
         for stem in (owner_name.replace("/", "__"), owner_name.rsplit("/", 1)[-1], owner_name):
             for candidate in (root / stem, root / f"{stem}.bundle"):

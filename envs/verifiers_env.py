@@ -43,7 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentgym.envs.agent_program import AgentProgram, PlayedByProgram
-from agentgym.envs.manifest import EnvManifest
+from agentgym.envs.manifest import EnvManifest, config_value
+from agentgym.tools.errors import MissingExtra
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +92,6 @@ class VerifiersConfig:
         venv = Path(DEFAULT_VENV) / "bin" / "python"
         if venv.exists():
             return str(venv)
-        from agentgym.tools.errors import MissingExtra
         raise MissingExtra(
             "env=verifiers needs verifiers (0.4, Python >= 3.11) in an environment of its own: "
             f"`make {DEFAULT_VENV}` builds {DEFAULT_VENV}/ here (make test does too), or give "
@@ -238,7 +238,6 @@ class VerifiersProgram:
     verifiers reports the episode failed)."""
 
     def __init__(self, cfg) -> None:
-        from agentgym.envs.manifest import config_value
         self.cfg: VerifiersConfig = config_value(cfg, "verifiers")
         self.model = cfg.model
         self._worker: VerifiersWorker | None = None

@@ -26,6 +26,8 @@ import logging
 from pathlib import Path
 
 from agentgym.retriever_server.schema import Limits
+from agentgym.retriever_server.corpus import read_corpus
+from agentgym.retriever_server.index import build_index, is_index, load_index, save_index
 
 logger = logging.getLogger("retriever_server")  # __name__ is "__main__" here
 
@@ -34,8 +36,6 @@ def load_or_build(corpus: Path | None, index_dir: Path | None):
     """Load ``index_dir`` if it holds a saved index, else build BM25 from ``corpus`` and save
     it there (atomically). An index that fails to load is rebuilt when ``corpus`` is given.
     """
-    from agentgym.retriever_server.corpus import read_corpus
-    from agentgym.retriever_server.index import build_index, is_index, load_index, save_index
 
     if index_dir is not None and is_index(index_dir):
         try:
@@ -111,7 +111,7 @@ def serve(args: argparse.Namespace) -> None:
     """Load (or build) the index and serve it until SIGTERM/SIGINT."""
     import uvicorn
 
-    from agentgym.retriever_server.app import create_app
+    from agentgym.retriever_server.app import create_app  # lazy: loads fastapi
 
     if args.corpus is None and args.index is None:
         raise SystemExit("error: give --index DIR, or --corpus FILE (and optionally --index)")
@@ -120,7 +120,7 @@ def serve(args: argparse.Namespace) -> None:
     batching = args.batching == "on" or (args.batching == "auto" and index.method == "dense")
     app = create_app(index, limits, batching=batching,
                      max_batch_queries=args.max_batch_queries, max_wait_s=args.max_wait_ms / 1000)
-    from agentgym.supervision.server_process import watch_parent
+    from agentgym.supervision.server_process import watch_parent  # lazy: loads httpx
     watch_parent()  # ends with the process that started it, if one did
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 limit_concurrency=args.max_connections, timeout_graceful_shutdown=10)

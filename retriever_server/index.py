@@ -46,10 +46,10 @@ def build_index(docs: list[dict], method: str, progress: Callable[[int], None] |
     if method == "bm25":
         if dense_options:
             raise ValueError(f"options {sorted(dense_options)} apply to method=dense only")
-        from agentgym.retriever_server.bm25 import BM25Index
+        from agentgym.retriever_server.bm25 import BM25Index  # lazy: loads bm25s
         return BM25Index.build(docs, progress=progress)
     if method == "dense":
-        from agentgym.retriever_server.dense import DenseIndex
+        from agentgym.retriever_server.dense import DenseIndex  # lazy: loads numpy
         return DenseIndex.build(docs, progress=progress, **dense_options)
     raise ValueError(f"unknown retrieval method {method!r}; valid: {', '.join(METHODS)}")
 
@@ -101,9 +101,9 @@ def load_index(directory: str | Path, batch_size: int = 64) -> SearchIndex:
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {"method": "bm25"}
     method = meta.get("method")
     if method == "bm25":
-        from agentgym.retriever_server.bm25 import BM25Index
+        from agentgym.retriever_server.bm25 import BM25Index  # lazy: loads bm25s
         return BM25Index.load(directory)
     if method == "dense":
-        from agentgym.retriever_server.dense import DenseIndex
+        from agentgym.retriever_server.dense import DenseIndex  # lazy: loads numpy
         return DenseIndex.load(directory, meta, batch_size=batch_size)
     raise ValueError(f"{meta_path}: unknown method {method!r}; valid: {', '.join(METHODS)}")

@@ -76,6 +76,8 @@ from dataclasses import dataclass
 
 from agentgym.core.registry import check_choices
 from agentgym.tools.sandbox_base import ExecResult, Limits, Sandbox, cap_bytes, cap_text
+from agentgym.tools.sandbox_e2b import E2BSandbox
+from agentgym.tools.sandbox_local import LocalSandbox
 
 __all__ = ["Limits", "ExecResult", "Sandbox", "LocalSandbox", "E2BSandbox", "make_sandbox",
            "SandboxConfig", "cap_bytes", "cap_text"]
@@ -109,10 +111,8 @@ def make_sandbox(cfg) -> Sandbox:
     """The sandbox a :class:`SandboxConfig` describes (``backend`` local | e2b)."""
     limits = Limits.from_config(cfg)
     if cfg.backend == "local":
-        from agentgym.tools.sandbox_local import LocalSandbox
         return LocalSandbox(limits, isolation=cfg.isolation, max_concurrency=cfg.max_concurrency)
     if cfg.backend == "e2b":
-        from agentgym.tools.sandbox_e2b import E2BSandbox
         return E2BSandbox(limits, max_concurrency=cfg.max_concurrency)
     raise ValueError(f"sandbox.backend={cfg.backend!r}; valid: local, e2b")
 
@@ -120,9 +120,7 @@ def make_sandbox(cfg) -> Sandbox:
 def __getattr__(name: str):
     # The backends live in their own modules; load them (and their dependencies) on use.
     if name == "LocalSandbox":
-        from agentgym.tools.sandbox_local import LocalSandbox
         return LocalSandbox
     if name == "E2BSandbox":
-        from agentgym.tools.sandbox_e2b import E2BSandbox
         return E2BSandbox
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

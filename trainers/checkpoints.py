@@ -19,8 +19,9 @@ from typing import Any
 
 import torch
 
-from agentgym.config import Config, to_dict
+from agentgym.config import Config, env_names, to_dict
 from agentgym.core.paths import complete_checkpoints, latest_checkpoint  # noqa: F401 - run folders
+from agentgym.trainers.backends.distributed import DistributedBackend
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +30,6 @@ def resolve_run_dir(cfg: Config) -> Path:
     if cfg.run_dir:
         return Path(cfg.run_dir)
     model = Path(cfg.model.path or cfg.model.name).name
-    from agentgym.config import env_names
     env = "+".join(env_names(cfg.env)).replace(":", "-").replace("/", "-")
     return Path("runs") / f"{env}-{model}-{time.strftime('%Y%m%d-%H%M%S')}"
 
@@ -149,7 +149,6 @@ def _load_into(ckpt: Path, state: dict[str, Any], backend, critic) -> dict[str, 
 def _usable_after_failed_load(*backends) -> bool:
     """Whether another checkpoint can be loaded into ``backends`` after one failed to:
     not into a distributed backend, which stops all its ranks when one fails."""
-    from agentgym.trainers.backends.distributed import DistributedBackend
     return not any(isinstance(b, DistributedBackend) for b in backends)
 
 

@@ -29,6 +29,7 @@ from agentgym.trainers.backends.base import ModelSpec
 from agentgym.trainers.batch import Batch
 from agentgym.trainers.phases import minibatch_updates
 from agentgym.trainers.backends.factory import make_backend
+from agentgym.trainers import packing as pk
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,6 @@ def token_values(model, mb: Batch, device, packing: bool = True, whole: bool = F
     ``whole``; without ``whole`` the rows are packed only up to their last sampled token
     and the sequence values are 0 (the value loss does not read them)."""
     from agentgym.trainers import attention  # loads transformers: heavy
-    from agentgym.trainers import packing as pk
     ids, attn = mb.input_ids.to(device), mb.attention_mask.to(device)
     if not packing or not attention.enable(model):
         out = model(input_ids=ids, attention_mask=attn).logits[..., 0].float()

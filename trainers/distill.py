@@ -41,6 +41,9 @@ import torch
 
 from agentgym.trainers.algos import discounted_scan
 from agentgym.trainers.batch import Batch
+from agentgym.models.zoo import load_tokenizer, resolve_model
+from agentgym.trainers.backends.base import ModelSpec, batched_logprobs
+from agentgym.trainers.distill_endpoint import check_endpoint, endpoint_logprobs
 
 logger = logging.getLogger(__name__)
 
@@ -150,18 +153,16 @@ class Teacher:
     def logprobs(self, batch: Batch, temperature: float) -> torch.Tensor:
         """``(B, T)``: the teacher's log-prob of each sampled token (0 elsewhere)."""
         if self.url:
-            from agentgym.trainers.distill_endpoint import endpoint_logprobs
             return endpoint_logprobs(self.url, batch, temperature, self.timeout_s)
         if self.backend is not None:
             return self.backend.teacher_logprobs(batch, temperature, self.spec)
-        from agentgym.trainers.backends.base import batched_logprobs
         return batched_logprobs(self.model, batch, temperature, self.micro_batch_tokens,
                                 chunk=self.chunk, packing=self.packing)[0]
 
 
 def teacher_names(cfg) -> list[str]:
     """``trainer.teacher`` per env of the run, in env order (``""``: that env has none)."""
-    from agentgym.config import env_names
+    from agentgym.config import env_names  # lazy: imports the config
     envs = env_names(cfg.env)
     given = cfg.per_env.get("trainer.teacher")
     if given is not None:
@@ -174,7 +175,7 @@ def teachers(cfg, tokenizer, backend) -> dict[str, Teacher] | None:
     student's tokenizer before any step."""
     if cfg.algo.distill_coef <= 0:
         return None
-    from agentgym.config import env_names
+    from agentgym.config import env_names  # lazy: imports the config
     out: dict[str, Teacher] = {}
     loaded: dict[str, Teacher] = {}  # one teacher serving several envs loads once
     for env, name in zip(env_names(cfg.env), teacher_names(cfg)):
@@ -187,22 +188,19 @@ def teachers(cfg, tokenizer, backend) -> dict[str, Teacher] | None:
 
 def _teacher(cfg, name: str, tokenizer, backend) -> Teacher:
     t = cfg.trainer
-    from agentgym.models.zoo import load_tokenizer, resolve_model
     student = cfg.model.path or cfg.model.name
     if name.startswith(("http://", "https://")):
-        from agentgym.trainers.distill_endpoint import check_endpoint
         folder = check_endpoint(name, tokenizer)
         if folder is not None:
             check_tokenizers(tokenizer, load_tokenizer(folder), student, name)
         return Teacher(name=name, url=name.rstrip("/"))
     path = resolve_model(name)
     check_tokenizers(tokenizer, load_tokenizer(path), student, name)
-    from agentgym.trainers.backends.base import ModelSpec
     spec = ModelSpec(str(path), cfg.model.dtype, device=t.device)
     if t.backend != "single" and not cfg.algo.teacher_offload:
         logger.info("teacher %s: in the ranks, sharded as the policy is", path)
         return Teacher(name=name, backend=backend, spec=spec)
-    from agentgym.trainers.reference import frozen_model
+    from agentgym.trainers.reference import frozen_model  # lazy: loads gymnasium
     model, tokens = frozen_model(cfg, path, cfg.algo.teacher_offload)
     logger.info("teacher %s: on %s", path, "the host" if cfg.algo.teacher_offload else t.device)
     return Teacher(name=name, model=model, micro_batch_tokens=tokens, chunk=t.logprob_chunk,

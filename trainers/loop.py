@@ -42,6 +42,7 @@ from agentgym.trainers.cold_start import prepare
 from agentgym.trainers.phases import advantages, check_algo, score, update_policy
 from agentgym.trainers.hooks import Hooks
 from agentgym.trainers.session import Session, open_session, step_source
+from agentgym.trainers.critic import Critic
 
 
 def train(cfg: Config, hooks: Hooks | None = None) -> Path:
@@ -58,7 +59,6 @@ def run(cfg: Config, hooks: Hooks | None = None) -> Path:
     checkpoint on; return the run directory."""
     make_critic = None
     if cfg.algo.needs_critic:
-        from agentgym.trainers.critic import Critic
         make_critic = lambda path, cluster: Critic(cfg, path, cluster)  # noqa: E731
     s = open_session(cfg, hooks, make_critic=make_critic)
     with closed_with_end_state(s.close):

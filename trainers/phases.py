@@ -20,6 +20,7 @@ from agentgym.trainers.algos import (ADVANTAGES, POLICY_LOSSES, aggregate, behav
 from agentgym.trainers.backends.base import Backend, token_logprobs
 from agentgym.trainers.batch import Batch, collate
 from agentgym.trainers.hooks import Hooks
+from agentgym.trainers.distill import distill_metrics, distill_term, teacher_logprobs, teacher_names
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +30,6 @@ def check_algo(cfg: Config) -> None:
     a, n = cfg.algo, cfg.rollout.n
     POLICY_LOSSES.get(a.policy_loss)
     ADVANTAGES.get(a.advantage)
-    from agentgym.trainers.distill import teacher_names
     has_teacher = any(teacher_names(cfg))
     if a.distill_coef > 0 and not has_teacher:
         raise ValueError(f"algo.distill_coef={a.distill_coef} distils from a teacher, but "
@@ -119,7 +119,6 @@ def score(cfg: Config, backend: Backend, ref, trajs: list[Trajectory], tokenizer
             rewards = rewards - a.kl_coef * kl_tok
             m["rollout/kl_penalty"] = float(a.kl_coef * kl_tok.sum() / mask.sum().clamp(min=1))
     if teachers:
-        from agentgym.trainers.distill import distill_metrics, teacher_logprobs
         envs = [str(t.info.get("env", "")) or cfg.env for t in trajs]
         batch.teacher_logp, batch.teacher_mask = teacher_logprobs(teachers, batch, envs,
                                                                   temperature)
@@ -138,7 +137,6 @@ def advantages(cfg: Config, batch: Batch, rewards: torch.Tensor) -> tuple[torch.
         turn_ids=batch.turn_ids, input_ids=batch.input_ids, step_weight=a.step_weight)
     m = {}
     if batch.teacher_logp is not None:  # on-policy distillation: not group-normalised
-        from agentgym.trainers.distill import distill_term
         term = distill_term(batch.teacher_logp, batch.rollout_logp, batch.teacher_mask,
                             a.distill_coef, a.distill_discount)
         adv = adv + term

@@ -43,6 +43,10 @@ from typing import Any
 from agentgym.config import Config
 from agentgym.supervision.watchdog import (StageStalled, add_stall_hook, collect_stacks,
                                     remove_stall_hook, stacks_on_signal)
+from agentgym.models.zoo import load_tokenizer
+from agentgym.supervision import stalls
+from agentgym.trainers.hooks import Hooks
+from agentgym.core.paths import cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +93,7 @@ class RankActor:
     def address(self) -> tuple[str, int]:
         import ray
 
-        from agentgym.trainers.backends.distributed import free_port
+        from agentgym.trainers.backends.distributed import free_port  # lazy: loads torch
         return ray.util.get_node_ip_address(), free_port()
 
     def setup(self, rank: int, world: int, addr: str, port: int, kind: str, spec, optim,
@@ -98,8 +102,8 @@ class RankActor:
         host, its stacks go to ``stacks`` when the driver's stage stalls (SIGUSR2)."""
         import ray
 
-        from agentgym.trainers.backends.distributed import init_rank
-        from agentgym.trainers.backends.ranks import RANK_BACKENDS
+        from agentgym.trainers.backends.distributed import init_rank  # lazy: loads torch
+        from agentgym.trainers.backends.ranks import RANK_BACKENDS  # lazy: loads torch
         host = socket.gethostname()
         if host == driver_host:
             stacks_on_signal(stacks)
@@ -116,9 +120,8 @@ class RolloutWorker:
     """A rollout worker as a Ray actor: an engine, a generation manager and its envs."""
 
     def __init__(self, cfg: Config, path: str) -> None:
-        from agentgym.models.zoo import load_tokenizer
-        from agentgym.rollout.runtime import engine_for
-        from agentgym.trainers.workers import LocalWorkers
+        from agentgym.rollout.runtime import engine_for  # lazy: loads httpx
+        from agentgym.trainers.workers import LocalWorkers  # lazy: loads httpx
         tokenizer = load_tokenizer(path)
         self.local = LocalWorkers(cfg, engine_for(cfg, path, tokenizer), tokenizer)
 
@@ -128,7 +131,6 @@ class RolloutWorker:
 
     def generate(self, rows: list[dict], n: int, seed: int, greedy: bool) -> tuple:
         """The trajectories, with the stalls since the last call (:func:`_stalled`)."""
-        from agentgym.trainers.hooks import Hooks
         return _stalled(lambda: self.local.generate(rows, n, seed, Hooks(), greedy))
 
     def run_group(self, row: dict, uid: str, n: int, seed: int) -> tuple:
@@ -150,7 +152,6 @@ def _stalled(play) -> tuple[list, list, Exception | None]:
     stalls cut since the last call (:meth:`agentgym.supervision.stalls.StallLedger.take`, each
     site's first with its stacks), which the driver writes into its run's ``stalls/``; and
     the error that ends the run when one site kept hanging there (None: it did not)."""
-    from agentgym.supervision import stalls
     try:
         trajs, ended = play(), None
     except stalls.StallsEndRun as e:
@@ -161,7 +162,6 @@ def _stalled(play) -> tuple[list, list, Exception | None]:
 def _merged(i: int, answer: tuple) -> list:
     """A rollout worker's answer (:func:`_stalled`): its cuts into the driver's
     ``stalls/``, the run ended if it says so; its trajectories."""
-    from agentgym.supervision import stalls
     trajs, cuts, ended = answer
     ledger = stalls.ledger()
     ledger.merge(cuts)
@@ -184,7 +184,6 @@ class RayCluster:
             env = {k: os.environ[k] for k in _ENV_VARS if k in os.environ}
             kw: dict[str, Any] = {"runtime_env": {"env_vars": env}, "log_to_driver": True}
             if r.address == "local":
-                from agentgym.core.paths import cache_dir
                 # our actors are the run's work (rollouts, train ranks), not background
                 # helpers: Ray's default worker niceness (15) starves them on a busy machine
                 os.environ.setdefault("RAY_worker_niceness", "0")
@@ -250,7 +249,7 @@ class RayRanks:
     def __init__(self, cluster: RayCluster, n: int, kind: str, spec, optim, role: str) -> None:
         import ray
 
-        from agentgym.trainers.backends.distributed import stacks_dir
+        from agentgym.trainers.backends.distributed import stacks_dir  # lazy: loads torch
         cls = ray.remote(RankActor)
         self.actors = [cls.options(**cluster.options("train", r), name=None).remote()
                        for r in range(n)]
@@ -324,7 +323,7 @@ class RayWorkers:
     def _replace(self, i: int, error: Exception) -> None:
         """Worker ``i`` died: start another in its bundle, with the last weights pushed."""
         import ray
-        from agentgym.supervision.supervisor import outage_for
+        from agentgym.supervision.supervisor import outage_for  # lazy: loads httpx
         version = self._weights[1] if self._weights else 0
         logger.warning("rollout worker %d died (%s); replacing it (weights of policy version "
                        "%d) and giving it the same prompts", i, str(error).splitlines()[0],

@@ -20,7 +20,7 @@ from agentgym.supervision.supervisor import (ServiceFailed, forget_unsupervised,
 from agentgym.core.types import Trajectory
 from agentgym.supervision.watchdog import NO_WATCH, Watchdog, end_state
 from agentgym.data.rows import heldout_rows, training_rows
-from agentgym.models.zoo import load_tokenizer, resolve_model
+from agentgym.models.zoo import is_vision_language, load_tokenizer, resolve_model
 from agentgym.reporting.evaluation import write_outcomes
 from agentgym.reporting.metrics import MetricsLogger
 from agentgym.rollout.engines.base import ENGINES
@@ -34,6 +34,10 @@ from agentgym.trainers.checkpoints import resume, save_checkpoint, start_run
 from agentgym.trainers.reference import reference
 from agentgym.trainers.sample_log import write_samples
 from agentgym.trainers.steps import SyncSteps
+from agentgym.trainers.distill import teachers
+from agentgym.trainers.async_steps import AsyncSteps
+from agentgym.trainers.ray_cluster import RayCluster, RayWorkers
+from agentgym.trainers.curriculum import make_curriculum
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +45,6 @@ logger = logging.getLogger(__name__)
 def check_vision(cfg: Config, path) -> None:
     """What a vision-language policy runs on so far (images through the single backend,
     the HF engine, the GRPO family); the rest fails here, naming the setting."""
-    from agentgym.models.zoo import is_vision_language
     if not is_vision_language(path):
         return
     bad = [(cfg.trainer.backend != "single", f"trainer.backend={cfg.trainer.backend}"),
@@ -62,7 +65,6 @@ def setup(cfg: Config, built: contextlib.ExitStack):
     None); each part that holds processes or actors is pushed onto ``built`` to close."""
     cluster = None
     if cfg.ray.address:
-        from agentgym.trainers.ray_cluster import RayCluster
         cluster = RayCluster(cfg)
         built.callback(cluster.close)
     path = resolve_model(cfg.model.path or cfg.model.name)
@@ -82,7 +84,6 @@ def make_workers(cfg: Config, path, tokenizer, cluster=None):
     ``ray.rollout_workers`` actors of a Ray ``cluster``. Engines whose weights live in
     servers (``engine=sglang``) are driven from this process either way."""
     if cluster is not None and ENGINES.get(cfg.engine.name).needs_model:
-        from agentgym.trainers.ray_cluster import RayWorkers
         return RayWorkers(cluster, cfg, str(path))
     return LocalWorkers(cfg, engine_for(cfg, path, tokenizer), tokenizer)
 
@@ -245,7 +246,6 @@ def _opened(cfg: Config, hooks: Hooks, make_critic, run_dir: Path, rows: list[di
             eval_rows: list[dict], built: contextlib.ExitStack) -> Session:
     t = cfg.trainer
     path, tokenizer, backend, workers, ref, cluster = setup(cfg, built)
-    from agentgym.trainers.distill import teachers
     teach = teachers(cfg, tokenizer, backend)  # refused here, before any step, on a mismatch
     critic = make_critic(path, cluster) if make_critic else None
     if critic is not None:
@@ -272,7 +272,6 @@ def _opened(cfg: Config, hooks: Hooks, make_critic, run_dir: Path, rows: list[di
                     temperature=cfg.rollout.temperature or 1.0,
                     taken=state.get("data_taken", []))
         if cfg.data.curriculum:
-            from agentgym.trainers.curriculum import make_curriculum
             s.curriculum = make_curriculum(rows, tuple(cfg.data.curriculum_band), t.seed,
                                            state.get("curriculum"))
         if eval_rows and start == 0:
@@ -293,7 +292,6 @@ def step_source(cfg: Config, s: Session):
         if s.curriculum:
             raise ValueError("data.curriculum=solve_rate picks each step's prompts from the "
                              "last step's outcomes; run it with trainer.mode=sync")
-        from agentgym.trainers.async_steps import AsyncSteps
         s.steps = AsyncSteps(cfg, s.workers, s.rows, s.cursor, s.version, s.taken,
                              s.watch)
     else:

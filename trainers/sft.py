@@ -40,7 +40,7 @@ from agentgym.core.memory import give_back
 from agentgym.supervision.watchdog import closed_with_end_state
 from agentgym.rollout.chat import ChatTokens
 from agentgym.config import Config
-from agentgym.data.rows import dataset_path, read_rows
+from agentgym.data.rows import dataset_path, load_rows, read_rows
 from agentgym.data.demos import record_to_trajectory
 from agentgym.reporting.metrics import MetricsLogger
 from agentgym.models.zoo import is_vision_language, load_tokenizer, resolve_model
@@ -246,9 +246,8 @@ def evaluate_policy(cfg: Config, backend, tokenizer, path, hooks: Hooks) -> dict
     """Greedy episodes of the env's held-out set (``trainer.eval_data``, first
     ``sft.eval_limit``) with the trained weights (any backend's full state dict, LoRA
     merged, loaded into an engine's copy of the model): format validity and EM."""
-    from agentgym.data.rows import load_rows
-    from agentgym.rollout.runtime import engine_for
-    from agentgym.trainers.workers import evaluate
+    from agentgym.rollout.runtime import engine_for  # lazy: loads httpx
+    from agentgym.trainers.workers import evaluate  # lazy: loads httpx
     rows = load_rows(cfg.env, cfg.trainer.eval_data, cfg.sft.eval_limit, cfg=cfg)
     engine = engine_for(cfg, path, tokenizer)
     try:

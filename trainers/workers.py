@@ -14,6 +14,7 @@ from agentgym.config import Config, is_mixed
 from agentgym.rollout.manager import GenerationManager, summarize
 from agentgym.rollout.runtime import env_factory, played_by_program
 from agentgym.trainers.hooks import Hooks
+from agentgym.rollout.engines.base import push_weights
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ class LocalWorkers:
                 cfg = copy.deepcopy(cfg)
                 cfg.rollout = dataclasses.replace(cfg.rollout, temperature=0.0, n=1)
             if played_by_program(cfg):  # the user's agent program plays the rows
-                from agentgym.serving.agents import AgentManager
+                from agentgym.serving.agents import AgentManager  # lazy: loads fastapi
                 self._managers[greedy] = AgentManager(self.engine, self.tokenizer, cfg,
                                                       seed=cfg.trainer.seed, greedy=greedy)
             else:
@@ -123,7 +124,6 @@ class LocalWorkers:
         return [t for parts in done for t in parts]
 
     def update_weights(self, state_dict: dict, version: int) -> None:
-        from agentgym.rollout.engines.base import push_weights
         push_weights(self.engine, state_dict, version, partial=self.cfg.rollout.partial)
 
     def close(self, engine_too: bool = True) -> None:

@@ -219,7 +219,7 @@ def bind_thread(device) -> None:
 def is_capturing(device) -> bool:
     """Whether a graph is being captured on ``device``'s current stream, or this thread
     records the CPU stand-in."""
-    from agentgym.core.recorded_graph import recording
+    from agentgym.core.recorded_graph import recording  # lazy: loads torch
     if recording():
         return True
     if not is_accelerator(device):
@@ -248,7 +248,7 @@ def capture_graph(step, pool, device, warmup: int = 2):
     :class:`~agentgym.core.recorded_graph.RecordedGraph`, after the same warm-ups.
     """
     if not is_accelerator(device):
-        from agentgym.core.recorded_graph import RecordedGraph
+        from agentgym.core.recorded_graph import RecordedGraph  # lazy: loads torch
         for _ in range(warmup):
             step()
         graph = RecordedGraph()

@@ -9,13 +9,13 @@ from collections.abc import Generator
 from agentgym.config import build_config
 from agentgym.core.overrides import parse_overrides
 from agentgym.data.rows import load_rows
+from agentgym import envs
+from agentgym.envs.manifest import takes_rows
 
 
 def env_command(env: str, name: str, args: list[str]) -> Generator[str, None, int]:
     """``agentgym NAME SUBCOMMAND key=value ...`` of env ``env``: yields the report's lines,
     returns its exit status. Raises ValueError for an unknown subcommand or missing data."""
-    from agentgym import envs
-    from agentgym.envs.manifest import takes_rows
     manifest = envs.env_manifest(env)
     subs = manifest.commands[name]
     if not args or args[0] not in subs:

@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 
 def builders() -> list[str]:
     """The registered envs (short names) that can build demonstrations."""
-    from agentgym import envs
+    from agentgym import envs  # lazy: loads gymnasium
     return [short for short, env_id in envs.short_names().items()
             if envs.env_manifest(env_id).demonstrate is not None]
 
@@ -34,8 +34,8 @@ def build_demos(env_name: str, rows: list[dict], make_env: Callable, workers: in
 
     Returns the kept demonstrations in row order, each with a ``uid``.
     """
-    from agentgym import envs
-    from agentgym.rollout.manager import row_uid
+    from agentgym import envs  # lazy: loads gymnasium
+    from agentgym.rollout.manager import row_uid  # lazy: loads httpx
     builder = envs.env_manifest(env_name).demonstrate
     if builder is None:
         raise ValueError(f"no demonstration builder for env {env_name!r}; valid: "

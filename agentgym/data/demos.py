@@ -53,7 +53,7 @@ def record_kind(record: dict) -> str:
 
 def env_protocol(env: str) -> tuple[str, tuple[str, ...]]:
     """``(observation_format, stop_strings)`` of a registered env (no instance built)."""
-    from agentgym.envs.registration import ENVS, resolve_env_id
+    from agentgym.envs.registration import ENVS, resolve_env_id  # lazy: imports the envs
     cls = ENVS.get(resolve_env_id(env))
     return cls.observation_format, tuple(cls.stop_strings)
 

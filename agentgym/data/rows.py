@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 def datasets(env: str) -> dict:
     """Env ``env``'s datasets (its manifest's ``datasets``): name -> a file under the data
     folder or a function making the rows; {} for a name no env has."""
-    from agentgym import envs
+    from agentgym import envs  # lazy: loads gymnasium
     try:
         return dict(envs.env_manifest(env).datasets)
     except KeyError:
@@ -145,7 +145,7 @@ def load_rows(env: str, name: str, limit: int = 0, cfg=None) -> list[dict]:
     rows = made_rows(env, made, cfg) if made else read_rows(path)
     if limit:
         rows = rows[:limit]
-    from agentgym import envs
+    from agentgym import envs  # lazy: loads gymnasium
     names = envs.env_aliases(env)  # its id and short names (a plugin: its class spec too)
     manifest = envs.env_manifest(env)
     any_rows = manifest.plays_any_rows  # env=agent plays any env's rows
@@ -166,9 +166,9 @@ def made_rows(env: str, make, cfg=None) -> list[dict]:
     """The rows dataset function ``make`` of env ``env`` makes: its parameters are the
     env's config sections or keys it reads (:meth:`EnvManifest.call`), from ``cfg``, or
     at their defaults without one."""
-    from agentgym import envs
+    from agentgym import envs  # lazy: loads gymnasium
     if cfg is None:
-        from agentgym.config import build_config
+        from agentgym.config import build_config  # lazy: imports the config
         cfg = build_config({"env": env})
     return envs.env_manifest(env).call(make, cfg)
 
@@ -219,8 +219,8 @@ def training_rows(cfg) -> TrainingRows:
     where it applies (:func:`row_filter_applies`), then the first ``limit``. A mixed run
     (``env=[search,code]``): each env's rows, mixed by ``data.mix``
     (:func:`mix_rows`)."""
-    from agentgym.config import env_names
-    from agentgym.rollout.runtime import sub_config
+    from agentgym.config import env_names  # lazy: imports the config
+    from agentgym.rollout.runtime import sub_config  # lazy: loads httpx
     names = env_names(cfg.env)
     if len(names) == 1:
         return question_rows(cfg, cfg.data.name, cfg.limit)
@@ -238,8 +238,8 @@ def heldout_rows(cfg) -> TrainingRows:
     ``trainer.eval_data``, or its own)."""
     if not cfg.trainer.eval_limit:
         return TrainingRows([], 0)
-    from agentgym.config import env_names
-    from agentgym.rollout.runtime import sub_config
+    from agentgym.config import env_names  # lazy: imports the config
+    from agentgym.rollout.runtime import sub_config  # lazy: loads httpx
     names = env_names(cfg.env)
     if len(names) == 1:
         return question_rows(cfg, cfg.trainer.eval_data, cfg.trainer.eval_limit)
@@ -283,9 +283,9 @@ def mixed(parts: dict[str, "TrainingRows"], rows: list[dict]) -> "TrainingRows":
 def row_filter_applies(cfg) -> bool:
     """Whether the env filters its rows under ``cfg`` (``EnvManifest.row_filter``: the search
     env's answerable filter with the shipped corpus); a mixed run decides env by env."""
-    from agentgym import envs
+    from agentgym import envs  # lazy: loads gymnasium
 
-    from agentgym.config import env_names
+    from agentgym.config import env_names  # lazy: imports the config
     if len(env_names(cfg.env)) > 1:  # a mixed run: decided env by env (sub_config)
         return False
     return envs.env_manifest(cfg.env).row_filter_for(cfg) is not None
@@ -295,7 +295,7 @@ def question_rows(cfg, name: str, limit: int = 0) -> TrainingRows:
     """The rows of dataset ``name``, those the env's row filter keeps when it applies
     (:func:`row_filter_applies`; ``EnvManifest.filter_rows``), then the first ``limit`` (0:
     all)."""
-    from agentgym import envs
+    from agentgym import envs  # lazy: loads gymnasium
     rows = load_rows(cfg.env, name, cfg=cfg)
     total = len(rows)
     if not row_filter_applies(cfg):

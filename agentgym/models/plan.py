@@ -25,6 +25,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentgym.core.choices import SHARDED_BACKENDS
+from agentgym.core.device import (ACCELERATOR, HOST, engine_dtype, is_accelerator, run_device,
+                                  total_memory_bytes)
+from agentgym.models.shapes import shape_config, shape_names
+from agentgym.models.zoo import MODEL_NAMES, resolve_model
 
 GiB = 2 ** 30
 logger = logging.getLogger(__name__)
@@ -290,8 +294,6 @@ def shape_of(model: str) -> tuple[str, dict[str, Any]]:
     name or path resolves to (the zoo builds its own models first)."""
     import json
 
-    from agentgym.models.shapes import shape_config, shape_names
-    from agentgym.models.zoo import MODEL_NAMES, resolve_model
     if model in shape_names() and model not in MODEL_NAMES:  # the zoo builds its own
         return f"shape {model}", shape_config(model)
     folder = resolve_model(model)
@@ -309,7 +311,6 @@ def teacher_params(cfg: Any) -> int:
 
 
 def setting_of(cfg: Any, gpus: int, device: str) -> Setting:
-    from agentgym.core.device import ACCELERATOR, HOST, engine_dtype
     t, r = cfg.trainer, cfg.rollout
     return Setting(
         device=device, gpus=gpus, backend=t.backend, zero_stage=t.zero_stage,
@@ -379,7 +380,6 @@ def micro_batch_tokens(cfg: Any) -> int:
     t = cfg.trainer
     if t.micro_batch_tokens:
         return t.micro_batch_tokens
-    from agentgym.core.device import is_accelerator, run_device, total_memory_bytes
     device = run_device(cfg)
     if not is_accelerator(device):
         return AUTO_HOST_TOKENS

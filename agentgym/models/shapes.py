@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from agentgym.core.registry import did_you_mean
+from agentgym.models.tiny import (CHATML_TEMPLATE, EOS_TOKEN, PAD_TOKEN, _tiny_tokenizer,
+                                  build_tiny_vl)
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 #: shrunk dimensions: tiny's (agentgym.models.tiny) in each family
@@ -79,8 +81,6 @@ def build_shrunk(name: str, out_dir: str | Path, seed: int = 0) -> Path:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
-    from agentgym.models.tiny import (CHATML_TEMPLATE, EOS_TOKEN, PAD_TOKEN, _tiny_tokenizer,
-                                      build_tiny_vl)
     if is_vision(shape_config(name)):
         return build_tiny_vl(out_dir, seed=seed)
     out = Path(out_dir)

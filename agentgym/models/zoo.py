@@ -44,6 +44,9 @@ from agentgym.core import paths
 from agentgym.core.registry import did_you_mean
 from agentgym.models.tiny import (CHATML_TEMPLATE, EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKENS,
                                   build_tiny, build_tiny_vl, tiny_recipe, tiny_vl_recipe)
+from agentgym.core.device import attn_implementation, resolve_device
+from agentgym.models import shapes
+from agentgym.models.shapes import shape_names
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -109,7 +112,6 @@ def resolve_model(name_or_path: str | os.PathLike, cache_dir: str | Path | None 
     folder = Path(name).expanduser()
     if folder.is_dir():  # a model folder, or a run folder: its newest checkpoint
         return paths.model_folder(folder).resolve()
-    from agentgym.models.shapes import shape_names
     if name in shape_names():
         raise ValueError(f"model {name!r} is a shape (agentgym/models/configs/{name}.json), not "
                          f"weights: pass the folder of its weights (model=/path/to/it), or "
@@ -143,7 +145,6 @@ def _entry(name: str) -> _ZooEntry | None:
         return _ZOO[name]
     if not name.startswith("tiny:"):
         return None
-    from agentgym.models import shapes
     shape = name.split(":", 1)[1]
     shapes.shape_config(shape)  # an unknown shape fails here, naming the valid ones
     return _ZooEntry(lambda: {**tiny_recipe(), "model": name, "shape": shapes.shape_digest(shape),
@@ -422,13 +423,11 @@ def load_model(path: str | Path, dtype: str = "float32", device=None) -> PreTrai
 def _device(device):
     """A ``torch.device`` as is; None or a ``trainer.device`` value through the resolver."""
     if device is None or isinstance(device, str):
-        from agentgym.core.device import resolve_device
         return resolve_device(device or "auto")
     return device
 
 
 def _attn_kwargs(device, dtype: str) -> dict:
-    from agentgym.core.device import attn_implementation
     impl = attn_implementation(device, dtype)
     return {"attn_implementation": impl} if impl else {}
 

@@ -31,8 +31,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agentgym.rollout.manager import episode_metric_keys, last_parts, summarize
-from agentgym.reporting.stats import bootstrap_ci95, pass_at_k, wilson_ci95
+from agentgym.rollout.manager import episode_metric_keys, last_parts, row_uid, summarize
+from agentgym.reporting.stats import bootstrap_ci95, mcnemar, pass_at_k, wilson_ci95
+from agentgym import envs
+from agentgym.core.registry import env_names
+from agentgym.envs.rewards import normalize_answer
 
 
 def ks_reported(n: int) -> list[int]:
@@ -46,7 +49,6 @@ def ks_reported(n: int) -> list[int]:
 
 def majority_correct(samples: list) -> bool:
     """maj@k of one question's samples (see the module docstring)."""
-    from agentgym.envs.rewards import normalize_answer
     votes: dict[str, list] = {}
     for t in samples:
         if "answer" in t.info and t.terminated:
@@ -81,8 +83,6 @@ def episode_stats(episodes: list[dict]) -> dict[str, Any]:
 def tool_calls_label(env: str) -> str:
     """What ``env``'s tool calls are called in reports (``EnvManifest.tool_calls_label``; a
     mixed run's when its envs agree, else "tool calls")."""
-    from agentgym import envs
-    from agentgym.core.registry import env_names
     labels = {envs.env_manifest(e).tool_calls_label for e in env_names(env)}
     return labels.pop() if len(labels) == 1 else "tool calls"
 
@@ -104,7 +104,6 @@ def eval_result(cfg, trajs: list, elapsed: float, k: int = 1,
     """The result dict ``agentgym eval`` prints and writes (``out=``): one entry per
     episode (its last trajectory, when it became several). ``rows``: the rows played (in
     order), whose ``extra_info.type`` marks each episode's type."""
-    from agentgym.rollout.manager import row_uid
     types = {row_uid(r, i): str((r.get("extra_info") or {}).get("type"))
              for i, r in enumerate(rows or ()) if (r.get("extra_info") or {}).get("type")}
     trajs = last_parts(trajs)
@@ -262,7 +261,6 @@ def paired_steps(run_dir: Path, first: int, last: int, key: str = "em",
     """The exact McNemar test (:func:`agentgym.reporting.stats.mcnemar`) of ``key`` between
     two evaluated steps of a run, on their shared questions (one env's, with ``env``);
     None when either step's outcomes were not written."""
-    from agentgym.reporting.stats import mcnemar
     files = [Path(run_dir) / "eval" / f"step_{s}.json" for s in (first, last)]
     if not all(f.exists() for f in files):
         return None

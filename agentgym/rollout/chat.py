@@ -26,7 +26,7 @@ class ChatTokens:
     def __init__(self, tokenizer, image_processor: Any = "auto") -> None:
         self.tok = tokenizer
         if image_processor == "auto":  # the one saved with the model, for VL models
-            from agentgym.models.vision import load_image_processor
+            from agentgym.models.vision import load_image_processor  # lazy: loads torch
             path = getattr(tokenizer, "name_or_path", "") or ""
             image_processor = load_image_processor(path) if path else None
         self.image_processor = image_processor
@@ -52,7 +52,7 @@ class ChatTokens:
         """Whether the chat template renders ``tools=`` (else they go in a system message,
         :func:`agentgym.envs.function_calling.fallback_system_message`)."""
         if not hasattr(self, "_renders_tools"):
-            from agentgym.envs.function_calling import function_tool
+            from agentgym.envs.function_calling import function_tool  # lazy: imports the envs
             probe = [function_tool("agentgym_probe", "probe", {"x": {"type": "string"}})]
             base = [{"role": "user", "content": _PROBE_USER}]
             self._renders_tools = self._render(base, True, probe) != self._render(base, True)
@@ -63,7 +63,7 @@ class ChatTokens:
         the tools moved into the system message (merged with one already there)."""
         if not tools or self.renders_tools:
             return messages, tools or None
-        from agentgym.envs.function_calling import fallback_system_message
+        from agentgym.envs.function_calling import fallback_system_message  # lazy: imports the envs
         if messages and messages[0].get("role") == "system" and \
                 isinstance(messages[0].get("content"), str):
             return [fallback_system_message(tools, messages[0]["content"]), *messages[1:]], None
@@ -95,7 +95,7 @@ class ChatTokens:
         if not pictures or self.image_processor is None:
             return ids, None
         from agentgym.models.vision import (IMAGE_PAD, encode_images, expand_image_tokens,
-                                     image_token_counts)
+                                     image_token_counts)  # lazy: loads torch
         vision = encode_images(self.image_processor, pictures)
         counts = image_token_counts(vision, self.image_processor.merge_size)
         return expand_image_tokens(ids, self.tok.convert_tokens_to_ids(IMAGE_PAD), counts), vision

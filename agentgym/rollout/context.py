@@ -66,7 +66,7 @@ def load_strategy(spec: str) -> Callable[[Blocks, object], Blocks | None] | None
     """The user function ``spec`` names (None for a built-in strategy)."""
     if spec in BUILTIN:
         return None
-    from agentgym.envs.plugins import load_spec
+    from agentgym.envs.plugins import load_spec  # lazy: imports the envs
     fn = load_spec(spec, "rollout.context")
     if not callable(fn):
         raise ValueError(f"rollout.context={spec!r} is {type(fn).__name__}, not a function")

@@ -29,7 +29,7 @@ from agentgym.supervision import stalls
 from agentgym.supervision.daemon_pool import DaemonPool, stuck_calls
 from agentgym.supervision.stalls import (Cut, Site, StallsEndRun, code_site, cut_call,
                                   thread_site)
-from agentgym.supervision.supervisor import wait_healthy
+from agentgym.supervision.supervisor import ServiceFailed, raise_if_failed, wait_healthy
 from agentgym.supervision.watchdog import DeadlinesConfig
 from agentgym.core.types import SamplingParams, Trajectory
 
@@ -65,7 +65,6 @@ async def _wait_for_services() -> None:
     or one has failed for good, in slices of a second: a thread of the loop's default
     executor (not an env worker) waits, and a cancelled episode (the run ending) lets it
     go within a second instead of holding the loop's shutdown for the whole wait."""
-    from agentgym.supervision.supervisor import ServiceFailed, raise_if_failed
     deadline = time.monotonic() + INFRA_WAIT_S
     while (left := deadline - time.monotonic()) > 0:
         if await asyncio.to_thread(wait_healthy, min(1.0, left)):

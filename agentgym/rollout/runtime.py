@@ -6,17 +6,20 @@ import functools
 import logging
 from typing import Any, Callable
 
-from agentgym.config import Config
+from agentgym.config import Config, env_names, env_presets, set_key
 from agentgym.rollout.engines.base import ENGINES, Engine
 from agentgym.rollout.manager import GenerationManager
+from agentgym import envs
+from agentgym.core.device import engine_dtype, run_device
+from agentgym.models.zoo import load_model, load_tokenizer, resolve_model
+from agentgym.envs.judge import from_config
+from agentgym.envs.plugins import RewardOverride, load_reward
 
 logger = logging.getLogger(__name__)
 
 
 def load_policy(cfg: Config):
     """Resolve ``model.path``/``model.name`` to an HF folder; load model and tokenizer."""
-    from agentgym.core.device import engine_dtype, run_device
-    from agentgym.models.zoo import load_model, load_tokenizer, resolve_model
     path = resolve_model(cfg.model.path or cfg.model.name)
     device = run_device(cfg)
     # rollout-only commands (eval, rollout, demos) play the engine's copy
@@ -36,8 +39,6 @@ def engine_for(cfg: Config, path, tokenizer) -> Engine:
     (``engine=sglang``)."""
     model = None
     if ENGINES.get(cfg.engine.name).needs_model:
-        from agentgym.core.device import engine_dtype, run_device
-        from agentgym.models.zoo import load_model
         device = run_device(cfg)
         model = load_model(path, dtype=engine_dtype(cfg.engine.dtype, cfg.model.dtype, device),
                            device=device)
@@ -53,7 +54,6 @@ class MixedEnvs:
 
     def __init__(self, factories: dict[str, Callable[[], Any]],
                  turn_tokens: dict[str, int] | None = None) -> None:
-        from agentgym import envs
         self.factories = factories
         self.turn_tokens = turn_tokens or {}
         self._by_name = {alias: name for name in factories for alias in envs.env_aliases(name)}
@@ -76,30 +76,24 @@ class MixedEnvs:
 def played_by_program(cfg: Config) -> bool:
     """Whether the run's rows are played by the user's program (``agent=``), not stepped
     by an env here (its manifest's ``played_by_program``: ``env=agent``)."""
-    from agentgym import envs
-    from agentgym.config import env_names
     return any(envs.env_manifest(e).played_by_program for e in env_names(cfg.env))
 
 
 def env_factory(cfg: Config) -> Callable[[], Any]:
     """A zero-argument factory of fresh envs for ``cfg.env`` (resolves tools once); for a
     mixed run, a :class:`MixedEnvs` that makes the env each row names."""
-    from agentgym.config import env_names
     names = env_names(cfg.env)
     if len(names) > 1:
         subs = {e: sub_config(cfg, e) for e in names}
         return MixedEnvs({e: env_factory(sub) for e, sub in subs.items()},
                          {e: sub.rollout.max_tokens_per_turn for e, sub in subs.items()})
-    from agentgym import envs
     env_id = envs.resolve_env_id(cfg.env)
     # the env's manifest builds its arguments from the config (EnvManifest.kwargs): starts
     # or connects its services once here, not per episode
     kwargs = {"max_turns": cfg.rollout.max_turns, **envs.env_manifest(env_id).kwargs_for(cfg)}
     make = functools.partial(envs.make_env, env_id, **kwargs)
     if cfg.reward:  # a judge or the user's function replaces the env's reward (envs.plugins)
-        from agentgym.envs.plugins import RewardOverride, load_reward
         if cfg.reward == "judge":
-            from agentgym.envs.judge import from_config
             return functools.partial(RewardOverride.wrap, make, from_config(cfg),
                                      cfg.reward_process)
         load_reward(cfg.reward)  # a bad spec fails here, before any rollout
@@ -113,7 +107,6 @@ def build_manager(cfg: Config, model=None, tokenizer=None):
         if ENGINES.get(cfg.engine.name).needs_model:
             model, tokenizer, _ = load_policy(cfg)
         else:
-            from agentgym.models.zoo import load_tokenizer, resolve_model
             tokenizer = load_tokenizer(resolve_model(cfg.model.path or cfg.model.name))
     engine = build_engine(cfg, model, tokenizer)
     manager = GenerationManager(engine, tokenizer, env_factory(cfg), cfg.rollout,
@@ -128,7 +121,6 @@ def sub_config(cfg: Any, env: str) -> Any:
     value of each key given per env (``rollout.max_turns=[4,2]``: ``cfg.per_env``)."""
     import copy
 
-    from agentgym.config import env_names, env_presets, set_key
     names = env_names(cfg.env)
     sub = copy.deepcopy(cfg)
     sub.env = env

@@ -56,11 +56,18 @@ from agentgym.supervision.daemon_pool import DaemonPool, stuck_calls
 from agentgym.supervision.stalls import (Cut, Site, StallsEndRun, cut_call, frames_site,
                                   thread_site)
 from agentgym.core.types import SamplingParams, Trajectory
-from agentgym.rollout.manager import CallStalled, pool_call
+from agentgym.rollout.manager import CallStalled, pool_call, row_uid, trajectory_seed
 from agentgym.rollout.writer import TrajectoryWriter
 from agentgym.serving.openai_api import OpenAIFrontend, openai_routes
 from agentgym.serving.openai_chat import _messages, chat_choice
 from agentgym.serving.openai_common import Call, OpenAIError
+from agentgym import envs
+from agentgym.core.registry import env_names
+from agentgym.envs.plugins import load_reward, load_spec
+from agentgym.rollout.chat import ChatTokens
+from agentgym.supervision.server_process import free_port
+from agentgym.supervision.process_call import call_in_process
+from agentgym.tools.errors import MissingExtra
 
 logger = logging.getLogger(__name__)
 
@@ -225,7 +232,6 @@ def load_agent(spec: str):
     import os
     import sys
 
-    from agentgym.envs.plugins import load_spec
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())
     if not spec:
@@ -250,9 +256,6 @@ def env_program(cfg):
     """The player of an env whose manifest names one (:attr:`EnvManifest.program
     <agentgym.envs.manifest.EnvManifest.program>`: ``env=verifiers``), built with the
     run's config; None for ``env=agent`` (``agent=`` plays)."""
-    from agentgym import envs
-    from agentgym.core.registry import env_names
-    from agentgym.envs.plugins import load_spec
     specs = {envs.env_manifest(e).program for e in env_names(cfg.env)} - {""}
     if len(specs) > 1:
         raise ValueError(f"env={cfg.env!r} mixes envs played by different programs "
@@ -267,7 +270,6 @@ class AgentManager:
 
     def __init__(self, engine, tokenizer, cfg, seed: int = 0, greedy: bool = False,
                  program=None) -> None:
-        from agentgym.rollout.chat import ChatTokens
         self.engine, self.tok, self.cfg, self.seed = engine, tokenizer, cfg, seed
         self.greedy = greedy
         if program is None and not cfg.agent:
@@ -278,8 +280,6 @@ class AgentManager:
         if cfg.reward:
             import functools
 
-            from agentgym.supervision.process_call import call_in_process
-            from agentgym.envs.plugins import load_reward
             self.reward_fn = load_reward(cfg.reward)
             if cfg.reward_process:
                 self.reward_fn = functools.partial(call_in_process, self.reward_fn)
@@ -302,7 +302,6 @@ class AgentManager:
     async def play(self, row: dict, uid: str, k: int,
                    base_seed: int | None = None) -> list[Trajectory]:
         """One episode of ``row``: its trajectories (none when the agent failed)."""
-        from agentgym.rollout.manager import trajectory_seed
         seed = trajectory_seed(self.seed if base_seed is None else base_seed, uid, k)
         eid = f"{uid}-{k}-{uuid.uuid4().hex[:8]}"
         front = EpisodeFrontend(self.engine, self.tok, self.chat_tokens, self.cfg.rollout,
@@ -417,7 +416,6 @@ class AgentManager:
 
 
     async def run(self, rows: list[dict], n: int | None = None, on_done=None) -> list:
-        from agentgym.rollout.manager import row_uid
         n = n or self.cfg.rollout.n
         gate = asyncio.Semaphore(self.cfg.rollout.max_concurrency)
 
@@ -452,7 +450,6 @@ def _client(url: str, eid: str, asynchronous: bool):
     try:
         import openai
     except ImportError as e:
-        from agentgym.tools.errors import MissingExtra
         raise MissingExtra("env=agent hands the agent an OpenAI client: pip install openai "
                            "(or name run's second parameter base_url)") from e
     make = openai.AsyncOpenAI if asynchronous else openai.OpenAI
@@ -465,7 +462,6 @@ def _serve(route) -> tuple[Any, threading.Thread, str]:
     import uvicorn
     from fastapi import FastAPI
 
-    from agentgym.supervision.server_process import free_port
     app = FastAPI(title="agentgym agent endpoints")
     openai_routes(app, route, prefix="/episodes/{eid}")
     openai_routes(app, route)

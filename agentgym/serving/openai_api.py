@@ -49,6 +49,7 @@ from agentgym.serving.openai_chat import (chat_choice, chat_plan, completion_cho
 from agentgym.serving.openai_common import (Call, OpenAIError, _Plan, error_body, token_bytes,
                                             usage)
 from agentgym.serving.openai_stream import chat_events, completion_events
+from agentgym.rollout.chat import ChatTokens
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +69,6 @@ class OpenAIFrontend:
     def __init__(self, engine, tokenizer, model_id: str, max_context: int = 1 << 20,
                  default_max_tokens: int = 256,
                  on_call: Callable[[Call], None] | None = None, chat_tokens=None) -> None:
-        from agentgym.rollout.chat import ChatTokens
         self.engine, self.tok, self.model_id = engine, tokenizer, model_id
         self.max_context, self.default_max_tokens = max_context, default_max_tokens
         self.on_call = on_call

@@ -246,7 +246,7 @@ def _tools(body: dict) -> tuple[list[dict] | None, str, bool]:
 def tool_calls(text: str, plan: _Plan) -> list[dict] | None:
     """The reply's calls in OpenAI's shape (None: no call, or one that does not parse; the
     text is then the answer)."""
-    from agentgym.envs.function_calling import CallError, parse_tool_calls
+    from agentgym.envs.function_calling import CallError, parse_tool_calls  # lazy: imports the envs
     if not plan.tools or _TOOL_OPEN not in text:
         return None
     parsed = parse_tool_calls(text, plan.tools)

@@ -76,6 +76,9 @@ from agentgym.core.types import GenerateOutput, SamplingParams
 from agentgym.serving import scoring
 from agentgym.serving.openai_api import OpenAIFrontend, openai_routes
 from agentgym.serving.openai_common import OpenAIError, error_body
+from agentgym.core.device import engine_dtype, resolve_device
+from agentgym.models.zoo import load_model, load_tokenizer, resolve_model
+from agentgym.supervision.server_process import watch_parent
 
 logger = logging.getLogger(__name__)
 
@@ -552,9 +555,7 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 30000, dtype: str = "
     """Load ``model`` (zoo name or HF folder) into an HF engine and serve it until SIGTERM."""
     import uvicorn
 
-    from agentgym.rollout.engines.hf import HFEngine
-    from agentgym.core.device import engine_dtype, resolve_device
-    from agentgym.models.zoo import load_model, load_tokenizer, resolve_model
+    from agentgym.rollout.engines.hf import HFEngine  # lazy: loads transformers
 
     path = resolve_model(model)
     where = resolve_device(device)
@@ -564,7 +565,6 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 30000, dtype: str = "
     state = ServeState(engine, str(path), skip_tokenizer_init, weight_version, model_name=model)
     logger.info("serving %s (%s, %s) on http://%s:%d", path, dtype, where, host, port)
     try:
-        from agentgym.supervision.server_process import watch_parent
         watch_parent()  # ends with the process that started it, if one did
         server = uvicorn.Server(uvicorn.Config(create_app(state), host=host, port=port,
                                                log_level=log_level,

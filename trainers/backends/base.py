@@ -24,6 +24,12 @@ import torch
 
 from agentgym.trainers.balancing import split
 from agentgym.trainers.batch import Batch
+from agentgym.core.device import has_fused_adamw
+from agentgym.models.zoo import load_model, load_value_model
+from agentgym.trainers import packing as pk
+from agentgym.trainers.fused_head import head_logprobs, plain_logprobs
+from agentgym.models.vision import suppress_vision_tokens, vision_token_ids, vl_forward_kwargs
+from agentgym.trainers.lora import wrap
 
 #: ``loss_fn(model, micro_batch) -> (loss, metrics)``; a picklable object (a small class,
 #: not a closure) so that a distributed backend can send it to its rank processes.
@@ -49,7 +55,6 @@ class ModelSpec:
 
     def load(self, device=None):
         """The model on ``device`` (a rank's own), else on ``self.device`` resolved here."""
-        from agentgym.models.zoo import load_model, load_value_model
         if self.kind not in ("causal_lm", "value"):
             raise ValueError(f"model kind {self.kind!r}; valid: causal_lm, value")
         loader = load_model if self.kind == "causal_lm" else load_value_model
@@ -63,7 +68,6 @@ class ModelSpec:
                 model.gradient_checkpointing_enable(
                     gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.lora is not None:
-            from agentgym.trainers.lora import wrap
             model = wrap(model, self.lora)
         return model
 
@@ -232,7 +236,6 @@ def sequence_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     s = max(start, 1)
     kw = {}
     if images is not None or getattr(getattr(model, "config", None), "vision_config", None):
-        from agentgym.models.vision import vl_forward_kwargs
         kw = vl_forward_kwargs(model, input_ids, attention_mask, images)
     if chunk > 0 and not kw and s < T and (parts := _decoder_and_head(model)) is not None:
         return _chunked(model, parts, input_ids, attention_mask, temperature, with_entropy, s,
@@ -245,7 +248,6 @@ def sequence_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
                        **kw).logits[:, s - 1:]
     logits = logits[:, :-1].float() / (temperature or 1.0)  # predicts tokens s .. T-1
     if kw:  # a VL model: the vision special tokens are never sampled (agentgym.models.vision)
-        from agentgym.models.vision import suppress_vision_tokens, vision_token_ids
         logits = suppress_vision_tokens(logits, vision_token_ids(model))
     lse = torch.logsumexp(logits, dim=-1)  # avoids a second (B, T, V) log_softmax copy
     logp = torch.zeros((B, T), dtype=torch.float32, device=input_ids.device)
@@ -263,12 +265,10 @@ def _gathered(model, ids, attn, rows, cols, temperature, with_entropy, entropy_g
               images, chunk):
     """An unpackable model's padded pass (a vision-language model, sliding-window layers),
     projecting only the hidden states that predict ``(rows, cols)``."""
-    from agentgym.trainers.fused_head import head_logprobs, plain_logprobs
     kw = {}
     vision = images is not None or getattr(getattr(model, "config", None),
                                            "vision_config", None)
     if vision:
-        from agentgym.models.vision import vl_forward_kwargs
         kw = vl_forward_kwargs(model, ids, attn, images)
     targets = ids[rows, cols]
     parts = _decoder_and_head(model)
@@ -287,7 +287,6 @@ def _gathered(model, ids, attn, rows, cols, temperature, with_entropy, entropy_g
     else:  # a model without logits_to_keep: its logits, read at the needed positions
         logits = model(input_ids=ids, attention_mask=attn, **kw).logits[rows, cols - 1]
     if vision:  # the vision special tokens are never sampled (agentgym.models.vision)
-        from agentgym.models.vision import suppress_vision_tokens, vision_token_ids
         logits = suppress_vision_tokens(logits, vision_token_ids(model))
     return plain_logprobs(logits, targets, temperature, with_entropy, entropy_grad)
 
@@ -306,7 +305,6 @@ def token_logprobs(model, mb: Batch, device, temperature: float = 1.0,
     Without it: :func:`sequence_logprobs`, the padded pass from the first sampled column.
     """
     from agentgym.trainers import attention  # loads transformers: heavy
-    from agentgym.trainers import packing as pk
     ids, attn = mb.input_ids.to(device), mb.attention_mask.to(device)
     if not packing:
         return sequence_logprobs(model, ids, attn, temperature, with_entropy,
@@ -322,7 +320,6 @@ def token_logprobs(model, mb: Batch, device, temperature: float = 1.0,
         shape = tuple(mb.input_ids.shape)
         return pk.scatter_at(lp, shape, rows, cols, dummy), \
             (pk.scatter_at(ent, shape, rows, cols, dummy) if with_entropy else None)
-    from agentgym.trainers.fused_head import head_logprobs, plain_logprobs
     lengths = mb.attention_mask.sum(-1).tolist()
     pack = pk.build_pack(mb.input_ids, lengths, mb.loss_mask, groups=mb.uids)
     kw = pack.model_kwargs(device)
@@ -343,7 +340,6 @@ def token_logprobs(model, mb: Batch, device, temperature: float = 1.0,
 def make_adamw(params, **kw) -> torch.optim.AdamW:
     """AdamW, fused (one kernel over all tensors) where torch has it for the parameters'
     device: plain tensors on CUDA or the CPU; sharded ones (DTensors) keep foreach."""
-    from agentgym.core.device import has_fused_adamw
     params = list(params)
     try:
         from torch.distributed.tensor import DTensor

@@ -49,8 +49,10 @@ import torch
 from agentgym.supervision.watchdog import (StageStalled, add_stall_hook, collect_stacks,
                                      remove_stall_hook, stacks_on_signal)
 from agentgym.trainers.backends.base import LogprobFn, LossFn, ModelSpec, split
-from agentgym.trainers.backends.ranks import OptimSpec
+from agentgym.trainers.backends.ranks import OptimSpec, RANK_BACKENDS
 from agentgym.trainers.batch import Batch
+from agentgym.core.device import HOST, cuda_available
+from agentgym.core.paths import cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +75,6 @@ def init_rank(rank: int, world: int, addr: str, port: int, kind: str, threads: i
     """Process-group set-up of one rank (also used by Ray actors)."""
     os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=os.environ.get("LOCAL_RANK", str(rank)))
-    from agentgym.core.device import HOST, cuda_available
     if not cuda_available():
         os.environ.setdefault("DS_ACCELERATOR", HOST)
         torch.set_num_threads(threads)
@@ -86,7 +87,6 @@ def init_rank(rank: int, world: int, addr: str, port: int, kind: str, threads: i
         import hashlib
         import sys
 
-        from agentgym.core.paths import cache_dir
         tag = hashlib.sha1(sys.prefix.encode()).hexdigest()[:12]
         os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache_dir() / "torch_extensions" / tag))
         import deepspeed
@@ -99,7 +99,6 @@ def init_rank(rank: int, world: int, addr: str, port: int, kind: str, threads: i
 def serve(conn, rank: int, world: int, port: int, kind: str, spec: ModelSpec,
           optim: OptimSpec, threads: int) -> None:
     """A rank process: build the shard, then answer the driver's calls until told to stop."""
-    from agentgym.trainers.backends.ranks import RANK_BACKENDS
 
     def reply(status: str, payload: Any) -> None:
         conn.send_bytes(pickle.dumps((status, payload), protocol=pickle.HIGHEST_PROTOCOL))

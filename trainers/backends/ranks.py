@@ -29,6 +29,7 @@ from agentgym.trainers import lora
 from agentgym.trainers.backends.base import (LossFn, ModelSpec, add_metrics, as_floats,
                                              make_adamw, scale_this_step)
 from agentgym.trainers.batch import Batch
+from agentgym.trainers.backends.single import lr_lambda
 
 logger = logging.getLogger(__name__)
 
@@ -191,7 +192,6 @@ def _without_tied_copies(model, sd: dict[str, torch.Tensor]) -> dict[str, torch.
 
 
 def _scheduler(optimizer, o: OptimSpec):
-    from agentgym.trainers.backends.single import lr_lambda
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(o.warmup_steps, o.total_steps, o.schedule))
 

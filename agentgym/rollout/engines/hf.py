@@ -51,6 +51,7 @@ from agentgym.rollout.engines.model_runner import ModelRunner, why_not_supported
 from agentgym.rollout.engines.prefix_cache import PrefixCache
 from agentgym.rollout.engines.scheduler import Scheduler
 from agentgym.rollout.engines.static_batch import run_static
+from agentgym.models.vision import is_vl_model, vision_token_ids
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +105,6 @@ class HFEngine(Engine):
             else tokenizer.eos_token_id
         self.eos_ids = _eos_ids(model, tokenizer)
         self.stops = StopCheck(tokenizer, self.eos_ids)
-        from agentgym.models.vision import is_vl_model, vision_token_ids
         self.vision = is_vl_model(model)  # images in, 3-D (M-RoPE) positions
         self.never = vision_token_ids(model) if self.vision else []  # never sampled
         self.policy_version = 0

@@ -26,6 +26,7 @@ import sys
 
 from agentgym.core.paths import repo_root
 from agentgym.supervision.server_process import ServerProcess, free_port
+from agentgym.core.device import cuda_available
 
 
 def sglang_command(model_path: str, port: int, host: str = "127.0.0.1", dtype: str = "auto",
@@ -61,7 +62,6 @@ def launch_sglang(model_path: str, port: int | None = None, host: str = "127.0.0
                            "sglang is not installed (pip install \"sglang[all]\" on a GPU "
                            "machine); or point engine.urls at running servers (SGLang, or "
                            "`agentgym serve --model ... --port ...` on CPU)")
-    from agentgym.core.device import cuda_available
     if not cuda_available():
         raise RuntimeError("SGLang servers need a CUDA GPU and this machine has none; run "
                            "`agentgym serve --model ... --port ...` and pass engine.urls=[...]")

@@ -67,6 +67,8 @@ from agentgym.rollout.engines.sglang_weights import WeightSyncMixin, weight_grou
 from agentgym.core.choices import WEIGHT_SYNC_MODES
 from agentgym.supervision.supervisor import ServiceFailed, Supervisor, recovering
 from agentgym.core.types import GenerateOutput, SamplingParams
+from agentgym.models.zoo import resolve_model
+from agentgym.rollout.engines.launcher import launch_sglang
 
 MAX_BACKOFF_S = 8.0  # the longest wait between two attempts of one request
 
@@ -190,8 +192,6 @@ class SGLangEngine(WeightSyncMixin, Engine):
         e = cfg.engine
         urls, owned = list(e.urls), []
         if not urls:
-            from agentgym.rollout.engines.launcher import launch_sglang
-            from agentgym.models.zoo import resolve_model
             server = launch_sglang(str(resolve_model(cfg.model.path or cfg.model.name)),
                                    dtype=cfg.engine.dtype or cfg.model.dtype,
                                    seed=cfg.trainer.seed)

@@ -54,6 +54,7 @@ from urllib.parse import urlparse
 
 from agentgym.core.device import is_accelerator
 from agentgym.rollout.engines.sglang_api import SGLangServerError
+from agentgym.supervision.server_process import free_port
 
 logger = logging.getLogger(__name__)
 
@@ -193,8 +194,7 @@ class WeightSyncMixin:
         return [group_ranks_of(info, s.url) for s, info in zip(self.servers, infos)]
 
     def _init_group(self, backend: str) -> None:
-        from agentgym.rollout.engines.weight_group import init_weight_group
-        from agentgym.supervision.server_process import free_port
+        from agentgym.rollout.engines.weight_group import init_weight_group  # lazy: loads torch
         world, offsets = weight_group_ranks(self._tp_sizes())
         host, port = self._address(), free_port()
         futs = [asyncio.run_coroutine_threadsafe(self._post_once(
@@ -208,7 +208,7 @@ class WeightSyncMixin:
     def _sync_distributed(self, tensors: dict, version: int) -> None:
         import torch
 
-        from agentgym.rollout.engines.weight_group import broadcast
+        from agentgym.rollout.engines.weight_group import broadcast  # lazy: loads torch
         try:
             if self._group is None:
                 self._init_group("nccl" if any(is_accelerator(v.device) for v in tensors.values())
@@ -257,6 +257,7 @@ class WeightSyncMixin:
         except Exception as e:  # noqa: BLE001 - a dead server holds no group
             logger.warning("destroy_weights_update_group: %s", e)
         try:
+            # lazy: loads torch
             from agentgym.rollout.engines.weight_group import destroy_weight_group
             destroy_weight_group(group)
         except Exception as e:  # noqa: BLE001

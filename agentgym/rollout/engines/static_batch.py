@@ -18,6 +18,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from agentgym.rollout.engines.sampler import RowParams, sample
+from agentgym.models.vision import suppress_vision_tokens, vl_forward_kwargs
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,6 @@ def run_static(engine, reqs: list) -> None:
     ids, attn = ids.to(device), attn.to(device)
     cache = buffered_cache(model, width + max(r.sampling.max_new_tokens for r in reqs))
     if engine.vision:  # pixel values of the rows' images and 3-D positions
-        from agentgym.models.vision import vl_forward_kwargs
         kw = vl_forward_kwargs(model, ids, attn, [r.images for r in reqs])
         last_pos = kw["position_ids"][0, :, -1]  # text from here on: 3 equal components
     else:
@@ -81,7 +81,6 @@ def _step(engine, logits: torch.Tensor, params: RowParams, active: list, version
     (on the device) and the indices of the rows that go on."""
     logits = logits.float()
     if engine.never:
-        from agentgym.models.vision import suppress_vision_tokens
         suppress_vision_tokens(logits, engine.never)
     tokens, logps, top = sample(logits, params)
     params.positions = params.positions + 1
