@@ -4,6 +4,7 @@ circle."""
 
 from __future__ import annotations
 
+import ast
 import sys
 from pathlib import Path
 
@@ -70,3 +71,37 @@ def test_the_checks_catch_what_they_are_for():
     ring = {"tools.a": {"tools.b"}, "tools.b": {"tools.c"}, "tools.c": {"tools.a"}, "tools.d": set()}
     assert arch.module_cycles(ring) == [["tools.a", "tools.b", "tools.c"]]
 
+
+
+def lazy_imports_without_reason(path: Path) -> list[int]:
+    """Lines of ``path`` where a function imports a project module with no comment saying
+    why (on the import's lines or the line above it)."""
+    lines = path.read_text().splitlines()
+    out = []
+    for fn in ast.walk(ast.parse("\n".join(lines))):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            module = (node.module if isinstance(node, ast.ImportFrom) and not node.level else
+                      node.names[0].name if isinstance(node, ast.Import) else "")
+            if not (module or "").startswith("agentgym"):
+                continue
+            said = lines[node.lineno - 2:node.end_lineno]
+            if not any("#" in line for line in said):
+                out.append(node.lineno)
+    return out
+
+
+def test_an_import_inside_a_function_says_why(tmp_path):
+    """Imports stand at the head of the file; one left inside a function (its module is
+    heavy or optional) carries its reason (``# lazy: loads torch``)."""
+    missing = {}
+    for package in arch.PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if lines := lazy_imports_without_reason(path):
+                missing[str(path.relative_to(ROOT))] = lines
+    assert not missing, f"function-level imports with no reason: {missing}"
+    sample = tmp_path / "sample.py"
+    sample.write_text("def f():\n    from agentgym.core import paths\n\n\n"
+                      "def g():\n    from agentgym.core import paths  # lazy: a reason\n")
+    assert lazy_imports_without_reason(sample) == [2]
