@@ -116,7 +116,7 @@ HOLDS = {
                         "`openai_api` / `openai_chat` / `openai_stream` (OpenAI's API over any "
                         "engine), `agents` (`env=agent`: an endpoint per episode)",
     _TRAINERS: "`loop` (`train`, the one entry, and the one step loop), `phases` (what each "
-               "step does), `session` (the run around the steps), step sources `steps` (sync) "
+               "step does), `session` (the run around the steps), rollout collection and the step sources `collection` (sync) "
                "and `async_steps`, `curriculum`; workers `workers` (this process) and "
                "`ray_cluster`; `cold_start/` (the stage, its probe, demonstrations, SFT and "
                "records), `sft`; `algos` (with `group_stats`, "
@@ -162,7 +162,7 @@ def write_docs() -> None:
 #: what it hands on). :func:`check_path` verifies each function is defined there.
 TRAJECTORY = [
     ("data", "agentgym.data.rows", "training_rows", "rows (a question, its gold answers)"),
-    ("step", "agentgym.trainers.steps", "collect", "this step's prompts x n"),
+    ("step", "agentgym.trainers.collection", "collect", "this step's prompts x n"),
     ("manager", "agentgym.rollout.manager", "play",
      "token ids in, the loss mask built turn by turn"),
     ("engine", "agentgym.rollout.engines.hf", "generate", "sampled ids + their logprobs"),

@@ -225,7 +225,7 @@ def test_f1_reward_gives_partial_credit():
 
 def test_signal_groups_is_the_share_of_groups_whose_rewards_differ():
     from agentgym.core.types import Trajectory
-    from agentgym.trainers.steps import rollout_metrics
+    from agentgym.trainers.collection import rollout_metrics
     rewards = {"a": [1.0, 0.0], "b": [0.0, 0.0], "c": [1.0, 1.0], "d": [0.5, 0.0]}
     trajs = [Trajectory(uid=uid, reward=r, terminated=True, metrics={"malformed_actions": 0})
              for uid, rs in rewards.items() for r in rs]

@@ -143,7 +143,7 @@ def test_a_mixed_run_has_a_sampler_per_env_by_its_own_rows():
 
 
 def test_the_reward_band_is_the_interval_of_the_mean_over_groups():
-    from agentgym.trainers.steps import reward_ci95
+    from agentgym.trainers.collection import reward_ci95
     # group means 1.0, 0.5, 0.0, 0.5: sd over groups 0.408, 4 groups
     trajs = _groups([1.0, 0.5, 0.0, 0.5])
     assert reward_ci95(trajs) == pytest.approx(1.96 * (1 / 6) ** 0.5 / 2)

@@ -215,7 +215,7 @@ def test_group_estimators_and_dynamic_sampling_need_groups(tmp_path):
 
 
 def test_regroup_gives_each_rolled_out_row_its_own_group():
-    from agentgym.trainers.steps import regroup
+    from agentgym.trainers.collection import regroup
     trajs = [Trajectory(uid=u) for u in ["a", "a", "b", "b", "a", "a"]]  # row "a" twice
     regroup(trajs, 2, {"b"}, "0.1")  # and "b" already rolled out this step
     uids = [t.uid for t in trajs]

@@ -49,7 +49,7 @@ from agentgym.config import is_mixed
 from agentgym.core.types import Trajectory
 from agentgym.supervision.watchdog import NO_WATCH, StageStalled
 from agentgym.rollout.manager import row_uid
-from agentgym.trainers.steps import infra_metrics, regroup, rollout_metrics, without_infra_failures
+from agentgym.trainers.collection import infra_metrics, regroup, rollout_metrics, without_infra_failures
 
 logger = logging.getLogger(__name__)
 

@@ -126,7 +126,7 @@ class Curriculum:
     def observe(self, picked: list[int], trajs: list, n: int) -> dict:
         """Record the groups of ``picked`` (``trajs``: ``n`` per row, in order; episodes
         that hit an infrastructure failure do not count); return the step's metrics."""
-        from agentgym.trainers.steps import infra_failed  # lazy: loads torch
+        from agentgym.trainers.collection import infra_failed  # lazy: loads torch
         inside = counted = 0
         for g, i in enumerate(picked):
             group = [tr for tr in trajs[g * n:(g + 1) * n] if not infra_failed(tr)]

@@ -33,7 +33,7 @@ from agentgym.trainers.backends.factory import make_backend, policy_spec
 from agentgym.trainers.checkpoints import resume, save_checkpoint, start_run
 from agentgym.trainers.reference import reference
 from agentgym.trainers.sample_log import write_samples
-from agentgym.trainers.steps import SyncSteps
+from agentgym.trainers.collection import SyncSteps
 from agentgym.trainers.distill import teachers
 from agentgym.trainers.async_steps import AsyncSteps
 from agentgym.trainers.ray_cluster import RayCluster, RayWorkers
@@ -285,7 +285,7 @@ def _opened(cfg: Config, hooks: Hooks, make_critic, run_dir: Path, rows: list[di
 def step_source(cfg: Config, s: Session):
     """Where each step's trajectories come from, the same for every algorithm, behind one
     interface (``take(step)``, ``weights_unchanged()``, ``cursor``, ``taken_after_cursor``):
-    :class:`~agentgym.trainers.steps.SyncSteps`, or with ``trainer.mode=async`` an
+    :class:`~agentgym.trainers.collection.SyncSteps`, or with ``trainer.mode=async`` an
     :class:`~agentgym.trainers.async_steps.AsyncSteps` that keeps rolling out while the
     trainer trains (it then also serves the session's evals and weight pushes)."""
     if cfg.trainer.mode == "async":

@@ -19,7 +19,7 @@ Each vocabulary, its owner and the config key it checks:
 - :data:`ZERO_STAGES`: ``trainers.backends.ranks`` (DeepSpeed's ZeRO); ``trainer.zero_stage``
 - :data:`LR_SCHEDULES`: ``trainers.backends.single.lr_lambda``; ``trainer.lr_schedule``
 - :data:`MIXED_PRECISIONS`: ``core.device.mixed_precision``; ``trainer.mixed_precision``
-- :data:`ON_INFRA_ERROR`: ``rollout.manager`` and ``trainers.steps``; ``rollout.on_infra_error``
+- :data:`ON_INFRA_ERROR`: ``rollout.manager`` and ``trainers.collection``; ``rollout.on_infra_error``
 
 An estimator registered outside the project (``trainers.algos.estimator("mine",
 needs_critic=True)``) adds its name and flags here, so a config built after it accepts it.

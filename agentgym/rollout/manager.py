@@ -178,7 +178,7 @@ class GenerationManager:
         ["infra_failures"] > 0``, the reason in ``info["infra_error"]``) is, with
         ``rollout.on_infra_error=retry``, played once more with the same seed when the
         local services are healthy again (``metrics["infra_retried"] = 1``); whether a
-        still-marked episode is trained on is the trainer's choice (``agentgym.trainers.steps``).
+        still-marked episode is trained on is the trainer's choice (``agentgym.trainers.collection``).
         """
         parts = await self._play(row, uid, sample_index, base_seed)
         if parts[-1].metrics["infra_failures"] and self.cfg.on_infra_error == "retry":
