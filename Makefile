@@ -66,7 +66,8 @@ $(STAMP): $(CORE) requirements/cpu.txt
 install: $(STAMP) sysdeps
 
 # env=verifiers runs verifiers 0.4 in an environment of its own (its mcp and openai pins
-# conflict with the project's; docs/DECISIONS.md); tests/test_verifiers.py uses it.
+# conflict with the project's; docs/decisions/envs.md, "Its own Python"); tests/test_verifiers.py
+# uses it.
 VF_VENV := .venv-verifiers
 $(VF_VENV)/.installed: requirements/verifiers.txt
 	test -x $(VF_VENV)/bin/python || $(PY) -m venv $(VF_VENV)

@@ -570,7 +570,8 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM ends a command as Ctrl-C does: through finally blocks and exit handlers, so
     # the servers it started (in sessions of their own) and their folders go with it. The
     # serve commands are such servers: uvicorn shuts them down gracefully on SIGTERM and
-    # re-raises it, so their exit status says SIGTERM (DECISIONS.md, Retriever server).
+    # re-raises it, so their exit status says SIGTERM (docs/decisions/serving.md,
+    # "Retriever server").
     if command not in ("serve", "serve-retriever"):
         exit_cleanly_on_sigterm()
     return_freed_memory()  # a long run's RSS must not only grow (agentgym.core.memory)

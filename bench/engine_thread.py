@@ -3,7 +3,7 @@
 A training step on the CPU is a rollout, then an update on the main thread. With the
 engine stepping on its own thread, two threads run parallel torch ops and libgomp keeps two
 OpenMP teams on two cores: it then cuts its spin-wait and every parallel op pays a thread
-wake-up, in the engine *and* in the update (docs/DECISIONS.md, "Two OpenMP teams").
+wake-up, in the engine *and* in the update (docs/decisions/engine.md, "Two OpenMP teams").
 :meth:`HFEngine.run <agentgym.rollout.engines.hf.HFEngine.run>` runs the steps on the
 calling thread instead (the event loop moves to a helper thread). This measures both, as a
 training step does them: a rollout of ``--batch`` requests of ``--new`` sampled tokens

@@ -333,7 +333,8 @@ MANIFEST = EnvManifest(
     sections={"swe": SWEConfig},
     # mini-swe-agent's default is 250 steps; on a CPU an episode's turns share one
     # response budget, so ten: the demonstrations' four to seven turns (look, edit, test,
-    # submit, with a search and an empty one) and room (DECISIONS.md, "the tenth design")
+    # submit, with a search and an empty one) and room (docs/decisions/envs-swe.md, "the tenth
+    # design")
     presets={"rollout.max_turns": 10, "data.name": "train", "trainer.eval_data": "test",
              "rollout.max_response_tokens": 4096, "rollout.max_tokens_per_turn": 384,
              "sft.max_length": 5120},

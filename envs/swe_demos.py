@@ -32,10 +32,10 @@ Half the tasks that search for a name of the statement (:func:`recovery`, fixed 
 instance id) first search for one that no file defines, come back empty, and go on to
 another name.
 
-Why so (DECISIONS, "the second reading" to "the tenth design"): a model trained on
-demonstrations that searched for ``def NAME`` and ran test files named from the row looped
-on paths it made up when, on a held-out repository, the search came back empty or the file
-was not there; one trained to open a file at a line the patch gave (no observation showed
+Why so (docs/decisions/envs-swe.md, "the second reading" to "the tenth design"): a model
+trained on demonstrations that searched for ``def NAME`` and ran test files named from the
+row looped on paths it made up when, on a held-out repository, the search came back empty or
+the file was not there; one trained to open a file at a line the patch gave (no observation showed
 it) opened the wrong lines; one that wrote the new line as a Python string literal failed
 to parse it wherever the code held a quote or a backslash (so the lines are typed verbatim);
 one whose search listed only a test helper opened a path made up from the package's name
@@ -76,7 +76,7 @@ _FAILING = re.compile(r"\b\d+ (?:failed|errors?)\b")  # pytest's summary ("2 xfa
 # names no search is for: Python's builtins (``isinstance``, ``ValueError``, ``list``) and
 # the words every method has, and the statement template's own (``should``, ``check``); a
 # search for them lists lines that are not the bug, and a model shown one learns to search
-# for any word (DECISIONS, "the seventh design" and "the eighth design")
+# for any word (docs/decisions/envs-swe.md, "the seventh design" and "the eighth design")
 _GENERIC = frozenset(dir(builtins)) | {"self", "cls", "args", "kwargs"} | STATEMENT_WORDS
 VIEW_LINES = 30  # a view's most lines: a longer one ran the thought after it on
 AROUND = 20  # a view at a traceback's line starts this many lines above it
@@ -165,7 +165,8 @@ def replacement(text: str, start: int, lines: list[str]) -> tuple[str, str, int]
 
 # replaces lines A..B of FILE (numbered from 1, as nl shows them) by the lines of its
 # standard input: the same text in every edit, with the new lines after it as they are, so
-# that no quote or backslash of the code needs escaping (DECISIONS, "the fifth design")
+# that no quote or backslash of the code needs escaping (docs/decisions/envs-swe.md, "the
+# fifth design")
 SPLICE = """python -c "
 import sys, pathlib
 p, a, b = pathlib.Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
@@ -322,9 +323,9 @@ def _missing(statement: str, base) -> str | None:
 
 
 #: what a demonstration recovers from, by a hash of the instance id (half each): a search for a
-#: name of the statement that nothing defines, then another name (DECISIONS, "the tenth
-#: design": the recoveries of the seventh to ninth designs went, each having lowered the
-#: held-out format validity)
+#: name of the statement that nothing defines, then another name (docs/decisions/envs-swe.md,
+#: "the tenth design": the recoveries of the seventh to ninth designs went, each having
+#: lowered the held-out format validity)
 RECOVERIES = ("none", "empty_search")
 
 
@@ -483,8 +484,8 @@ def _by_check(statement: str, base, path: str, text: str, first: int,
     traceback's first test function's name, in order, whose search lists at most 20 lines
     (:func:`_search`'s ``head``), one of them at line ``at`` of ``path`` at most
     :data:`VIEW_LINES` lines a view, three views, above the edit; None when no word does.
-    A rule the statement alone gives, unlike :func:`_locate`'s nearest name (DECISIONS,
-    "the tenth design")."""
+    A rule the statement alone gives, unlike :func:`_locate`'s nearest name
+    (docs/decisions/envs-swe.md, "the tenth design")."""
     import keyword
     check = next((name for _, _, name in _FRAME.findall(
         "\n".join(_FENCE.findall(statement))) if name.startswith("test")), None)

@@ -72,8 +72,9 @@ class Source:
 
 #: the pinned sources: sdists carrying their tests, pure Python, no runtime dependencies,
 #: every baseline test passing and the suite under 5 s on a 2-core CPU (surveyed over 46
-#: sdists: DECISIONS.md), each test a function the maker can take out of its file (isodate's
-#: are made in loops: it gave no task); the held-out split is whole repositories
+#: sdists: docs/decisions/envs-swe.md), each test a function the maker can take out of its
+#: file (isodate's are made in loops: it gave no task); the held-out split is whole
+#: repositories
 SOURCES: list[Source] = [
     Source("boltons", "26.2.0", "tests"),
     Source("sqlparse", "0.6.1", "tests"),
@@ -156,7 +157,7 @@ MORE = "{n} other check(s) of the package fail the same way."
 #: pytest's own words in a traceback it prints (``Captured stdout call``)
 PYTEST_WORDS = frozenset({"Captured", "stdout", "stderr", "call", "setup", "teardown", "log"})
 #: those words, which say nothing of the bug: a search for one lists comments that happen
-#: to use it (DECISIONS, "the eighth design")
+#: to use it (docs/decisions/envs-swe.md, "the eighth design")
 STATEMENT_WORDS = frozenset(re.findall(r"[A-Za-z]{3,}", re.sub(
     r"\{\w+\}", "", " ".join((HEAD, END, MORE))))) | PYTEST_WORDS
 #: the most lines of a traceback a statement quotes (its frames' last, what the test
@@ -169,7 +170,7 @@ def report(name: str, version: str, traceback: str, more: int) -> str:
     as pytest showed it (its frames with their files and lines, the error, what the test
     printed), bounded (the frames' last :data:`FRAME_LINES` lines, what was printed first
     :data:`PRINTED_LINES`, each line :data:`LINE_CHARS` characters), between the
-    template's words (DECISIONS, "the ninth design")."""
+    template's words (docs/decisions/envs-swe.md, "the ninth design")."""
     lines = [ln for ln in traceback.strip("\n").splitlines() if not _SECTION.match(ln)]
     cut = next((i for i, ln in enumerate(lines) if ln.startswith("-----")), len(lines))
     frames, printed = lines[:cut], lines[cut:]

@@ -8,7 +8,8 @@ engine behind the endpoint:
 
 * **verifiers runs in its own Python** (``verifiers.python``; ``make test`` builds
   ``.venv-verifiers``): its pins (``mcp==2.0.0``, ``openai<3``) cannot sit beside the
-  project's (docs/DECISIONS.md). There :mod:`agentgym.tools.verifiers_worker` loads the
+  project's (docs/decisions/envs.md, "Its own Python"). There
+  :mod:`agentgym.tools.verifiers_worker` loads the
   environment as ``vf-eval`` does and plays the episodes it is asked for.
 * **Each episode's model calls reach its own endpoint** on the rollout engine
   (:class:`agentgym.serving.agents.AgentManager`, as for ``env=agent``), which records the

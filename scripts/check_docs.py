@@ -2,7 +2,7 @@
 stale without a test failing (tests/test_docs.py runs this in the default tier).
 
     python scripts/check_docs.py                  # README.md, docs/ENVS.md, docs/ECOSYSTEM.md,
-                                                  #  recipes/*.yaml's headers
+                                                  #  docs/decisions/*.md, recipes/*.yaml's headers
     python scripts/check_docs.py --run            # ... and run the cheap ones for real
     python scripts/check_docs.py --docs FILE.md   # other files
 
@@ -58,6 +58,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ("README.md", "docs/ENVS.md", "docs/ECOSYSTEM.md")
+#: the decision records (docs/DECISIONS.md's areas): their commands are checked like the
+#: pages', but not their figures (:func:`figure_problems`), which record what each session
+#: measured, in BENCHMARKS' sections or not, as history
+DECISIONS = "docs/decisions/*.md"
 RECIPES = "recipes/*.yaml"
 #: README sections whose spans name what no longer exists, on purpose
 SKIP_SECTIONS = ("what moved",)
@@ -185,7 +189,8 @@ def blocks_in_markdown(path: str, text: str) -> list[Block]:
     for n, line in prose:
         starts.append((len(joined), n))
         joined += line + "\n"
-    for m in re.finditer(r"`((?:%s) [^`]*)`" % "|".join(WORDS), joined):
+    # one backtick each side: a span of several (four, quoting a fence's ```python) is no command
+    for m in re.finditer(r"(?<!`)`((?:%s) [^`]*)`(?!`)" % "|".join(WORDS), joined):
         lineno = max(n for off, n in starts if off <= m.start())
         text_ = " ".join(m.group(1).split())
         blocks.append(Block(f"{path}:{lineno}", split_line(text_, f"{path}:{lineno}"),
@@ -441,10 +446,16 @@ class Checker:
 
     def python(self, cmd: Command) -> None:
         argv = cmd.argv[1:]
+        if not argv or argv == ["-m"]:
+            return self.problem(cmd, "names no file or module to run")
         if argv[:1] == ["-m"]:
             import importlib.util
             target = argv[1]
-            if importlib.util.find_spec(target) is None:
+            try:
+                found = importlib.util.find_spec(target) is not None
+            except (ImportError, ValueError):  # a dotted name whose package is missing
+                found = False
+            if not found:
                 return self.problem(cmd, f"no module {target!r}")
             run, rest = [sys.executable, "-m", target], argv[2:]
         else:
@@ -667,6 +678,8 @@ def check(docs: list[str], run: bool, work: Path) -> Checker:
             checker.block(block)
         benchmarks = (ROOT / "docs" / "BENCHMARKS.md").read_text(encoding="utf-8")
         for rel in docs:
+            if (ROOT / rel).resolve().match(str(ROOT / DECISIONS)):
+                continue
             checker.problems += figure_problems(rel, (ROOT / rel).read_text(encoding="utf-8"),
                                                 benchmarks)
     finally:
@@ -683,11 +696,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--docs", nargs="+", default=None,
                    help="files to check (default: the README, docs/ENVS.md, docs/ECOSYSTEM.md, "
-                        "the recipes)")
+                        "docs/decisions/*.md, the recipes)")
     p.add_argument("--run", action="store_true", help="also run the cheap commands for real")
     p.add_argument("--report", default=None, help="write the result as JSON here")
     ns = p.parse_args(argv)
-    docs = ns.docs or [*DOCS, *sorted(str(r.relative_to(ROOT)) for r in ROOT.glob(RECIPES))]
+    docs = ns.docs or [*DOCS, *(str(r.relative_to(ROOT)) for g in (DECISIONS, RECIPES)
+                                for r in sorted(ROOT.glob(g)))]
     with tempfile.TemporaryDirectory(prefix="agentgym-docs-") as work:
         checker = check(docs, ns.run, Path(work))
     for line in checker.problems:

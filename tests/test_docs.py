@@ -1,6 +1,7 @@
 """The docs' commands are checked against the code (scripts/check_docs.py): every shell
-command in README.md, docs/ENVS.md, docs/ECOSYSTEM.md and the recipes' headers parses, its
-keys resolve, its paths exist or an earlier command writes them; the cheap ones run."""
+command in README.md, docs/ENVS.md, docs/ECOSYSTEM.md, docs/decisions/*.md and the recipes'
+headers parses, its keys resolve, its paths exist or an earlier command writes them; the
+cheap ones run. docs/DECISIONS.md's split into docs/decisions/ kept every heading."""
 
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "check_docs.py"
+#: every heading of docs/DECISIONS.md at d018375, before it was split into one file per
+#: area under docs/decisions/ (``git show d018375:docs/DECISIONS.md | grep -E '^#{2,3} '``)
+DECISIONS_HEADINGS = Path(__file__).resolve().parent / "data" / "decisions_headings.txt"
+DECISIONS_MAX_LINES = 600
 
 
 def _check(*args: str, report: Path) -> subprocess.CompletedProcess:
@@ -109,6 +114,29 @@ def test_the_first_screen_shows_the_three_uses_and_installs_nobody_elses_package
     # errors that name a missing extra, installs this checkout
     code = [p for d in ("agentgym", "envs", "tools", "trainers", "retriever_server", "bench",
                         "scripts") for p in sorted((ROOT / d).rglob("*.py"))]
-    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *code]:
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+                 *sorted((ROOT / "docs" / "decisions").glob("*.md")), *code]:
         text = page.read_text(encoding="utf-8")
         assert not re.search(r"pip install '?agentgym(?![\w-])", text), page
+
+
+def test_every_old_decisions_heading_is_in_exactly_one_area_file_and_none_is_long():
+    """Code and docs cite docs/DECISIONS.md's sections by heading, so the split by area
+    (issue 79) keeps each heading, word for word, in one docs/decisions/ file; a file stays
+    short enough to read (its "In force" first, then the history)."""
+    files = sorted((ROOT / "docs" / "decisions").glob("*.md"))
+    assert files, "no docs/decisions/*.md"
+    lines = {f.name: f.read_text(encoding="utf-8").splitlines() for f in files}
+    old = DECISIONS_HEADINGS.read_text(encoding="utf-8").splitlines()
+    assert len(old) >= 50, len(old)
+    for heading in old:
+        holders = [name for name, text in lines.items() for line in text
+                   if line.rstrip() == heading]
+        assert len(holders) == 1, (heading, holders)
+    for name, text in lines.items():
+        assert len(text) <= DECISIONS_MAX_LINES, (name, len(text))
+        assert "## In force" in text, name
+    index = (ROOT / "docs" / "DECISIONS.md").read_text(encoding="utf-8")
+    assert len(index.splitlines()) <= 60, "docs/DECISIONS.md is the index of the area files"
+    for name in lines:
+        assert f"(decisions/{name})" in index, name

@@ -132,7 +132,7 @@ def test_a_two_hop_demonstration_searches_the_bridge_and_replays(retriever_url):
     """A HotpotQA question whose answer is not in the question's own results: the second
     search is a name the first results mention, and the answer comes from that name's own
     article (the one such question among the 1,000 HotpotQA training rows the shipped
-    corpus supports: docs/DECISIONS.md)."""
+    corpus supports: docs/decisions/data.md, "Two-hop demonstrations")."""
     row = next(r for r in load_rows("search", "train")
                if r["extra_info"]["question"].startswith("Alex da Kid worked"))
     env = SearchEnv(retriever_url=retriever_url)

@@ -1,7 +1,8 @@
 """A verifiers environment's side of ``env=verifiers`` (:mod:`agentgym.envs.verifiers_env`).
 
 Run by the interpreter of an environment that has ``verifiers`` (its pins cannot sit beside
-the project's: docs/DECISIONS.md), as ``python verifiers_worker.py CONFIG_JSON``: it
+the project's: docs/decisions/envs.md, "Its own Python"), as
+``python verifiers_worker.py CONFIG_JSON``: it
 imports nothing of AgentGym. It loads the environment as ``vf-eval`` does
 (``resolve_env_config`` → ``load_environment``, its serving resources up once: shared tool
 servers, the interception server) and answers JSON lines on stdin, one JSON line each on

@@ -16,7 +16,8 @@ What a command runs under, as root on the host (no cgroups on these machines)::
   the base is never changed (a test hashes it). The overlay is mounted inside the
   command's private mount namespace: nothing is mounted on the host, so a killed trainer
   leaves no entry in ``/proc/mounts``. A hard-linked tree was not an option (a write
-  through a link changes the base); ext4 has no reflinks (docs/DECISIONS.md, issue 76).
+  through a link changes the base); ext4 has no reflinks (docs/decisions/envs-swe.md,
+  issue 76).
   Where no overlay mounts (a root that is itself on an overlay, as in some containers:
   :func:`overlay_works`), each workspace is a plain copy of the base instead, with a warning.
 * **One identity per episode.** ``U`` is drawn from the code sandbox's uid range and held

@@ -23,7 +23,8 @@ Anything else (a sharded head, a LoRA-wrapped head, a head with a bias, vision t
 suppression) takes :func:`plain_logprobs` on the gathered rows: the same values, with
 autograd. liger-kernel's fused linear losses are GPU (Triton) kernels and fuse a fixed
 loss into the head; this one fuses only the log-prob and entropy, so every policy loss of
-:mod:`agentgym.trainers.algos` keeps working unchanged (docs/DECISIONS.md).
+:mod:`agentgym.trainers.algos` keeps working unchanged (docs/decisions/update.md, "A fused
+head").
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ def _scratch(buf: torch.Tensor | None, rows: int, like: torch.Tensor, cols: int)
     reused by every chunk after. A fresh block per chunk costs more than its arithmetic on
     the CPU: above glibc's mmap threshold (32 MiB) each one is mapped anew and its pages
     faulted in and zeroed by the kernel, about 100 ms per 200 MB chunk on a 2-core VM,
-    where the log-softmax itself takes 45 ms (docs/DECISIONS.md, issue 56)."""
+    where the log-softmax itself takes 45 ms (docs/decisions/update.md, "The fused head's
+    `(chunk, V)` blocks are reused")."""
     if buf is None:
         buf = torch.empty(like.shape[0], cols, dtype=torch.float32, device=like.device)
     return buf, buf[:rows]

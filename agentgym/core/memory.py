@@ -12,7 +12,7 @@ The first fix set the threshold at 128 KiB: every block above it was mmapped and
 unmapped again, so each of a step's activations came back as fresh pages, faulted in and
 zeroed by the kernel: 172 million page faults and 374 s of system time in one 13-minute
 ``make demo`` (issue 56), its SFT steps 1.5-1.8x slower than with the heap reused. Now
-(docs/DECISIONS.md, "CPU memory that long runs give back"):
+(docs/decisions/reliability.md, "CPU memory that long runs give back"):
 
 * :func:`return_freed_memory` (at start-up) fixes the mmap threshold at 32 MiB, the most
   glibc accepts, and stops ``free`` trimming the heap's top on its own, so a step reuses

@@ -26,7 +26,8 @@ Logprobs are the engine's: ``log_softmax(logits / temperature)`` before top-p/to
 are OpenAI's: ``{"error": {"message", "type", "param", "code"}}`` with 400 for a bad
 request (the message names the value and what is valid), 404 for an unknown model or
 route. One model is served: a request naming another model is answered by it, so an
-agent written for another model name runs unchanged (docs/DECISIONS.md).
+agent written for another model name runs unchanged (docs/decisions/serving.md, "One model
+is served").
 """
 
 from __future__ import annotations

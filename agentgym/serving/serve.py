@@ -577,7 +577,7 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 30000, dtype: str = "
 def _serve_beside(server, engine) -> None:
     """The HTTP server's event loop on a helper thread, the engine's steps on this (the
     main) thread: on the CPU the thread that loaded the model is then the one thread that
-    computes (docs/DECISIONS.md "Two OpenMP teams"). SIGTERM and SIGINT end the server
+    computes (docs/decisions/engine.md, "Two OpenMP teams"). SIGTERM and SIGINT end the server
     gracefully, as ``uvicorn.run`` would, and the engine with it."""
     import signal
     import threading

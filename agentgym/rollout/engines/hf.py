@@ -330,7 +330,8 @@ class HFEngine(Engine):
     # unless a caller drives it on its own: :meth:`run` (a rollout's event loop moves to a
     # helper thread) or :meth:`drive` (a server's loop runs elsewhere). On the CPU that
     # caller is the trainer's or the server's main thread, which then is the one thread
-    # that computes: one OpenMP team, not two (docs/DECISIONS.md "Two OpenMP teams").
+    # that computes: one OpenMP team, not two (docs/decisions/engine.md, "Two OpenMP
+    # teams").
     def run(self, coro):
         """Run ``coro`` (a rollout awaiting this engine) from outside any event loop and
         return its result. On the CPU with continuous batching, this thread runs the

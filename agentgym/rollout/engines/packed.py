@@ -7,9 +7,10 @@ weight at 5 GB/s and multiplies at 39 GFLOPS, where the machine reads 28 GB/s an
 product runs at 176 GFLOPS. oneDNN's ``_reorder_linear_weight`` copies a weight once into
 the blocked layout its kernel reads, and ``_linear_pointwise`` multiplies against that
 copy: the same head takes 8.0 ms instead of 27.8, and a decoder layer's seven projections
-0.75 ms instead of 1.47 (bf16: 3.4 against 7.6 ms, 0.45 against 0.57; docs/DECISIONS.md
-"Packed weights on the CPU"). PyTorch's own compiler does the same when it freezes a
-model (``torch._inductor.config.freezing``), but a frozen model cannot take new weights.
+0.75 ms instead of 1.47 (bf16: 3.4 against 7.6 ms, 0.45 against 0.57;
+docs/decisions/engine.md, "Packed weights on the CPU"). PyTorch's own compiler does the same
+when it freezes a model (``torch._inductor.config.freezing``), but a frozen model cannot take
+new weights.
 
 The copies follow the parameters: :meth:`PackedWeights.refresh` (called before each
 forward) packs again any group one of whose weights or biases was replaced, moved to
@@ -34,7 +35,7 @@ _WHY_NOT: dict[torch.dtype, str] = {}
 #: the fewest weight elements (a group's stacked rows x its input width) given a blocked
 #: copy: oneDNN's product is slower below it (2-core EPYC, fp32, 16 and 64 rows: 256 -> 768
 #: 0.84x and 0.98x of ``F.linear``'s speed, 384 -> 1152 1.15x and 1.00x, the 64 -> 1024
-#: head 0.89x and 1.09x; docs/DECISIONS.md "Packed weights on the CPU")
+#: head 0.89x and 1.09x; docs/decisions/engine.md, "Packed weights on the CPU")
 BLOCKED_MIN = 1 << 18
 
 
