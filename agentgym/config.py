@@ -42,7 +42,6 @@ from agentgym.envs.search import RetrieverConfig, SearchConfig
 from agentgym.envs.swe import SWEConfig
 from agentgym.envs.verifiers_env import VerifiersConfig
 from agentgym.core.overrides import coerce
-from agentgym.core.types import SamplingParams
 from agentgym.presets import (ALGO_PRESETS, ALIASES, FLOAT_PER_ENV_KEYS,  # noqa: F401
                               PER_ENV_KEYS, STR_PER_ENV_KEYS, env_presets, load_recipe)
 from agentgym.core.device import check_device
@@ -129,11 +128,6 @@ class EngineConfig:
             raise ValueError(f"engine.kv_fraction={self.kv_fraction}; must be in (0, 1]")
 
 
-#: turn k of an episode samples with seed ``seed + SEED_STRIDE * k`` (a prime, so the turns
-#: of episodes whose seeds are near draw apart); a summary turn strides by another prime
-SEED_STRIDE, SUMMARY_SEED_STRIDE = 7919, 104729
-
-
 @dataclass
 class RolloutConfig:
     n: int = 1  # samples per prompt (GRPO group size)
@@ -167,19 +161,6 @@ class RolloutConfig:
             raise ValueError(f"rollout.context={self.context!r}; valid: "
                              f"{', '.join(choices.CONTEXT_STRATEGIES)}, or a function as "
                              f"package.module:function")
-
-    def sampling(self, max_new_tokens: int, seed: int, turn: int, *, stop: tuple[str, ...] = (),
-                 greedy: bool = False, top_logprobs: int = 0,
-                 stride: int = SEED_STRIDE) -> SamplingParams:
-        """The sampling settings of an episode's ``turn``: this section's temperature (0
-        when ``greedy``), top-p and top-k, at most ``max_new_tokens``, seeded
-        ``seed + stride * turn`` so each turn of each episode draws its own numbers. The
-        one builder for the manager, the served agents and eval; the HTTP endpoints build
-        theirs from the request."""
-        return SamplingParams(max_new_tokens=max_new_tokens,
-                              temperature=0.0 if greedy else self.temperature,
-                              top_p=self.top_p, top_k=self.top_k, stop=stop,
-                              seed=(seed + stride * turn) % 2**31, top_logprobs=top_logprobs)
 
     def check_context(self) -> None:
         """``rollout.context`` other than keep needs ``rollout.context_tokens`` (checked once

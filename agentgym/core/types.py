@@ -46,6 +46,11 @@ class Segment:
         return self.end - self.start
 
 
+#: turn k of an episode samples with seed ``seed + SEED_STRIDE * k`` (a prime, so the turns
+#: of episodes whose seeds are near draw apart); a summary turn strides by another prime
+SEED_STRIDE, SUMMARY_SEED_STRIDE = 7919, 104729
+
+
 @dataclass
 class SamplingParams:
     """Per-request sampling settings understood by every rollout engine.
@@ -76,6 +81,19 @@ class SamplingParams:
         if not 0 <= self.top_logprobs <= 20:
             raise ValueError(f"top_logprobs must be in [0, 20], got {self.top_logprobs}")
         self.stop = tuple(self.stop)
+
+    @classmethod
+    def for_turn(cls, rollout, max_new_tokens: int, seed: int, turn: int, *,
+                 stop: tuple[str, ...] = (), greedy: bool = False, top_logprobs: int = 0,
+                 stride: int = SEED_STRIDE) -> "SamplingParams":
+        """An episode's ``turn`` under a ``RolloutConfig``: its temperature (0 when
+        ``greedy``), top-p and top-k, at most ``max_new_tokens``, seeded ``seed + stride *
+        turn`` so each turn of each episode draws its own numbers. The one builder for the
+        manager and the served agents; the HTTP endpoints build theirs from the request."""
+        return cls(max_new_tokens=max_new_tokens,
+                   temperature=0.0 if greedy else rollout.temperature, top_p=rollout.top_p,
+                   top_k=rollout.top_k, stop=stop, seed=(seed + stride * turn) % 2**31,
+                   top_logprobs=top_logprobs)
 
 
 @dataclass

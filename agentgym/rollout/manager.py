@@ -22,7 +22,7 @@ from typing import Any, Callable
 from agentgym.rollout.chat import ChatTokens
 from agentgym.rollout.context import (CONTINUE, DROPPED, SUMMARY_REQUEST, Blocks, after_summary,
                                       drop_observations, joined, load_strategy)
-from agentgym.config import SUMMARY_SEED_STRIDE, RolloutConfig
+from agentgym.config import RolloutConfig
 from agentgym.rollout.engines.base import Engine
 from agentgym.rollout.writer import TrajectoryWriter
 from agentgym.supervision import stalls
@@ -31,7 +31,7 @@ from agentgym.supervision.stalls import (Cut, Site, StallsEndRun, code_site, cut
                                   thread_site)
 from agentgym.supervision.supervisor import ServiceFailed, raise_if_failed, wait_healthy
 from agentgym.supervision.watchdog import DeadlinesConfig
-from agentgym.core.types import SamplingParams, Trajectory
+from agentgym.core.types import SUMMARY_SEED_STRIDE, SamplingParams, Trajectory
 
 logger = logging.getLogger(__name__)
 
@@ -249,8 +249,9 @@ class GenerationManager:
                     if budget <= 0:
                         traj.truncated, info = True, {**info, "end": "token_budget"}
                         break
-                    sampling = cfg.sampling(min(self._tokens_per_turn(row), budget), seed,
-                                            step, stop=env.stop_strings)
+                    sampling = SamplingParams.for_turn(
+                        cfg, min(self._tokens_per_turn(row), budget), seed, step,
+                        stop=env.stop_strings)
                     out = await self._generate(w, sampling, session, turn, m)
                     text, t0 = self.chat.decode(out.ids), time.perf_counter()
                     turn += 1
@@ -345,8 +346,8 @@ class GenerationManager:
                 return None
             w.observation(request, max(turn - 1, 0))
             room = self.cfg.max_response_tokens - traj.response_length - len(request)
-            sampling = self.cfg.sampling(min(self.cfg.max_tokens_per_turn, room), seed,
-                                         turn + 1, stride=SUMMARY_SEED_STRIDE)
+            sampling = SamplingParams.for_turn(self.cfg, min(self.cfg.max_tokens_per_turn, room),
+                                               seed, turn + 1, stride=SUMMARY_SEED_STRIDE)
             out = await self._generate(w, sampling, session, turn, m)
             filler, cont = self.chat.after_action_ids(
                 out.ids, [{"role": "user", "content": CONTINUE}], fmt)

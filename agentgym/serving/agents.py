@@ -157,9 +157,9 @@ class EpisodeFrontend(OpenAIFrontend):
         if turn >= r.max_turns:
             raise OpenAIError(f"this episode has made {turn} calls, its budget "
                               f"(rollout.max_turns={r.max_turns})", code="episode_budget")
-        return [r.sampling(min(plan.sampling.max_new_tokens, r.max_tokens_per_turn),
-                           self.seed, turn, stop=plan.sampling.stop, greedy=self.greedy,
-                           top_logprobs=plan.sampling.top_logprobs)]
+        return [SamplingParams.for_turn(
+            r, min(plan.sampling.max_new_tokens, r.max_tokens_per_turn), self.seed, turn,
+            stop=plan.sampling.stop, greedy=self.greedy, top_logprobs=plan.sampling.top_logprobs)]
 
     def _remember(self, call: Call) -> None:
         out = call.outputs[0]

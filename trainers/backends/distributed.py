@@ -48,7 +48,8 @@ import torch
 
 from agentgym.supervision.watchdog import (StageStalled, add_stall_hook, collect_stacks,
                                      remove_stall_hook, stacks_on_signal)
-from agentgym.trainers.backends.base import LogprobFn, LossFn, ModelSpec, split
+from agentgym.trainers.backends.base import LogprobFn, LossFn, ModelSpec
+from agentgym.trainers.balancing import split
 from agentgym.trainers.backends.ranks import OptimSpec, RANK_BACKENDS
 from agentgym.trainers.batch import Batch
 from agentgym.core.device import HOST, cuda_available

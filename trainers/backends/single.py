@@ -12,8 +12,8 @@ import torch
 from agentgym.core.choices import LR_SCHEDULES
 from agentgym.trainers import lora
 from agentgym.trainers.backends.base import (LogprobFn, LossFn, add_metrics, as_floats,
-                                             batched_apply, make_adamw, scale_this_step,
-                                             split)
+                                             batched_apply, make_adamw, scale_this_step)
+from agentgym.trainers.balancing import split
 from agentgym.trainers.batch import Batch
 
 logger = logging.getLogger(__name__)
