@@ -193,7 +193,7 @@ def test_damaged_latest_checkpoint_auto_resumes_from_the_one_before(tmp_path, ba
 
     done = _run(tmp_path, run, "log_level=INFO", backend=backend)  # resume=auto, 3 steps
     assert done.returncode == 0, done.stderr[-3000:]
-    assert re.search(rf"WARNING agentgym\.trainers\.run: checkpoint file "
+    assert re.search(rf"WARNING agentgym\.trainers\.checkpoints: checkpoint file "
                      rf"{re.escape(str(bad))} is \d+ "
                      rf"bytes; it was \d+ bytes when saved", done.stderr), done.stderr[-3000:]
     assert f"resumed from {ckpts / 'step_1'} at step 1" in done.stderr
