@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from tqdm import tqdm
+
 from agentgym.config import Config, all_keys, build_config, env_names, to_dict
 from agentgym.core.overrides import parse_overrides
 from agentgym.supervision.server_process import exit_cleanly_on_sigterm
@@ -77,7 +79,6 @@ COMMAND_KEYS = {"eval": ("k", "samples"), "plan": ("gpus", "gpu_memory"), "compa
 
 
 def _config(args: list[str], command_defaults: dict | None = None) -> Config:
-
     overrides = parse_overrides(args)
     if "env" in overrides:  # one canonical name: the short one when the env has it
         # fails fast with "did you mean", before any model loads (each env of a mixed run)
@@ -97,9 +98,6 @@ def _gave_data(args: list[str]) -> bool:
 
 
 def _run_rollouts(cfg: Config, desc: str):
-    from tqdm import tqdm
-
-
     rows = load_rows(cfg.env, cfg.data.name, cfg.limit, cfg=cfg)
     manager, engine, tokenizer = build_manager(cfg)
     if played_by_program(cfg):  # the agent program plays the rows
@@ -127,7 +125,6 @@ def _records(trajs, tok):
 
 
 def cmd_rollout(args: list[str]) -> int:
-
     cfg = _config(args)
     trajs, tok, elapsed, _ = _run_rollouts(cfg, "rollout")
     out = Path(cfg.out or "trajectories.jsonl")
@@ -143,7 +140,6 @@ def cmd_rollout(args: list[str]) -> int:
 
 
 def cmd_eval(args: list[str]) -> int:
-
     given = parse_overrides(args)
     k = int(given.pop("k", 1))
     samples = given.pop("samples", None)
@@ -212,7 +208,6 @@ def cmd_compare(args: list[str]) -> int:
 
 
 def cmd_check_env(args: list[str]) -> int:
-
     _setup_logging("WARNING")
     keys = parse_overrides([a for a in args if "=" in a])  # for an env with its own check
     ids = [a for a in args if "=" not in a] or envs.env_ids()
@@ -230,7 +225,6 @@ class _BarHooks:
         self.bar = None
 
     def phase(self, name: str, total: int) -> None:
-        from tqdm import tqdm
         if self.bar is not None:
             self.bar.close()
         self.bar = tqdm(total=total, desc=f"{name:8s}", unit="it", leave=False, file=sys.stderr)
@@ -306,7 +300,6 @@ class _SFTHooks(_BarHooks):
     """One bar over the SFT steps, its postfix the running loss; eval results printed."""
 
     def phase(self, name: str, total: int) -> None:
-        from tqdm import tqdm
         if self.bar is not None:
             self.bar.close()
         self.bar = tqdm(total=total, desc=name, unit="step", file=sys.stderr)
@@ -339,9 +332,6 @@ def cmd_sft(args: list[str]) -> int:
 
 def cmd_demos(args: list[str]) -> int:
     """``agentgym demos env=search|code [data=train limit=N out=FILE]``."""
-    from tqdm import tqdm
-
-
     cfg = _config(args)
     rows = load_rows(cfg.env, cfg.data.name, cfg.limit, cfg=cfg)
     options = envs.env_manifest(cfg.env).demo_options_for(cfg)
@@ -403,8 +393,6 @@ def cmd_index(args: list[str]) -> int:
 
     ns = index_parser().parse_args(args)
     _setup_logging("WARNING")
-
-    from tqdm import tqdm
 
     from agentgym.retriever_server.encoder import EncoderSpec  # lazy: loads numpy
 

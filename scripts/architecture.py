@@ -106,13 +106,15 @@ HOLDS = {
                        "memory planner), `vision`",
     "agentgym.rollout": "`manager` (the multi-turn loop), `writer` (token ids and the loss "
                         "mask, for rollouts, demonstrations and agents), `chat`, `context`, "
-                        "`engines/` (HF, SGLang client and launcher, weight sync), `runtime` "
-                        "(building them from a config)",
+                        "`engines/` (HF: `core`, stepped by one thread, and its front; "
+                        "SGLang client and launcher, weight sync), `runtime` (building them "
+                        "from a config)",
     "agentgym.data": "`rows` (datasets read, filtered and mixed; held-out sets), `demos` "
                      "(replay, conversion, filters), `demo_builders` (runs an env's builder)",
     "agentgym.reporting": "`metrics` (JSONL, TensorBoard, PNG, W&B), `evaluation` (EM, "
                           "pass@k), `stats`, `inspector`",
-    "agentgym.serving": "`serve` (`agentgym serve`: SGLang's native API and OpenAI's), "
+    "agentgym.serving": "`serve` (`agentgym serve`: SGLang's native API and OpenAI's; "
+                        "`native_params`, what its `/generate` accepts), "
                         "`openai_api` / `openai_chat` / `openai_stream` (OpenAI's API over any "
                         "engine), `agents` (`env=agent`: an endpoint per episode)",
     _TRAINERS: "`loop` (`train`, the one entry, and the one step loop), `phases` (what each "

@@ -42,7 +42,7 @@ def generate_together(engine, prompts, settings):
         tasks = [asyncio.ensure_future(engine.generate(p, settings(k)))
                  for k, p in enumerate(prompts)]
         deadline = asyncio.get_running_loop().time() + 120
-        while len(engine._queue) < len(prompts):
+        while engine.waiting() < len(prompts):
             assert asyncio.get_running_loop().time() < deadline, "requests never queued"
             await asyncio.sleep(0.001)
         engine.resume()
@@ -294,7 +294,7 @@ def test_drive_steps_another_threads_requests_here_until_the_engine_closes(
                 # once drive() has claimed the steps (before that the engine's own thread
                 # would step what is sent, as it does for a server not driven)
                 deadline = time.monotonic() + 120
-                while engine._driver is not threading.main_thread():
+                while engine.stepping_thread() is not threading.main_thread():
                     assert time.monotonic() < deadline, "drive() never took the steps"
                     time.sleep(0.001)
                 served["out"] = generate_all(engine, prompts, sp)
@@ -343,3 +343,82 @@ def test_a_short_prompt_at_the_head_does_not_chop_the_others_into_its_width(
     for a, c in zip(alone, crowd):
         assert a.ids == c.ids
         assert a.logprobs == pytest.approx(c.logprobs, abs=1e-4)
+
+
+def test_run_from_one_thread_then_another_hands_the_steps_on_each_time(
+        tiny_model, tiny_tokenizer):
+    """run() after run() from alternating threads: each caller gets the steps (the engine's
+    own thread takes them back in between, and hands them on at once to a caller already
+    waiting), and every rollout finishes."""
+    prompt = tiny_tokenizer.encode(PROMPTS[0])
+    sp = SamplingParams(max_new_tokens=4, temperature=1.0, seed=2)
+    engine = HFEngine(tiny_model, tiny_tokenizer)
+    done: list = []
+
+    async def one():
+        return await engine.generate(prompt, sp)
+
+    def caller(k: int) -> None:
+        for _ in range(40):
+            done.append((k, engine.run(one()).ids))
+    try:
+        threads = [threading.Thread(target=caller, args=(k,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not any(t.is_alive() for t in threads), "a run() never got the steps"
+        assert engine.stepping_thread() is not None
+        assert generate_all(engine, [prompt], sp)[0].ids == done[0][1]  # still serving
+    finally:
+        engine.close()
+    assert len(done) == 80 and len({tuple(ids) for _, ids in done}) == 1  # seeded: equal
+
+
+def test_a_failed_preemption_fails_the_running_requests_and_the_engine_goes_on(
+        tiny_model, tiny_tokenizer):
+    """Fault injection: taking in the step in flight raises while a partial pause stops
+    the running requests. They fail with that error, the pause returns, and the engine
+    serves the next request."""
+    engine = HFEngine(tiny_model, tiny_tokenizer, prefix_cache=False)
+    prompt = tiny_tokenizer.encode(PROMPTS[1])
+    sp = SamplingParams(max_new_tokens=200, temperature=1.0, seed=4, stop=("\x00never",))
+    drain = engine.scheduler.drain
+    armed = threading.Event()
+
+    def failing_drain():  # the fault: only once armed, only in the preemption's drain
+        if armed.is_set():
+            armed.clear()
+            raise RuntimeError("injected drain failure")
+        drain()
+
+    async def go():
+        task = asyncio.ensure_future(engine.generate(prompt, sp))
+        deadline = asyncio.get_running_loop().time() + 120
+        while engine.stats["decode_steps"] < 2:  # decoding: the request is running
+            assert asyncio.get_running_loop().time() < deadline, "never decoded"
+            await asyncio.sleep(0.001)
+        engine.scheduler.drain = failing_drain
+        armed.set()
+        await engine.pause(partial=True)
+        engine.resume()
+        with pytest.raises(RuntimeError, match="injected drain failure"):
+            await task
+        engine.scheduler.drain = drain
+        return await engine.generate(prompt, SamplingParams(max_new_tokens=4, seed=1))
+    try:
+        after = engine.run(go())
+    finally:
+        engine.close()
+    assert len(after.ids) == 4
+
+
+def test_a_closed_engine_refuses_updates_and_flushes_nothing(tiny_model, tiny_tokenizer):
+    engine = HFEngine(tiny_model, tiny_tokenizer)
+    engine.close()
+    assert engine.idle() and engine.stepping_thread() is None
+    with pytest.raises(RuntimeError, match="engine is closed"):
+        engine.update_weights(tiny_model.state_dict(), 1)
+    assert engine.flush_cache() is False
+    engine.resume()  # nothing to resume: no command is left pending
+    assert engine.idle()

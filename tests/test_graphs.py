@@ -127,7 +127,7 @@ def test_a_capture_in_the_middle_of_a_running_batch_leaves_live_rows_kv_bit_iden
         _decode_steps(eager, eager_pool, prompts, 2)
         lengths = [len(p) + 2 for p in prompts]
         before = [pool.kv_of(s, 0, n).clone() for s, n in enumerate(lengths)]
-        assert (4, 192) not in runner._graphs
+        assert (4, 192) not in runner.captured()
         captures = runner.stats["captured_while_serving"]
         ids, pos = torch.tensor([40, 41, 42]), torch.tensor(lengths)
         got = runner.decode(ids, pos, 150).float().clone()  # a new column bucket: 192
@@ -149,12 +149,11 @@ def test_capture_all_covers_every_bucket_and_refuses_live_rows():
                           reverse=True)
     with torch.inference_mode():
         assert runner.capture_all() == len(keys)
-        assert set(runner._graphs) == set(keys)
+        assert runner.captured() == set(keys)
         assert runner.capture_all() == 0  # nothing left
         prefill(runner, pool, [[5, 6, 7]])
-        with pytest.raises(RuntimeError, match="live rows"):
-            runner._graphs.clear()
-            runner.capture_all()
+        with pytest.raises(RuntimeError, match="live rows"):  # a runner with none captured
+            ModelRunner(model, pool, graphs=True, standin=True).capture_all()
 
 
 def test_the_rotary_table_graphs_read_is_never_replaced():
@@ -169,7 +168,7 @@ def test_the_rotary_table_graphs_read_is_never_replaced():
     prompt = list(range(5, 5 + 70))
     with torch.inference_mode():
         runner.capture_all()
-        table = runner._cos
+        table = runner.rope_table
         staging.add(0, len(prompt))  # doubles to 256 columns, past the table's 96
         assert staging.capacity > table.shape[0]
         n = len(prompt)
@@ -179,7 +178,7 @@ def test_the_rotary_table_graphs_read_is_never_replaced():
         pool.add(0, n)
         pool.copy_from(staging, 0, 0, n)
         logits = runner.decode(torch.tensor([3]), torch.tensor([n]), n + 1).float()
-    assert runner._cos is table
+    assert runner.rope_table is table
     torch.testing.assert_close(logits[0], reference(model, prompt + [3]), atol=2e-5, rtol=0)
 
 
@@ -233,7 +232,7 @@ def test_the_captured_sampler_gives_the_eager_engines_tokens_logprobs_and_altern
             engine.close()
         rebuilt = engine.stats["rows_rebuilt"]
         if standin:  # rows joined and left on the device, never waiting for a step
-            decoder = engine.scheduler._decoder
+            decoder = engine.scheduler.decoder
             assert decoder.stats["sampler_graphs"] >= 1
             assert decoder.stats["joins"] == decoder.stats["leaves"] == len(prompts)
             assert engine.scheduler.runner.stats["eager_steps"] == 0

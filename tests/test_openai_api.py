@@ -262,7 +262,7 @@ def test_an_abandoned_stream_stops_decoding(tiny_model, tiny_tokenizer):
         first = asyncio.run(main())
         assert len(first[0]) == 1
         from conftest import wait_until
-        wait_until(lambda: not engine._busy and not engine._queue, 60, "the engine's idling")
+        wait_until(engine.idle, 60, "the engine's idling")
         assert engine.stats["generated_tokens"] < 400
     finally:
         engine.close()

@@ -167,7 +167,7 @@ async def queued(engine, n: int):
     """Wait until ``n`` requests wait in the engine's queue (a condition, 120 s at most)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 120
-    while len(engine._queue) < n:
+    while engine.waiting() < n:
         assert loop.time() < deadline, "requests never reached the engine"
         await asyncio.sleep(0.001)
 

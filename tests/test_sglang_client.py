@@ -341,11 +341,11 @@ def test_close_survives_dead_servers_and_stops_what_it_owns(two_servers, tiny_pa
                           retry_window_s=0, weight_sync="distributed", owned=owned)
     try:
         push_weights(engine, tiny_model.state_dict(), 1)  # a weight-update group exists
-        assert engine._group is not None
+        assert engine.weight_group is not None
         doomed.kill()
         engine.close()  # cannot reach the dead server to leave the group: logs, goes on
         assert all(o.stopped for o in owned)
-        assert engine._group is None
+        assert engine.weight_group is None
         engine.close()  # idempotent
     finally:
         doomed.stop()
@@ -430,13 +430,13 @@ def test_the_api_key_comes_from_the_environment(monkeypatch, tiny_tokenizer):
     monkeypatch.setenv("SGLANG_API_KEY", "sekrit")
     engine = build_engine(cfg, None, tiny_tokenizer)
     try:
-        assert engine._http.headers["authorization"] == "Bearer sekrit"
+        assert engine.headers["authorization"] == "Bearer sekrit"
     finally:
         engine.close()
     monkeypatch.delenv("SGLANG_API_KEY")
     engine = build_engine(cfg, None, tiny_tokenizer)
     try:
-        assert "authorization" not in engine._http.headers
+        assert "authorization" not in engine.headers
     finally:
         engine.close()
 

@@ -2,9 +2,13 @@
 
 The engine is four small parts, as nano-vllm splits its own:
 
-* this file, the loop: requests queue up; a worker thread admits them, runs a step
-  (:mod:`~agentgym.rollout.engines.scheduler`: a batched prefill of waiting prompts, one
-  decode step of every running request) and delivers what finished;
+* this file, the front: callers post commands (submit, pause, resume, update_weights,
+  flush) to an inbox (close moves the state at once), and one thread at a time runs the loop that applies them
+  and steps the core (:mod:`~agentgym.rollout.engines.core`: ``add_request``, ``step``,
+  ``is_finished``, as nano-vllm's engine; each step a batched prefill of waiting prompts
+  and one decode step of every running request, :mod:`~agentgym.rollout.engines.scheduler`),
+  then delivers what finished; a :class:`~agentgym.rollout.engines.core.State` says
+  whether it admits, pauses or is closed;
 * :mod:`~agentgym.rollout.engines.kv_pool`: one slot of keys/values per running request,
   allocated once on a GPU (``engine.max_len`` positions, ``engine.kv_fraction`` of free
   memory at most), grown on demand on the CPU; :mod:`~agentgym.rollout.engines.prefix_cache`,
@@ -20,8 +24,8 @@ The engine is four small parts, as nano-vllm splits its own:
 
 Models outside the Llama family (and vision-language models, whose image tokens are not
 keyed by their ids and whose positions are 3-D) run static batches through their own
-forward (:mod:`~agentgym.rollout.engines.static_batch`); so does
-``continuous_batching=False``.
+forward (:class:`~agentgym.rollout.engines.static_batch.StaticCore`, the same core
+interface, stepped by the same loop); so does ``continuous_batching=False``.
 
 Logprobs are ``log_softmax(logits / temperature)`` of the sampled token (temperature 1 for
 greedy), before top-p/top-k, computed in fp32 from the raw logits: exactly what a trainer
@@ -38,6 +42,8 @@ import asyncio
 import logging
 import threading
 import time
+from collections import deque
+from concurrent.futures import Future
 from typing import Any
 
 import torch
@@ -45,12 +51,13 @@ import torch
 from agentgym.core.device import bind_thread, free_memory_bytes, is_accelerator
 from agentgym.core.types import GenerateOutput, SamplingParams
 from agentgym.rollout.engines.base import Engine
+from agentgym.rollout.engines.core import ContinuousCore, State
 from agentgym.rollout.engines.hf_request import StopCheck, _Request
 from agentgym.rollout.engines.kv_pool import KVPool
 from agentgym.rollout.engines.model_runner import ModelRunner, why_not_supported
 from agentgym.rollout.engines.prefix_cache import PrefixCache
 from agentgym.rollout.engines.scheduler import Scheduler
-from agentgym.rollout.engines.static_batch import run_static
+from agentgym.rollout.engines.static_batch import StaticCore
 from agentgym.models.vision import is_vl_model, vision_token_ids
 
 logger = logging.getLogger(__name__)
@@ -109,13 +116,6 @@ class HFEngine(Engine):
         self.never = vision_token_ids(model) if self.vision else []  # never sampled
         self.policy_version = 0
         self.seed, self._arrivals = seed, 0
-        self._queue: list[_Request] = []
-        self._cv = threading.Condition()
-        self._paused = self._preempt = False
-        self._busy = False
-        self._closed = False
-        self._driver: threading.Thread | None = None  # a run() stepping on its own thread
-        self._stepping = False
         self.stats = {"batches": 0, "requests": 0, "generated_tokens": 0, "decode_steps": 0,
                       "prefilled_tokens": 0, "prefill_passes": 0, "cached_tokens": 0,
                       "max_rows": 0, "preempted": 0, "rows_rebuilt": 0,
@@ -131,14 +131,28 @@ class HFEngine(Engine):
         elif prefix_cache and not continuous_batching:
             logger.info("the prefix cache is off: it needs continuous batching")
         self.scheduler: Scheduler | None = None
+        self.core: ContinuousCore | StaticCore
         if self.continuous:
             self.scheduler = self._scheduler(cuda_graphs, max_len, kv_fraction, packed_weights,
                                              graph_standin)
             self.scheduler.runner.capture_all()  # before serving: no row is live yet
+            self.core = ContinuousCore(self.scheduler)
+        else:
+            self.core = StaticCore(self.model, self.device, self.pad_id, self.stops,
+                                   self.stats, self.vision, self.never, max_batch_size,
+                                   batch_wait_s, self.max_batch_wait_s)
+        # the front: commands in, one thread stepping the core (see "The loop" below)
+        self.state = State.RUNNING
+        self._cv = threading.Condition()
+        self._inbox: deque[tuple] = deque()
+        self._pausers: list[Future] = []  # pause() calls waiting for nothing to run
+        self._idle = True
+        self._busy = False  # a step in progress, or requests in the core's batch
+        self._driver: threading.Thread | None = None  # a run()/drive() asking to step
         #: run() steps on its caller's thread (the CPU only: see run)
-        self._drive_here = self.continuous and not is_accelerator(self.device)
-        worker = self._cb_worker if self.continuous else self._worker
-        self._thread = threading.Thread(target=worker, name="hf-engine", daemon=True)
+        self._drive_here = not is_accelerator(self.device)
+        self._thread = threading.Thread(target=self._own_loop, name="hf-engine", daemon=True)
+        self._stepper: threading.Thread | None = self._thread  # who steps the core now
         self._thread.start()
 
     @classmethod
@@ -214,7 +228,7 @@ class HFEngine(Engine):
                                  "(engine.max_len, engine.kv_fraction)")
         loop = asyncio.get_running_loop()
         with self._cv:
-            if self._closed:
+            if self.state is State.CLOSED:
                 raise RuntimeError("engine is closed")
             seed = sampling.seed
             if seed is None:
@@ -222,31 +236,20 @@ class HFEngine(Engine):
                 seed = (self.seed * _SEED_STRIDE + self._arrivals) & (2**63 - 1)
             req = _Request(list(prompt_ids), sampling, loop.create_future(), loop, seed,
                            images, pieces=pieces)
-            self._queue.append(req)
-            self._cv.notify_all()
+            self._post("submit", req)
         return req
 
     def update_weights(self, state_dict: dict, version: int) -> None:
+        """Load new weights (copied into the parameters' own storage: captured graphs stay
+        valid) and empty the prefix cache; raises while requests run (pause() first)."""
         with self._cv:
-            if self._busy:
+            if self._busy:  # as a command it would wait behind a static batch to refuse
                 raise RuntimeError("update_weights() while a batch is running; pause() first")
-            # copied into the parameters' own storage: captured graphs stay valid
-            self.model.load_state_dict(state_dict, strict=True)
-            self.policy_version = version
-            if self.scheduler is not None:
-                self.scheduler.version = version
-                self.scheduler.clear()  # idle: a growable pool gives its memory back
-            if self.prefix is not None:  # keys/values of the old weights are wrong now
-                self.prefix.clear()
+        self._command("update", state_dict, version)
 
     def flush_cache(self) -> bool:
         """Empty the prefix cache; False (nothing done) while requests run or wait."""
-        with self._cv:
-            if self._busy or self._queue:
-                return False
-            if self.prefix is not None:
-                self.prefix.clear()
-            return True
+        return self._command("flush")
 
     async def pause(self, partial: bool = False) -> None:
         """Hold new requests and wait until nothing runs. With ``partial`` (continuous
@@ -254,90 +257,187 @@ class HFEngine(Engine):
         back to the head of the queue with the tokens they have; after :meth:`resume` they
         are prefilled again (prompt and tokens so far, under the new weights) and go on
         sampling, each token stamped with the version that sampled it."""
+        done: Future = Future()
         with self._cv:
-            self._paused = True
-            self._preempt = partial and self.continuous
-            self._cv.notify_all()
-        await asyncio.to_thread(self._wait_idle)
+            if self.state is State.CLOSED:
+                return
+            self._post("pause", partial, done)
+        await asyncio.wrap_future(done)
 
     def resume(self) -> None:
         with self._cv:
-            self._paused = self._preempt = False
-            self._cv.notify_all()
+            if self.state is not State.CLOSED:
+                self._post("resume")
 
     def close(self) -> None:
-        with self._cv:
-            self._closed = True
-            pending, self._queue = self._queue, []
+        with self._cv:  # at once: nothing is submitted after this returns; the stepping
+            self.state = State.CLOSED  # thread fails what is left and stops
             self._cv.notify_all()
-        for r in pending:
-            r.fail(RuntimeError("engine closed"))
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=30)
 
-    # -- static batches -----------------------------------------------------------------
-    def _wait_idle(self) -> None:
+    def idle(self) -> bool:
+        """Nothing waits, nothing runs and no command is pending."""
         with self._cv:
-            self._cv.wait_for(lambda: not self._busy)
+            return self._idle
 
-    def _take_batch(self) -> list[_Request] | None:
+    def waiting(self) -> int:
+        """Requests submitted and not admitted yet (held while paused)."""
         with self._cv:
-            while True:
-                self._cv.wait_for(lambda: self._closed or (self._queue and not self._paused))
-                if self._closed:
-                    return None
-                self._busy = True  # pause() now waits for this batch
-                # let concurrent callers join: wait for a quiet gap, within a cap
-                first = time.monotonic()
-                deadline, seen = first + self.batch_wait_s, len(self._queue)
-                while len(self._queue) < self.max_batch_size and not self._closed:
-                    left = min(deadline, first + self.max_batch_wait_s) - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._cv.wait(timeout=left)
-                    if len(self._queue) > seen:
-                        deadline, seen = time.monotonic() + self.batch_wait_s, len(self._queue)
-                if not self._paused:
-                    break
-                self._busy = False  # paused while forming: hold the requests
-                self._cv.notify_all()
-            batch = [r for r in self._queue[:self.max_batch_size] if not r.abandoned]
-            self._queue = self._queue[self.max_batch_size:]
-            return batch
+            return sum(c[0] == "submit" for c in self._inbox) + len(self.core.waiting)
 
-    def _worker(self) -> None:
-        bind_thread(self.device)
+    def stepping_thread(self) -> threading.Thread | None:
+        """The thread that steps the engine now: its own, or a :meth:`run` / :meth:`drive`
+        caller's (None once closed)."""
+        with self._cv:
+            return self._stepper
+
+    # -- the loop -----------------------------------------------------------------------
+    # Callers post commands (submit, pause, resume, update, flush) to the inbox, and close
+    # moves the state to CLOSED; one thread at a time runs the loop, which applies them and
+    # steps the core. That thread
+    # is the engine's own unless a caller steps it: :meth:`run` (a rollout's event loop
+    # moves to a helper thread) or :meth:`drive` (a server's loop runs elsewhere). On the
+    # CPU that caller is the trainer's or the server's main thread, which then is the one
+    # thread that computes: one OpenMP team, not two (docs/decisions/engine.md, "Two
+    # OpenMP teams").
+    def _post(self, *command) -> None:
+        """(Lock held) Queue a command for the stepping thread."""
+        self._inbox.append(command)
+        self._idle = False
+        self._cv.notify_all()
+
+    def _command(self, *command):
+        """Post ``command`` and return its result, once the stepping thread has run it."""
+        done: Future = Future()
+        inline = False
+        with self._cv:
+            if self.state is State.CLOSED:
+                _closed(done, command)
+            elif threading.current_thread() is self._stepper:
+                inline = True  # the stepping thread itself (from a callback)
+            else:
+                self._post(*command, done)
+        if inline:
+            return self._run(command)
+        return done.result()
+
+    def _run(self, command: tuple):
+        """Run an update or a flush (on the stepping thread)."""
+        name, *args = command
+        if name == "flush":
+            if not self.core.is_finished():
+                return False
+            if self.prefix is not None:
+                self.prefix.clear()
+            return True
+        state_dict, version = args[:2]
+        if self.core.running():
+            raise RuntimeError("update_weights() while a batch is running; pause() first")
+        self.model.load_state_dict(state_dict, strict=True)
+        self.policy_version = version
+        self.core.update_weights(version)
+        if self.prefix is not None:  # keys/values of the old weights are wrong now
+            self.prefix.clear()
+        return None
+
+    def _apply(self, commands: list[tuple]) -> list[tuple]:
+        """(Lock held) Apply the light commands; return the updates and flushes."""
+        heavy = []
+        for c in commands:
+            if c[0] == "submit":
+                self.core.add_request(c[1])
+            elif c[0] == "pause":
+                _, partial, done = c
+                if self.state is not State.CLOSED:
+                    partial = partial and self.continuous
+                    self.state = State.PREEMPTING if partial else State.PAUSING
+                self._pausers.append(done)
+            elif c[0] == "resume":
+                if self.state is not State.CLOSED:
+                    self.state = State.RUNNING
+            elif c[0] in ("update", "flush"):
+                heavy.append(c)
+        return heavy
+
+    def _loop(self, until) -> None:
+        """Apply commands and step the core, until ``until()`` (read with the lock held) or
+        the engine closes (every request left then fails)."""
         while True:
-            batch = self._take_batch()
-            if batch is None:
+            with self._cv:
+                while True:
+                    if self.state is State.CLOSED or until():
+                        break
+                    if self._inbox:
+                        break
+                    wait = self.core.wait_s(self.state is State.RUNNING, time.monotonic())
+                    if wait == 0.0:
+                        break
+                    self._cv.wait(wait)
+                if self.state is State.CLOSED:
+                    closing = True
+                elif until():
+                    return
+                else:
+                    closing = False
+                    commands, self._inbox = list(self._inbox), deque()
+                    heavy = self._apply(commands)
+                    self._busy = True  # until _settle: update_weights refuses meanwhile
+            if closing:
+                self._shut()
                 return
-            try:
-                if batch:
-                    with torch.inference_mode():
-                        run_static(self, batch)
-            except BaseException as e:  # noqa: BLE001 - surface every failure to the caller
-                logger.exception("generation batch of %d failed", len(batch))
-                for r in batch:
-                    r.fail(e)
-            finally:
-                with self._cv:
-                    self._busy = False
-                    self._cv.notify_all()
+            for c in heavy:
+                _settle_command(c[-1], self._run, c[:-1])
+            ready = []
+            if self.state is State.PREEMPTING:
+                ready = self.core.preempt()
+            elif self.core.wait_s(self.state is State.RUNNING, time.monotonic()) == 0.0:
+                ready = self.core.step(admit=self.state is State.RUNNING)
+            self._settle(ready)
 
-    # -- continuous batching ------------------------------------------------------------
-    # One loop steps the scheduler (:meth:`_drive`): admit what waits, run one step,
-    # deliver. Callers only submit and await. The loop runs on the engine's own thread
-    # unless a caller drives it on its own: :meth:`run` (a rollout's event loop moves to a
-    # helper thread) or :meth:`drive` (a server's loop runs elsewhere). On the CPU that
-    # caller is the trainer's or the server's main thread, which then is the one thread
-    # that computes: one OpenMP team, not two (docs/decisions/engine.md, "Two OpenMP
-    # teams").
+    def _settle(self, ready) -> None:
+        """After a step: pausing ends once nothing runs; the idle flag is published; then
+        what finished is delivered (its caller sees the engine's state settled)."""
+        with self._cv:
+            pausers = []
+            if not self.core.running():
+                if self.state in (State.PAUSING, State.PREEMPTING):
+                    self.state = State.PAUSED
+                pausers, self._pausers = self._pausers, []
+            self._idle = self.core.is_finished() and not self._inbox
+            self._busy = self.core.running()
+            self._cv.notify_all()
+        for r, done in ready:
+            r.finish(*done, self.policy_version)
+        for done in pausers:
+            _resolve(done, None)
+
+    def _shut(self) -> None:
+        """Closed: every request fails, every command ends; the engine is idle."""
+        error = RuntimeError("engine closed")
+        with self._cv:
+            commands, self._inbox = list(self._inbox), deque()
+            pausers, self._pausers = self._pausers, []
+        for c in commands:
+            if c[0] == "submit":
+                c[1].fail(error)
+            elif c[0] == "pause":
+                pausers.append(c[-1])
+            elif c[0] in ("update", "flush"):
+                _closed(c[-1], c[:-1])
+        self.core.abort(error)
+        with self._cv:
+            self._idle, self._busy = True, False
+            self._stepper = None
+            self._cv.notify_all()
+        for done in pausers:
+            _resolve(done, None)
+
     def run(self, coro):
         """Run ``coro`` (a rollout awaiting this engine) from outside any event loop and
-        return its result. On the CPU with continuous batching, this thread runs the
-        engine's steps while the event loop runs in a helper thread. Requests from
-        elsewhere are served meanwhile by the same steps; after ``coro`` ends, the
-        engine's own thread takes over again."""
+        return its result. On the CPU, this thread runs the engine's steps while the event
+        loop runs in a helper thread. Requests from elsewhere are served meanwhile by the
+        same steps; after ``coro`` ends, the engine's own thread takes over again."""
         if not (self._drive_here and self._claim()):
             return asyncio.run(coro)
         out: dict = {}
@@ -352,12 +452,12 @@ class HFEngine(Engine):
                     out["done"] = True
                     self._cv.notify_all()
         helper = threading.Thread(target=loop, name="hf-engine-loop", daemon=True)
-        helper.start()
         try:
-            self._drive(lambda: "done" in out)
+            helper.start()
+            self._loop(lambda: "done" in out)
         finally:
             self._release()
-        helper.join()  # closed: close() failed the requests, so the rollout ends too
+        helper.join()  # closed: every request failed, so the rollout ends too
         if "error" in out:
             raise out["error"]
         return out["value"]
@@ -366,15 +466,14 @@ class HFEngine(Engine):
         """Step the engine on this thread until :meth:`close`, or until ``done`` (a
         ``concurrent.futures.Future``, say a coroutine's on another thread's event loop)
         completes: a server whose event loop runs on another thread (``agentgym serve``
-        on the CPU). Returns at once, leaving the engine's own thread to step, where it
-        cannot drive (static batches, or a caller already driving)."""
-        if not (self.continuous and self._claim()):
+        on the CPU). Returns at once where another caller already steps it."""
+        if not self._claim():
             return
         if done is not None:
             done.add_done_callback(lambda _: self._wake())
         try:
             bind_thread(self.device)
-            self._drive(lambda: done is not None and done.done())
+            self._loop(lambda: done is not None and done.done())
         finally:
             self._release()
 
@@ -383,125 +482,70 @@ class HFEngine(Engine):
             self._cv.notify_all()
 
     def _claim(self) -> bool:
-        """Make this thread the one that steps (False: another caller already does)."""
+        """Make this thread the one that steps (False: another caller already does, or
+        the engine is closed). The engine's own thread hands over between two steps."""
+        me = threading.current_thread()
         with self._cv:
-            if self._driver is not None or self._closed:
+            if self._driver is not None or self.state is State.CLOSED:
                 return False
-            self._driver = threading.current_thread()
+            self._driver = me
             self._cv.notify_all()
-            self._cv.wait_for(lambda: not self._stepping)  # the worker's step ends
+            self._cv.wait_for(lambda: self._stepper is me or self.state is State.CLOSED)
+            if self._stepper is not me:
+                self._driver = None
+                self._cv.notify_all()
+                return False
             return True
 
     def _release(self) -> None:
+        """Hand the steps back to the engine's own thread (which hands them on at once to a
+        caller already waiting in :meth:`_claim`)."""
         with self._cv:
             self._driver = None
+            if self.state is not State.CLOSED:
+                self._stepper = self._thread
             self._cv.notify_all()
 
-    def _drive(self, until) -> None:
-        """The loop: admit waiting requests, run one step, deliver; until ``until()``
-        (read with the lock held) or the engine closes."""
-        while True:
-            with self._cv:
-                self._cv.wait_for(lambda: self._closed or until() or self._has_work())
-                if self._closed or until():
-                    return
-                try:
-                    taken = self._take()
-                except BaseException as e:  # noqa: BLE001 - the callers hear of it, the loop goes on
-                    # (a dead loop would leave the engine busy: a weight push waits forever)
-                    logger.exception("admitting requests failed")
-                    self._fail_running(e)
-                    continue
-            self._step(taken)
-
-    def _has_work(self) -> bool:
-        return self.scheduler.busy or bool(self._queue and not self._paused)
-
-    def _take(self) -> list[_Request] | None:
-        """(Lock held) The requests to admit before the next step, or None when
-        :meth:`_preempt_all` stopped the running ones (partial rollouts)."""
-        sched = self.scheduler
-        if self._paused and self._preempt and sched.busy:
-            self._preempt_all()
-            return None
-        taken = []
-        if not self._paused:
-            room = sched.room()
-            while self._queue and room > 0:
-                r = self._queue.pop(0)
-                if not r.abandoned:
-                    taken.append(r)
-                    room -= 1
-        self._busy = self._stepping = True
-        return taken
-
-    def _step(self, taken: list[_Request] | None) -> None:
-        """Admit ``taken``, run one step (prefill, decode), deliver what finished."""
-        if taken is None:
-            return
-        sched = self.scheduler
-        try:
-            for r in taken:
-                sched.admit(r)
-            with torch.inference_mode():
-                sched.step()
-        except BaseException as e:  # noqa: BLE001 - surface every failure to the caller
-            logger.exception("generation step failed")
-            for r in sched.running():
-                if not r.closed:
-                    r.fail(e)
-            sched.clear()
-        with self._cv:  # taken with the lock: the next step may run on another thread
-            ready, sched.ready = sched.ready, []
-            self._stepping = False
-            if not sched.busy:
-                self._busy = False
-            self._cv.notify_all()
-        # delivered after the engine's state is settled: a caller whose request was
-        # the last sees the engine idle (flush_cache, update_weights) when it resumes
-        for r, done in ready:
-            r.finish(*done, self.policy_version)
-
-    def _cb_worker(self) -> None:
-        """The engine's own thread: it drives the loop while no caller does."""
+    def _own_loop(self) -> None:
+        """The engine's own thread: it steps while no caller does."""
         bind_thread(self.device)
-        while True:
-            self._drive(lambda: self._driver is not None)
-            with self._cv:  # a caller drives now (or the engine closed): wait for it
-                self._cv.wait_for(lambda: self._driver is None)
-                if self._closed:
-                    break
-        for r in self.scheduler.running():
-            if not r.closed:
-                r.fail(RuntimeError("engine closed"))
+        me = threading.current_thread()
+        try:
+            while True:
+                self._loop(lambda: self._driver is not None)
+                with self._cv:
+                    if self.state is State.CLOSED:
+                        return
+                    self._stepper = self._driver  # between two steps: the caller's turn
+                    self._cv.notify_all()
+                    self._cv.wait_for(lambda: self._stepper is me or self.state is State.CLOSED)
+                    if self.state is State.CLOSED:
+                        return
+        finally:  # closed, or this thread failed: closed, and nothing is left waiting
+            with self._cv:
+                self.state = State.CLOSED
+            self._shut()  # (a second _shut does nothing)
 
-    def _fail_running(self, error: BaseException) -> None:
-        """(Lock held) Every running request fails with ``error``; the engine is idle
-        after, so what waits on it (:meth:`pause`) goes on."""
-        sched = self.scheduler
-        for r in sched.running():
-            if not r.closed:
-                r.fail(error)
-        sched.clear()
-        self._busy = self._stepping = False
-        self._cv.notify_all()
 
-    def _preempt_all(self) -> None:
-        """Partial rollouts (lock held): every running request back to the head of the
-        queue, in order, with its tokens so far; its keys/values are dropped (recomputed
-        under the new weights). The engine is idle after."""
-        sched = self.scheduler
-        with torch.inference_mode():  # a row it finishes moves another's keys/values
-            sched.drain()  # the tokens of the step in flight are kept
-        for r, done in sched.ready:  # finished by that step: delivered now
-            r.finish(*done, self.policy_version)
-        sched.ready.clear()
-        back = [r for r in sched.running() if not r.closed]
-        self._queue[:0] = [r for r in back if not r.abandoned]
-        self.stats["preempted"] += len(back)
-        sched.clear()
-        self._busy = False
-        self._cv.notify_all()
+def _settle_command(done: Future, fn, command: tuple) -> None:
+    """Run ``fn(command)`` and set its result (or its error) on ``done``."""
+    try:
+        _resolve(done, fn(command))
+    except BaseException as e:  # noqa: BLE001 - raised again in the caller
+        done.set_exception(e)
+
+
+def _closed(done: Future, command: tuple) -> None:
+    """End a command the closed engine will not run: a flush did nothing, an update fails."""
+    if command[0] == "flush":
+        _resolve(done, False)
+    elif not done.done():
+        done.set_exception(RuntimeError("engine is closed"))
+
+
+def _resolve(done: Future, value) -> None:
+    if not done.done():
+        done.set_result(value)
 
 
 def _why_static(model, vision: bool) -> str | None:

@@ -365,6 +365,15 @@ class ModelRunner:
         return (min(_bucket(rows, BATCH_BUCKETS), self.pool.slots),
                 min(column_bucket(columns), self.pool.capacity))
 
+    def captured(self) -> set[tuple[int, int]]:
+        """The (rows, columns) buckets whose decode step is captured."""
+        return set(self._graphs)
+
+    @property
+    def rope_table(self) -> torch.Tensor | None:
+        """The rotary cosines the forwards read (and captured graphs keep the address of)."""
+        return self._cos
+
     def buckets(self) -> list[tuple[int, int]]:
         """Every (rows, columns) bucket a decode step over this pool can use, largest
         first (graphs captured in one memory pool reuse the largest one's memory)."""

@@ -72,7 +72,7 @@ class Scheduler:
     _inflight: _Step | None = None
 
     def __post_init__(self) -> None:
-        self._decoder = DecodeRows(self.runner, self.vocab)
+        self.decoder = DecodeRows(self.runner, self.vocab)
 
     @property
     def busy(self) -> bool:
@@ -110,7 +110,7 @@ class Scheduler:
         self.staging.clear()
         self.decode.clear()
         if self.runner.graphs:
-            self._decoder.reset()
+            self.decoder.reset()
         self._rows = None
         self.staging.release()
         self.decode.release()
@@ -219,7 +219,7 @@ class Scheduler:
                 # the pool appends: the joined slots are consecutive
                 self.decode.copy_from(self.staging, job.slot, slots[0], n, len(slots))
                 if self.runner.graphs:  # on the device, behind the step in flight
-                    self._decoder.join(slots, joined, [r.ids[-1] for r in joined],
+                    self.decoder.join(slots, joined, [r.ids[-1] for r in joined],
                                        [n] * len(joined))
                 else:
                     self._rows = None
@@ -231,7 +231,7 @@ class Scheduler:
         the previous step has computed one token more in this one: it is dropped."""
         pool = self.decode
         if self.runner.graphs:  # the rows changed in place on the device
-            self._rows = self._decoder
+            self._rows = self.decoder
         elif self._rows is None:  # rows joined or left: their last tokens must be known
             self.stats["rows_rebuilt"] += 1
             self.drain()
@@ -278,7 +278,7 @@ class Scheduler:
                                    lambda a, b, s=slot: pool.kv_of(s, a, b))
             pool.remove(slot)
             if self.runner.graphs:
-                self._decoder.leave(slot)
+                self.decoder.leave(slot)
             else:
                 self._rows = None
             self._finish(r, done)
@@ -287,9 +287,9 @@ class Scheduler:
 
     def _rebuild(self) -> DecodeRows:
         reqs = self.decode.rows
-        self._decoder.start([r.ids[-1] for r in reqs], list(self.decode.length),
+        self.decoder.start([r.ids[-1] for r in reqs], list(self.decode.length),
                             self._params(reqs))
-        return self._decoder
+        return self.decoder
 
     def _params(self, reqs: list[_Request]) -> RowParams:
         return RowParams.build([r.sampling for r in reqs], [r.seed for r in reqs],

@@ -187,6 +187,17 @@ class SGLangEngine(WeightSyncMixin, Engine):
         self.supervisors = [Supervisor(s, max_restarts=3, on_restart=functools.partial(
             self._restore_weights, s.url)) for s in self.owned] if supervise else []
 
+    @property
+    def weight_group(self):
+        """The process group the distributed weight sync broadcasts over (None: none
+        joined, or left on close)."""
+        return self._group
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The headers every request to the servers carries."""
+        return dict(self._http.headers)
+
     @classmethod
     def from_config(cls, cfg, model, tokenizer) -> "SGLangEngine":
         e = cfg.engine

@@ -6,41 +6,119 @@ architectures outside the Llama family) and for ``engine.continuous_batching=fal
 Whatever is waiting is left-padded into one batch and decoded until its last row is done;
 a finished row leaves the batch (its keys/values are dropped by index). Sampling is the
 same batched draw as the continuous path's (:mod:`agentgym.rollout.engines.sampler`).
+
+:class:`StaticCore` is this path as an engine core (:mod:`agentgym.rollout.engines.core`):
+the same ``add_request`` / ``step`` / ``is_finished`` the front's one loop steps, where a
+step is one whole batch.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from agentgym.rollout.engines.hf_request import StopCheck, _Request
 from agentgym.rollout.engines.sampler import RowParams, sample
 from agentgym.models.vision import suppress_vision_tokens, vl_forward_kwargs
 
 logger = logging.getLogger(__name__)
 
 
-def run_static(engine, reqs: list) -> None:
+@dataclass
+class StaticCore:
+    """Static batches as an engine core. Once a request waits, a batch starts when no new
+    request has arrived for ``batch_wait_s`` (concurrent callers join it), or
+    ``max_batch_wait_s`` after the batch began forming, or at once when
+    ``max_batch_size`` wait; :meth:`wait_s` tells the loop how long that is."""
+
+    model: object
+    device: object
+    pad_id: int
+    stops: StopCheck
+    stats: dict
+    vision: bool
+    never: list[int]
+    max_batch_size: int
+    batch_wait_s: float
+    max_batch_wait_s: float
+    policy_version: int = 0
+    waiting: list[_Request] = field(default_factory=list)
+    _forming: float | None = None  # when the batch began forming (admissions open)
+    _arrived: float = 0.0  # when the last request arrived
+
+    def add_request(self, r: _Request) -> None:
+        self.waiting.append(r)
+        self._arrived = time.monotonic()
+
+    def running(self) -> bool:
+        return False  # a batch runs inside one step
+
+    def is_finished(self) -> bool:
+        return not self.waiting
+
+    def wait_s(self, admit: bool, now: float) -> float | None:
+        if not (admit and self.waiting):
+            self._forming = None  # paused while forming: the window starts again
+            return None
+        if len(self.waiting) >= self.max_batch_size:
+            return 0.0
+        if self._forming is None:
+            self._forming = now
+        quiet = max(self._forming, self._arrived) + self.batch_wait_s
+        return max(0.0, min(quiet, self._forming + self.max_batch_wait_s) - now)
+
+    def step(self, admit: bool = True) -> list:
+        """One batch of what waits, decoded to its end (its requests finish inside)."""
+        if not admit:
+            return []
+        batch = [r for r in self.waiting[:self.max_batch_size] if not r.abandoned]
+        self.waiting = self.waiting[self.max_batch_size:]
+        self._forming = None
+        try:
+            if batch:
+                with torch.inference_mode():
+                    run_static(self, batch)
+        except BaseException as e:  # noqa: BLE001 - surface every failure to the caller
+            logger.exception("generation batch of %d failed", len(batch))
+            for r in batch:
+                r.fail(e)
+        return []
+
+    def preempt(self) -> list:
+        return []  # between steps no batch runs
+
+    def abort(self, error: BaseException) -> None:
+        for r in self.waiting:
+            r.fail(error)
+        self.waiting = []
+
+    def update_weights(self, version: int) -> None:
+        self.policy_version = version
+
+
+def run_static(core: StaticCore, reqs: list) -> None:
     """Prefill ``reqs`` as one left-padded batch, then decode until every row is done."""
     t0 = time.perf_counter()
-    model, device, stats = engine.model, engine.device, engine.stats
-    version = engine.policy_version  # constant while a batch runs (updates wait for idle)
+    model, device, stats = core.model, core.device, core.stats
+    version = core.policy_version  # constant while a batch runs (updates wait for idle)
     stats["batches"] += 1
     stats["requests"] += len(reqs)
     stats["max_rows"] = max(stats["max_rows"], len(reqs))
     stats["prefilled_tokens"] += sum(len(r.prompt_ids) for r in reqs)
     width = max(len(r.prompt_ids) for r in reqs)
-    ids = torch.full((len(reqs), width), engine.pad_id, dtype=torch.long)
+    ids = torch.full((len(reqs), width), core.pad_id, dtype=torch.long)
     attn = torch.zeros((len(reqs), width), dtype=torch.long)
     for i, r in enumerate(reqs):
         ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
         attn[i, width - len(r.prompt_ids):] = 1
     ids, attn = ids.to(device), attn.to(device)
     cache = buffered_cache(model, width + max(r.sampling.max_new_tokens for r in reqs))
-    if engine.vision:  # pixel values of the rows' images and 3-D positions
+    if core.vision:  # pixel values of the rows' images and 3-D positions
         kw = vl_forward_kwargs(model, ids, attn, [r.images for r in reqs])
         last_pos = kw["position_ids"][0, :, -1]  # text from here on: 3 equal components
     else:
@@ -54,7 +132,7 @@ def run_static(engine, reqs: list) -> None:
                              [0] * len(active), logits.shape[-1], device)
     while active:
         stats["decode_steps"] += 1
-        tokens, keep = _step(engine, logits, params, active, version)
+        tokens, keep = _step(core, logits, params, active, version)
         if not keep:
             break
         if len(keep) < len(active):
@@ -68,7 +146,7 @@ def run_static(engine, reqs: list) -> None:
         attn = torch.cat([attn, attn.new_ones((len(active), 1))], dim=1)
         last_pos = last_pos + 1
         step_pos = last_pos[:, None]
-        if engine.vision:
+        if core.vision:
             step_pos = step_pos[None].expand(3, -1, -1)
         out = model(input_ids=tokens[:, None], attention_mask=attn,
                     position_ids=step_pos, past_key_values=cache, use_cache=True)
@@ -76,12 +154,12 @@ def run_static(engine, reqs: list) -> None:
     logger.debug("batch of %d done in %.3fs", len(reqs), time.perf_counter() - t0)
 
 
-def _step(engine, logits: torch.Tensor, params: RowParams, active: list, version: int):
+def _step(core: StaticCore, logits: torch.Tensor, params: RowParams, active: list, version: int):
     """Sample the rows' next tokens; finish the rows that are done. Returns the tokens
     (on the device) and the indices of the rows that go on."""
     logits = logits.float()
-    if engine.never:
-        suppress_vision_tokens(logits, engine.never)
+    if core.never:
+        suppress_vision_tokens(logits, core.never)
     tokens, logps, top = sample(logits, params)
     params.positions = params.positions + 1
     both = torch.stack((tokens.double(), logps.double())).cpu().tolist()
@@ -92,12 +170,12 @@ def _step(engine, logits: torch.Tensor, params: RowParams, active: list, version
                 if r.sampling.top_logprobs else None for j, r in enumerate(active)]
     keep = []
     for j, r in enumerate(active):
-        r.push(int(both[0][j]), both[1][j], alts[j], engine.policy_version)
-        done = ("stop", None) if r.abandoned else engine.stops(r)
+        r.push(int(both[0][j]), both[1][j], alts[j], core.policy_version)
+        done = ("stop", None) if r.abandoned else core.stops(r)
         if done is None:
             keep.append(j)
         else:
-            engine.stats["generated_tokens"] += len(r.ids)
+            core.stats["generated_tokens"] += len(r.ids)
             r.finish(*done, version)
     return tokens, keep
 
