@@ -375,25 +375,23 @@ class HFEngine(Engine):
                         break
                     self._cv.wait(wait)
                 if self.state is State.CLOSED:
-                    closing = True
-                elif until():
+                    break
+                if until():
                     return
-                else:
-                    closing = False
-                    commands, self._inbox = list(self._inbox), deque()
-                    heavy = self._apply(commands)
-                    self._busy = True  # until _settle: update_weights refuses meanwhile
-            if closing:
-                self._shut()
-                return
-            for c in heavy:
+                commands, self._inbox = list(self._inbox), deque()
+                heavy = self._apply(commands)
+                admit = self.state is State.RUNNING
+                preempt = self.state is State.PREEMPTING
+                step = not preempt and self.core.wait_s(admit, time.monotonic()) == 0.0
+                # until _settle: update_weights refuses (as a command it would wait behind
+                # a static batch only to refuse after it)
+                self._busy = preempt or step or self.core.running()
+            for c in heavy:  # updates and flushes (the core idle for an update)
                 _settle_command(c[-1], self._run, c[:-1])
-            ready = []
-            if self.state is State.PREEMPTING:
-                ready = self.core.preempt()
-            elif self.core.wait_s(self.state is State.RUNNING, time.monotonic()) == 0.0:
-                ready = self.core.step(admit=self.state is State.RUNNING)
+            ready = self.core.preempt() if preempt else \
+                self.core.step(admit=admit) if step else []
             self._settle(ready)
+        self._shut()
 
     def _settle(self, ready) -> None:
         """After a step: pausing ends once nothing runs; the idle flag is published; then
