@@ -46,8 +46,6 @@ from collections import deque
 from concurrent.futures import Future
 from typing import Any
 
-import torch
-
 from agentgym.core.device import bind_thread, free_memory_bytes, is_accelerator
 from agentgym.core.types import GenerateOutput, SamplingParams
 from agentgym.rollout.engines.base import Engine
@@ -341,6 +339,14 @@ class HFEngine(Engine):
             self.prefix.clear()
         return None
 
+    def _answer(self, command: tuple) -> None:
+        """Run a posted update or flush; its result (or its error) to its caller."""
+        *command, done = command
+        try:
+            _resolve(done, self._run(tuple(command)))
+        except BaseException as e:  # noqa: BLE001 - raised again in the caller
+            done.set_exception(e)
+
     def _apply(self, commands: list[tuple]) -> list[tuple]:
         """(Lock held) Apply the light commands; return the updates and flushes."""
         heavy = []
@@ -387,7 +393,7 @@ class HFEngine(Engine):
                 # a static batch only to refuse after it)
                 self._busy = preempt or step or self.core.running()
             for c in heavy:  # updates and flushes (the core idle for an update)
-                _settle_command(c[-1], self._run, c[:-1])
+                self._answer(c)
             ready = self.core.preempt() if preempt else \
                 self.core.step(admit=admit) if step else []
             self._settle(ready)
@@ -398,12 +404,12 @@ class HFEngine(Engine):
         what finished is delivered (its caller sees the engine's state settled)."""
         with self._cv:
             pausers = []
-            if not self.core.running():
+            self._busy = self.core.running()
+            if not self._busy:
                 if self.state in (State.PAUSING, State.PREEMPTING):
                     self.state = State.PAUSED
                 pausers, self._pausers = self._pausers, []
             self._idle = self.core.is_finished() and not self._inbox
-            self._busy = self.core.running()
             self._cv.notify_all()
         for r, done in ready:
             r.finish(*done, self.policy_version)
@@ -523,14 +529,6 @@ class HFEngine(Engine):
             with self._cv:
                 self.state = State.CLOSED
             self._shut()  # (a second _shut does nothing)
-
-
-def _settle_command(done: Future, fn, command: tuple) -> None:
-    """Run ``fn(command)`` and set its result (or its error) on ``done``."""
-    try:
-        _resolve(done, fn(command))
-    except BaseException as e:  # noqa: BLE001 - raised again in the caller
-        done.set_exception(e)
 
 
 def _closed(done: Future, command: tuple) -> None:
